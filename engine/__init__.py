@@ -1,0 +1,1 @@
+"""loragate.engine layer."""
