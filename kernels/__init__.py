@@ -1,1 +1,22 @@
-"""loragate.kernels layer."""
+"""loragate.kernels: pure tensor ops for the engine's hot path.
+
+Every op has a Triton kernel and a torch version with the same signature and results.
+`backend=None` runs Triton on CUDA tensors and torch otherwise; "triton" or "torch" forces one
+(Triton on CPU tensors needs TRITON_INTERPRET=1).
+"""
+
+from .decode_attention import paged_decode_attention
+from .kv_cache import write_kv
+from .lora import lora_expand, lora_shrink
+from .lora_index import LoraIndex, lora_index
+from .prefill_attention import paged_prefill_attention
+
+__all__ = [
+    "LoraIndex",
+    "lora_expand",
+    "lora_index",
+    "lora_shrink",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "write_kv",
+]

@@ -1,0 +1,25 @@
+"""Backend choice shared by every op: Triton on CUDA tensors, torch everywhere else."""
+
+import torch
+
+BACKENDS = ("triton", "torch")
+
+
+def resolve_backend(backend: str | None, tensor: torch.Tensor) -> str:
+    """Return the backend to run; None means 'whatever fits the tensor's device'."""
+    if backend is None:
+        return "triton" if tensor.is_cuda else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; expected None, 'triton' or 'torch'")
+    return backend
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise a ValueError naming the problem when a shape or dtype contract is broken."""
+    if not condition:
+        raise ValueError(message)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision inputs accumulate in float32; float32/float64 keep their own precision."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -1,0 +1,58 @@
+"""Decode attention over the paged KV cache: one new query token per sequence."""
+
+import torch
+
+from ._backend import compute_dtype, require, resolve_backend
+from ._paged import check_paged_inputs, gather_context
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Attention of each sequence's single query over its whole cached context.
+
+    q [B, H, D]; caches [num_blocks, block_size, H_kv, D]; block_tables [B, max_blocks] int32;
+    seq_lens [B] int32 counts the context including the new token (already written to the
+    cache), so every seq_len is >= 1. Entries of block_tables past a sequence's last block are
+    never read. GQA: query head h reads KV head h // (H // H_kv). Returns [B, H, D].
+    """
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    require(
+        q.shape[0] == block_tables.shape[0],
+        f"q has {q.shape[0]} sequences, block_tables {block_tables.shape[0]}",
+    )
+    if resolve_backend(backend, q) == "triton":
+        from .decode_attention_triton import decode_triton
+
+        return decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+    batch, heads, head_dim = q.shape
+    if batch == 0:
+        return q.new_empty(0, heads, head_dim)
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    lens = seq_lens.long()
+    num_blocks = -(-int(lens.max()) // block_size)
+    # Only the first ceil(len / block_size) entries of a row are meaningful; the rest may be
+    # padding of any value, so they are pointed at block 0 and masked out below.
+    block_ids = torch.arange(num_blocks, device=q.device)
+    used = block_ids < (lens[:, None] + block_size - 1) // block_size
+    table = torch.where(used, block_tables[:, :num_blocks].long(), 0)
+    dtype = compute_dtype(q.dtype)
+    keys = gather_context(k_cache, table).to(dtype).permute(0, 2, 1, 3)  # [B, H_kv, L, D]
+    values = gather_context(v_cache, table).to(dtype).permute(0, 2, 1, 3)
+    positions = torch.arange(num_blocks * block_size, device=q.device)
+    visible = (positions < lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=visible, scale=scale
+    )
+    return out.reshape(batch, heads, head_dim).to(q.dtype)

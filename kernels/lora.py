@@ -1,0 +1,90 @@
+"""Batched multi-LoRA (Punica's SGMV/BGMV): every token applies its own adapter's A and B.
+
+A LoRA-targeted linear computes base(x) + scale[s] * (x @ A[s]^T) @ B[s]^T for the token's
+slot s; lora_shrink does the first product, lora_expand the second and the in-place add.
+"""
+
+import torch
+
+from ._backend import require, resolve_backend
+from .lora_index import LoraIndex, lora_index
+from .lora_torch import expand_torch, shrink_torch
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    slot_ids: torch.Tensor,
+    backend: str | None = None,
+    index: LoraIndex | None = None,
+) -> torch.Tensor:
+    """y[t] = x[t] @ lora_a[slot_ids[t]]^T, or zeros where slot_ids[t] is -1.
+
+    x [T, d_in], lora_a [S, r, d_in] (may be a view such as lora_a[:, :r_eff]), slot_ids [T].
+    index: optional `lora_index(slot_ids, S)` computed once per forward pass and shared by every
+    call of that pass; built here when omitted. Returns y [T, r] in lora_a's dtype.
+    """
+    require(x.dim() == 2, f"x must be [T, d_in], got shape {tuple(x.shape)}")
+    require(lora_a.dim() == 3, f"lora_a must be [S, r, d_in], got shape {tuple(lora_a.shape)}")
+    require(
+        lora_a.shape[2] == x.shape[1],
+        f"lora_a d_in {lora_a.shape[2]} != x d_in {x.shape[1]}",
+    )
+    index = _checked_index(index, slot_ids, x.shape[0], lora_a.shape[0])
+    if resolve_backend(backend, x) == "triton":
+        from .lora_triton import shrink_triton
+
+        return shrink_triton(x, lora_a, index)
+    return shrink_torch(x, lora_a, index)
+
+
+def lora_expand(
+    y: torch.Tensor,
+    lora_b: torch.Tensor,
+    slot_ids: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    backend: str | None = None,
+    index: LoraIndex | None = None,
+) -> None:
+    """out[t] += scales[s] * y[t] @ lora_b[s]^T with s = slot_ids[t]; rows with -1 untouched.
+
+    y [T, r], lora_b [S, d_out, r] (may be a view such as lora_b[:, :, :r_eff]), scales [S],
+    out [T, d_out] updated in place; out may be a strided view (a column slice of a fused qkv
+    or gate_up output). index: as for lora_shrink.
+    """
+    require(y.dim() == 2, f"y must be [T, r], got shape {tuple(y.shape)}")
+    require(lora_b.dim() == 3, f"lora_b must be [S, d_out, r], got shape {tuple(lora_b.shape)}")
+    require(lora_b.shape[2] == y.shape[1], f"lora_b rank {lora_b.shape[2]} != y rank {y.shape[1]}")
+    require(
+        out.dim() == 2 and out.shape == (y.shape[0], lora_b.shape[1]),
+        f"out must be [T={y.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
+    )
+    require(
+        scales.shape == (lora_b.shape[0],),
+        f"scales must be [S={lora_b.shape[0]}], got {tuple(scales.shape)}",
+    )
+    index = _checked_index(index, slot_ids, y.shape[0], lora_b.shape[0])
+    if resolve_backend(backend, y) == "triton":
+        from .lora_triton import expand_triton
+
+        expand_triton(y, lora_b, scales, out, index)
+    else:
+        expand_torch(y, lora_b, scales, out, index)
+
+
+def _checked_index(
+    index: LoraIndex | None, slot_ids: torch.Tensor, num_tokens: int, num_slots: int
+) -> LoraIndex:
+    require(
+        slot_ids.shape == (num_tokens,),
+        f"slot_ids must be [T={num_tokens}], got {tuple(slot_ids.shape)}",
+    )
+    if index is None:
+        return lora_index(slot_ids, num_slots)
+    require(
+        index.num_tokens == num_tokens and index.num_slots == num_slots,
+        f"index was built for {index.num_tokens} tokens / {index.num_slots} slots, "
+        f"call has {num_tokens} / {num_slots}",
+    )
+    return index

@@ -1,0 +1,80 @@
+"""Prefill / mixed-batch attention over the paged KV cache (varlen, causal, prefix-aware)."""
+
+import torch
+
+from ._backend import compute_dtype, require, resolve_backend
+from ._paged import check_paged_inputs, gather_context
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Causal attention of a flat batch of new tokens over each sequence's paged context.
+
+    q [T, H, D] holds every sequence's new tokens back to back: sequence b owns rows
+    query_start_loc[b]:query_start_loc[b + 1] ([B + 1] int32, cumulative). Those q_len tokens
+    are the LAST q_len positions of a context of seq_lens[b] tokens, all of whose K/V (the new
+    ones included) are already in the cache, so a cached prefix (prefix caching, an earlier
+    chunk of a chunked prefill) is attended as well. Returns [T, H, D].
+    """
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    require(
+        query_start_loc.shape == (block_tables.shape[0] + 1,),
+        f"query_start_loc must be [B+1={block_tables.shape[0] + 1}], "
+        f"got {tuple(query_start_loc.shape)}",
+    )
+    if resolve_backend(backend, q) == "triton":
+        from .prefill_attention_triton import prefill_triton
+
+        return prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> None:
+    """Host-side checks of the varlen layout (the Triton path runs them too)."""
+    require(starts[0] == 0, f"query_start_loc must start at 0, got {starts[0]}")
+    require(starts[-1] == num_tokens, f"query_start_loc ends at {starts[-1]}, q has {num_tokens}")
+    for b, (begin, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        require(end >= begin, f"query_start_loc decreases at sequence {b}")
+        require(
+            end - begin <= lens[b],
+            f"sequence {b} has {end - begin} new tokens but a context of only {lens[b]}",
+        )
+
+
+def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    check_query_layout(starts, lens, q.shape[0])
+    block_size = k_cache.shape[1]
+    dtype = compute_dtype(q.dtype)
+    out = torch.empty_like(q)
+    for b, context in enumerate(lens):
+        begin, end = starts[b], starts[b + 1]
+        if end == begin:
+            continue
+        table = block_tables[b, : -(-context // block_size)].long()
+        keys = gather_context(k_cache, table)[:context].to(dtype).transpose(0, 1)  # [H_kv, L, D]
+        values = gather_context(v_cache, table)[:context].to(dtype).transpose(0, 1)
+        queries = q[begin:end].to(dtype).transpose(0, 1)  # [H, q_len, D]
+        q_len = end - begin
+        # Query i sits at context position context - q_len + i and sees keys up to there.
+        visible = torch.ones(q_len, context, dtype=torch.bool, device=q.device).tril(
+            context - q_len
+        )
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            queries.unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=visible,
+            scale=scale,
+            enable_gqa=queries.shape[0] != keys.shape[0],
+        )
+        out[begin:end] = attended[0].transpose(0, 1).to(q.dtype)
+    return out
