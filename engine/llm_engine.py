@@ -1,0 +1,330 @@
+"""The engine: requests in, one scheduled forward pass per step, outputs back.
+
+`step()` is schedule, run, postprocess. Everything a request can get wrong is checked in
+`add_request`, before any KV block is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from itertools import count
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest
+from loragate.engine.block_manager import BlockManager
+from loragate.engine.config import EngineConfig
+from loragate.engine.detokenizer import IncrementalDetokenizer
+from loragate.engine.kv_cache import KVCache
+from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
+from loragate.engine.model_runner import ModelRunner
+from loragate.engine.models.llama import LlamaForCausalLM
+from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from loragate.engine.sampler import Sampler, SamplingRow
+from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.scheduler import Scheduler
+from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.stopping import check_stop, stream_safe_len
+
+log = logging.getLogger(__name__)
+
+PromptInput = str | dict[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        device, dtype = config.torch_device, config.torch_dtype
+        source = resolve_model(config.model, config.weights_cache_dir)
+        self.model_name = config.served_model_name or source.name
+        self.hf_dir = source.hf_dir
+        self.model_config = load_config(source.hf_dir)
+        self.tokenizer = load_tokenizer(
+            source.hf_dir if config.tokenizer is None else config.tokenizer
+        )
+        self.max_model_len = self._resolve_max_model_len()
+        self.model = LlamaForCausalLM(self.model_config, device, dtype)
+        self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
+        num_blocks = self._num_kv_blocks()
+        self.kv_cache = KVCache(
+            self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
+            self.model.head_dim, dtype, device,
+        )  # fmt: skip
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.adapters = self._make_adapter_cache() if config.enable_lora else None
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            adapter_slots=self.adapters,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, self.adapters)
+        self.eos_token_ids = self._eos_token_ids()
+        self.sampler = Sampler(
+            self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
+        )
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = count()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> Request:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        self._validate(token_ids, params, lora_request)
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self.max_model_len - len(token_ids))
+        request = Request(request_id, text, token_ids, params, lora_request)
+        for index in range(params.n):
+            seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
+            seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                token_ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
+            request.seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = request
+        self.num_prompt_tokens += len(token_ids)
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request at once and free its blocks; False if it is unknown or done."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            if not seq.finished:
+                self._finish(seq, "abort", None)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled.empty:
+            return []
+        sampled, logits = self.runner.run(scheduled)
+        return self._postprocess(scheduled, sampled, logits)
+
+    def _postprocess(self, scheduled, sampled: list[Sequence], logits) -> list[RequestOutput]:
+        for item in scheduled.prefills + scheduled.decodes:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        rows = [
+            SamplingRow(s.request.params, s.token_ids[: s.prompt_len], s.output_token_ids, s.generator)
+            for s in sampled
+        ]  # fmt: skip
+        results = self.sampler(logits, rows) if rows else []
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        for seq, result in zip(sampled, results, strict=True):
+            self._append_token(seq, result)
+            if seq.request.first_token_time is None:
+                seq.request.first_token_time = now
+            touched[seq.request.request_id] = seq.request
+        return [self._output(r) for r in touched.values()]
+
+    def _append_token(self, seq: Sequence, result) -> None:
+        seq.token_ids.append(result.token_id)
+        self.num_generation_tokens += 1
+        seq.cumulative_logprob += result.logprob
+        if seq.logprobs is not None:
+            seq.logprobs.append(result.top_logprobs or {result.token_id: result.logprob})
+        delta = seq.detokenizer.step([result.token_id])
+        seq.text += delta
+        decision = check_stop(
+            seq.request.params,
+            seq.output_token_ids,
+            result.token_id,
+            seq.text,
+            len(delta),
+            self.eos_token_ids,
+        )
+        if decision is not None:
+            if decision.truncate_to is not None:
+                seq.text = seq.text[: decision.truncate_to]
+            self._finish(seq, decision.finish_reason, decision.stop_reason)
+        elif seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length", None)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
+        self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+
+    def _output(self, request: Request) -> RequestOutput:
+        outputs = [self._completion(seq) for seq in request.seqs]
+        finished = request.finished
+        if finished:
+            self.requests.pop(request.request_id, None)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            lora_request=request.lora_request,
+            metrics=RequestMetrics(
+                request.arrival_time,
+                request.first_token_time,
+                time.monotonic() if finished else None,
+            ),
+        )
+
+    @staticmethod
+    def _completion(seq: Sequence) -> CompletionOutput:
+        params = seq.request.params
+        text = seq.text if seq.finished else seq.text[: stream_safe_len(seq.text, params)]
+        return CompletionOutput(
+            index=seq.index,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            cumulative_logprob=seq.cumulative_logprob,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    # ---- checks -------------------------------------------------------------------------
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, list | tuple) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in ids
+                ):
+                    raise ValueError("prompt_token_ids must be a list of integers")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+        raise ValueError(
+            "prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', "
+            f"got {type(prompt).__name__}"
+        )
+
+    def _validate(self, token_ids, params: SamplingParams, lora_request) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
+                "which must leave room for at least one generated token"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.model.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
+        if params.use_beam_search:
+            raise ValueError("use_beam_search is not supported yet")
+        if params.sampler is not None:
+            raise ValueError(f"unknown sampler {params.sampler!r}; known samplers: none")
+        if lora_request is not None:
+            if self.adapters is None:
+                raise ValueError(
+                    f"request names LoRA adapter {lora_request.lora_name!r} "
+                    "but the engine was started without enable_lora=True"
+                )
+            self.adapters.preload(lora_request)
+
+    # ---- sizing -------------------------------------------------------------------------
+    def _resolve_max_model_len(self) -> int:
+        model_max = getattr(self.model_config, "max_position_embeddings", None) or 2048
+        wanted = self.config.max_model_len or model_max
+        if wanted > model_max and not getattr(self.model_config, "rope_scaling", None):
+            raise ValueError(
+                f"max_model_len {wanted} exceeds the model's max_position_embeddings {model_max}"
+            )
+        if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < wanted:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.config.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({wanted}) without chunked prefill"
+            )
+        return wanted
+
+    def _num_kv_blocks(self) -> int:
+        cfg, m = self.config, self.model
+        per_block = KVCache.bytes_per_block(
+            m.num_layers, cfg.block_size, m.num_kv_heads, m.head_dim, m.dtype
+        )
+        if cfg.num_kv_blocks is not None:
+            blocks = cfg.num_kv_blocks
+        elif m.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(m.device)
+            budget = total * cfg.gpu_memory_utilization - (total - free) - (1 << 30)
+            blocks = int(budget // per_block)
+        else:
+            blocks = int(cfg.kv_cache_memory_gb * (1 << 30) // per_block)
+        needed = -(-self.max_model_len // cfg.block_size)
+        if blocks < needed:
+            raise ValueError(
+                f"the KV cache holds {blocks} blocks of {cfg.block_size} tokens but one sequence of "
+                f"max_model_len={self.max_model_len} needs {needed}: raise the KV memory budget "
+                "or lower max_model_len"
+            )
+        return blocks
+
+    def _make_adapter_cache(self) -> AdapterCache:
+        spec = LoRAModelSpec(
+            model_name=self.model_name,
+            num_layers=self.model.num_layers,
+            modules=self.model.lora_module_shapes(),
+        )
+        return AdapterCache(
+            spec,
+            max_loras=self.config.max_loras,
+            max_lora_rank=self.config.max_lora_rank,
+            max_cpu_loras=self.config.max_cpu_loras,
+            device=self.model.device,
+            dtype=self.model.dtype,
+            strict_base_model=self.config.strict_lora_base_model,
+        )
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        try:
+            gen = GenerationConfig.from_pretrained(self.hf_dir)
+            eos = gen.eos_token_id
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        except OSError:
+            pass
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- stats --------------------------------------------------------------------------
+    def get_memory_stats(self) -> dict:
+        return self.block_manager.stats().as_dict()
+
+    def check_integrity(self) -> None:
+        live = [s for s in self.scheduler.running + list(self.scheduler.waiting)]
+        self.block_manager.check_integrity(live)
+
+
+def _generator(seed: int | None, index: int) -> torch.Generator | None:
+    """Per-sample generator: the same seed gives the same tokens, whatever shares the batch."""
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed((seed + index * 0x9E3779B1) % (1 << 63))

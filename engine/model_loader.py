@@ -1,0 +1,113 @@
+"""Turn a model path (HF directory or GGUF file) into a config, weights and a tokenizer.
+
+GGUF files are dequantized once through transformers and cached on disk as an HF
+directory (config + safetensors + tokenizer), so later starts only read safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A loadable HF directory and the name the model is served under."""
+
+    hf_dir: Path
+    name: str
+
+
+def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelSource:
+    """Find the model on disk; convert a GGUF file to a cached HF directory."""
+    if model is None:
+        gguf = default_model_path()
+        return ModelSource(_gguf_to_hf_dir(gguf, cache_dir), DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {model}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file must be a .gguf file or an HF directory: {model}")
+        return ModelSource(_gguf_to_hf_dir(path, cache_dir), path.stem.split(".")[0])
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory has no config.json: {path}")
+    return ModelSource(path, path.resolve().name)
+
+
+def load_config(hf_dir: Path) -> PretrainedConfig:
+    config = AutoConfig.from_pretrained(hf_dir)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {config.model_type!r} in {hf_dir / 'config.json'} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return config
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the safetensors files in the directory; pickle files are refused."""
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in hf_dir.glob("*.bin")] + [p.name for p in hf_dir.glob("*.pt")]
+        hint = f" (found {', '.join(pickles)}: pickle weights are refused)" if pickles else ""
+        raise FileNotFoundError(f"no .safetensors weights in {hf_dir}{hint}")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            weights.update(load_file(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ValueError(f"corrupt weights file {file}: {exc}") from exc
+    return weights
+
+
+def _gguf_to_hf_dir(gguf: Path, cache_dir: str | None) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    root = Path(cache_dir or os.environ.get("LORAGATE_CACHE", "~/.cache/loragate")).expanduser()
+    target = root / "models" / f"{gguf.stem}-{key.hexdigest()[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    log.info("converting %s to an HF directory at %s (once)", gguf, target)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:  # transformers raises many types for a bad file
+        raise ValueError(f"cannot read GGUF model {gguf}: {exc}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "loragate_source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+        tmp.rename(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target

@@ -1,0 +1,101 @@
+"""Builds one flat ForwardBatch from the scheduler's choice and runs the model on it."""
+
+from __future__ import annotations
+
+import torch
+
+from loragate import kernels
+from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
+from loragate.engine.kv_cache import KVCache
+from loragate.engine.models.llama import LlamaForCausalLM
+from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
+from loragate.engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, adapters=None):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = model.device
+        self.adapters = adapters  # the AdapterCache, when LoRA is enabled
+        self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
+
+    def run(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
+        """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
+        batch, sampled = self.prepare(scheduled)
+        hidden = self.model.forward(batch, self.kv_cache)
+        self.num_computed_tokens_total += batch.num_tokens
+        return sampled, self.model.compute_logits(hidden)
+
+    def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lora_slots: list[int] = []
+        sample_indices: list[int] = []
+        sampled: list[Sequence] = []
+        for item in scheduled.prefills + scheduled.decodes:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids += seq.token_ids[start:end]
+            pos = range(start, end)
+            positions += pos
+            table, bs = seq.block_table, self.block_size
+            slots += [table[p // bs] * bs + p % bs for p in pos]
+            lora_slots += [seq.lora_slot] * item.num_new_tokens
+            if item.samples:
+                sample_indices.append(len(input_ids) - 1)
+                sampled.append(seq)
+        batch = ForwardBatch(
+            input_ids=self._tensor(input_ids, torch.long),
+            positions=self._tensor(positions, torch.long),
+            slot_mapping=self._tensor(slots, torch.long),
+            prefill=self._prefill_attention(scheduled.prefills),
+            decode=self._decode_attention(scheduled.decodes),
+            sample_indices=self._tensor(sample_indices, torch.long),
+            lora=self._lora_batch(lora_slots),
+        )
+        return batch, sampled
+
+    def _prefill_attention(self, items: list[ScheduledSeq]) -> PrefillAttention | None:
+        if not items:
+            return None
+        starts = [0]
+        for item in items:
+            starts.append(starts[-1] + item.num_new_tokens)
+        return PrefillAttention(
+            block_tables=self._block_tables([i.seq for i in items]),
+            seq_lens=self._tensor(
+                [i.seq.num_computed_tokens + i.num_new_tokens for i in items], torch.int32
+            ),
+            query_start_loc=self._tensor(starts, torch.int32),
+            num_tokens=starts[-1],
+        )
+
+    def _decode_attention(self, items: list[ScheduledSeq]) -> DecodeAttention | None:
+        if not items:
+            return None
+        return DecodeAttention(
+            block_tables=self._block_tables([i.seq for i in items]),
+            seq_lens=self._tensor([i.seq.num_computed_tokens + 1 for i in items], torch.int32),
+        )
+
+    def _lora_batch(self, lora_slots: list[int]) -> LoRABatch | None:
+        if self.adapters is None or all(s < 0 for s in lora_slots):
+            return None
+        slot_ids = self._tensor(lora_slots, torch.long)
+        return LoRABatch(
+            weights=self.adapters,
+            slot_ids=slot_ids,
+            index=kernels.lora_index(slot_ids, self.adapters.max_loras),
+            rank=self.adapters.effective_rank,
+        )
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        return self._tensor(rows, torch.int32)
+
+    def _tensor(self, data, dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device=self.device)

@@ -1,0 +1,215 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM) over a paged KV cache.
+
+One flat batch of tokens per forward pass. q/k/v and gate/up run as fused matmuls; each
+LoRA-targeted projection adds its batched adapter delta into its slice of the fused output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from loragate import kernels
+from loragate.engine.forward_batch import ForwardBatch, LoRABatch
+from loragate.engine.kv_cache import KVCache
+
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LlamaForCausalLM:
+    """Weights as plain tensors; the forward pass is a function of the batch and the cache."""
+
+    def __init__(self, config: PretrainedConfig, device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.num_layers = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.intermediate_size = config.intermediate_size
+        self.vocab_size = config.vocab_size
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        _check_supported(config)
+        self.layers: list[dict[str, torch.Tensor]] = []
+        self.embed_tokens: torch.Tensor | None = None
+        self.norm: torch.Tensor | None = None
+        self.lm_head: torch.Tensor | None = None
+        self.cos_sin: torch.Tensor | None = None
+
+    # ---- shapes the adapter layer needs -------------------------------------------------
+    def lora_module_shapes(self) -> dict[str, tuple[int, int]]:
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (h, self.q_size),
+            "k_proj": (h, self.kv_size),
+            "v_proj": (h, self.kv_size),
+            "o_proj": (self.q_size, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    # ---- loading ------------------------------------------------------------------------
+    def load_weights(self, weights: dict[str, torch.Tensor], max_positions: int) -> None:
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise ValueError(f"weights are missing tensor {name!r}")
+            return weights[name].to(device=self.device, dtype=self.dtype)
+
+        def take_optional(name: str) -> torch.Tensor | None:
+            return take(name) if name in weights else None
+
+        self.embed_tokens = take("model.embed_tokens.weight")
+        self.norm = take("model.norm.weight")
+        if getattr(self.config, "tie_word_embeddings", False) or "lm_head.weight" not in weights:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = take("lm_head.weight")
+        _expect_shape("model.embed_tokens.weight", self.embed_tokens, (self.vocab_size, None))
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            _expect_shape(p + "qkv", qkv, (self.q_size + 2 * self.kv_size, self.hidden_size))
+            biases = [take_optional(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            layer = {
+                "input_norm": take(p + "input_layernorm.weight"),
+                "post_norm": take(p + "post_attention_layernorm.weight"),
+                "qkv": qkv,
+                "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
+                "o": take(p + "self_attn.o_proj.weight"),
+                "gate_up": torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                "down": take(p + "mlp.down_proj.weight"),
+            }
+            _expect_shape(p + "gate_up", layer["gate_up"], (2 * self.intermediate_size, None))
+            self.layers.append(layer)
+        self.cos_sin = _rope_table(self.config, max_positions, self.device).to(self.dtype)
+
+    # ---- forward ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Hidden states (after the final norm) of the rows in batch.sample_indices."""
+        h = F.embedding(batch.input_ids, self.embed_tokens)
+        cos, sin = self.cos_sin[batch.positions].chunk(2, dim=-1)
+        for i, layer in enumerate(self.layers):
+            h = self._layer(i, layer, h, cos, sin, batch, kv)
+        h = h[batch.sample_indices]
+        return _rms_norm(h, self.norm, self.eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    def _layer(self, i, layer, h, cos, sin, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        t = h.shape[0]
+        x = _rms_norm(h, layer["input_norm"], self.eps)
+        qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+        if batch.lora is not None:
+            q_end, k_end = self.q_size, self.q_size + self.kv_size
+            _add_lora(batch.lora, i, "q_proj", x, qkv[:, :q_end])
+            _add_lora(batch.lora, i, "k_proj", x, qkv[:, q_end:k_end])
+            _add_lora(batch.lora, i, "v_proj", x, qkv[:, k_end:])
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = _rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
+        k = _rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv.layer(i)
+        kernels.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        attn = self._attention(q, k_cache, v_cache, batch).reshape(t, self.q_size)
+        o = F.linear(attn, layer["o"])
+        if batch.lora is not None:
+            _add_lora(batch.lora, i, "o_proj", attn, o)
+        h = h + o
+        x = _rms_norm(h, layer["post_norm"], self.eps)
+        gate_up = F.linear(x, layer["gate_up"])
+        if batch.lora is not None:
+            n = self.intermediate_size
+            _add_lora(batch.lora, i, "gate_proj", x, gate_up[:, :n])
+            _add_lora(batch.lora, i, "up_proj", x, gate_up[:, n:])
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        down = F.linear(act, layer["down"])
+        if batch.lora is not None:
+            _add_lora(batch.lora, i, "down_proj", act, down)
+        return h + down
+
+    def _attention(self, q, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
+        parts = []
+        n_pre = batch.prefill.num_tokens if batch.prefill is not None else 0
+        if batch.prefill is not None:
+            p = batch.prefill
+            parts.append(
+                kernels.paged_prefill_attention(
+                    q[:n_pre], k_cache, v_cache, p.block_tables, p.seq_lens,
+                    p.query_start_loc, self.scale,
+                )
+            )  # fmt: skip
+        if batch.decode is not None:
+            d = batch.decode
+            parts.append(
+                kernels.paged_decode_attention(
+                    q[n_pre:], k_cache, v_cache, d.block_tables, d.seq_lens, self.scale
+                )
+            )
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _add_lora(lora: LoRABatch, layer: int, module: str, x: torch.Tensor, out: torch.Tensor):
+    a = lora.weights.lora_a(layer, module)[:, : lora.rank]
+    b = lora.weights.lora_b(layer, module)[:, :, : lora.rank]
+    y = kernels.lora_shrink(x, a, lora.slot_ids, index=lora.index)
+    kernels.lora_expand(y, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, as HF's Llama: x * cos + rotate_half(x) * sin."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rope_table(config: PretrainedConfig, max_positions: int, device) -> torch.Tensor:
+    """[max_positions, 2 * head_dim]: cos then sin, computed as HF computes them."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+        raise ValueError(f"rope_scaling type {rope_type!r} in the model config is not supported")
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    table = torch.cat((emb.cos() * attention_scaling, emb.sin() * attention_scaling), dim=-1)
+    return table.to(device)
+
+
+def _check_supported(config: PretrainedConfig) -> None:
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"hidden_act {act!r} is not supported (Llama-family models use silu)")
+    if getattr(config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True is not supported")
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and config.model_type == "mistral":
+        if window < getattr(config, "max_position_embeddings", window):
+            raise ValueError(f"sliding_window={window} attention is not supported")
+
+
+def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple) -> None:
+    ok = len(tensor.shape) == len(shape) and all(
+        want is None or have == want for have, want in zip(tensor.shape, shape, strict=True)
+    )
+    if not ok:
+        raise ValueError(f"tensor {name} has shape {tuple(tensor.shape)}, expected {shape}")

@@ -1,0 +1,40 @@
+"""What generate() returns, shaped as vLLM's RequestOutput / CompletionOutput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loragate.adapters import LoRARequest
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_prompt_tokens_computed: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    lora_request: LoRARequest | None = None
+    metrics: RequestMetrics | None = field(default=None, repr=False)

@@ -1,0 +1,84 @@
+"""A request and the sequences it samples, with the state the scheduler and sampler read."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from loragate.adapters import LoRARequest
+from loragate.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One token stream: the prompt, its outputs so far, and its KV blocks."""
+
+    def __init__(self, seq_id: int, request: Request, index: int, generator):
+        self.seq_id = seq_id
+        self.request = request
+        self.index = index  # which of the request's n samples
+        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.prompt_len = len(self.token_ids)
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = SequenceStatus.WAITING
+        self.lora_slot = -1
+        self.generator: torch.Generator | None = generator
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, float]] | None = (
+            [] if request.params.logprobs is not None else None
+        )
+        self.detokenizer: Any = None
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def lora_request(self) -> LoRARequest | None:
+        return self.request.lora_request
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.seq_id}, {self.status.value}, tokens={self.num_tokens})"
+
+
+@dataclass
+class Request:
+    """What a caller asked for; its sequences are filled in by the engine."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    lora_request: LoRARequest | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    seqs: list[Sequence] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.finished for seq in self.seqs)
