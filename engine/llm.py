@@ -71,12 +71,7 @@ class LLM:
         )
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        if not messages:
-            raise ValueError("messages is empty")
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return self.engine.apply_chat_template(messages, add_generation_prompt)
 
     def get_memory_stats(self) -> dict:
         return self.engine.get_memory_stats()

@@ -203,6 +203,18 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
         )
 
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
+        """Prompt token ids for a conversation, through the model's chat template."""
+        if not messages:
+            raise ValueError("messages is empty")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
     # ---- checks -------------------------------------------------------------------------
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -1,0 +1,205 @@
+"""The engine beside an asyncio event loop: steps run in a thread, outputs stream to awaiters.
+
+The event loop never waits on a forward pass. Requests and aborts reach the engine thread
+through an inbox; outputs come back with `call_soon_threadsafe` into one queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from loragate.adapters import LoRARequest
+from loragate.engine.config import EngineConfig
+from loragate.engine.llm_engine import LLMEngine, PromptInput
+from loragate.engine.outputs import RequestOutput
+from loragate.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread failed; no request can be served until a restart."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: PromptInput
+    params: SamplingParams
+    lora_request: LoRARequest | None
+    loop: asyncio.AbstractEventLoop
+    accepted: asyncio.Future
+    outputs: asyncio.Queue
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    """Run a function on the engine thread (for anything that touches engine state)."""
+
+    fn: Any
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self.dead_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="loragate-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        return cls(LLMEngine(config))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self.dead_error is None
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._streams)
+
+    async def generate(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield cumulative outputs until the request finishes. Leaving early aborts it."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        accepted = loop.create_future()
+        self._inbox.put(_Add(request_id, prompt, params, lora_request, loop, accepted, outputs))
+        await accepted  # raises the engine's ValueError for bad input
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine failed: {item}") from item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    async def call(self, fn):
+        """Run `fn(engine)` on the engine thread and return its result."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._inbox.put(_Call(fn, loop, done))
+        return await done
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox(block=not self.engine.has_unfinished_requests())
+                if self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._publish(out)
+        except BaseException as exc:  # the engine is unusable: tell every waiter
+            log.exception("engine thread died")
+            self.dead_error = exc
+            for loop, outputs in list(self._streams.values()):
+                loop.call_soon_threadsafe(outputs.put_nowait, exc)
+            self._streams.clear()
+            self._fail_inbox(exc)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                item = None
+
+    def _handle(self, item) -> None:
+        if isinstance(item, _Add):
+            try:
+                self.engine.add_request(
+                    item.request_id, item.prompt, item.params, item.lora_request
+                )
+            except Exception as exc:  # bad input: that request alone fails
+                _resolve(item.loop, item.accepted, error=exc)
+                return
+            self._streams[item.request_id] = (item.loop, item.outputs)
+            _resolve(item.loop, item.accepted, result=None)
+        elif isinstance(item, _Abort):
+            self.engine.abort_request(item.request_id)
+            self._streams.pop(item.request_id, None)
+        elif isinstance(item, _Call):
+            try:
+                _resolve(item.loop, item.done, result=item.fn(self.engine))
+            except Exception as exc:
+                _resolve(item.loop, item.done, error=exc)
+
+    def _publish(self, out: RequestOutput) -> None:
+        target = self._streams.get(out.request_id)
+        if target is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        loop, outputs = target
+        loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+    def _fail_inbox(self, exc: BaseException) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Add):
+                _resolve(item.loop, item.accepted, error=EngineDeadError(str(exc)))
+            elif isinstance(item, _Call):
+                _resolve(item.loop, item.done, error=EngineDeadError(str(exc)))
+
+    def _check_alive(self) -> None:
+        if not self.is_running:
+            raise EngineDeadError(f"engine is not running: {self.dead_error}")
+
+
+def _resolve(loop, future: asyncio.Future, result=None, error: BaseException | None = None):
+    def settle():
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    loop.call_soon_threadsafe(settle)
