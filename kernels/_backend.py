@@ -23,3 +23,13 @@ def require(condition: bool, message: str) -> None:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision inputs accumulate in float32; float32/float64 keep their own precision."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def empty_output(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype | None = None):
+    """Every op allocates its result here, so tests can poison it (fill with NaN) in one place."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot precision: exact float32 products for float32 inputs (no TF32 rounding)."""
+    return "ieee" if dtype == torch.float32 else "tf32"

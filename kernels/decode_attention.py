@@ -47,12 +47,16 @@ def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.T
     used = block_ids < (lens[:, None] + block_size - 1) // block_size
     table = torch.where(used, block_tables[:, :num_blocks].long(), 0)
     dtype = compute_dtype(q.dtype)
-    keys = gather_context(k_cache, table).to(dtype).permute(0, 2, 1, 3)  # [B, H_kv, L, D]
-    values = gather_context(v_cache, table).to(dtype).permute(0, 2, 1, 3)
     positions = torch.arange(num_blocks * block_size, device=q.device)
-    visible = (positions < lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    hidden = positions >= lens[:, None]  # [B, L]
+    # Slots past a sequence's end hold stale data (NaN even, in a fresh cache): zero them so
+    # that masked-out probabilities (exactly 0) cannot turn them into NaN.
+    keys = gather_context(k_cache, table).masked_fill_(hidden[:, :, None, None], 0)
+    values = gather_context(v_cache, table).masked_fill_(hidden[:, :, None, None], 0)
+    keys = keys.to(dtype).permute(0, 2, 1, 3)  # [B, H_kv, L, D]
+    values = values.to(dtype).permute(0, 2, 1, 3)
     queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
     out = torch.nn.functional.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=visible, scale=scale
+        queries, keys, values, attn_mask=~hidden[:, None, None, :], scale=scale
     )
     return out.reshape(batch, heads, head_dim).to(q.dtype)

@@ -1,8 +1,8 @@
-"""Per-forward-pass bookkeeping for batched LoRA: tokens grouped by adapter slot.
+"""Per-forward-pass bookkeeping for batched LoRA: the batch's tokens grouped by adapter slot.
 
 The engine builds one LoraIndex per forward pass with `lora_index(slot_ids, num_slots)` and
-hands it to every lora_shrink / lora_expand call of that pass (7 projections x every layer), so
-the sort and the segment offsets are computed once rather than 200+ times.
+passes it to every lora_shrink / lora_expand call of that pass (7 projections x every layer),
+so the sort, the segment offsets and the few host-side scalars are computed once, not 200+ times.
 """
 
 from dataclasses import dataclass
@@ -14,16 +14,17 @@ from ._backend import require
 
 @dataclass(frozen=True)
 class LoraIndex:
-    """Tokens sorted by slot (stable); tokens without an adapter (-1) sort last.
+    """Tokens sorted by slot (stable); tokens without an adapter (slot < 0) sort last.
 
-    slot_ids:    [T] int64, the slots as given.
-    order:       [T] int64, token indices grouped by slot; the first num_active have a slot.
-    sorted_slots:[T] int64, slot_ids[order] (the inactive tail holds -1).
-    group_ends:  [S] int32, cumulative token count per slot: slot s owns sorted rows
-                 group_ends[s-1]:group_ends[s] (the `offs` of torch's grouped matmul).
-    num_active:  tokens that have an adapter.
-    is_identity: order is 0..T-1 and every token has a slot, so no gather/scatter is needed.
-    single_slot: the one slot every token uses, or None when tokens are mixed or some lack one.
+    slot_ids:     [T] int64, the slots as given.
+    order:        [T] int64, token indices grouped by slot; the first num_active have a slot.
+    sorted_slots: [T] int64, slot_ids[order].
+    group_ends:   [S] int32, cumulative token count per slot: slot s owns sorted rows
+                  group_ends[s-1]:group_ends[s] (the `offs` of a grouped matmul).
+    num_active:   tokens that have an adapter.
+    first_slot, last_slot: lowest and highest slot in use (-1 when none is), so the torch path
+                  only visits the slots between them.
+    is_identity:  every token has a slot and they are already sorted: no gather or scatter.
     """
 
     slot_ids: torch.Tensor
@@ -32,50 +33,63 @@ class LoraIndex:
     group_ends: torch.Tensor
     num_slots: int
     num_active: int
+    first_slot: int
+    last_slot: int
     is_identity: bool
-    single_slot: int | None
 
     @property
     def num_tokens(self) -> int:
         return self.slot_ids.shape[0]
 
+    @property
+    def single_slot(self) -> int | None:
+        """The one slot every active token uses, or None when they use several (or none)."""
+        return self.first_slot if self.num_active and self.first_slot == self.last_slot else None
+
 
 def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
     """Group the batch's tokens by adapter slot (-1 = base model only).
 
-    Reads a few scalars back to the host once (the active count and two flags), which on a GPU
-    is one sync per forward pass instead of one per LoRA call.
+    Reads four scalars back to the host (one sync per forward pass on a GPU, rather than one
+    per LoRA call). Sorting the batch by slot beforehand, base-only tokens last, makes every
+    LoRA call skip its gather and scatter (is_identity).
     """
     require(slot_ids.dim() == 1, f"slot_ids must be 1-D [T], got shape {tuple(slot_ids.shape)}")
     require(num_slots >= 1, f"num_slots must be >= 1, got {num_slots}")
     require(
-        not slot_ids.is_floating_point() and not slot_ids.is_complex(),
+        not slot_ids.is_floating_point()
+        and not slot_ids.is_complex()
+        and slot_ids.dtype != torch.bool,
         f"slot_ids must be an integer tensor, got {slot_ids.dtype}",
     )
     slots = slot_ids.long()
-    keys = torch.where(slots < 0, num_slots, slots)
+    active = slots >= 0
+    keys = torch.where(active, slots, num_slots)
     order = torch.sort(keys, stable=True).indices
-    sorted_slots = slots[order]
     counts = torch.bincount(keys, minlength=num_slots + 1)
-    group_ends = torch.cumsum(counts[:num_slots], 0).to(torch.int32)
-    stats = torch.stack(
+    if counts.shape[0] != num_slots + 1:
+        raise ValueError(f"slot ids must be < num_slots={num_slots}, got {int(slots.max())}")
+    positions = torch.arange(order.shape[0], device=order.device)
+    sentinel = slots.new_full((1,), -1)
+    # One host read for all four scalars; the sentinels cover a batch with no active token.
+    stats = torch.cat(
         [
-            counts[num_slots],
-            slots.max() if slots.numel() else slots.new_tensor(-1),
-            slots.min() if slots.numel() else slots.new_tensor(-1),
-            (order != torch.arange(order.numel(), device=order.device)).sum(),
+            counts[num_slots:],
+            torch.cat([keys, sentinel + num_slots + 1]).min(0, keepdim=True).values,
+            torch.cat([torch.where(active, slots, -1), sentinel]).max(0, keepdim=True).values,
+            (order != positions).sum(0, keepdim=True),
         ]
     ).tolist()
-    num_inactive, highest, lowest, moved = stats
-    require(highest < num_slots, f"slot id {highest} out of range for {num_slots} slots")
-    num_tokens = slots.shape[0]
+    num_inactive, first_slot, last_slot, moved = stats
+    num_active = slots.shape[0] - num_inactive
     return LoraIndex(
         slot_ids=slots,
         order=order,
-        sorted_slots=sorted_slots,
-        group_ends=group_ends,
+        sorted_slots=slots[order],
+        group_ends=torch.cumsum(counts[:num_slots], 0).to(torch.int32),
         num_slots=num_slots,
-        num_active=num_tokens - num_inactive,
+        num_active=num_active,
+        first_slot=first_slot if num_active else -1,
+        last_slot=last_slot if num_active else -1,
         is_identity=num_inactive == 0 and moved == 0,
-        single_slot=lowest if num_inactive == 0 and lowest == highest and num_tokens else None,
     )

@@ -2,6 +2,7 @@
 
 import torch
 
+from . import _backend
 from ._backend import compute_dtype, require, resolve_backend
 from ._paged import check_paged_inputs, gather_context
 
@@ -54,7 +55,7 @@ def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
     check_query_layout(starts, lens, q.shape[0])
     block_size = k_cache.shape[1]
     dtype = compute_dtype(q.dtype)
-    out = torch.empty_like(q)
+    out = _backend.empty_output(tuple(q.shape), q)
     for b, context in enumerate(lens):
         begin, end = starts[b], starts[b + 1]
         if end == begin:
