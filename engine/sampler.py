@@ -1,0 +1,372 @@
+"""Picking the next token for a batch of sequences.
+
+The steps are pure tensor functions (gpt-fast style), each testable on its own; the
+``Sampler`` wires them for one engine step. Order, as in vLLM v1: penalties, min_tokens
+mask, then (greedy rows: argmax) temperature, min-p, top-k/top-p, and a draw.
+
+Reported log-probabilities are those of the *raw* model logits, before penalties,
+temperature or truncation (vLLM v1's default), so cumulative_logprob measures the model.
+
+Randomness: each random row draws exactly one uniform per step (inverse-CDF sampling),
+from its own generator when the request is seeded. A seeded request therefore yields
+the same tokens whatever else is in the batch, and greedy rows never touch a generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from loragate.engine.sampling_params import SamplingParams
+
+NEG_INF = float("-inf")
+
+# Top-p first looks at this many best tokens per row, and widens the window (x8) only for
+# rows whose nucleus is not inside it: a full-vocabulary sort per row is rarely needed.
+TOP_P_INITIAL_WINDOW = 64
+TOP_P_WINDOW_GROWTH = 8
+
+# On CPU, row-wise reductions run over chunks of rows so temporaries stay small and
+# cache-resident instead of allocating (and page-faulting) a full [n, vocab] buffer.
+CPU_ROW_CHUNK = 16
+
+
+# -- pure tensor functions -----------------------------------------------------------
+
+
+def token_counts(
+    token_ids: Sequence[Sequence[int]],
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``[n, vocab]`` occurrence counts of each row's ids, built with one scatter_add."""
+    counts = torch.zeros(len(token_ids), vocab_size, dtype=dtype, device=device)
+    lengths = [len(ids) for ids in token_ids]
+    total = sum(lengths)
+    if total == 0:
+        return counts
+    flat = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.long)
+    low, high = int(flat.min()), int(flat.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    rows = torch.repeat_interleave(torch.arange(len(token_ids)), torch.tensor(lengths))
+    index = (rows * vocab_size + flat).to(device)
+    counts.view(-1).scatter_add_(0, index, torch.ones(total, dtype=dtype, device=device))
+    return counts
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    output_counts: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    repetition: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's penalties, per row.
+
+    Repetition applies to every token seen in the prompt or the output: positive logits
+    are divided by it, negative ones multiplied. Frequency (times the count) and presence
+    (once) are subtracted for tokens of the output only.
+    """
+    rows, cols = (prompt_mask | (output_counts > 0)).nonzero(as_tuple=True)
+    # Only seen tokens change: work on their (few) values instead of the whole vocabulary.
+    values = logits[rows, cols]
+    counts = output_counts[rows, cols].to(logits.dtype)
+    rep = repetition.to(logits.dtype)[rows]
+    values = torch.where(values > 0, values / rep, values * rep)
+    values = values - frequency.to(logits.dtype)[rows] * counts
+    values = values - presence.to(logits.dtype)[rows] * (counts > 0).to(logits.dtype)
+    logits = logits.clone()
+    logits[rows, cols] = values
+    return logits
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Scale each row by 1/temperature (temperature > 0; greedy rows never come here)."""
+    return logits / temperature.to(logits.dtype).unsqueeze(1)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the row's top probability.
+
+    p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed, and
+    min_p = 0 gives a threshold of -inf (nothing dropped).
+    """
+    threshold = logits.amax(dim=-1, keepdim=True) + torch.log(min_p.to(logits.dtype)).unsqueeze(1)
+    return logits.masked_fill(logits < threshold, NEG_INF)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Keep each row's top_k logits (<= 0 or >= vocab: off), then its top-p nucleus.
+
+    As in vLLM, top-p runs on the distribution renormalised over the top-k survivors, and
+    keeps a token while the mass of the tokens ranked above it is below top_p (so the
+    best token always survives). Ties with the last survivor survive too.
+    """
+    thresholds = top_k_top_p_thresholds(logits, top_k, top_p)
+    return logits.masked_fill(logits < thresholds.unsqueeze(1), NEG_INF)
+
+
+def top_k_top_p_thresholds(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Per row, the smallest logit that survives top-k and top-p (-inf: row untouched)."""
+    n, vocab = logits.shape
+    top_k = top_k.to(device=logits.device, dtype=torch.long)
+    top_p = top_p.to(device=logits.device, dtype=logits.dtype)
+    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
+    thresholds = torch.full((n,), NEG_INF, dtype=logits.dtype, device=logits.device)
+    has_k = k < vocab
+    pending = (has_k | (top_p < 1.0)).nonzero().squeeze(1)
+    if pending.numel() == 0:
+        return thresholds
+    window = max(int(k[has_k].max()) if bool(has_k.any()) else 0, TOP_P_INITIAL_WINDOW)
+    window = min(window, vocab)
+    # Rows with top-p but no top-k normalise over the whole row (skipped when none exist).
+    needs_full = ~has_k[pending] & (top_p[pending] < 1.0)
+    if bool(needs_full.any()):
+        full_lse = _rows_logsumexp(_index_rows(logits, pending))
+    else:
+        full_lse = torch.zeros(pending.numel(), dtype=logits.dtype, device=logits.device)
+    while pending.numel() > 0:
+        rows = _index_rows(logits, pending)
+        vals = rows.topk(window, dim=-1, sorted=True).values
+        kth = vals.gather(1, (k[pending].clamp(max=window) - 1).unsqueeze(1))
+        kth = torch.where(has_k[pending].unsqueeze(1), kth, NEG_INF)
+        in_k = vals >= kth
+        p = top_p[pending].unsqueeze(1)
+        k_lse = torch.logsumexp(vals.masked_fill(~in_k, NEG_INF), dim=-1)
+        norm = torch.where(has_k[pending], k_lse, full_lse)
+        probs = torch.exp(vals - norm.unsqueeze(1)).masked_fill(~in_k, 0.0)
+        mass = probs.cumsum(dim=-1)
+        mass_above = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], dim=-1)
+        keep = in_k & ((mass_above < p) | (p >= 1.0))
+        last = keep.sum(dim=-1).clamp(min=1) - 1
+        row_thresholds = vals.gather(1, last.unsqueeze(1)).squeeze(1)
+        covered = has_k[pending] | (mass[:, -1] >= p.squeeze(1)) | (window >= vocab)
+        thresholds[pending[covered]] = row_thresholds[covered]
+        pending, full_lse = pending[~covered], full_lse[~covered]
+        window = min(window * TOP_P_WINDOW_GROWTH, vocab)
+    return thresholds
+
+
+def draw_uniforms(generators: Sequence[torch.Generator], device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row, each from that row's generator.
+
+    Rows sharing a generator draw together in row order; a row with its own generator
+    consumes exactly one number of it, whatever the rest of the batch is.
+    """
+    groups: dict[int, tuple[torch.Generator, list[int]]] = {}
+    for row, generator in enumerate(generators):
+        groups.setdefault(id(generator), (generator, []))[1].append(row)
+    uniforms = torch.empty(len(generators), dtype=torch.float32, device=device)
+    for generator, rows in groups.values():
+        values = torch.rand(len(rows), generator=generator, device=generator.device)
+        uniforms[torch.tensor(rows, device=device)] = values.to(device)
+    return uniforms
+
+
+def sample(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """Draw one token per row by inverse CDF (rows need not sum to 1; >= 0 each).
+
+    Zero-probability tokens are never chosen: the CDF is flat over them and the search
+    returns the first entry strictly above the target.
+    """
+    if probs.dim() != 2 or len(generators) != probs.shape[0]:
+        raise ValueError(
+            f"sample needs [n, vocab] probs and n generators, got {tuple(probs.shape)} "
+            f"and {len(generators)} generators"
+        )
+    uniforms = draw_uniforms(generators, probs.device).to(probs.dtype)
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    target = torch.minimum(uniforms.unsqueeze(1) * total, below_total)
+    chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return chosen.clamp_(max=probs.shape[1] - 1)
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the vocabulary, in float32 at least."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The per-request generator for ``SamplingParams.seed``."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _rows_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    if logits.device.type != "cpu" or logits.shape[0] <= CPU_ROW_CHUNK:
+        return torch.logsumexp(logits, dim=-1)
+    return torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in logits.split(CPU_ROW_CHUNK)])
+
+
+def _index_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``tensor[rows]`` without the copy when ``rows`` is every row in order."""
+    if rows.numel() == tensor.shape[0]:
+        return tensor
+    return tensor[rows]
+
+
+def _select_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The given rows (no copy when they are all rows, in order)."""
+    if len(rows) == tensor.shape[0]:
+        return tensor
+    return tensor[torch.tensor(rows, device=tensor.device)]
+
+
+# -- the batch sampler ------------------------------------------------------------------
+
+
+@dataclass
+class SamplingRow:
+    """One sequence to sample for; generator None means the sampler's shared one."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SampleResult:
+    """The chosen token, its raw logprob, and the top-N raw logprobs when asked for."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float] | None = None
+
+
+class Sampler:
+    """Samples one token for every row of a ``[n, vocab]`` logits batch."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: set[int], generator: torch.Generator):
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        bad = [t for t in eos_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"eos_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = set(eos_token_ids)
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampleResult]:
+        if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
+            raise ValueError(
+                f"logits must be [{len(rows)}, {self.vocab_size}] (rows x vocab), "
+                f"got {tuple(logits.shape)}"
+            )
+        if not rows:
+            return []
+        raw = logits.float()
+        # On CPU the rows go through in small chunks so every temporary stays cache-sized;
+        # elsewhere the whole batch is one chunk.
+        step = CPU_ROW_CHUNK if raw.device.type == "cpu" else len(rows)
+        tokens, lse = [], []
+        for start in range(0, len(rows), step):
+            chunk = raw[start : start + step]
+            tokens.append(self._choose(chunk, rows[start : start + step]))
+            lse.append(torch.logsumexp(chunk, dim=-1))
+        return self._results(raw, torch.cat(tokens), torch.cat(lse), rows)
+
+    def _choose(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The next token of every row: argmax for greedy rows, a draw for the rest."""
+        logits = self._penalised(raw, rows)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        greedy = [i for i, row in enumerate(rows) if row.params.greedy]
+        random = [i for i, row in enumerate(rows) if not row.params.greedy]
+        if greedy:
+            tokens[greedy] = _select_rows(logits, greedy).argmax(dim=-1)
+        if random:
+            chosen = self._sample_random(_select_rows(logits, random), [rows[i] for i in random])
+            tokens[random] = chosen
+        return tokens
+
+    def _penalised(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Logits after penalties and the min_tokens mask; ``raw`` itself when none apply."""
+        penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
+        banned_rows: list[int] = []
+        banned_tokens: list[int] = []
+        for i, row in enumerate(rows):
+            if len(row.output_token_ids) < row.params.min_tokens:
+                stop_ids = self.eos_token_ids.union(row.params.stop_token_ids)
+                stop_ids = [t for t in stop_ids if t < self.vocab_size]
+                banned_rows.extend([i] * len(stop_ids))
+                banned_tokens.extend(stop_ids)
+        if not penalised and not banned_rows:
+            return raw
+        logits = raw.clone()
+        if penalised:
+            selected = [rows[i] for i in penalised]
+            index = torch.tensor(penalised, device=raw.device)
+            prompts = [
+                r.prompt_token_ids if r.params.repetition_penalty != 1.0 else [] for r in selected
+            ]
+            outputs = [r.output_token_ids for r in selected]
+            prompt_mask = token_counts(prompts, self.vocab_size, raw.device) > 0
+            output_counts = token_counts(outputs, self.vocab_size, raw.device)
+            logits[index] = apply_penalties(
+                logits[index],
+                prompt_mask,
+                output_counts,
+                self._column(selected, "presence_penalty", raw.device),
+                self._column(selected, "frequency_penalty", raw.device),
+                self._column(selected, "repetition_penalty", raw.device),
+            )
+        if banned_rows:
+            logits[torch.tensor(banned_rows), torch.tensor(banned_tokens)] = NEG_INF
+        return logits
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        params = [row.params for row in rows]
+        device = logits.device
+        logits = apply_temperature(logits, self._column(rows, "temperature", device))
+        if any(p.min_p > 0.0 for p in params):
+            logits = apply_min_p(logits, self._column(rows, "min_p", device))
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+            logits = apply_top_k_top_p(logits, top_k, self._column(rows, "top_p", device))
+        probs = torch.softmax(logits, dim=-1)
+        generators = [row.generator or self.generator for row in rows]
+        return sample(probs, generators)
+
+    def _results(
+        self, raw: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[SampleResult]:
+        chosen = (raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse).tolist()
+        token_ids = tokens.tolist()
+        results = [SampleResult(t, lp) for t, lp in zip(token_ids, chosen, strict=True)]
+        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if not wanted:
+            return results
+        top_n = min(max(rows[i].params.logprobs for i in wanted), self.vocab_size)
+        top_values = top_ids = None
+        if top_n > 0:
+            top = _select_rows(raw, wanted).topk(top_n, dim=-1)
+            top_values = (top.values - lse[wanted].unsqueeze(1)).tolist()
+            top_ids = top.indices.tolist()
+        for j, i in enumerate(wanted):
+            n = rows[i].params.logprobs
+            entries = {}
+            if n > 0:
+                entries = dict(zip(top_ids[j][:n], top_values[j][:n], strict=True))
+            entries[results[i].token_id] = results[i].logprob
+            results[i].top_logprobs = entries
+        return results
+
+    @staticmethod
+    def _column(rows: list, name: str, device: torch.device) -> torch.Tensor:
+        """One float per row from its params, e.g. every row's temperature."""
+        values = [getattr(row.params, name) for row in rows]
+        return torch.tensor(values, dtype=torch.float32, device=device)

@@ -1,0 +1,205 @@
+"""Per-request sampling settings, mirroring vLLM's ``SamplingParams``.
+
+Every value is checked where the object is built, so a bad request fails with a
+``ValueError`` naming the field before it reaches the scheduler or a KV block.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Temperatures below this are treated as greedy (vLLM uses the same epsilon).
+GREEDY_TEMPERATURE_EPS = 1e-5
+
+_PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the tokens of one request and when to stop.
+
+    ``top_k`` of 0 or -1 disables top-k; ``max_tokens=None`` means "until the model's
+    context is full" (the engine enforces max_model_len); ``logprobs=N`` returns the N
+    most likely tokens of every step plus the chosen one (0: only the chosen one).
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    sampler: str | None = None
+    sampler_args: dict[str, Any] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        self._normalise()
+        self._verify_counts()
+        self._verify_probabilities()
+        self._verify_penalties()
+        self._verify_stops()
+        self._verify_beam_search()
+        self._verify_plugin_sampler()
+
+    # -- normalisation -------------------------------------------------------------
+
+    def _normalise(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, list | tuple):
+            self.stop = list(self.stop)
+        else:
+            raise ValueError(
+                f"stop must be a string or a list of strings, got {type(self.stop).__name__}"
+            )
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, list | tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+        else:
+            raise ValueError(
+                "stop_token_ids must be a list of token ids, "
+                f"got {type(self.stop_token_ids).__name__}"
+            )
+        for name in ("temperature", "top_p", "min_p", "length_penalty") + _PENALTY_FIELDS:
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            setattr(self, name, float(value))
+        if self.best_of is None:
+            self.best_of = self.n
+
+    # -- checks --------------------------------------------------------------------
+
+    def _verify_counts(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if not _is_int(self.best_of) or self.best_of < self.n:
+            raise ValueError(f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(
+                f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}"
+            )
+
+    def _verify_probabilities(self) -> None:
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    def _verify_penalties(self) -> None:
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+
+    def _verify_stops(self) -> None:
+        for text in self.stop:
+            if not isinstance(text, str):
+                raise ValueError(f"stop must contain only strings, got {text!r}")
+            if not text:
+                raise ValueError("stop must not contain empty strings")
+        for token_id in self.stop_token_ids:
+            if not _is_int(token_id) or token_id < 0:
+                raise ValueError(f"stop_token_ids must be non-negative integers, got {token_id!r}")
+
+    def _verify_beam_search(self) -> None:
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(
+                f"early_stopping must be True, False or 'never', got {self.early_stopping!r}"
+            )
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise ValueError("length_penalty only applies with use_beam_search=True")
+            if self.early_stopping is not False:
+                raise ValueError("early_stopping only applies with use_beam_search=True")
+            return
+        if self.best_of < 2:
+            raise ValueError(
+                f"best_of (the beam width) must be >= 2 for beam search, got {self.best_of}"
+            )
+        if self.temperature > GREEDY_TEMPERATURE_EPS:
+            raise ValueError("temperature must be 0 for beam search")
+        if self.top_p < 1.0:
+            raise ValueError("top_p must be 1 for beam search")
+        if self.top_k not in (0, -1):
+            raise ValueError("top_k must be disabled (0 or -1) for beam search")
+        if self.min_p > 0.0:
+            raise ValueError("min_p must be 0 for beam search")
+
+    def _verify_plugin_sampler(self) -> None:
+        if self.sampler is not None and (not isinstance(self.sampler, str) or not self.sampler):
+            raise ValueError(
+                f"sampler must be a non-empty plugin sampler name, got {self.sampler!r}"
+            )
+        if self.sampler_args is not None:
+            if not isinstance(self.sampler_args, dict):
+                raise ValueError(
+                    f"sampler_args must be a dict, got {type(self.sampler_args).__name__}"
+                )
+            if self.sampler is None:
+                raise ValueError("sampler_args needs sampler (a plugin sampler name)")
+
+    # -- derived -------------------------------------------------------------------
+
+    @property
+    def greedy(self) -> bool:
+        """True when the choice is the argmax: zero temperature, or top_k == 1."""
+        return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    def clone(self) -> SamplingParams:
+        """A deep copy, so per-sequence changes never leak into the caller's object."""
+        return copy.deepcopy(self)
