@@ -1,1 +1,43 @@
-"""loragate.adapters layer."""
+"""loragate.adapters: PEFT LoRA adapters, validated, cached on CPU and in device slots."""
+
+from loragate.adapters.cache import AdapterCache
+from loragate.adapters.errors import (
+    AdapterConfigError,
+    AdapterError,
+    AdapterNotFoundError,
+    AdapterRankError,
+    AdapterShapeError,
+    BaseModelMismatchError,
+    BaseModelMismatchWarning,
+    CorruptWeightsError,
+    PickleWeightsError,
+    UnsupportedAdapterError,
+    UnsupportedTargetModuleError,
+)
+from loragate.adapters.eviction import lru_victim
+from loragate.adapters.loader import LoRAAdapter, load_adapter
+from loragate.adapters.random_adapter import make_random_adapter
+from loragate.adapters.request import LoRARequest
+from loragate.adapters.spec import SUPPORTED_MODULES, LoRAModelSpec
+
+__all__ = [
+    "SUPPORTED_MODULES",
+    "AdapterCache",
+    "AdapterConfigError",
+    "AdapterError",
+    "AdapterNotFoundError",
+    "AdapterRankError",
+    "AdapterShapeError",
+    "BaseModelMismatchError",
+    "BaseModelMismatchWarning",
+    "CorruptWeightsError",
+    "LoRAAdapter",
+    "LoRAModelSpec",
+    "LoRARequest",
+    "PickleWeightsError",
+    "UnsupportedAdapterError",
+    "UnsupportedTargetModuleError",
+    "load_adapter",
+    "lru_victim",
+    "make_random_adapter",
+]

@@ -1,0 +1,61 @@
+"""Why an adapter was refused: one exception type per kind of problem.
+
+Every error names the file and the config field (or tensor key) at fault, and keeps
+them as attributes so the gateway can answer a structured 400 without parsing text.
+All derive from ``AdapterError(ValueError)``: callers that only care "is this adapter
+bad?" catch one type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class AdapterError(ValueError):
+    """An adapter directory that loragate will not serve."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, field: str | None = None):
+        prefix = f"{path}: " if path is not None else ""
+        super().__init__(prefix + message)
+        self.path = None if path is None else str(path)
+        self.field = field
+
+
+class AdapterNotFoundError(AdapterError, FileNotFoundError):
+    """The directory, its adapter_config.json or its adapter_model.safetensors is missing."""
+
+
+class PickleWeightsError(AdapterError):
+    """Only pickle weights (.bin/.pt/.pth/.ckpt) were found; loading them could run code."""
+
+
+class AdapterConfigError(AdapterError):
+    """adapter_config.json is unreadable, not JSON, or a field has the wrong type or value."""
+
+
+class UnsupportedAdapterError(AdapterError):
+    """A valid PEFT adapter using a feature loragate does not serve (DoRA, biases, ...)."""
+
+
+class AdapterRankError(UnsupportedAdapterError):
+    """The adapter's rank is above the server's max_lora_rank."""
+
+
+class UnsupportedTargetModuleError(UnsupportedAdapterError):
+    """The adapter targets a module that has no LoRA slot (embeddings, lm_head, ...)."""
+
+
+class CorruptWeightsError(AdapterError):
+    """adapter_model.safetensors cannot be parsed."""
+
+
+class AdapterShapeError(AdapterError):
+    """Tensors that do not fit the base model: wrong dims, rank, layer, or a lone A or B."""
+
+
+class BaseModelMismatchError(AdapterError):
+    """The adapter was trained for a different base model (raised only in strict mode)."""
+
+
+class BaseModelMismatchWarning(UserWarning):
+    """The adapter names a different base model; served anyway because strict mode is off."""

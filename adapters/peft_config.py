@@ -1,0 +1,241 @@
+"""adapter_config.json, checked field by field before any tensor is read.
+
+Anything a PEFT LoRA can express that our batched kernels cannot reproduce exactly is
+refused here, naming the field, rather than served slightly wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from loragate.adapters.errors import (
+    AdapterConfigError,
+    AdapterRankError,
+    UnsupportedAdapterError,
+    UnsupportedTargetModuleError,
+)
+
+# LoRA variants and extras that change the forward pass or the base weights; each is
+# refused when set to anything but its PEFT default (None/False/empty).
+_UNSUPPORTED_EXTRAS = {
+    "lora_bias": "biases on lora_B",
+    "layer_replication": "layer replication",
+    "trainable_token_indices": "trainable embedding tokens",
+    "target_parameters": "LoRA on raw parameters",
+    "alora_invocation_tokens": "activated LoRA (aLoRA)",
+    "use_qalora": "QA-LoRA input pooling",
+    "use_bdlora": "block-diagonal LoRA",
+    "arrow_config": "Arrow routing",
+    "kasa_config": "KaSA",
+    "velora_config": "VeLoRA",
+    "monteclora_config": "MonteCLoRA",
+}
+
+# init_lora_weights values whose adapters assume a modified base weight unless PEFT
+# converted them on save (conversion writes init_lora_weights=true).
+_BASE_MODIFYING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+
+
+@dataclass(frozen=True)
+class LoraConfigFields:
+    """The validated fields of one adapter_config.json that decide the math."""
+
+    path: Path
+    r: int
+    lora_alpha: float
+    use_rslora: bool
+    fan_in_fan_out: bool
+    target_modules: tuple[str, ...] | str | None
+    rank_pattern: dict[str, int]
+    alpha_pattern: dict[str, float]
+    base_model_name_or_path: str | None
+
+    @property
+    def scale(self) -> float:
+        """The adapter-wide scaling PEFT applies: alpha/r, or alpha/sqrt(r) with rsLoRA."""
+        return _scaling(self.lora_alpha, self.r, self.use_rslora)
+
+    def rank_for(self, module_key: str) -> int:
+        """The rank PEFT gives the module named ``module_key`` (its rank_pattern rules)."""
+        return self.rank_pattern.get(_pattern_key(self.rank_pattern, module_key), self.r)
+
+    def scale_for(self, module_key: str) -> float:
+        """The scaling PEFT gives ``module_key``, from its own rank and alpha."""
+        alpha = self.alpha_pattern.get(
+            _pattern_key(self.alpha_pattern, module_key), self.lora_alpha
+        )
+        return _scaling(alpha, self.rank_for(module_key), self.use_rslora)
+
+
+def _scaling(alpha: float, r: int, use_rslora: bool) -> float:
+    return alpha / math.sqrt(r) if use_rslora else alpha / r
+
+
+def _pattern_key(patterns: dict, module_key: str) -> str | None:
+    """The first pattern that matches the end of ``module_key``, as PEFT matches them."""
+    for pattern in patterns:
+        if re.match(rf"(.*\.)?({pattern})$", module_key):
+            return pattern
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_lora_config(
+    path: Path, *, max_lora_rank: int, supported_modules: frozenset[str]
+) -> LoraConfigFields:
+    """Parse and check ``path`` (an adapter_config.json); raise an AdapterError naming the field."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterConfigError(f"invalid JSON: {exc}", path=path) from exc
+    if not isinstance(raw, dict):
+        raise AdapterConfigError("must hold a JSON object", path=path)
+
+    peft_type = raw.get("peft_type")
+    if peft_type is None:
+        raise AdapterConfigError("field 'peft_type' is missing", path=path, field="peft_type")
+    if str(peft_type).upper() != "LORA":
+        raise UnsupportedAdapterError(
+            f"field 'peft_type' is {peft_type!r}; only LORA adapters are served",
+            path=path,
+            field="peft_type",
+        )
+    _refuse_unsupported_features(raw, path)
+
+    r = raw.get("r", 8)
+    if not _is_int(r) or r < 1:
+        raise AdapterConfigError(f"field 'r' must be an int >= 1, got {r!r}", path=path, field="r")
+    if r > max_lora_rank:
+        raise AdapterRankError(
+            f"field 'r' is {r}, above max_lora_rank={max_lora_rank}", path=path, field="r"
+        )
+    alpha = raw.get("lora_alpha", 8)
+    if not _is_number(alpha):
+        raise AdapterConfigError(
+            f"field 'lora_alpha' must be a number, got {alpha!r}", path=path, field="lora_alpha"
+        )
+    flags = {}
+    for name in ("use_rslora", "fan_in_fan_out"):
+        value = raw.get(name, False)
+        if not isinstance(value, bool):
+            raise AdapterConfigError(
+                f"field '{name}' must be true or false, got {value!r}", path=path, field=name
+            )
+        flags[name] = value
+
+    base_name = raw.get("base_model_name_or_path")
+    if base_name is not None and not isinstance(base_name, str):
+        raise AdapterConfigError(
+            f"field 'base_model_name_or_path' must be a string, got {base_name!r}",
+            path=path,
+            field="base_model_name_or_path",
+        )
+    return LoraConfigFields(
+        path=path,
+        r=r,
+        lora_alpha=float(alpha),
+        use_rslora=flags["use_rslora"],
+        fan_in_fan_out=flags["fan_in_fan_out"],
+        target_modules=_read_target_modules(raw, path, supported_modules),
+        rank_pattern=_read_pattern(raw, "rank_pattern", path, max_lora_rank),
+        alpha_pattern=_read_pattern(raw, "alpha_pattern", path, None),
+        base_model_name_or_path=base_name,
+    )
+
+
+def _refuse_unsupported_features(raw: dict, path: Path) -> None:
+    if raw.get("use_dora", False):
+        raise UnsupportedAdapterError(
+            "field 'use_dora' is true; DoRA adapters are not supported", path=path, field="use_dora"
+        )
+    bias = raw.get("bias", "none")
+    if bias != "none":
+        raise UnsupportedAdapterError(
+            f"field 'bias' is {bias!r}; only 'none' is supported", path=path, field="bias"
+        )
+    if raw.get("modules_to_save"):
+        raise UnsupportedAdapterError(
+            f"field 'modules_to_save' is {raw['modules_to_save']!r}; adapters that replace "
+            "whole modules are not supported",
+            path=path,
+            field="modules_to_save",
+        )
+    for name, what in _UNSUPPORTED_EXTRAS.items():
+        if raw.get(name):
+            raise UnsupportedAdapterError(
+                f"field '{name}' is set ({what}), which is not supported", path=path, field=name
+            )
+    init = raw.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(_BASE_MODIFYING_INITS):
+        raise UnsupportedAdapterError(
+            f"field 'init_lora_weights' is {init!r}: the adapter assumes a modified base model; "
+            "save it with PEFT's path_initial_model_for_weight_conversion",
+            path=path,
+            field="init_lora_weights",
+        )
+
+
+def _read_target_modules(raw: dict, path: Path, supported: frozenset[str]):
+    """A tuple of module names, or a regex string (checked later against the weights)."""
+    targets = raw.get("target_modules")
+    if isinstance(targets, str):
+        _check_regex(targets, path, "target_modules")
+    if targets is None or isinstance(targets, str):
+        return targets
+    if not isinstance(targets, list | tuple) or not all(isinstance(t, str) for t in targets):
+        raise AdapterConfigError(
+            f"field 'target_modules' must be a list of names or a regex, got {targets!r}",
+            path=path,
+            field="target_modules",
+        )
+    unsupported = sorted({t for t in targets if t.rsplit(".", 1)[-1] not in supported})
+    if unsupported:
+        raise UnsupportedTargetModuleError(
+            f"field 'target_modules' names {', '.join(unsupported)}; "
+            f"LoRA is supported on {', '.join(sorted(supported))} only",
+            path=path,
+            field="target_modules",
+        )
+    return tuple(targets)
+
+
+def _read_pattern(raw: dict, name: str, path: Path, max_rank: int | None) -> dict:
+    pattern = raw.get(name) or {}
+    if not isinstance(pattern, dict):
+        raise AdapterConfigError(
+            f"field '{name}' must be an object, got {pattern!r}", path=path, field=name
+        )
+    for key, value in pattern.items():
+        _check_regex(key, path, name)
+        ok = _is_int(value) and value >= 1 if max_rank is not None else _is_number(value)
+        if not ok:
+            raise AdapterConfigError(
+                f"field '{name}' has a bad value {value!r} for {key!r}", path=path, field=name
+            )
+        if max_rank is not None and value > max_rank:
+            raise AdapterRankError(
+                f"field '{name}' gives {key!r} rank {value}, above max_lora_rank={max_rank}",
+                path=path,
+                field=name,
+            )
+    return dict(pattern)
+
+
+def _check_regex(pattern: str, path: Path, field: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise AdapterConfigError(
+            f"field '{field}' holds an invalid regex {pattern!r}: {exc}", path=path, field=field
+        ) from exc

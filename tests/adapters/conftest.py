@@ -1,0 +1,35 @@
+"""Tiny random Llama models and real PEFT adapter directories for the adapter tests."""
+
+from __future__ import annotations
+
+import pytest
+from adapters_testlib import TINY_NAME, tiny_model
+
+from loragate.adapters import LoRAModelSpec, make_random_adapter
+
+
+@pytest.fixture(scope="session")
+def base_model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def spec(base_model):
+    return LoRAModelSpec.from_hf_config(base_model.config, model_name=TINY_NAME)
+
+
+@pytest.fixture
+def make_adapter(base_model, tmp_path):
+    """make_adapter(name, rank=..., targets=..., **kw) -> path of a fresh PEFT adapter dir."""
+
+    def make(name="a", *, rank=4, targets=("q_proj", "v_proj"), model=None, **kwargs):
+        kwargs.setdefault("base_model_name", TINY_NAME)
+        return make_random_adapter(
+            model if model is not None else base_model,
+            tmp_path / name,
+            rank=rank,
+            targets=list(targets),
+            **kwargs,
+        )
+
+    return make
