@@ -67,20 +67,19 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
     keys = torch.where(active, slots, num_slots)
     order = torch.sort(keys, stable=True).indices
     counts = torch.bincount(keys, minlength=num_slots + 1)
-    if counts.shape[0] != num_slots + 1:
-        raise ValueError(f"slot ids must be < num_slots={num_slots}, got {int(slots.max())}")
     positions = torch.arange(order.shape[0], device=order.device)
     sentinel = slots.new_full((1,), -1)
     # One host read for all four scalars; the sentinels cover a batch with no active token.
     stats = torch.cat(
         [
-            counts[num_slots:],
+            counts[num_slots : num_slots + 1],
             torch.cat([keys, sentinel + num_slots + 1]).min(0, keepdim=True).values,
             torch.cat([torch.where(active, slots, -1), sentinel]).max(0, keepdim=True).values,
             (order != positions).sum(0, keepdim=True),
         ]
     ).tolist()
     num_inactive, first_slot, last_slot, moved = stats
+    require(last_slot < num_slots, f"slot id {last_slot} out of range for {num_slots} slots")
     num_active = slots.shape[0] - num_inactive
     return LoraIndex(
         slot_ids=slots,
