@@ -1,0 +1,307 @@
+"""Every adapter loragate refuses, each with its own error type naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+from adapters_testlib import TINY_NAME, tiny_model
+from peft import LoHaConfig, get_peft_model
+from safetensors.torch import load_file, save_file
+
+from loragate.adapters import (
+    AdapterConfigError,
+    AdapterError,
+    AdapterNotFoundError,
+    AdapterRankError,
+    AdapterShapeError,
+    BaseModelMismatchError,
+    BaseModelMismatchWarning,
+    CorruptWeightsError,
+    LoRAModelSpec,
+    PickleWeightsError,
+    UnsupportedAdapterError,
+    UnsupportedTargetModuleError,
+    load_adapter,
+    make_random_adapter,
+)
+
+
+def _edit_config(path: Path, **changes) -> None:
+    config_file = path / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(changes)
+    config_file.write_text(json.dumps(config))
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    weights_file = path / "adapter_model.safetensors"
+    save_file(edit(load_file(weights_file)), weights_file)
+
+
+def _refused(path, spec, error_type, *words, max_lora_rank=64, **kwargs) -> AdapterError:
+    with pytest.raises(error_type) as info:
+        load_adapter(path, spec, max_lora_rank=max_lora_rank, **kwargs)
+    message = str(info.value)
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
+    return info.value
+
+
+class _TouchOnUnpickle:
+    """Unpickling this creates a file: proof that a loader ran pickle code."""
+
+    def __init__(self, sentinel: Path):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (Path.touch, (self.sentinel,))
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".pt", ".pth", ".ckpt"])
+def test_pickle_weights_are_refused_and_never_unpickled(spec, make_adapter, tmp_path, suffix):
+    path = make_adapter()
+    (path / "adapter_model.safetensors").unlink()
+    sentinel = tmp_path / "unpickled"
+    (path / f"adapter_model{suffix}").write_bytes(pickle.dumps(_TouchOnUnpickle(sentinel)))
+    error = _refused(path, spec, PickleWeightsError, f"adapter_model{suffix}", "pickle", "never")
+    assert error.path == str(path / f"adapter_model{suffix}")
+    assert not sentinel.exists()
+
+
+def test_pickle_beside_safetensors_is_ignored(spec, make_adapter, tmp_path):
+    path = make_adapter()
+    sentinel = tmp_path / "unpickled"
+    (path / "adapter_model.bin").write_bytes(pickle.dumps(_TouchOnUnpickle(sentinel)))
+    assert load_adapter(path, spec, max_lora_rank=8).rank == 4
+    assert not sentinel.exists()
+
+
+def test_missing_directory(spec, tmp_path):
+    error = _refused(tmp_path / "nope", spec, AdapterNotFoundError, "nope", "does not exist")
+    assert isinstance(error, FileNotFoundError) and isinstance(error, ValueError)
+
+
+def test_path_that_is_a_file(spec, tmp_path):
+    (tmp_path / "file").write_text("x")
+    _refused(tmp_path / "file", spec, AdapterNotFoundError, "not a directory")
+
+
+def test_missing_config(spec, make_adapter):
+    path = make_adapter()
+    (path / "adapter_config.json").unlink()
+    error = _refused(path, spec, AdapterNotFoundError, "adapter_config.json", "missing")
+    assert error.path == str(path / "adapter_config.json")
+
+
+def test_missing_weights(spec, make_adapter):
+    path = make_adapter()
+    (path / "adapter_model.safetensors").unlink()
+    _refused(path, spec, AdapterNotFoundError, "adapter_model.safetensors", "missing")
+
+
+def test_invalid_json(spec, make_adapter):
+    path = make_adapter()
+    (path / "adapter_config.json").write_text('{"r": 4,')
+    _refused(path, spec, AdapterConfigError, "adapter_config.json", "invalid JSON")
+
+
+def test_config_that_is_not_an_object(spec, make_adapter):
+    path = make_adapter()
+    (path / "adapter_config.json").write_text("[1, 2]")
+    _refused(path, spec, AdapterConfigError, "adapter_config.json", "JSON object")
+
+
+def test_peft_type_not_lora(spec, base_model, tmp_path):
+    loha = get_peft_model(copy.deepcopy(base_model), LoHaConfig(r=4, target_modules=["q_proj"]))
+    loha.save_pretrained(tmp_path / "loha", save_embedding_layers=False)
+    error = _refused(tmp_path / "loha", spec, UnsupportedAdapterError, "peft_type", "LOHA")
+    assert error.field == "peft_type" and error.path.endswith("adapter_config.json")
+
+
+def test_missing_peft_type(spec, make_adapter):
+    path = make_adapter()
+    config_file = path / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    del config["peft_type"]
+    config_file.write_text(json.dumps(config))
+    _refused(path, spec, AdapterConfigError, "peft_type", "missing")
+
+
+def test_rank_above_max_lora_rank(spec, make_adapter):
+    path = make_adapter(rank=16)
+    error = _refused(path, spec, AdapterRankError, "'r'", "16", "max_lora_rank=8", max_lora_rank=8)
+    assert error.field == "r"
+
+
+def test_rank_pattern_above_max_lora_rank(spec, make_adapter):
+    path = make_adapter(rank=4, rank_pattern={"v_proj": 16})
+    _refused(path, spec, AdapterRankError, "rank_pattern", "16", "max_lora_rank=8", max_lora_rank=8)
+
+
+def test_bad_rank_value(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, r=0)
+    _refused(path, spec, AdapterConfigError, "'r'", ">= 1")
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_unsupported_target_module_in_config(spec, make_adapter, target):
+    path = make_adapter(targets=["q_proj", target])
+    error = _refused(path, spec, UnsupportedTargetModuleError, "target_modules", target)
+    assert error.field == "target_modules"
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_unsupported_target_module_found_in_weights(spec, make_adapter, target):
+    """A regex target_modules cannot be checked up front: the tensors are."""
+    path = make_adapter(targets=["q_proj", target])
+    _edit_config(path, target_modules=r".*(q_proj|embed_tokens|lm_head)")
+    _refused(path, spec, UnsupportedTargetModuleError, "adapter_model.safetensors", target)
+
+
+def test_modules_to_save(spec, make_adapter):
+    path = make_adapter(modules_to_save=["lm_head"])
+    _refused(path, spec, UnsupportedAdapterError, "modules_to_save", "lm_head")
+
+
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_bias_other_than_none(spec, make_adapter, bias):
+    path = make_adapter(bias=bias)
+    error = _refused(path, spec, UnsupportedAdapterError, "'bias'", bias)
+    assert error.field == "bias"
+
+
+def test_dora(spec, make_adapter):
+    path = make_adapter(use_dora=True)
+    _refused(path, spec, UnsupportedAdapterError, "use_dora", "DoRA")
+
+
+def test_dora_magnitude_tensor_without_the_flag(spec, make_adapter):
+    path = make_adapter(use_dora=True)
+    _edit_config(path, use_dora=False)
+    _refused(path, spec, UnsupportedAdapterError, "lora_magnitude_vector", "DoRA")
+
+
+def test_lora_bias(spec, make_adapter):
+    path = make_adapter(lora_bias=True)
+    _refused(path, spec, UnsupportedAdapterError, "lora_bias")
+
+
+def test_base_modifying_init(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, init_lora_weights="pissa")
+    _refused(path, spec, UnsupportedAdapterError, "init_lora_weights", "pissa")
+
+
+def test_wrong_d_in(spec, make_adapter):
+    other = tiny_model(hidden_size=32, num_attention_heads=4, head_dim=16)
+    path = make_adapter(model=other, targets=["q_proj"])
+    _refused(path, spec, AdapterShapeError, "q_proj", "d_in 32", "takes 64")
+
+
+def test_wrong_d_out(spec, make_adapter):
+    path = make_adapter(targets=["up_proj"])
+    _edit_tensors(path, lambda t: {k: (v[:100] if "lora_B" in k else v) for k, v in t.items()})
+    _refused(path, spec, AdapterShapeError, "up_proj", "d_out 100", "gives 128")
+
+
+def test_rank_differs_from_config(spec, make_adapter):
+    path = make_adapter(rank=8)
+    _edit_config(path, r=4)
+    _refused(path, spec, AdapterShapeError, "rank", "r=4")
+
+
+def test_layer_out_of_range(spec, make_adapter):
+    path = make_adapter(model=tiny_model(num_hidden_layers=3))
+    _refused(path, spec, AdapterShapeError, "layers.2.", "layer 2", "0..1")
+
+
+def test_a_without_b(spec, make_adapter):
+    path = make_adapter(targets=["q_proj"])
+    _edit_tensors(
+        path, lambda t: {k: v for k, v in t.items() if k != next(x for x in t if "lora_B" in x)}
+    )
+    _refused(path, spec, AdapterShapeError, "lora_A without lora_B")
+
+
+def test_no_lora_tensors(spec, make_adapter):
+    path = make_adapter()
+    save_file({}, path / "adapter_model.safetensors")
+    _refused(path, spec, AdapterShapeError, "no LoRA tensors")
+
+
+def test_weights_for_a_module_the_config_does_not_target(spec, make_adapter):
+    path = make_adapter(targets=["q_proj", "v_proj"])
+    _edit_config(path, target_modules=["q_proj"])
+    _refused(path, spec, AdapterShapeError, "v_proj", "target_modules")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_safetensors(spec, make_adapter, damage):
+    path = make_adapter()
+    weights_file = path / "adapter_model.safetensors"
+    data = weights_file.read_bytes()
+    weights_file.write_bytes(b"\x00garbage" * 10 if damage == "garbage" else data[: len(data) // 2])
+    error = _refused(path, spec, CorruptWeightsError, "adapter_model.safetensors")
+    assert isinstance(error, AdapterError)
+
+
+def test_other_base_model_warns(spec, make_adapter):
+    path = make_adapter(base_model_name="meta-llama/Llama-2-7b-hf")
+    with pytest.warns(BaseModelMismatchWarning, match="Llama-2-7b-hf.*tiny-llama"):
+        adapter = load_adapter(path, spec, max_lora_rank=8)
+    assert adapter.base_model_name_or_path == "meta-llama/Llama-2-7b-hf"
+
+
+def test_other_base_model_is_an_error_when_strict(spec, make_adapter):
+    path = make_adapter(base_model_name="meta-llama/Llama-2-7b-hf")
+    error = _refused(
+        path, spec, BaseModelMismatchError, "base_model_name_or_path", "Llama-2-7b-hf",
+        strict_base_model=True,
+    )  # fmt: skip
+    assert error.field == "base_model_name_or_path"
+
+
+def test_missing_base_model_is_an_error_only_when_strict(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, base_model_name_or_path=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_adapter(path, spec, max_lora_rank=8)
+    _refused(path, spec, BaseModelMismatchError, "missing", strict_base_model=True)
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "/models/smollm2-135m-instruct/",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ],
+)
+def test_base_model_names_compare_loosely(tmp_path, recorded):
+    model = tiny_model()
+    spec = LoRAModelSpec.from_hf_config(model.config, model_name="SmolLM2-135M-Instruct")
+    path = make_random_adapter(model, tmp_path / "a", rank=2, targets=["q_proj"])
+    _edit_config(path, base_model_name_or_path=recorded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_adapter(path, spec, max_lora_rank=8, strict_base_model=True)
+
+
+def test_bad_max_lora_rank(spec, make_adapter):
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        load_adapter(make_adapter(), spec, max_lora_rank=0)
+
+
+def test_tiny_name_is_accepted_silently(spec, make_adapter):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_adapter(make_adapter(), spec, max_lora_rank=8).base_model_name_or_path == (
+            TINY_NAME
+        )
