@@ -1,0 +1,409 @@
+"""Sampler: each pure tensor step against a reference, then the batch Sampler's contracts."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from loragate.engine import sampler as sampler_module
+from loragate.engine.sampler import (
+    Sampler,
+    SampleResult,
+    SamplingRow,
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_top_k_top_p,
+    compute_logprobs,
+    draw_uniforms,
+    sample,
+    seeded_generator,
+    token_counts,
+)
+from loragate.engine.sampling_params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+def random_logits(n, vocab, seed=0, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=gen) * scale
+
+
+# -- token_counts and penalties -------------------------------------------------------
+
+
+def test_token_counts():
+    counts = token_counts([[1, 1, 3], [], [0, 4, 4, 4]], vocab_size=5)
+    assert counts.tolist() == [[0, 2, 0, 1, 0], [0] * 5, [1, 0, 0, 0, 3]]
+
+
+@pytest.mark.parametrize("bad", [[[5]], [[0, -1]]])
+def test_token_counts_rejects_ids_outside_the_vocabulary(bad):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        token_counts(bad, vocab_size=5)
+
+
+def reference_penalties(logits, prompts, outputs, presence, frequency, repetition):
+    """vLLM's rules written out token by token, in float64."""
+    out = logits.double().clone()
+    for row in range(out.shape[0]):
+        counts = Counter(outputs[row])
+        seen = set(prompts[row]) | set(outputs[row])
+        for token in range(out.shape[1]):
+            value = out[row, token].item()
+            if token in seen:
+                rep = repetition[row]
+                value = value / rep if value > 0 else value * rep
+            value -= frequency[row] * counts[token]
+            value -= presence[row] * (1.0 if counts[token] else 0.0)
+            out[row, token] = value
+    return out
+
+
+def test_penalties_match_the_reference():
+    vocab = 40
+    logits = random_logits(4, vocab)
+    prompts = [[1, 2, 3, 3], [], [5, 6, 7, 30], [0, 39]]
+    outputs = [[3, 4, 4, 4, 9], [1, 1, 2], [], [39, 39, 0, 12]]
+    presence = [0.5, -0.7, 1.5, 0.0]
+    frequency = [0.25, 0.1, -1.0, 2.0]
+    repetition = [1.3, 0.7, 2.0, 1.0]
+    got = apply_penalties(
+        logits,
+        token_counts(prompts, vocab) > 0,
+        token_counts(outputs, vocab),
+        torch.tensor(presence),
+        torch.tensor(frequency),
+        torch.tensor(repetition),
+    )
+    want = reference_penalties(logits, prompts, outputs, presence, frequency, repetition)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(got, logits)
+
+
+def test_penalties_leave_unseen_tokens_and_the_input_alone():
+    logits = random_logits(1, 10)
+    before = logits.clone()
+    got = apply_penalties(
+        logits,
+        token_counts([[2]], 10) > 0,
+        token_counts([[7, 7]], 10),
+        torch.tensor([1.0]),
+        torch.tensor([1.0]),
+        torch.tensor([1.5]),
+    )
+    assert torch.equal(logits, before)
+    untouched = [t for t in range(10) if t not in (2, 7)]
+    assert torch.equal(got[0, untouched], logits[0, untouched])
+    assert got[0, 7] == pytest.approx(
+        (logits[0, 7] / 1.5 if logits[0, 7] > 0 else logits[0, 7] * 1.5) - 2.0 - 1.0
+    )
+
+
+# -- temperature, min-p, top-k, top-p -------------------------------------------------
+
+
+def test_temperature_divides_each_row():
+    logits = random_logits(3, 7)
+    got = apply_temperature(logits, torch.tensor([0.5, 1.0, 2.0]))
+    torch.testing.assert_close(got, logits / torch.tensor([[0.5], [1.0], [2.0]]))
+
+
+def test_min_p_matches_the_probability_rule():
+    logits = random_logits(5, 300, seed=1)
+    min_p = torch.tensor([0.0, 0.01, 0.1, 0.5, 1.0])
+    got = apply_min_p(logits, min_p)
+    probs = torch.softmax(logits.double(), dim=-1)
+    dropped = probs < min_p.double().unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    assert torch.equal(torch.isinf(got), dropped)
+    assert torch.equal(got[~dropped], logits[~dropped])
+    assert not dropped[0].any() and dropped[4].sum() == 299
+
+
+def test_top_k_keeps_exactly_the_k_best():
+    vocab = 50
+    logits = random_logits(5, vocab, seed=2)
+    top_k = torch.tensor([1, 5, 0, -1, 50])
+    got = apply_top_k_top_p(logits, top_k, torch.ones(5))
+    for row, k in enumerate([1, 5, vocab, vocab, vocab]):
+        kept = torch.isfinite(got[row]).nonzero().squeeze(1)
+        best = logits[row].topk(k).indices
+        assert set(kept.tolist()) == set(best.tolist())
+        assert torch.equal(got[row, kept], logits[row, kept])
+
+
+def reference_top_k_top_p(logits, top_k, top_p):
+    """vLLM's sort-based masks in float64: top-k by value, then top-p on the survivors."""
+    out = logits.double().clone()
+    vocab = out.shape[1]
+    for row in range(out.shape[0]):
+        k = top_k[row] if 0 < top_k[row] < vocab else vocab
+        kth = out[row].sort(descending=True).values[k - 1]
+        out[row, out[row] < kth] = NEG_INF
+        if top_p[row] < 1.0:
+            values, order = out[row].sort()  # ascending
+            mass = torch.softmax(values, dim=-1).cumsum(dim=-1)
+            drop = mass <= 1.0 - top_p[row]
+            drop[-1] = False
+            out[row, order[drop]] = NEG_INF
+    return out
+
+
+@pytest.mark.parametrize(
+    "vocab, scale, top_k, top_p",
+    [
+        (200, 3.0, [0, 0, 0, 0], [0.1, 0.5, 0.9, 0.99]),
+        (200, 3.0, [10, 3, 40, 1], [0.5, 0.9, 0.8, 0.3]),
+        (200, 3.0, [0, 7, -1, 0], [1.0, 1.0, 0.6, 0.95]),
+        # Nearly flat rows: the nucleus is far wider than the first top-p window.
+        (3000, 0.05, [0, 0, 0, 2500], [0.5, 0.9, 0.999, 0.9]),
+    ],
+)
+def test_top_k_top_p_match_the_sorting_reference(vocab, scale, top_k, top_p):
+    logits = random_logits(4, vocab, seed=vocab, scale=scale)
+    got = apply_top_k_top_p(logits, torch.tensor(top_k), torch.tensor(top_p))
+    want = reference_top_k_top_p(logits, top_k, top_p)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(got)
+    assert torch.equal(got[finite], logits[finite])
+    assert (finite.sum(dim=-1) >= 1).all()
+
+
+def test_wide_nucleus_needs_a_larger_window():
+    # The window must grow for this row, or the check above would be vacuous.
+    assert sampler_module.TOP_P_INITIAL_WINDOW < 1000
+    logits = random_logits(1, 3000, scale=0.05)
+    got = apply_top_k_top_p(logits, torch.tensor([0]), torch.tensor([0.9]))
+    assert torch.isfinite(got).sum() > sampler_module.TOP_P_INITIAL_WINDOW * 8
+
+
+def test_top_p_keeps_the_best_token_even_when_it_alone_exceeds_p():
+    logits = torch.tensor([[10.0, 0.0, 0.0, 0.0]])
+    got = apply_top_k_top_p(logits, torch.tensor([0]), torch.tensor([0.5]))
+    assert torch.isfinite(got).tolist() == [[True, False, False, False]]
+
+
+# -- drawing ----------------------------------------------------------------------------
+
+
+def test_sample_never_picks_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(500, 1)
+    gen = torch.Generator().manual_seed(0)
+    chosen = sample(probs, [gen] * 500)
+    assert set(chosen.tolist()) == {1, 3}
+
+
+def test_sample_follows_the_distribution():
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0])  # unnormalised is fine
+    rows = 20000
+    gen = torch.Generator().manual_seed(0)
+    chosen = sample(weights.repeat(rows, 1), [gen] * rows)
+    freq = torch.bincount(chosen, minlength=5).double() / rows
+    torch.testing.assert_close(freq, weights.double() / 10, atol=0.015, rtol=0)
+
+
+def test_sample_uses_each_rows_generator():
+    probs = torch.softmax(random_logits(3, 1000), dim=-1)
+    first = sample(probs, [seeded_generator(s) for s in (1, 2, 3)])
+    again = sample(probs, [seeded_generator(s) for s in (1, 2, 3)])
+    assert torch.equal(first, again)
+    alone = sample(probs[1:2], [seeded_generator(2)])
+    assert alone.item() == first[1].item()
+
+
+def test_sample_checks_its_arguments():
+    with pytest.raises(ValueError, match="generators"):
+        sample(torch.ones(2, 3), [torch.Generator()])
+
+
+def test_rows_sharing_a_generator_draw_in_row_order():
+    shared = torch.Generator().manual_seed(5)
+    own = torch.Generator().manual_seed(9)
+    got = draw_uniforms([shared, own, shared], torch.device("cpu"))
+    want_shared = torch.rand(2, generator=torch.Generator().manual_seed(5))
+    want_own = torch.rand(1, generator=torch.Generator().manual_seed(9))
+    assert got.tolist() == [want_shared[0].item(), want_own[0].item(), want_shared[1].item()]
+
+
+def test_compute_logprobs_is_log_softmax():
+    logits = random_logits(2, 30).to(torch.bfloat16)
+    got = compute_logprobs(logits)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.log_softmax(logits.float(), dim=-1))
+
+
+# -- the batch Sampler ------------------------------------------------------------------
+
+VOCAB = 64
+EOS = 2
+
+
+def make_sampler(seed=0):
+    return Sampler(VOCAB, {EOS}, torch.Generator().manual_seed(seed))
+
+
+def row(params, prompt=(), output=(), generator=None):
+    return SamplingRow(params, list(prompt), list(output), generator)
+
+
+def test_greedy_takes_the_argmax_and_consumes_no_randomness():
+    sampler = make_sampler()
+    state = sampler.generator.get_state()
+    logits = random_logits(20, VOCAB)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=1)]
+    results = sampler(logits, [row(params[i % 2]) for i in range(20)])
+    assert [r.token_id for r in results] == logits.argmax(dim=-1).tolist()
+    assert torch.equal(sampler.generator.get_state(), state)
+
+
+def test_greedy_uses_the_penalised_logits():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 6], logits[0, 7] = 2.0, 1.5, 1.4
+    sampler = make_sampler()
+    repeated = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    assert sampler(logits, [row(repeated, prompt=[5])])[0].token_id == 6
+    present = SamplingParams(temperature=0.0, presence_penalty=1.0)
+    # Presence applies to output tokens only: a prompt token keeps its logit.
+    assert sampler(logits, [row(present, prompt=[5])])[0].token_id == 5
+    assert sampler(logits, [row(present, output=[5, 6])])[0].token_id == 7
+
+
+def test_logprobs_are_of_the_raw_logits():
+    logits = random_logits(6, VOCAB)
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, logprobs=3, repetition_penalty=1.5),
+        SamplingParams(temperature=1.3, top_p=0.8, logprobs=0),
+        SamplingParams(temperature=0.0, logprobs=5, frequency_penalty=1.0),
+        SamplingParams(temperature=1.0, top_k=4, min_p=0.1),
+        SamplingParams(temperature=0.0, logprobs=VOCAB + 10),
+    ]
+    rows = [row(p, prompt=[1, 2, 3], output=[4, 4]) for p in params]
+    results = make_sampler()(logits, rows)
+    for i, result in enumerate(results):
+        assert result.logprob == pytest.approx(raw_logprobs[i, result.token_id].item(), abs=1e-5)
+    assert results[0].top_logprobs is None and results[4].top_logprobs is None
+    assert results[2].top_logprobs == {results[2].token_id: results[2].logprob}
+    for i, n in [(1, 3), (3, 5)]:
+        top = raw_logprobs[i].topk(n)
+        expected = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        got = results[i].top_logprobs
+        assert results[i].token_id in got
+        assert set(expected) <= set(got) and len(got) in (n, n + 1)
+        for token, value in expected.items():
+            assert got[token] == pytest.approx(value, abs=1e-5)
+    assert len(results[5].top_logprobs) == VOCAB
+
+
+def test_min_tokens_masks_eos_and_stop_tokens():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, EOS], logits[0, 9], logits[0, 11] = 50.0, 40.0, 30.0
+    sampler = make_sampler()
+    for ignore_eos in (False, True):
+        params = SamplingParams(
+            temperature=0.0, min_tokens=3, stop_token_ids=[9], ignore_eos=ignore_eos
+        )
+        assert sampler(logits, [row(params, output=[5, 5])])[0].token_id == 11
+        assert sampler(logits, [row(params, output=[5, 5, 5])])[0].token_id == EOS
+    sampled = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=[9])
+    tokens = {r.token_id for r in sampler(logits.repeat(50, 1), [row(sampled)] * 50)}
+    assert tokens == {11}
+
+
+def test_temperature_sampling_follows_softmax():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0] + [NEG_INF] * (VOCAB - 4)])
+    temperature = 0.7
+    n = 6000
+    results = make_sampler()(logits.repeat(n, 1), [row(SamplingParams(temperature=0.7))] * n)
+    freq = torch.bincount(torch.tensor([r.token_id for r in results]), minlength=VOCAB)
+    want = torch.softmax(logits[0] / temperature, dim=-1)
+    torch.testing.assert_close(freq.double() / n, want.double(), atol=0.02, rtol=0)
+
+
+def test_truncation_in_the_sampler():
+    logits = random_logits(1, VOCAB).repeat(300, 1)
+    order = logits[0].argsort(descending=True).tolist()
+    sampler = make_sampler()
+    top2 = {r.token_id for r in sampler(logits, [row(SamplingParams(top_k=2))] * 300)}
+    assert top2 == set(order[:2])
+    probs = torch.softmax(logits[0], dim=-1)
+    min_p = SamplingParams(min_p=0.3)
+    allowed = set((probs >= 0.3 * probs.max()).nonzero().squeeze(1).tolist())
+    assert {r.token_id for r in sampler(logits, [row(min_p)] * 300)} <= allowed
+    nucleus = SamplingParams(top_p=0.5)
+    reference = reference_top_k_top_p(logits[:1], [0], [0.5])
+    allowed = set(torch.isfinite(reference[0]).nonzero().squeeze(1).tolist())
+    assert {r.token_id for r in sampler(logits, [row(nucleus)] * 300)} <= allowed
+
+
+def seeded_run(batch_of, steps=40, seed=1234, position=0, sampler_seed=0):
+    """Tokens the seeded request draws at each step, sitting among `batch_of` others."""
+    sampler = make_sampler(sampler_seed)
+    params = SamplingParams(temperature=0.9, top_p=0.95, min_p=0.02, seed=seed)
+    mine = seeded_generator(seed)
+    others = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.2, seed=7),
+        SamplingParams(temperature=0.8, top_k=5),
+        SamplingParams(temperature=1.0, repetition_penalty=1.2),
+    ]
+    other_gens = [seeded_generator(99 + i) if p.seed else None for i, p in enumerate(others)]
+    tokens = []
+    for step in range(steps):
+        logits = random_logits(batch_of + 1, VOCAB, seed=1000 + step)
+        my_logits = random_logits(1, VOCAB, seed=step)
+        logits = torch.cat([logits[:position], my_logits, logits[position + 1 :]])
+        rows = [
+            row(others[i % 4], output=[1, 2], generator=other_gens[i % 4])
+            for i in range(batch_of + 1)
+        ]
+        rows[position] = row(params, output=tokens, generator=mine)
+        tokens.append(sampler(logits, rows)[position].token_id)
+    return tokens
+
+
+def test_seeded_request_is_independent_of_the_batch():
+    alone = seeded_run(batch_of=0)
+    assert len(set(alone)) > 5
+    assert seeded_run(batch_of=5, position=3) == alone
+    # Beyond one CPU chunk of rows, and with a differently seeded shared generator.
+    assert seeded_run(batch_of=40, position=37, sampler_seed=5) == alone
+    assert seeded_run(batch_of=0, seed=4321) != alone
+
+
+def test_unseeded_rows_use_the_shared_generator():
+    logits = random_logits(8, VOCAB)
+    params = [row(SamplingParams(temperature=1.0))] * 8
+    first = [r.token_id for r in make_sampler(3)(logits, params)]
+    assert [r.token_id for r in make_sampler(3)(logits, params)] == first
+
+
+def test_results_are_plain_python():
+    results = make_sampler()(random_logits(2, VOCAB), [row(SamplingParams(logprobs=2))] * 2)
+    assert all(isinstance(r, SampleResult) for r in results)
+    assert all(isinstance(r.token_id, int) and isinstance(r.logprob, float) for r in results)
+
+
+def test_bfloat16_logits_are_accepted():
+    logits = random_logits(3, VOCAB).to(torch.bfloat16)
+    results = make_sampler()(logits, [row(SamplingParams(temperature=0.0))] * 3)
+    assert [r.token_id for r in results] == logits.float().argmax(dim=-1).tolist()
+
+
+def test_empty_batch():
+    assert make_sampler()(torch.empty(0, VOCAB), []) == []
+
+
+@pytest.mark.parametrize("shape", [(2, VOCAB), (1, VOCAB + 1), (VOCAB,)])
+def test_logits_shape_must_match_the_rows(shape):
+    with pytest.raises(ValueError, match="logits must be"):
+        make_sampler()(torch.zeros(shape), [row(SamplingParams())])
+
+
+def test_sampler_arguments_are_checked():
+    with pytest.raises(ValueError, match="vocab_size"):
+        Sampler(0, set(), torch.Generator())
+    with pytest.raises(ValueError, match="eos_token_ids"):
+        Sampler(10, {10}, torch.Generator())
