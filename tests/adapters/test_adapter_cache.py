@@ -1,0 +1,330 @@
+"""The tiered cache: slot contents, LRU, busy slots, in-place copies, CPU tier, failures."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import pytest
+import torch
+from peft import PeftModel
+
+from loragate.adapters import (
+    SUPPORTED_MODULES,
+    AdapterCache,
+    AdapterError,
+    LoRARequest,
+    load_adapter,
+)
+
+ALL = list(SUPPORTED_MODULES)
+
+
+@pytest.fixture
+def adapters(make_adapter):
+    """Five adapters of different ranks and targets, as requests."""
+    made = {
+        "a": dict(rank=4, targets=["q_proj", "v_proj"]),
+        "b": dict(rank=8, targets=ALL),
+        "c": dict(rank=2, targets=["down_proj"]),
+        "d": dict(rank=6, targets=["k_proj", "o_proj", "up_proj"], use_rslora=True),
+        "e": dict(rank=8, targets=["gate_proj"]),
+    }
+    return {
+        name: LoRARequest(name, i + 1, str(make_adapter(name, seed=i, **kw)))
+        for i, (name, kw) in enumerate(made.items())
+    }
+
+
+def make_cache(spec, **kwargs) -> AdapterCache:
+    kwargs.setdefault("max_loras", 2)
+    kwargs.setdefault("max_lora_rank", 8)
+    kwargs.setdefault("max_cpu_loras", 4)
+    return AdapterCache(spec, **kwargs)
+
+
+def assert_slot_holds(cache, slot, request, spec):
+    adapter = load_adapter(request.lora_path, spec, cache.max_lora_rank)
+    assert cache.scales[slot].item() == pytest.approx(adapter.scale)
+    for layer in range(spec.num_layers):
+        for module in spec.modules:
+            a = cache.lora_a(layer, module)[slot]
+            b = cache.lora_b(layer, module)[slot]
+            if (layer, module) not in adapter.weights:
+                assert not a.any() and not b.any(), f"{module} not targeted but non-zero"
+                continue
+            ref_a, ref_b = adapter.weights[(layer, module)]
+            r = ref_a.shape[0]
+            assert torch.equal(a[:r], ref_a) and torch.equal(b[:, :r], ref_b)
+            assert not a[r:].any() and not b[:, r:].any(), "rank padding must be zero"
+
+
+def test_slots_are_allocated_once_as_zeros(spec):
+    cache = make_cache(spec, max_loras=3, max_lora_rank=8)
+    for layer in range(spec.num_layers):
+        for module, (d_in, d_out) in spec.modules.items():
+            assert cache.lora_a(layer, module).shape == (3, 8, d_in)
+            assert cache.lora_b(layer, module).shape == (3, d_out, 8)
+            assert not cache.lora_a(layer, module).any()
+    assert cache.scales.shape == (3,) and not cache.scales.any()
+    assert cache.effective_rank == 0
+    assert cache.stats()["resident_adapters"] == 0
+
+
+def test_acquire_copies_weights_into_a_free_slot(spec, adapters):
+    cache = make_cache(spec)
+    assert cache.acquire(adapters["a"], set()) == 0
+    assert cache.acquire(adapters["d"], set()) == 1
+    assert_slot_holds(cache, 0, adapters["a"], spec)
+    assert_slot_holds(cache, 1, adapters["d"], spec)
+    assert cache.slot_of(adapters["a"]) == 0 and cache.slot_of(adapters["b"]) is None
+    assert cache.effective_rank == 6
+    stats = cache.stats()
+    assert stats["slot_loads"] == 2 and stats["disk_loads"] == 2 and stats["device_hits"] == 0
+    assert stats["resident_adapters"] == 2 and stats["load_seconds"] > 0
+
+
+def test_slot_reproduces_the_peft_layer(base_model, spec, adapters):
+    """base(x) + scale * (x @ A[slot]^T) @ B[slot]^T is PEFT's output for every targeted layer."""
+    cache = make_cache(spec)
+    request = adapters["d"]
+    slot = cache.acquire(request, set())
+    peft_model = PeftModel.from_pretrained(copy.deepcopy(base_model), request.lora_path)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(0))
+    checked = 0
+    for name, module in peft_model.named_modules():
+        if not (hasattr(module, "lora_A") and "default" in module.lora_A):
+            continue
+        layer, proj = int(name.split(".")[-3]), name.split(".")[-1]
+        d_in = spec.modules[proj][0]
+        xs = x[:, :d_in]
+        a, b = cache.lora_a(layer, proj)[slot], cache.lora_b(layer, proj)[slot]
+        ours = module.base_layer(xs) + cache.scales[slot] * (xs @ a.T) @ b.T
+        torch.testing.assert_close(ours, module(xs), rtol=1e-5, atol=1e-6)
+        checked += 1
+    assert checked == 2 * 3
+
+
+def test_hits_and_least_recently_used_eviction(spec, adapters):
+    cache = make_cache(spec)
+    a, b, c = adapters["a"], adapters["b"], adapters["c"]
+    assert cache.acquire(a, set()) == 0
+    assert cache.acquire(b, set()) == 1
+    assert cache.acquire(a, set()) == 0  # hit: b is now least recently used
+    assert cache.acquire(c, set()) == 1
+    assert cache.resident() == {0: a, 1: c}
+    assert_slot_holds(cache, 1, c, spec)
+    stats = cache.stats()
+    assert stats["device_hits"] == 1 and stats["slot_loads"] == 3
+    assert stats["device_evictions"] == 1 and stats["cpu_hits"] == 0
+    assert cache.acquire(b, set()) == 0  # a is now the oldest; b comes back from CPU
+    assert cache.stats()["cpu_hits"] == 1 and cache.stats()["disk_loads"] == 3
+
+
+def test_busy_slots_are_never_evicted(spec, adapters):
+    cache = make_cache(spec)
+    cache.acquire(adapters["a"], set())
+    cache.acquire(adapters["b"], set())
+    # a (slot 0) is least recently used but busy: b's slot goes instead.
+    assert cache.acquire(adapters["c"], {0}) == 1
+    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    assert cache.acquire(adapters["d"], {0, 1}) is None
+    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    assert_slot_holds(cache, 0, adapters["a"], spec)
+    assert_slot_holds(cache, 1, adapters["c"], spec)
+    stats = cache.stats()
+    assert stats["acquire_waits"] == 1 and stats["device_evictions"] == 1
+    # A resident adapter is still a hit while every slot is busy.
+    assert cache.acquire(adapters["a"], {0, 1}) == 0
+
+
+def test_loads_copy_in_place_never_reallocate(spec, adapters):
+    cache = make_cache(spec, max_loras=2)
+    pointers = {
+        (layer, module): (
+            cache.lora_a(layer, module).data_ptr(),
+            cache.lora_b(layer, module).data_ptr(),
+        )
+        for layer in range(spec.num_layers)
+        for module in spec.modules
+    }
+    scales_ptr = cache.scales.data_ptr()
+    for name in "abcdeab":
+        cache.acquire(adapters[name], set())
+    cache.remove(adapters["a"])
+    assert cache.stats()["device_evictions"] == 5
+    assert cache.scales.data_ptr() == scales_ptr
+    for (layer, module), (a_ptr, b_ptr) in pointers.items():
+        assert cache.lora_a(layer, module).data_ptr() == a_ptr
+        assert cache.lora_b(layer, module).data_ptr() == b_ptr
+
+
+def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters):
+    cache = make_cache(spec, max_loras=1, max_lora_rank=8)
+    cache.acquire(adapters["b"], set())  # rank 8 on every module
+    assert cache.effective_rank == 8
+    assert cache.acquire(adapters["c"], set()) == 0  # rank 2 on down_proj only
+    assert_slot_holds(cache, 0, adapters["c"], spec)
+    assert not cache.lora_a(1, "down_proj")[0, 2:].any()
+    assert not cache.lora_a(0, "q_proj")[0].any()
+    assert cache.effective_rank == 2
+
+
+def test_same_name_other_path_or_id_is_another_adapter(spec, make_adapter):
+    old = LoRARequest("sql", 1, str(make_adapter("v1", rank=4, targets=ALL, seed=1)))
+    new_path = LoRARequest("sql", 1, str(make_adapter("v2", rank=4, targets=ALL, seed=2)))
+    new_id = LoRARequest("sql", 2, old.lora_path)
+    cache = make_cache(spec, max_loras=1)
+    cache.acquire(old, set())
+    assert cache.acquire(new_path, set()) == 0
+    assert_slot_holds(cache, 0, new_path, spec)
+    assert cache.slot_of(old) is None and cache.stats()["disk_loads"] == 2
+    assert cache.acquire(new_id, set()) == 0
+    assert cache.stats()["disk_loads"] == 3 and cache.stats()["cpu_hits"] == 0
+    assert_slot_holds(cache, 0, new_id, spec)
+
+
+def test_cpu_tier_holds_at_most_max_cpu_loras(spec, adapters):
+    cache = make_cache(spec, max_loras=1, max_cpu_loras=2)
+    a, b, c = adapters["a"], adapters["b"], adapters["c"]
+    for request in (a, b, c):
+        assert cache.preload(request).path.name == request.lora_name
+    assert cache.cpu_resident() == [b, c]
+    stats = cache.stats()
+    assert stats["cpu_evictions"] == 1 and stats["disk_loads"] == 3 and stats["cpu_adapters"] == 2
+    cache.preload(b)  # hit: c is now the least recently used
+    assert cache.stats()["cpu_hits"] == 1
+    cache.preload(a)
+    assert cache.cpu_resident() == [b, a] and cache.stats()["disk_loads"] == 4
+    assert cache.stats()["resident_adapters"] == 0  # preloading never fills device slots
+
+
+def test_acquire_reads_through_the_cpu_tier(spec, adapters):
+    cache = make_cache(spec)
+    adapter = cache.preload(adapters["a"])
+    assert adapter.rank == 4
+    cache.acquire(adapters["a"], set())
+    stats = cache.stats()
+    assert stats["disk_loads"] == 1 and stats["cpu_hits"] == 1 and stats["slot_loads"] == 1
+
+
+def _corrupt(make_adapter):
+    path = make_adapter("broken")
+    (path / "adapter_config.json").write_text("{")
+    return LoRARequest("broken", 99, str(path))
+
+
+def test_preload_failure_leaves_the_cache_unchanged(spec, adapters, make_adapter):
+    cache = make_cache(spec, max_loras=1, max_cpu_loras=2)
+    cache.preload(adapters["a"])
+    cache.acquire(adapters["b"], set())
+    before = (cache.stats(), cache.cpu_resident(), cache.resident())
+    with pytest.raises(AdapterError, match="invalid JSON"):
+        cache.preload(_corrupt(make_adapter))
+    assert (cache.stats(), cache.cpu_resident(), cache.resident()) == before
+
+
+def test_acquire_failure_leaves_slots_unchanged(spec, adapters, make_adapter):
+    cache = make_cache(spec, max_loras=1)
+    cache.acquire(adapters["a"], set())
+    before = cache.stats()
+    with pytest.raises(AdapterError):
+        cache.acquire(_corrupt(make_adapter), set())
+    assert cache.stats() == before and cache.resident() == {0: adapters["a"]}
+    assert_slot_holds(cache, 0, adapters["a"], spec)
+
+
+def test_remove_clears_every_tier(spec, adapters):
+    cache = make_cache(spec)
+    cache.acquire(adapters["b"], set())
+    cache.acquire(adapters["c"], set())
+    with pytest.raises(ValueError, match="slot 0"):
+        cache.remove(adapters["b"], busy_slots={0})
+    assert cache.slot_of(adapters["b"]) == 0
+    assert cache.remove(adapters["b"]) is True
+    assert cache.slot_of(adapters["b"]) is None and adapters["b"] not in cache.cpu_resident()
+    assert cache.scales[0] == 0
+    assert all(not cache.lora_a(layer, m)[0].any() for layer in range(2) for m in ALL)
+    assert cache.effective_rank == 2
+    assert cache.remove(adapters["b"]) is False
+    assert cache.acquire(adapters["d"], set()) == 0  # the freed slot is reused
+    assert cache.stats()["device_evictions"] == 0
+
+
+def test_choose_victim_gets_plain_data(spec, adapters):
+    seen = []
+
+    def most_recently_used(candidates, tier):
+        seen.append((tier, json.loads(json.dumps(candidates))))
+        return max(candidates, key=lambda c: c["last_used"])["name"]
+
+    cache = make_cache(spec, max_cpu_loras=2, choose_victim=most_recently_used)
+    cache.acquire(adapters["a"], set())
+    cache.acquire(adapters["b"], set())
+    cache.acquire(adapters["c"], set())  # device: evicts b (most recent); cpu: evicts b too
+    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    tiers = [tier for tier, _ in seen]
+    assert tiers == ["device", "cpu"]
+    device_candidates = seen[0][1]
+    assert {c["name"] for c in device_candidates} == {"a", "b"}
+    first = next(c for c in device_candidates if c["name"] == "a")
+    assert first["key"] == ["a", 1, adapters["a"].lora_path]
+    assert first["tenant"] is None and first["pinned"] is False and first["slot"] == 0
+    assert first["uses"] == 1 and first["size_bytes"] > 0
+    assert isinstance(first["last_used"], int)
+    assert cache.cpu_resident() == [adapters["a"], adapters["c"]]
+
+
+def test_choose_victim_bad_answer_is_a_clear_error(spec, adapters):
+    cache = make_cache(spec, max_loras=1, choose_victim=lambda candidates, tier: "nobody")
+    cache.acquire(adapters["a"], set())
+    with pytest.raises(ValueError, match="not a device candidate"):
+        cache.acquire(adapters["b"], set())
+    assert cache.resident() == {0: adapters["a"]}
+
+
+def test_choose_victim_ambiguous_name(spec, make_adapter):
+    twins = [LoRARequest("twin", i, str(make_adapter(f"t{i}", seed=i))) for i in (1, 2)]
+    cache = make_cache(spec, max_loras=2, choose_victim=lambda candidates, tier: "twin")
+    for request in twins:
+        cache.acquire(request, set())
+    other = LoRARequest("other", 3, str(make_adapter("o")))
+    with pytest.raises(ValueError, match="share"):
+        cache.acquire(other, set())
+
+
+def test_half_precision_slots(spec, adapters):
+    cache = make_cache(spec, dtype=torch.bfloat16)
+    slot = cache.acquire(adapters["b"], set())
+    adapter = load_adapter(adapters["b"].lora_path, spec, 8)
+    a, _ = adapter.weights[(1, "o_proj")]
+    assert cache.lora_a(1, "o_proj").dtype == torch.bfloat16
+    assert torch.equal(cache.lora_a(1, "o_proj")[slot], a.to(torch.bfloat16))
+
+
+def test_concurrent_preloads_respect_the_cpu_bound(spec, make_adapter):
+    requests = [LoRARequest(f"p{i}", i + 1, str(make_adapter(f"p{i}", seed=i))) for i in range(6)]
+    cache = make_cache(spec, max_loras=1, max_cpu_loras=3)
+    threads = [threading.Thread(target=cache.preload, args=(r,)) for r in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = cache.stats()
+    assert stats["cpu_adapters"] == 3 and stats["cpu_evictions"] == 3 and stats["disk_loads"] == 6
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_loras=0), "max_loras"),
+        (dict(max_lora_rank=0), "max_lora_rank"),
+        (dict(max_cpu_loras=True), "max_cpu_loras"),
+        (dict(max_loras=4, max_cpu_loras=2), "max_cpu_loras \\(2\\) must be >= max_loras \\(4\\)"),
+        (dict(dtype=torch.int32), "floating point"),
+    ],
+)
+def test_cache_arguments_are_checked(spec, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_cache(spec, **kwargs)
