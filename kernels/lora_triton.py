@@ -18,8 +18,11 @@ BLOCK_M = 16
 
 
 @triton.jit
-def _group_rows(ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, tile, BLOCK_M):
-    """Token ids of this program's tile of the slot's group (sorted rows), and their mask.
+def _group_rows(
+    ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, tile, BLOCK_M: tl.constexpr
+):
+    """Token ids of this program's tile of the slot's group (sorted rows), their mask, and
+    whether the tile lies past the group's end (nothing to do).
 
     Group num_groups (one past the last slot) holds the tokens without an adapter.
     """
@@ -29,7 +32,7 @@ def _group_rows(ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, t
     rows = start + tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     tokens = tl.load(order_ptr + rows, mask=row_ok, other=0)
-    return tokens, row_ok, start + tile * BLOCK_M < end
+    return tokens, row_ok, start + tile * BLOCK_M >= end
 
 
 @triton.jit
@@ -44,10 +47,10 @@ def _shrink_kernel(
 ):  # fmt: skip
     group = tl.program_id(0)
     slot = first_slot + group
-    tokens, row_ok, busy = _group_rows(
+    tokens, row_ok, idle = _group_rows(
         ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, tl.program_id(1), BLOCK_M
     )
-    if not busy:
+    if idle:
         return
     ranks = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
@@ -86,10 +89,10 @@ def _expand_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     slot = first_slot + tl.program_id(0)
-    tokens, row_ok, busy = _group_rows(
+    tokens, row_ok, idle = _group_rows(
         ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, tl.program_id(1), BLOCK_M
     )
-    if not busy:
+    if idle:
         return
     tokens64 = tokens.to(tl.int64)
     outs = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -1,0 +1,88 @@
+"""CUDA-only checks of the Triton kernels in half precision (skipped cleanly without a GPU);
+plus a CPU check that the Triton kernels really run under the interpreter there."""
+
+import math
+
+import pytest
+import torch
+from kernel_reference import (
+    CUDA,
+    attention_reference,
+    build_paged_cache,
+    context_rows,
+    lora_expand_reference,
+    lora_shrink_reference,
+    rel_error,
+)
+
+from loragate import kernels
+from loragate.kernels import decode_attention_triton, kv_cache, lora_triton
+
+HALF = [torch.float16, torch.bfloat16]
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.mark.skipif(CUDA, reason="on a GPU the kernels compile for real")
+def test_triton_runs_under_the_interpreter_without_cuda():
+    """tests/conftest.py sets TRITON_INTERPRET=1 before the kernels are decorated."""
+    for kernel in (kv_cache._write_kv_kernel, decode_attention_triton._decode_kernel):
+        assert type(kernel).__name__ == "InterpretedFunction"
+    assert type(lora_triton._shrink_kernel).__name__ == "InterpretedFunction"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_decode_and_prefill_half_precision(dtype):
+    lens, heads, heads_kv, head_dim = [1, 17, 300, 1000], 9, 3, 64
+    k_cache, v_cache, tables = build_paged_cache(lens, heads_kv, head_dim, 16, dtype, "cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    scale = 1 / math.sqrt(head_dim)
+    q = torch.randn(len(lens), heads, head_dim, dtype=dtype, device="cuda")
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
+    for b, n in enumerate(lens):
+        keys, values = context_rows(k_cache, tables[b], n), context_rows(v_cache, tables[b], n)
+        expected = attention_reference(q[b : b + 1], keys, values, scale, [n - 1])
+        assert rel_error(out[b : b + 1], expected) < 2e-2
+    q_lens = [1, 17, 100, 1000]
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(q_lens), heads, head_dim, dtype=dtype, device="cuda")
+    out = kernels.paged_prefill_attention(
+        q, k_cache, v_cache, tables, seq_lens, starts.cuda(), scale
+    )
+    for b, (q_len, n) in enumerate(zip(q_lens, lens, strict=True)):
+        rows = slice(int(starts[b]), int(starts[b + 1]))
+        keys, values = context_rows(k_cache, tables[b], n), context_rows(v_cache, tables[b], n)
+        expected = attention_reference(q[rows], keys, values, scale, list(range(n - q_len, n)))
+        assert rel_error(out[rows], expected) < 2e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_write_kv_and_lora_half_precision(dtype):
+    k_cache = torch.randn(4, 16, 3, 64, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    key, value = torch.randn(2, 10, 3, 64, dtype=dtype, device="cuda")
+    slots = torch.tensor([5, -1, 7, 8, 9, 60, 61, -1, 0, 1], device="cuda")
+    kernels.write_kv(key, value, k_cache, v_cache, slots)
+    flat_k = k_cache.view(64, 3, 64)
+    assert torch.equal(flat_k[slots[slots >= 0]], key[slots >= 0])
+
+    ranks = [1, 8, 16, 64] * 8
+    lora_a = torch.zeros(len(ranks), 64, 576, dtype=dtype, device="cuda")
+    lora_b = torch.zeros(len(ranks), 1536, 64, dtype=dtype, device="cuda")
+    for slot, rank in enumerate(ranks):
+        lora_a[slot, :rank] = torch.randn(rank, 576, dtype=dtype, device="cuda") / 24
+        lora_b[slot, :, :rank] = torch.randn(1536, rank, dtype=dtype, device="cuda") / 8
+    slot_ids = torch.randint(-1, len(ranks), (200,), device="cuda")
+    x = torch.randn(200, 576, dtype=dtype, device="cuda")
+    scales = torch.rand(len(ranks), device="cuda")
+    y = kernels.lora_shrink(x, lora_a, slot_ids)
+    assert rel_error(y, lora_shrink_reference(x, lora_a, slot_ids)) < 2e-2
+    out = torch.randn(200, 1536, dtype=dtype, device="cuda")
+    before = out.clone()
+    kernels.lora_expand(y, lora_b, slot_ids, scales, out)
+    expected = lora_expand_reference(y, lora_b, slot_ids, scales, before)
+    assert rel_error(out - before, expected - before.double().cpu()) < 2e-2
+    assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])
