@@ -338,7 +338,7 @@ class Sampler:
             top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             logits = apply_top_k_top_p(logits, top_k, self._column(rows, "top_p", device))
         probs = torch.softmax(logits, dim=-1)
-        generators = [row.generator or self.generator for row in rows]
+        generators = [self.generator if r.generator is None else r.generator for r in rows]
         return sample(probs, generators)
 
     def _results(
