@@ -34,7 +34,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order."""
-        if isinstance(prompts, str | dict):
+        if not isinstance(prompts, list | tuple):
             prompts = [prompts]
         prompts = list(prompts)
         params = _aligned(sampling_params or SamplingParams(), len(prompts), "sampling_params")
@@ -66,9 +66,7 @@ class LLM:
             {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)}
             for c in conversations
         ]
-        return self.generate(
-            prompts, sampling_params, lora_request=lora_request, use_tqdm=use_tqdm
-        )
+        return self.generate(prompts, sampling_params, lora_request=lora_request, use_tqdm=use_tqdm)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
         return self.engine.apply_chat_template(messages, add_generation_prompt)

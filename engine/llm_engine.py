@@ -51,9 +51,14 @@ class LLMEngine:
         self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
         num_blocks = self._num_kv_blocks()
         self.kv_cache = KVCache(
-            self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
-            self.model.head_dim, dtype, device,
-        )  # fmt: skip
+            self.model.num_layers,
+            num_blocks,
+            config.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            dtype,
+            device,
+        )
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.adapters = self._make_adapter_cache() if config.enable_lora else None
         self.scheduler = Scheduler(
@@ -128,9 +133,11 @@ class LLMEngine:
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
         rows = [
-            SamplingRow(s.request.params, s.token_ids[: s.prompt_len], s.output_token_ids, s.generator)
+            SamplingRow(
+                s.request.params, s.token_ids[: s.prompt_len], s.output_token_ids, s.generator
+            )
             for s in sampled
-        ]  # fmt: skip
+        ]
         results = self.sampler(logits, rows) if rows else []
         now = time.monotonic()
         touched: dict[str, Request] = {}
@@ -248,7 +255,9 @@ class LLMEngine:
             )
         bad = [t for t in token_ids if not 0 <= t < self.model.vocab_size]
         if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
+            raise ValueError(
+                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})"
+            )
         if params.use_beam_search:
             raise ValueError("use_beam_search is not supported yet")
         if params.sampler is not None:
@@ -292,7 +301,8 @@ class LLMEngine:
         needed = -(-self.max_model_len // cfg.block_size)
         if blocks < needed:
             raise ValueError(
-                f"the KV cache holds {blocks} blocks of {cfg.block_size} tokens but one sequence of "
+                f"the KV cache holds {blocks} blocks of {cfg.block_size} tokens but one "
+                f"sequence of "
                 f"max_model_len={self.max_model_len} needs {needed}: raise the KV memory budget "
                 "or lower max_model_len"
             )

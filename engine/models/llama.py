@@ -85,7 +85,9 @@ class LlamaForCausalLM:
                 "qkv": qkv,
                 "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
                 "o": take(p + "self_attn.o_proj.weight"),
-                "gate_up": torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                "gate_up": torch.cat(
+                    [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
+                ),
                 "down": take(p + "mlp.down_proj.weight"),
             }
             _expect_shape(p + "gate_up", layer["gate_up"], (2 * self.intermediate_size, None))
@@ -146,10 +148,15 @@ class LlamaForCausalLM:
             p = batch.prefill
             parts.append(
                 kernels.paged_prefill_attention(
-                    q[:n_pre], k_cache, v_cache, p.block_tables, p.seq_lens,
-                    p.query_start_loc, self.scale,
+                    q[:n_pre],
+                    k_cache,
+                    v_cache,
+                    p.block_tables,
+                    p.seq_lens,
+                    p.query_start_loc,
+                    self.scale,
                 )
-            )  # fmt: skip
+            )
         if batch.decode is not None:
             d = batch.decode
             parts.append(

@@ -30,7 +30,9 @@ def test_default_model_preemption_matches_unconstrained(default_llm, make_llm):
         for c in chats
     ]
     params = SamplingParams(temperature=0, max_tokens=48, min_tokens=48)
-    expected = [o.outputs[0].token_ids for o in default_llm.generate(prompts, params, use_tqdm=False)]
+    expected = [
+        o.outputs[0].token_ids for o in default_llm.generate(prompts, params, use_tqdm=False)
+    ]
     tight = make_llm(max_model_len=128, num_kv_blocks=14, max_num_seqs=4)
     outs = tight.generate(prompts, params, use_tqdm=False)
     assert tight.engine.scheduler.num_preemptions > 0
@@ -58,10 +60,16 @@ def test_new_requests_join_running_decodes(tiny_model_dir, make_llm):
 def test_finished_sequences_free_blocks_at_once(tiny_model_dir, make_llm):
     llm = make_llm(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
     engine = llm.engine
-    engine.add_request("short", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(
-        temperature=0, max_tokens=2, ignore_eos=True))  # fmt: skip
-    engine.add_request("long", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(
-        temperature=0, max_tokens=30, ignore_eos=True))  # fmt: skip
+    engine.add_request(
+        "short",
+        {"prompt_token_ids": [1, 2, 3]},
+        SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+    )
+    engine.add_request(
+        "long",
+        {"prompt_token_ids": [1, 2, 3]},
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+    )
     finished_short = False
     while not finished_short:
         finished_short = any(o.request_id == "short" and o.finished for o in engine.step())

@@ -1,0 +1,157 @@
+"""Offline throughput: the engine against HF transformers static batches, in one run.
+
+N chat requests with mixed prompt and output lengths, greedy, EOS ignored. HF runs them
+in static batches (left-padded), each batch generating until its longest request is done,
+which is how static batching spends compute; only the requested tokens count as output.
+
+    .venv/bin/python benchmarks/throughput.py --num-requests 128 --max-num-seqs 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from loragate.engine import LLM, SamplingParams
+
+TOPICS = [
+    "the history of tea",
+    "how volcanoes form",
+    "a day in the life of a lighthouse keeper",
+    "why bread rises",
+    "the rules of chess",
+    "how a bicycle gear works",
+    "the water cycle",
+    "a recipe for pancakes",
+    "the planets of the solar system",
+    "how to learn a language",
+]
+
+
+def make_requests(n: int, seed: int) -> list[tuple[list[dict], int]]:
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(n):
+        topic = rng.choice(TOPICS)
+        detail = " ".join(rng.choice(TOPICS) for _ in range(rng.randint(0, 12)))
+        content = f"Tell me about {topic}." + (f" Also mention: {detail}." if detail else "")
+        requests.append(([{"role": "user", "content": content}], rng.randint(32, 160)))
+    return requests
+
+
+def matmul_gflops(size: int = 2048, reps: int = 5) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def flops_per_token(model) -> float:
+    """2 FLOPs per weight in every matmul a decoded token passes through (lm_head included)."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = c.num_key_value_heads * head_dim
+    q = c.num_attention_heads * head_dim
+    per_layer = (
+        c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    )
+    return 2 * (c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size)
+
+
+def run_engine(llm: LLM, prompts: list[list[int]], lengths: list[int]) -> float:
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(lengths)
+    return elapsed
+
+
+def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int, pad_id: int) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        chunk, want = prompts[i : i + batch], lengths[i : i + batch]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        with torch.inference_mode():
+            model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max(want),
+                min_new_tokens=max(want),
+                pad_token_id=pad_id,
+            )
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
+    ap.add_argument("--num-requests", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+
+    llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    requests = make_requests(args.num_requests, args.seed)
+    prompts = [llm.apply_chat_template(messages) for messages, _ in requests]
+    lengths = [n for _, n in requests]
+    total = sum(lengths)
+    run_engine(llm, prompts[:4], [8] * 4)  # warm-up
+    engine_s = run_engine(llm, prompts, lengths)
+    engine_tps = total / engine_s
+
+    # Steady decode: max_num_seqs sequences, short prompts, long outputs.
+    decode_n = args.max_num_seqs
+    decode_s = run_engine(llm, [prompts[0][:16]] * decode_n, [128] * decode_n)
+    decode_tps = decode_n * 128 / decode_s
+
+    peak = matmul_gflops()
+    hf_model = AutoModelForCausalLM.from_pretrained(llm.engine.hf_dir, dtype=torch.float32).eval()
+    per_token = flops_per_token(hf_model)
+    hf_tps = None
+    if not args.skip_hf:
+        hf_s = run_hf(hf_model, prompts, lengths, args.hf_batch, pad_id=2)
+        hf_tps = total / hf_s
+
+    print(
+        f"machine: {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+    print(
+        f"requests: {args.num_requests}, output tokens: {total}, "
+        f"prompt tokens: {sum(map(len, prompts))}, max_num_seqs: {args.max_num_seqs}"
+    )
+    print("| system | tokens/s | vs HF |")
+    print("|---|---|---|")
+    if hf_tps:
+        print(f"| HF transformers, static batch {args.hf_batch} | {hf_tps:.1f} | 1.00x |")
+    ratio = f"{engine_tps / hf_tps:.2f}x" if hf_tps else "-"
+    print(f"| loragate engine, mixed workload | {engine_tps:.1f} | {ratio} |")
+    print(
+        f"| loragate engine, steady decode x{decode_n} | {decode_tps:.1f} | "
+        f"{decode_tps / hf_tps:.2f}x |"
+        if hf_tps
+        else ""
+    )
+    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s; decode FLOPs/token: {per_token / 1e6:.1f} M")
+    print(
+        f"decode roofline share: {decode_tps * per_token / 1e9 / peak:.1%} "
+        f"(bound ~{peak * 1e9 / per_token:.0f} tok/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
