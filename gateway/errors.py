@@ -1,0 +1,166 @@
+"""Errors a client can cause, and how each reaches the wire.
+
+Routes raise `APIError`s; the handlers here turn those, Litestar's own HTTP errors and an
+engine that died into the OpenAI error JSON (TGI routes use TGI's shape so its clients
+parse them). Anything else is a server bug: logged with its traceback, answered 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from loragate.engine.async_engine import EngineDeadError
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+class InvalidRequestError(APIError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class NotFoundError(APIError):
+    status_code = 404
+    error_type = "invalid_request_error"
+
+
+class QueueFullError(APIError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class EngineUnavailableError(APIError):
+    status_code = 503
+    error_type = "server_error"
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
+
+    error: ErrorDetail
+
+
+class TGIErrorResponse(msgspec.Struct, kw_only=True):
+    """TGI's error body, which the text-generation and lorax clients parse."""
+
+    error: str
+    error_type: str
+
+
+@dataclass
+class ErrorInfo:
+    status_code: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def classify(exc: Exception) -> ErrorInfo:
+    """Status, message and field at fault for any exception a request can raise."""
+    if isinstance(exc, APIError):
+        return ErrorInfo(
+            exc.status_code, exc.message, exc.error_type, exc.param, exc.code, exc.headers
+        )
+    if isinstance(exc, ValidationException):
+        return _validation_info(exc)
+    if isinstance(exc, HTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return ErrorInfo(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+    if isinstance(exc, EngineDeadError):
+        return ErrorInfo(503, f"the engine is not running: {exc}", "server_error")
+    log.error("unhandled error while serving a request", exc_info=exc)
+    return ErrorInfo(500, "internal server error", "server_error")
+
+
+_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+_AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
+
+
+def _validation_info(exc: ValidationException) -> ErrorInfo:
+    """Name the field msgspec refused, e.g. `max_tokens` or `parameters.top_k`."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    first = extra[0] if extra and isinstance(extra[0], dict) else {}
+    message = str(first.get("message") or exc.detail)
+    key = first.get("key")
+    param = None if key in (None, "data") else str(key)
+    missing = _MISSING_FIELD.search(message)
+    if missing:
+        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+    at = _AT_PATH.search(message)
+    if at and at.group(1):
+        param = f"{param}.{at.group(1)}" if param else at.group(1)
+        message = _AT_PATH.sub("", message)
+    if message.startswith("'data'") or not extra:
+        message = "the request body must be a JSON object"
+    text = f"{param}: {message}" if param and not missing else message
+    return ErrorInfo(400, text, "invalid_request_error", param, "invalid_value")
+
+
+def openai_error_response(request: Request, exc: Exception) -> Response:
+    info = classify(exc)
+    body = ErrorResponse(
+        error=ErrorDetail(message=info.message, type=info.type, param=info.param, code=info.code)
+    )
+    return Response(body, status_code=info.status_code, headers=info.headers)
+
+
+_TGI_TYPES = {400: "validation", 404: "validation", 413: "validation", 429: "overloaded"}
+
+
+def tgi_error_response(request: Request, exc: Exception) -> Response:
+    info = classify(exc)
+    body = TGIErrorResponse(
+        error=info.message, error_type=_TGI_TYPES.get(info.status_code, "generation")
+    )
+    return Response(body, status_code=info.status_code, headers=info.headers)
+
+
+def field_of(message: str, known: dict[str, str]) -> str | None:
+    """The request field a ValueError message names, renamed to the API's name.
+
+    Engine messages start with the field ("top_p must be in (0, 1]"); otherwise the
+    first known field mentioned anywhere ("unknown sampler 'x'") is taken.
+    """
+    head = re.match(r"[A-Za-z_][A-Za-z0-9_]*", message)
+    if head is not None and head.group(0) in known:
+        return known[head.group(0)]
+    found = [
+        (m.start(), name)
+        for name in known
+        if (m := re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message))
+    ]
+    return known[min(found)[1]] if found else None

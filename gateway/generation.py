@@ -1,0 +1,142 @@
+"""One admitted engine request, as the routes see it.
+
+`prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
+400 before any byte of a streamed answer is sent. `aclose()` is idempotent and releases
+everything the request held (queue place, adapter use, and, if unfinished, its KV blocks
+through the engine's abort), whichever way the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from loragate.adapters import AdapterError
+from loragate.engine import RequestOutput
+from loragate.engine.async_engine import EngineDeadError
+from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError, field_of
+
+
+class Generation:
+    def __init__(
+        self,
+        outputs: AsyncIterator[RequestOutput],
+        request_id: str,
+        *,
+        on_close: Callable[[Generation], None],
+        field_names: dict[str, str],
+        adapter_param: str,
+        scrub: Callable[[str], str] = lambda text: text,
+    ):
+        self.request_id = request_id
+        self.latest: RequestOutput | None = None
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self._outputs = outputs
+        self._on_close = on_close
+        self._field_names = field_names
+        self._adapter_param = adapter_param
+        self._scrub = scrub
+        self._closed = False
+
+    @property
+    def finished(self) -> bool:
+        return self.latest is not None and self.latest.finished
+
+    async def prime(self) -> RequestOutput:
+        """The first output; raises InvalidRequestError (400) for input the engine refused."""
+        try:
+            out = await anext(self._outputs)
+        except StopAsyncIteration as exc:
+            raise EngineUnavailableError("the engine ended the request without output") from exc
+        except EngineDeadError as exc:
+            raise EngineUnavailableError(f"the engine is not running: {exc}") from exc
+        except AdapterError as exc:
+            raise InvalidRequestError(
+                f"adapter could not be loaded: {self._scrub(str(exc))}",
+                param=self._adapter_param,
+                code="invalid_adapter",
+            ) from exc
+        except ValueError as exc:
+            message = self._scrub(str(exc))
+            raise InvalidRequestError(message, param=field_of(message, self._field_names)) from exc
+        self._seen(out)
+        return out
+
+    async def rest(self) -> AsyncIterator[RequestOutput]:
+        """Every output after the primed one, until the request finishes."""
+        if self.finished:
+            return
+        try:
+            async for out in self._outputs:
+                self._seen(out)
+                yield out
+        except EngineDeadError as exc:
+            raise EngineUnavailableError(f"the engine stopped mid-request: {exc}") from exc
+
+    async def result(self) -> RequestOutput:
+        """The final output (waits for the request to finish)."""
+        async for _ in self.rest():
+            pass
+        assert self.latest is not None
+        return self.latest
+
+    def _seen(self, out: RequestOutput) -> None:
+        self.latest = out
+        now = time.perf_counter()
+        if self.first_token_at is None and any(c.token_ids for c in out.outputs):
+            self.first_token_at = now
+        if out.finished:
+            self.finished_at = now
+
+    @property
+    def num_output_tokens(self) -> int:
+        return (
+            0
+            if self.latest is None
+            else max((len(c.token_ids) for c in self.latest.outputs), default=0)
+        )
+
+    async def aclose(self) -> None:
+        """Release the request; an unfinished one is aborted and its KV blocks freed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self)  # synchronous, so it runs even while this task is being cancelled
+        try:
+            await self._outputs.aclose()
+        except RuntimeError:  # the iterator is mid-step in a cancelled task: it aborts itself
+            pass
+
+
+async def prime_all(gens: list[Generation]) -> list[RequestOutput]:
+    """Prime every generation; all settle before the first error (if any) is raised."""
+    results = await asyncio.gather(*(g.prime() for g in gens), return_exceptions=True)
+    return _raise_first(results)
+
+
+async def results_all(gens: list[Generation]) -> list[RequestOutput]:
+    results = await asyncio.gather(*(g.result() for g in gens), return_exceptions=True)
+    return _raise_first(results)
+
+
+async def close_all(gens: list[Generation]) -> None:
+    for gen in gens:
+        await gen.aclose()
+
+
+async def outputs_of(gen: Generation) -> AsyncIterator[RequestOutput]:
+    """The primed output, then the rest."""
+    assert gen.latest is not None, "prime() first"
+    yield gen.latest
+    async for out in gen.rest():
+        yield out
+
+
+def _raise_first(results: list) -> list:
+    for item in results:
+        if isinstance(item, BaseException):
+            raise item
+    return results

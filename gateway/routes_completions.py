@@ -1,0 +1,127 @@
+"""POST /v1/completions: OpenAI's (legacy) text completions, whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from functools import partial
+
+from litestar import Controller, Request, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from loragate.gateway.disconnect import until_disconnect
+from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
+from loragate.gateway.generation import Generation, close_all, outputs_of, prime_all, results_all
+from loragate.gateway.openai_format import DeltaTracker, completion_logprobs, usage_of
+from loragate.gateway.prompts import completion_prompts
+from loragate.gateway.sampling import COMPLETION_FIELDS, completion_params
+from loragate.gateway.schemas_openai import CompletionChoice, CompletionRequest, CompletionResponse
+from loragate.gateway.service import GatewayService, Service
+from loragate.gateway.sse import DONE, sse_event, sse_response
+
+
+class CompletionsController(Controller):
+    path = "/v1/completions"
+    tags = ["OpenAI"]
+
+    @post("/", status_code=200, summary="Create a completion")
+    async def create(
+        self,
+        data: JSONBody[CompletionRequest],
+        request: Request,
+        service: Service,
+    ) -> CompletionResponse | Stream:
+        params = completion_params(data, service.engine.engine.config.max_num_seqs)
+        lora = await service.resolve_model(data.model)
+        prompts = completion_prompts(data.prompt)
+        request_id = service.new_request_id("cmpl")
+        gens: list[Generation] = []
+        streaming = False
+        try:
+            for i, prompt in enumerate(prompts):
+                gens.append(
+                    service.start(
+                        prompt, params, lora, request_id=f"{request_id}-{i}",
+                        field_names=COMPLETION_FIELDS,
+                    )
+                )  # fmt: skip
+            await until_disconnect(request.receive, prime_all(gens))
+            created = int(time.time())
+            if data.stream:
+                streaming = True
+                events = _stream(service, data, gens, request_id, created)
+                return sse_response(events, partial(close_all, gens))
+            finals = await until_disconnect(request.receive, results_all(gens))
+            choices = []
+            for p, out in enumerate(finals):
+                for c in out.outputs:
+                    logprobs = None
+                    if data.logprobs is not None and c.logprobs is not None:
+                        logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
+                    choices.append(
+                        CompletionChoice(
+                            index=p * len(out.outputs) + c.index,
+                            text=c.text,
+                            logprobs=logprobs,
+                            finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason,
+                        )
+                    )
+            return CompletionResponse(
+                id=request_id, created=created, model=data.model, choices=choices,
+                usage=usage_of(finals),
+            )  # fmt: skip
+        finally:
+            if not streaming:
+                await close_all(gens)
+
+
+async def _stream(
+    service: GatewayService,
+    data: JSONBody[CompletionRequest],
+    gens: list[Generation],
+    request_id: str,
+    created: int,
+) -> AsyncIterator[bytes]:
+    want_logprobs = data.logprobs is not None
+    try:
+        for p, gen in enumerate(gens):
+            trackers: dict[int, DeltaTracker] = {}
+            async for out in outputs_of(gen):
+                choices = []
+                for c in out.outputs:
+                    delta = trackers.setdefault(c.index, DeltaTracker()).step(c, want_logprobs)
+                    if delta is None:
+                        continue
+                    logprobs = None
+                    if want_logprobs and delta.logprobs is not None:
+                        logprobs = completion_logprobs(
+                            service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
+                        )
+                    choices.append(
+                        CompletionChoice(
+                            index=p * len(out.outputs) + c.index,
+                            text=delta.text,
+                            logprobs=logprobs,
+                            finish_reason=delta.finish_reason,
+                            stop_reason=delta.stop_reason,
+                        )
+                    )
+                if choices:
+                    yield sse_event(
+                        CompletionResponse(
+                            id=request_id, created=created, model=data.model, choices=choices
+                        )
+                    )
+        if data.stream_options is not None and data.stream_options.include_usage:
+            finals = [g.latest for g in gens]
+            yield sse_event(
+                CompletionResponse(
+                    id=request_id, created=created, model=data.model, choices=[],
+                    usage=usage_of(finals),
+                )
+            )  # fmt: skip
+    except APIError as exc:
+        yield sse_event(ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type)))
+    yield DONE

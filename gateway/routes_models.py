@@ -1,0 +1,50 @@
+"""GET /v1/models: the base model and every adapter a client may name in `model`."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+from litestar.params import FromPath
+
+from loragate.gateway.errors import NotFoundError
+from loragate.gateway.registry import AdapterRecord
+from loragate.gateway.schemas_openai import ModelCard, ModelList
+from loragate.gateway.service import GatewayService, Service
+
+
+class ModelsController(Controller):
+    path = "/v1/models"
+    tags = ["OpenAI"]
+
+    @get("/", summary="List models and adapters")
+    async def list_models(self, service: Service) -> ModelList:
+        adapters = await service.registry.list()
+        return ModelList(data=[_base_card(service)] + [_adapter_card(service, r) for r in adapters])
+
+    @get("/{model_id:str}", summary="Describe one model or adapter")
+    async def get_model(self, model_id: FromPath[str], service: Service) -> ModelCard:
+        if model_id == service.model_name:
+            return _base_card(service)
+        record = await service.registry.get(model_id)
+        if record is None:
+            raise NotFoundError(
+                f"the model {model_id!r} does not exist", param="model", code="model_not_found"
+            )
+        return _adapter_card(service, record)
+
+
+def _base_card(service: GatewayService) -> ModelCard:
+    name = service.model_name
+    return ModelCard(
+        id=name, created=service.started_at, root=name, max_model_len=service.max_model_len
+    )
+
+
+def _adapter_card(service: GatewayService, record: AdapterRecord) -> ModelCard:
+    # `root` is the adapter's own name: file paths are never shown here.
+    return ModelCard(
+        id=record.name,
+        created=record.created,
+        root=record.name,
+        parent=service.model_name,
+        max_model_len=service.max_model_len,
+    )

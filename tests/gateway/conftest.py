@@ -1,0 +1,92 @@
+"""Gateway fixtures: a tiny random Llama on disk, four real PEFT adapters, and real servers
+(uvicorn on 127.0.0.1, a free port, in a background thread) that the tests reach over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+from gateway_testlib import ADAPTER_NAMES, TARGETS, make_tiny_model_dir
+from transformers import AutoModelForCausalLM
+
+from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.engine import LLM, EngineConfig
+from loragate.engine.model_loader import resolve_model
+from loragate.gateway import BackgroundServer, GatewaySettings
+
+ENGINE = dict(
+    max_model_len=512,
+    max_num_seqs=64,
+    max_num_batched_tokens=1024,
+    num_kv_blocks=512,
+    block_size=16,
+    enable_lora=True,
+    max_loras=4,
+    max_lora_rank=8,
+    max_cpu_loras=8,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), resolve_model(None).hf_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def adapter_root(tmp_path_factory, tiny_hf):
+    """An --adapter-root with four adapters named after their folders, and one non-adapter."""
+    root = tmp_path_factory.mktemp("adapter-root")
+    for seed, name in enumerate(ADAPTER_NAMES):
+        make_random_adapter(
+            tiny_hf, root / name, rank=4 + 2 * (seed % 2), targets=TARGETS, seed=seed,
+            init_scale=0.5,
+        )  # fmt: skip
+    (root / "notes").mkdir()
+    (root / "notes" / "README.txt").write_text("not an adapter")
+    return root
+
+
+@pytest.fixture(scope="session")
+def lora_of(adapter_root):
+    """The offline engine's LoRARequest for a named test adapter."""
+    ids = {name: i + 1 for i, name in enumerate(ADAPTER_NAMES)}
+    return lambda name: LoRARequest(name, ids[name], str(adapter_root / name))
+
+
+@pytest.fixture(scope="session")
+def start_server(tiny_dir, adapter_root):
+    """start_server(engine overrides..., gateway=dict(...)) -> a running BackgroundServer."""
+    servers = []
+
+    def start(gateway: dict | None = None, **engine_overrides) -> BackgroundServer:
+        config = EngineConfig(model=str(tiny_dir), **{**ENGINE, **engine_overrides})
+        settings = GatewaySettings(
+            engine=config, port=0, **{"adapter_root": adapter_root, **(gateway or {})}
+        )
+        server = BackgroundServer(settings).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(start_server):
+    """The shared server: tiny model, the four adapters preloaded, a generous queue."""
+    return start_server(gateway={"max_queue": 1024})
+
+
+@pytest.fixture(scope="session")
+def url(server):
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def offline(tiny_dir):
+    """The offline engine on the same model and settings: the reference for served tokens."""
+    return LLM(str(tiny_dir), **ENGINE)

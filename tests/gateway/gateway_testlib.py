@@ -1,0 +1,94 @@
+"""Helpers for the gateway tests: a tiny model on disk, metric scraping, SSE parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+ADAPTER_NAMES = ("alpha", "beta", "gamma", "delta")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_tiny_model_dir(out: Path, tokenizer_dir: Path) -> Path:
+    """A saved 2-layer random Llama with the default model's tokenizer and chat template."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        vocab_size=49152,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of GET /metrics: 'name{labels}' -> value."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            found[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return found
+
+
+def wait_until(predicate, what: str, timeout: float = 120.0, every: float = 0.05):
+    """Poll until `predicate()` is truthy; a bound on waiting, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(every)
+
+
+def kv_idle(url: str) -> bool:
+    m = metrics(url)
+    return (
+        m["loragate_kv_cache_allocated_blocks"] == 0
+        and m["loragate_num_requests_running"] == 0
+        and m["loragate_num_requests_waiting"] == 0
+        and m["loragate_gateway_requests_in_flight"] == 0
+    )
+
+
+def sse_payloads(lines) -> list:
+    """The JSON bodies of `data:` lines, stopping at [DONE]."""
+    out = []
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            break
+        out.append(json.loads(data))
+    return out
