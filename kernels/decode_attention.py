@@ -3,7 +3,7 @@
 import torch
 
 from ._backend import compute_dtype, require, resolve_backend
-from ._paged import check_paged_inputs, gather_context
+from ._paged import check_paged_inputs
 
 
 def paged_decode_attention(
@@ -40,23 +40,26 @@ def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.T
         return q.new_empty(0, heads, head_dim)
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     lens = seq_lens.long()
-    num_blocks = -(-int(lens.max()) // block_size)
+    shortest, longest = torch.stack([lens.min(), lens.max()]).tolist()
+    num_blocks = -(-longest // block_size)
+    context = num_blocks * block_size
     # Only the first ceil(len / block_size) entries of a row are meaningful; the rest may be
     # padding of any value, so they are pointed at block 0 and masked out below.
-    block_ids = torch.arange(num_blocks, device=q.device)
-    used = block_ids < (lens[:, None] + block_size - 1) // block_size
-    table = torch.where(used, block_tables[:, :num_blocks].long(), 0)
-    dtype = compute_dtype(q.dtype)
-    positions = torch.arange(num_blocks * block_size, device=q.device)
-    hidden = positions >= lens[:, None]  # [B, L]
-    # Slots past a sequence's end hold stale data (NaN even, in a fresh cache): zero them so
-    # that masked-out probabilities (exactly 0) cannot turn them into NaN.
-    keys = gather_context(k_cache, table).masked_fill_(hidden[:, :, None, None], 0)
-    values = gather_context(v_cache, table).masked_fill_(hidden[:, :, None, None], 0)
-    keys = keys.to(dtype).permute(0, 2, 1, 3)  # [B, H_kv, L, D]
-    values = values.to(dtype).permute(0, 2, 1, 3)
-    queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=~hidden[:, None, None, :], scale=scale
+    used = (
+        torch.arange(num_blocks, device=q.device) < (lens[:, None] + block_size - 1) // block_size
     )
+    table = torch.where(used, block_tables[:, :num_blocks].long(), 0).flatten()
+    shape = (batch, context, kv_heads, head_dim)
+    dtype = compute_dtype(q.dtype)
+    keys = k_cache.index_select(0, table).view(shape).to(dtype)
+    values = v_cache.index_select(0, table).view(shape).to(dtype)
+    hidden = torch.arange(context, device=q.device) >= lens[:, None]  # [B, L]
+    queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
+    scores = torch.einsum("bhgd,blhd->bhgl", queries, keys) * scale
+    # masked_fill also replaces NaN that stale cache slots past a sequence's end may hold.
+    probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(-1)
+    # A zero probability times a NaN value is still NaN: zero the values past each end
+    # (only positions past the shortest sequence can be hidden).
+    values[:, shortest:].masked_fill_(hidden[:, shortest:, None, None], 0)
+    out = torch.einsum("bhgl,blhd->bhgd", probs, values)
     return out.reshape(batch, heads, head_dim).to(q.dtype)
