@@ -30,6 +30,7 @@ def empty_output(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype 
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot precision: exact float32 products for float32 inputs (no TF32 rounding)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """tl.dot input precision: exact float32 products for float32 inputs (no TF32 rounding);
+    None (Triton's default) for half-precision inputs, where the option does not apply."""
+    return "ieee" if dtype == torch.float32 else None
