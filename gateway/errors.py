@@ -138,7 +138,7 @@ def openai_error_response(request: Request, exc: Exception) -> Response:
     return Response(body, status_code=info.status_code, headers=info.headers)
 
 
-_TGI_TYPES = {400: "validation", 404: "validation", 413: "validation", 429: "overloaded"}
+_TGI_TYPES = {400: "validation", 404: "not_found", 413: "validation", 429: "overloaded"}
 
 
 def tgi_error_response(request: Request, exc: Exception) -> Response:

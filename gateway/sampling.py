@@ -162,7 +162,17 @@ def tgi_params(p: TGIParameters, max_num_seqs: int) -> SamplingParams:
     return _build(fields, TGI_FIELDS)
 
 
+# What torch.Generator.manual_seed accepts.
+_SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
 def _build(fields: dict[str, Any], names: dict[str, str]) -> SamplingParams:
+    seed = fields.get("seed")
+    if isinstance(seed, int) and not _SEED_RANGE[0] <= seed <= _SEED_RANGE[1]:
+        raise InvalidRequestError(
+            f"seed must be in [{_SEED_RANGE[0]}, {_SEED_RANGE[1]}], got {seed}",
+            param=names["seed"],
+        )
     try:
         return SamplingParams(**fields)
     except ValueError as exc:

@@ -7,6 +7,7 @@ import pytest
 
 from loragate.engine import SamplingParams
 
+
 @pytest.fixture(scope="module")
 def client(url):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -70,7 +71,9 @@ def test_streamed_completion_concatenates_to_offline_text(client, offline, lora_
     )  # fmt: skip
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     (ref,) = offline.generate([prompt], greedy(9), lora_request=lora_of("alpha"), use_tqdm=False)
     assert text == ref.outputs[0].text
     assert finish == [ref.outputs[0].finish_reason]
@@ -103,7 +106,9 @@ def test_streamed_chat_naming_an_adapter(client, offline, lora_of):
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     (ref,) = offline.chat(messages, greedy(11), lora_request=lora_of("gamma"), use_tqdm=False)
     assert content == ref.outputs[0].text
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices if c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices if c.choices[0].finish_reason
+    ]
     assert finishes == [ref.outputs[0].finish_reason]
     usage = chunks[-1].usage
     assert chunks[-1].choices == []
