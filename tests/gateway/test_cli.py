@@ -1,0 +1,168 @@
+"""The `loragate` command: flags and help, bad settings, make-random, and a real `serve`
+process that prints where it listens, logs each request, and drains on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from loragate.gateway.cli import main
+
+SERVE_FLAGS = [
+    "--model", "--served-model-name", "--host", "--port", "--adapter-root", "--max-model-len",
+    "--max-num-seqs", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--max-queue",
+    "--plugin", "--max-num-batched-tokens", "--block-size", "--kv-cache-memory-gb",
+    "--num-kv-blocks", "--dtype", "--device", "--seed", "--shutdown-timeout", "--max-body-bytes",
+]  # fmt: skip
+
+
+def test_help_documents_every_flag():
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0
+    for flag in SERVE_FLAGS:
+        assert flag in result.output, flag
+    top = CliRunner().invoke(main, ["--help"])
+    assert "serve" in top.output and "adapters" in top.output
+    sub = CliRunner().invoke(main, ["adapters", "--help"])
+    assert "make-random" in sub.output and "train-demo" in sub.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--max-queue", "-1"], "max_queue"),
+        (["--port", "70000"], "port"),
+        (["--max-loras", "9", "--max-cpu-loras", "2"], "max_cpu_loras"),
+        (["--plugin", "nocolon"], "MODULE:OBJECT"),
+    ],
+)
+def test_bad_settings_exit_with_the_field_named(args, named, tiny_dir):
+    result = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir), *args])
+    assert result.exit_code == 2
+    assert named in result.output
+
+
+def test_missing_adapter_root_is_refused(tiny_dir, tmp_path):
+    result = CliRunner().invoke(
+        main, ["serve", "--model", str(tiny_dir), "--adapter-root", str(tmp_path / "missing")]
+    )
+    assert result.exit_code == 2 and "adapter_root" in result.output
+
+
+def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root, url):
+    result = CliRunner().invoke(
+        main,
+        ["adapters", "make-random", "cli-made", "--rank", "4", "--targets", "q_proj,v_proj",
+         "--out", str(adapter_root), "--model", str(tiny_dir), "--seed", "5"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (adapter_root / "cli-made" / "adapter_model.safetensors").is_file()
+    got = httpx.post(
+        f"{url}/v1/adapters", json={"name": "cli-made", "path": "cli-made"}, timeout=60
+    )
+    assert got.status_code == 201 and got.json()["rank"] == 4
+    assert sorted(got.json()["target_modules"]) == ["q_proj", "v_proj"]
+    assert httpx.delete(f"{url}/v1/adapters/cli-made", timeout=60).status_code == 200
+
+
+class ServeProcess:
+    """`python -m loragate.gateway.cli serve ...` with its output collected on threads."""
+
+    def __init__(self, *args):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.listening = threading.Event()
+        threading.Thread(
+            target=self._read, args=(self.proc.stdout, self.stdout), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._read, args=(self.proc.stderr, self.stderr), daemon=True
+        ).start()
+        if not self.listening.wait(300) or self.proc.poll() is not None:
+            self.proc.kill()
+            raise AssertionError("server did not start:\n" + "".join(self.stderr[-30:]))
+        line = next(line for line in self.stdout if "listening on" in line)
+        self.url = line.split("listening on", 1)[1].strip()
+
+    def _read(self, pipe, into):
+        for line in pipe:
+            into.append(line)
+            if "listening on" in line:
+                self.listening.set()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def stream_body(model, max_tokens):
+    return {
+        "model": model, "prompt": "Go on", "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0, "stream": True,
+    }  # fmt: skip
+
+
+def test_serve_process_logs_requests_and_drains_on_sigterm(tiny_dir):
+    server = ServeProcess("--model", str(tiny_dir), "--served-model-name", "tiny-cli",
+                          "--max-model-len", "1024", "--num-kv-blocks", "128")  # fmt: skip
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        assert httpx.get(f"{server.url}/health").json()["model"] == "tiny-cli"
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
+                "POST", f"{server.url}/v1/completions", json=stream_body("tiny-cli", 600)
+            ) as response,
+        ):
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]"
+        finishes = [json.loads(x[5:])["choices"][0]["finish_reason"] for x in rest[:-1]]
+        assert finishes[-1] == "length"  # the running request finished: drained, not cut
+        assert len(finishes) >= 500
+        assert server.proc.wait(120) in (0, -signal.SIGTERM)
+        log = "".join(server.stderr)
+        assert '"GET /health" 200' in log
+        assert '"POST /v1/completions" 200' in log
+    finally:
+        server.stop()
+
+
+def test_shutdown_timeout_bounds_the_drain(tiny_dir):
+    server = ServeProcess("--model", str(tiny_dir), "--max-model-len", "2048",
+                          "--num-kv-blocks", "256", "--shutdown-timeout", "0.5")  # fmt: skip
+    try:
+        model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
+                "POST", f"{server.url}/v1/completions", json=stream_body(model, 2000)
+            ) as response,
+        ):
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            server.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(httpx.HTTPError):  # cut off once the drain time is up
+                for _ in lines:
+                    pass
+        assert server.proc.wait(120) in (0, -signal.SIGTERM)
+        assert "timeout graceful shutdown exceeded" in "".join(server.stderr)
+    finally:
+        server.stop()

@@ -1,0 +1,141 @@
+"""The gateway's small parts on their own: path checks, queue bound, adapter use counts,
+stream deltas, error-field naming, settings and the in-memory registry."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loragate.adapters import LoRARequest
+from loragate.engine import CompletionOutput, EngineConfig
+from loragate.gateway.adapter_paths import AdapterPathError, resolve_adapter_dir
+from loragate.gateway.adapter_usage import AdapterUsage
+from loragate.gateway.admission import Admission
+from loragate.gateway.errors import QueueFullError, field_of
+from loragate.gateway.openai_format import DeltaTracker
+from loragate.gateway.registry import AdapterRecord, InMemoryAdapterRegistry, check_adapter_name
+from loragate.gateway.settings import GatewaySettings
+
+
+@pytest.fixture
+def root(tmp_path):
+    (tmp_path / "root" / "a" / "nested").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "root" / "out-link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "root" / "in-link").symlink_to(tmp_path / "root" / "a")
+    (tmp_path / "root" / "loop").symlink_to(tmp_path / "root" / "loop")
+    (tmp_path / "root" / "file").write_text("x")
+    return tmp_path / "root"
+
+
+def test_paths_resolve_inside_the_root_only(root):
+    assert resolve_adapter_dir(root, "a") == root / "a"
+    assert resolve_adapter_dir(root, "a/nested/..") == root / "a"
+    assert resolve_adapter_dir(root, str(root / "a" / "nested")) == root / "a" / "nested"
+    assert resolve_adapter_dir(root, "in-link") == root / "a"  # the real path is what loads
+    for bad in ("out-link", "../elsewhere", "a/../../elsewhere", str(root.parent), "..", "loop",
+                "file", "missing", "", "   ", "a\x00b"):  # fmt: skip
+        with pytest.raises(AdapterPathError):
+            resolve_adapter_dir(root, bad)
+    with pytest.raises(AdapterPathError, match="--adapter-root"):
+        resolve_adapter_dir(None, "a")
+
+
+def test_admission_counts_sequences_and_refuses_past_capacity():
+    admission = Admission(max_running=2, max_queue=1, retry_after_seconds=3)
+    admission.admit(2)
+    assert admission.waiting == 0
+    admission.admit(1)
+    assert admission.waiting == 1
+    with pytest.raises(QueueFullError) as refused:
+        admission.admit(1)
+    assert refused.value.headers == {"Retry-After": "3"} and refused.value.status_code == 429
+    assert admission.in_flight == 3 and admission.rejected == 1
+    admission.release(2)
+    admission.admit(2)
+    assert admission.in_flight == 3
+
+
+def test_adapter_usage_waits_for_the_last_user():
+    lora = LoRARequest("a", 1, "/x")
+
+    async def scenario():
+        usage = AdapterUsage()
+        await usage.wait_idle(lora)  # nobody uses it: returns at once
+        usage.acquire(lora)
+        usage.acquire(lora)
+        waiter = asyncio.create_task(usage.wait_idle(lora))
+        await asyncio.sleep(0)
+        usage.release(lora)
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        usage.release(lora)
+        await asyncio.wait_for(waiter, 5)
+        assert usage.in_use(lora) == 0
+
+    asyncio.run(scenario())
+
+
+def choice(text, ids, finish=None, logprobs=None):
+    return CompletionOutput(0, text, ids, 0.0, logprobs, finish_reason=finish)
+
+
+def test_delta_tracker_sends_every_character_and_token_once():
+    tracker = DeltaTracker()
+    assert tracker.step(choice("He", [1]), with_tokens=False).text == "He"
+    assert tracker.step(choice("He", [1, 2]), with_tokens=False) is None  # text held back
+    second = tracker.step(choice("He", [1, 2]), with_tokens=True)
+    assert second.text == "" and second.token_ids == [2]
+    lp = [{1: -0.1}, {2: -0.2}, {3: -0.3}]
+    last = tracker.step(choice("Hello", [1, 2, 3], "stop", lp), with_tokens=True)
+    assert (last.text, last.token_ids, last.logprobs, last.finish_reason, last.text_offset) == (
+        "llo", [3], [{3: -0.3}], "stop", 2,
+    )  # fmt: skip
+    assert tracker.step(choice("Hello", [1, 2, 3], "stop"), with_tokens=True) is None
+
+
+def test_field_of_names_the_api_field():
+    names = {"max_tokens": "max_completion_tokens", "sampler": "sampler", "prompt": "messages"}
+    assert field_of("max_tokens must be an integer >= 1", names) == "max_completion_tokens"
+    assert field_of("unknown sampler 'x'; known samplers: none", names) == "sampler"
+    assert field_of("prompt has 600 tokens; max_model_len is 512", names) == "messages"
+    assert field_of("something else entirely", names) is None
+
+
+def test_settings_are_checked():
+    GatewaySettings(engine=EngineConfig(), port=0, max_queue=0)
+    for bad in ({"port": -1}, {"port": True}, {"max_queue": -1}, {"max_body_bytes": 10},
+                {"shutdown_timeout": -1}, {"retry_after_seconds": 0}):  # fmt: skip
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GatewaySettings(**bad)
+    with pytest.raises(FileNotFoundError, match="adapter_root"):
+        GatewaySettings(adapter_root="/no/such/dir")
+
+
+def test_adapter_names_are_checked():
+    assert check_adapter_name("sql-v2:latest", "base") == "sql-v2:latest"
+    for bad in ("", "a/b", "-a", "a b", "x" * 129, "base", None):
+        with pytest.raises(ValueError):
+            check_adapter_name(bad, "base")
+
+
+def test_in_memory_registry_ids_and_replacement():
+    def record(name, lora_id):
+        return AdapterRecord(
+            name, LoRARequest(name, lora_id, "/p"), "p", 4, 8.0, ("q_proj",), "0" * 64, 1, 0,
+            "rest",
+        )  # fmt: skip
+
+    async def scenario():
+        registry = InMemoryAdapterRegistry()
+        first, second = await registry.new_id(), await registry.new_id()
+        assert first != second
+        assert await registry.put(record("a", first)) is None
+        replaced = await registry.put(record("a", second))
+        assert replaced.lora_request.lora_int_id == first
+        assert [r.lora_request.lora_int_id for r in await registry.list()] == [second]
+        assert (await registry.remove("a")).name == "a"
+        assert await registry.remove("a") is None and await registry.get("a") is None
+
+    asyncio.run(scenario())
