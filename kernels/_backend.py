@@ -1,5 +1,7 @@
 """Backend choice shared by every op: Triton on CUDA tensors, torch everywhere else."""
 
+from collections.abc import Callable
+
 import torch
 
 BACKENDS = ("triton", "torch")
@@ -14,10 +16,14 @@ def resolve_backend(backend: str | None, tensor: torch.Tensor) -> str:
     return backend
 
 
-def require(condition: bool, message: str) -> None:
-    """Raise a ValueError naming the problem when a shape or dtype contract is broken."""
+def require(condition: bool, message: str | Callable[[], str]) -> None:
+    """Raise a ValueError naming the problem when a shape or dtype contract is broken.
+
+    Hot paths pass the message as a lambda: formatting it costs microseconds per call, and the
+    engine makes hundreds of kernel calls per forward pass.
+    """
     if not condition:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

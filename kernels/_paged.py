@@ -6,24 +6,27 @@ from ._backend import require
 
 
 def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
-    require(q.dim() == 3, f"q must be [tokens, H, D], got shape {tuple(q.shape)}")
+    require(q.dim() == 3, lambda: f"q must be [tokens, H, D], got shape {tuple(q.shape)}")
     require(
         k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
         "k_cache and v_cache must both be [num_blocks, block_size, H_kv, D]",
     )
     heads, head_dim = q.shape[1:]
     kv_heads = k_cache.shape[2]
-    require(k_cache.shape[3] == head_dim, f"cache head_dim {k_cache.shape[3]} != q's {head_dim}")
     require(
-        heads % kv_heads == 0,
-        f"query heads {heads} must be a multiple of KV heads {kv_heads} (GQA)",
+        k_cache.shape[3] == head_dim, lambda: f"cache head_dim {k_cache.shape[3]} != q's {head_dim}"
     )
     require(
-        block_tables.dim() == 2, f"block_tables must be [B, max_blocks], got {block_tables.dim()}-D"
+        heads % kv_heads == 0,
+        lambda: f"query heads {heads} must be a multiple of KV heads {kv_heads} (GQA)",
+    )
+    require(
+        block_tables.dim() == 2,
+        lambda: f"block_tables must be [B, max_blocks], got {block_tables.dim()}-D",
     )
     require(
         seq_lens.shape == (block_tables.shape[0],),
-        f"seq_lens must be [B={block_tables.shape[0]}], got {tuple(seq_lens.shape)}",
+        lambda: f"seq_lens must be [B={block_tables.shape[0]}], got {tuple(seq_lens.shape)}",
     )
 
 

@@ -25,7 +25,7 @@ def paged_decode_attention(
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     require(
         q.shape[0] == block_tables.shape[0],
-        f"q has {q.shape[0]} sequences, block_tables {block_tables.shape[0]}",
+        lambda: f"q has {q.shape[0]} sequences, block_tables {block_tables.shape[0]}",
     )
     if resolve_backend(backend, q) == "triton":
         from .decode_attention_triton import decode_triton

@@ -28,19 +28,25 @@ def write_kv(
 
 
 def _check(key, value, k_cache, v_cache, slot_mapping) -> None:
-    require(key.dim() == 3, f"key must be [T, H_kv, D], got shape {tuple(key.shape)}")
-    require(value.shape == key.shape, f"value shape {tuple(value.shape)} != key {tuple(key.shape)}")
+    require(key.dim() == 3, lambda: f"key must be [T, H_kv, D], got shape {tuple(key.shape)}")
     require(
-        k_cache.dim() == 4, f"k_cache must be [blocks, block_size, H_kv, D], got {k_cache.dim()}-D"
+        value.shape == key.shape,
+        lambda: f"value shape {tuple(value.shape)} != key {tuple(key.shape)}",
+    )
+    require(
+        k_cache.dim() == 4,
+        lambda: f"k_cache must be [blocks, block_size, H_kv, D], got {k_cache.dim()}-D",
     )
     require(v_cache.shape == k_cache.shape, "k_cache and v_cache shapes differ")
     require(
         k_cache.shape[2:] == key.shape[1:],
-        f"cache heads/dim {tuple(k_cache.shape[2:])} != key heads/dim {tuple(key.shape[1:])}",
+        lambda: (
+            f"cache heads/dim {tuple(k_cache.shape[2:])} != key heads/dim {tuple(key.shape[1:])}"
+        ),
     )
     require(
         slot_mapping.shape == (key.shape[0],),
-        f"slot_mapping must be [T={key.shape[0]}], got {tuple(slot_mapping.shape)}",
+        lambda: f"slot_mapping must be [T={key.shape[0]}], got {tuple(slot_mapping.shape)}",
     )
 
 

@@ -24,11 +24,13 @@ def lora_shrink(
     index: optional `lora_index(slot_ids, S)` computed once per forward pass and shared by every
     call of that pass; built here when omitted. Returns y [T, r] in lora_a's dtype.
     """
-    require(x.dim() == 2, f"x must be [T, d_in], got shape {tuple(x.shape)}")
-    require(lora_a.dim() == 3, f"lora_a must be [S, r, d_in], got shape {tuple(lora_a.shape)}")
+    require(x.dim() == 2, lambda: f"x must be [T, d_in], got shape {tuple(x.shape)}")
+    require(
+        lora_a.dim() == 3, lambda: f"lora_a must be [S, r, d_in], got shape {tuple(lora_a.shape)}"
+    )
     require(
         lora_a.shape[2] == x.shape[1],
-        f"lora_a d_in {lora_a.shape[2]} != x d_in {x.shape[1]}",
+        lambda: f"lora_a d_in {lora_a.shape[2]} != x d_in {x.shape[1]}",
     )
     index = _checked_index(index, slot_ids, x.shape[0], lora_a.shape[0])
     if resolve_backend(backend, x) == "triton":
@@ -53,16 +55,21 @@ def lora_expand(
     out [T, d_out] updated in place; out may be a strided view (a column slice of a fused qkv
     or gate_up output). index: as for lora_shrink.
     """
-    require(y.dim() == 2, f"y must be [T, r], got shape {tuple(y.shape)}")
-    require(lora_b.dim() == 3, f"lora_b must be [S, d_out, r], got shape {tuple(lora_b.shape)}")
-    require(lora_b.shape[2] == y.shape[1], f"lora_b rank {lora_b.shape[2]} != y rank {y.shape[1]}")
+    require(y.dim() == 2, lambda: f"y must be [T, r], got shape {tuple(y.shape)}")
+    require(
+        lora_b.dim() == 3, lambda: f"lora_b must be [S, d_out, r], got shape {tuple(lora_b.shape)}"
+    )
+    require(
+        lora_b.shape[2] == y.shape[1],
+        lambda: f"lora_b rank {lora_b.shape[2]} != y rank {y.shape[1]}",
+    )
     require(
         out.dim() == 2 and out.shape == (y.shape[0], lora_b.shape[1]),
-        f"out must be [T={y.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
+        lambda: f"out must be [T={y.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
     )
     require(
         scales.shape == (lora_b.shape[0],),
-        f"scales must be [S={lora_b.shape[0]}], got {tuple(scales.shape)}",
+        lambda: f"scales must be [S={lora_b.shape[0]}], got {tuple(scales.shape)}",
     )
     index = _checked_index(index, slot_ids, y.shape[0], lora_b.shape[0])
     if resolve_backend(backend, y) == "triton":
@@ -78,13 +85,15 @@ def _checked_index(
 ) -> LoraIndex:
     require(
         slot_ids.shape == (num_tokens,),
-        f"slot_ids must be [T={num_tokens}], got {tuple(slot_ids.shape)}",
+        lambda: f"slot_ids must be [T={num_tokens}], got {tuple(slot_ids.shape)}",
     )
     if index is None:
         return lora_index(slot_ids, num_slots)
     require(
         index.num_tokens == num_tokens and index.num_slots == num_slots,
-        f"index was built for {index.num_tokens} tokens / {index.num_slots} slots, "
-        f"call has {num_tokens} / {num_slots}",
+        lambda: (
+            f"index was built for {index.num_tokens} tokens / {index.num_slots} slots, "
+            f"call has {num_tokens} / {num_slots}"
+        ),
     )
     return index

@@ -25,6 +25,8 @@ class LoraIndex:
     first_slot, last_slot: lowest and highest slot in use (-1 when none is), so the torch path
                   only visits the slots between them.
     is_identity:  every token has a slot and they are already sorted: no gather or scatter.
+    active_rows, active_slots: order and sorted_slots cut to the num_active tokens with a slot.
+    window_ends:  group_ends[first_slot : last_slot + 1].
     """
 
     slot_ids: torch.Tensor
@@ -36,6 +38,9 @@ class LoraIndex:
     first_slot: int
     last_slot: int
     is_identity: bool
+    active_rows: torch.Tensor
+    active_slots: torch.Tensor
+    window_ends: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -54,13 +59,15 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
     per LoRA call). Sorting the batch by slot beforehand, base-only tokens last, makes every
     LoRA call skip its gather and scatter (is_identity).
     """
-    require(slot_ids.dim() == 1, f"slot_ids must be 1-D [T], got shape {tuple(slot_ids.shape)}")
-    require(num_slots >= 1, f"num_slots must be >= 1, got {num_slots}")
+    require(
+        slot_ids.dim() == 1, lambda: f"slot_ids must be 1-D [T], got shape {tuple(slot_ids.shape)}"
+    )
+    require(num_slots >= 1, lambda: f"num_slots must be >= 1, got {num_slots}")
     require(
         not slot_ids.is_floating_point()
         and not slot_ids.is_complex()
         and slot_ids.dtype != torch.bool,
-        f"slot_ids must be an integer tensor, got {slot_ids.dtype}",
+        lambda: f"slot_ids must be an integer tensor, got {slot_ids.dtype}",
     )
     slots = slot_ids.long()
     active = slots >= 0
@@ -79,16 +86,25 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
         ]
     ).tolist()
     num_inactive, first_slot, last_slot, moved = stats
-    require(last_slot < num_slots, f"slot id {last_slot} out of range for {num_slots} slots")
+    require(
+        last_slot < num_slots, lambda: f"slot id {last_slot} out of range for {num_slots} slots"
+    )
     num_active = slots.shape[0] - num_inactive
+    sorted_slots = slots[order]
+    group_ends = torch.cumsum(counts[:num_slots], 0).to(torch.int32)
+    if not num_active:
+        first_slot = last_slot = -1
     return LoraIndex(
         slot_ids=slots,
         order=order,
-        sorted_slots=slots[order],
-        group_ends=torch.cumsum(counts[:num_slots], 0).to(torch.int32),
+        sorted_slots=sorted_slots,
+        group_ends=group_ends,
         num_slots=num_slots,
         num_active=num_active,
-        first_slot=first_slot if num_active else -1,
-        last_slot=last_slot if num_active else -1,
+        first_slot=first_slot,
+        last_slot=last_slot,
         is_identity=num_inactive == 0 and moved == 0,
+        active_rows=order[:num_active],
+        active_slots=sorted_slots[:num_active],
+        window_ends=group_ends[max(first_slot, 0) : last_slot + 1],
     )

@@ -2,9 +2,10 @@
 
 Cost stays flat in the number of distinct adapters: no Python loop over slots and no per-token
 copy of adapter weights. Measured on 2 CPU cores this beat a gather + bmm (per-token weight
-copies) by 5-50x and a dense product over every slot (S times the FLOPs) by 2-10x; see the
-kernels report in BENCHMARKS.md. Each ATen op costs a few microseconds at decode sizes, so the
-paths below avoid every op they can (identity order, single slot, the used slot window).
+copies) by 5-50x and a dense product over every slot (S times the FLOPs) by 2-10x (see
+benchmarks/kernels.py). At decode sizes each ATen op costs microseconds, so the paths below
+skip every op they can: no gather/scatter when the batch is already grouped by slot, a plain
+matmul when one slot serves every active token, only the window of slots in use.
 """
 
 import torch
@@ -18,19 +19,17 @@ def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> tor
     active = index.num_active
     if active == 0:
         return x.new_zeros(num_tokens, rank)
-    all_active = active == num_tokens
-    rows = index.order[:active]
-    if index.single_slot is not None:
-        weight = lora_a[index.single_slot].T
-        if all_active:
-            return x @ weight
-        grouped = x.index_select(0, rows) @ weight
+    slot = index.single_slot
+    if slot is not None and active == num_tokens:
+        return x @ lora_a[slot].T
+    if index.is_identity:
+        return _grouped_matmul(x, lora_a.transpose(1, 2), index)
+    grouped = x.index_select(0, index.active_rows)
+    if slot is not None:
+        grouped = grouped @ lora_a[slot].T
     else:
-        grouped = x if index.is_identity else x.index_select(0, rows)
         grouped = _grouped_matmul(grouped, lora_a.transpose(1, 2), index)
-        if index.is_identity:
-            return grouped
-    return x.new_zeros(num_tokens, rank).index_copy_(0, rows, grouped)
+    return x.new_zeros(num_tokens, rank).index_copy_(0, index.active_rows, grouped)
 
 
 def expand_torch(
@@ -44,26 +43,23 @@ def expand_torch(
     if active == 0:
         return
     y = y.to(lora_b.dtype)
-    rows = index.order[:active]
-    all_active = active == y.shape[0]
     slot = index.single_slot
     if slot is not None:
-        grouped = y if all_active else y.index_select(0, rows)
-        delta = grouped @ lora_b[slot].T
         alpha = float(scales[slot])
-        if all_active:
-            out.add_(delta.to(out.dtype), alpha=alpha)
-        else:
-            out.index_add_(0, rows, delta.to(out.dtype), alpha=alpha)
+        if active == y.shape[0] and out.dtype == y.dtype:
+            out.addmm_(y, lora_b[slot].T, alpha=alpha)
+            return
+        delta = y.index_select(0, index.active_rows) @ lora_b[slot].T
+        out.index_add_(0, index.active_rows, delta.to(out.dtype), alpha=alpha)
         return
-    grouped = y if index.is_identity else y.index_select(0, rows)
+    grouped = y if index.is_identity else y.index_select(0, index.active_rows)
     # Scaling the rank-r side costs r/d_out of scaling the output.
-    grouped = grouped * scales.to(y.dtype)[index.sorted_slots[:active]].unsqueeze(1)
+    grouped = grouped * scales.to(y.dtype).index_select(0, index.active_slots).unsqueeze(1)
     delta = _grouped_matmul(grouped, lora_b.transpose(1, 2), index).to(out.dtype)
     if index.is_identity:
         out.add_(delta)
     else:
-        out.index_add_(0, rows, delta)
+        out.index_add_(0, index.active_rows, delta)
 
 
 def _grouped_matmul(a: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:
@@ -72,10 +68,10 @@ def _grouped_matmul(a: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch
     Only the window of slots first_slot..last_slot is passed on: torch's grouped matmul visits
     every group, empty ones included, at about a microsecond each.
     """
-    first, last = index.first_slot, index.last_slot + 1
     if _grouped_mm_fits(a):
-        return torch._grouped_mm(a, w[first:last], offs=index.group_ends[first:last])
-    per_token = w.index_select(0, index.sorted_slots[: a.shape[0]])
+        window = w[index.first_slot : index.last_slot + 1]
+        return torch._grouped_mm(a, window, offs=index.window_ends)
+    per_token = w.index_select(0, index.active_slots)
     return torch.bmm(a.unsqueeze(1), per_token).squeeze(1)
 
 

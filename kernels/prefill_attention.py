@@ -28,8 +28,10 @@ def paged_prefill_attention(
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     require(
         query_start_loc.shape == (block_tables.shape[0] + 1,),
-        f"query_start_loc must be [B+1={block_tables.shape[0] + 1}], "
-        f"got {tuple(query_start_loc.shape)}",
+        lambda: (
+            f"query_start_loc must be [B+1={block_tables.shape[0] + 1}], "
+            f"got {tuple(query_start_loc.shape)}"
+        ),
     )
     if resolve_backend(backend, q) == "triton":
         from .prefill_attention_triton import prefill_triton
@@ -40,14 +42,18 @@ def paged_prefill_attention(
 
 def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> None:
     """Host-side checks of the varlen layout (the Triton path runs them too)."""
-    require(starts[0] == 0, f"query_start_loc must start at 0, got {starts[0]}")
-    require(starts[-1] == num_tokens, f"query_start_loc ends at {starts[-1]}, q has {num_tokens}")
+    require(starts[0] == 0, lambda: f"query_start_loc must start at 0, got {starts[0]}")
+    require(
+        starts[-1] == num_tokens,
+        lambda: f"query_start_loc ends at {starts[-1]}, q has {num_tokens}",
+    )
     for b, (begin, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        require(end >= begin, f"query_start_loc decreases at sequence {b}")
-        require(
-            end - begin <= lens[b],
-            f"sequence {b} has {end - begin} new tokens but a context of only {lens[b]}",
-        )
+        if end < begin:
+            raise ValueError(f"query_start_loc decreases at sequence {b}")
+        if end - begin > lens[b]:
+            raise ValueError(
+                f"sequence {b} has {end - begin} new tokens but a context of only {lens[b]}"
+            )
 
 
 def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
