@@ -51,12 +51,17 @@ def _check(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def _write_kv_torch(key, value, k_cache, v_cache, slot_mapping) -> None:
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    block_size = k_cache.shape[1]
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
-    v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+    for cache, new in ((k_cache, key), (v_cache, value)):
+        new = new.to(cache.dtype)
+        if cache.stride(0) == cache.shape[1] * cache.stride(1):
+            # Slots index the cache viewed as [num_blocks * block_size, H_kv, D] directly.
+            cache.view(-1, *cache.shape[2:])[slots] = new
+        else:
+            cache[slots // cache.shape[1], slots % cache.shape[1]] = new
 
 
 @triton.jit

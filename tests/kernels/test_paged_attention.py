@@ -110,3 +110,23 @@ def test_attention_rejects_bad_inputs():
         kernels.paged_prefill_attention(
             torch.randn(5, 4, 64), k_cache, v_cache, tables, seq_lens, torch.tensor([0]), 1
         )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_over_interleaved_caches(backend):
+    """Caches that are views of one [blocks, 2, block_size, H_kv, D] allocation."""
+    lens = [1, 17, 40]
+    k_cache, v_cache, tables = build_paged_cache(lens, 2, 64, 16)
+    storage = torch.stack([k_cache, v_cache], dim=1)
+    k_view, v_view = storage[:, 0], storage[:, 1]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), 8, 64)
+    out = kernels.paged_decode_attention(q, k_view, v_view, tables, seq_lens, 0.125, backend)
+    expected = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, "torch")
+    assert rel_error(out, expected) < 1e-5
+    starts = torch.tensor([0, 1, 4, 44], dtype=torch.int32)
+    q = torch.randn(44, 8, 64)
+    args = (tables, seq_lens, starts, 0.125)
+    out = kernels.paged_prefill_attention(q, k_view, v_view, *args, backend=backend)
+    expected = kernels.paged_prefill_attention(q, k_cache, v_cache, *args, backend="torch")
+    assert rel_error(out, expected) < 1e-5

@@ -64,3 +64,20 @@ def test_unknown_backend_is_a_value_error():
         kernels.write_kv(
             torch.zeros(1, 2, 64), torch.zeros(1, 2, 64), cache, cache, torch.zeros(1), "cuda"
         )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_kv_into_interleaved_caches(backend):
+    """K and V caches that are views of one [blocks, 2, block_size, H_kv, D] allocation."""
+    storage = torch.randn(4, 2, 16, 2, 64)
+    k_cache, v_cache = storage[:, 0], storage[:, 1]
+    before = storage.clone()
+    key, value = torch.randn(5, 2, 64), torch.randn(5, 2, 64)
+    slots = torch.tensor([0, 17, -1, 63, 40])
+    kernels.write_kv(key, value, k_cache, v_cache, slots, backend=backend)
+    expected = before.clone()
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            expected[slot // 16, 0, slot % 16] = key[t]
+            expected[slot // 16, 1, slot % 16] = value[t]
+    assert torch.equal(storage, expected)
