@@ -1,9 +1,17 @@
-"""Physical KV blocks: a free list, per-sequence block tables and reference counts."""
+"""Physical KV blocks: a free list, per-sequence block tables, reference counts, prefix cache.
+
+With prefix caching, every full block is named by a chained hash of (parent hash, its token
+ids, the request's cache key). The cache key carries the adapter identity and the tenant,
+so KV is only ever shared within one adapter's weights and one tenant. Freed blocks keep
+their hash and stay reusable until a new block is needed; the least recently freed go first.
+"""
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
 
 from loragate.engine.sequence import Sequence
 
@@ -15,27 +23,46 @@ class MemoryStats:
     total_blocks: int
     utilization: float
     block_size: int
+    cached_blocks: int
+    prefix_cache_hit_rate: float
+    prefix_cache_hit_tokens: int
+    prefix_cache_queried_tokens: int
 
     def as_dict(self) -> dict:
-        return {
-            "allocated_blocks": self.allocated_blocks,
-            "free_blocks": self.free_blocks,
-            "total_blocks": self.total_blocks,
-            "utilization": self.utilization,
-            "block_size": self.block_size,
-        }
+        return asdict(self)
+
+
+def block_hash(parent: bytes | None, token_ids: list[int], cache_key: bytes) -> bytes:
+    """Content address of one full block; collisions would leak KV, so a real digest."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(parent or b"root")
+    digest.update(cache_key)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
 
 
 class BlockManager:
     """Hands out fixed-size blocks. Reference counts let several sequences share one block."""
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.01,
+        enable_prefix_caching: bool = False,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free_ids: deque[int] = deque(range(num_blocks))
+        # Free blocks in eviction order: the front is the least recently freed.
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_of_block: dict[int, bytes] = {}
+        self.block_of_hash: dict[bytes, int] = {}
         # New prompts leave this many blocks free so running decodes are not preempted at once.
         self.watermark_blocks = int(watermark * num_blocks)
+        self.hit_tokens = 0
+        self.queried_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -45,6 +72,56 @@ class BlockManager:
         total = seq.num_computed_tokens + num_new_tokens
         return max(0, -(-total // self.block_size) - len(seq.block_table))
 
+    # ---- prefix cache -------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a new sequence the cached blocks of its longest cached prefix.
+
+        At least the last token is always left to compute, since its logits are needed.
+        Returns the number of tokens found; they count as computed.
+        """
+        if not self.enable_prefix_caching or seq.block_table:
+            return 0
+        bs = self.block_size
+        self._extend_hashes(seq, (seq.num_tokens - 1) // bs)
+        hits = []
+        for h in seq.block_hashes[: (seq.num_tokens - 1) // bs]:
+            block = self.block_of_hash.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free_ids[block]
+            self.ref_counts[block] += 1
+        seq.block_table = hits
+        seq.num_computed_tokens = len(hits) * bs
+        return seq.num_computed_tokens
+
+    def count_admitted(self, seq: Sequence) -> None:
+        """Hit-rate bookkeeping, once per admission (a match may be undone and retried)."""
+        self.queried_tokens += seq.num_tokens
+        self.hit_tokens += seq.num_computed_tokens
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publish the hashes of blocks whose every token's KV is now written."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        self._extend_hashes(seq, full)
+        for i in range(full):
+            block, h = seq.block_table[i], seq.block_hashes[i]
+            if block not in self.hash_of_block and h not in self.block_of_hash:
+                self.hash_of_block[block] = h
+                self.block_of_hash[h] = block
+
+    def _extend_hashes(self, seq: Sequence, count: int) -> None:
+        bs, hashes = self.block_size, seq.block_hashes
+        while len(hashes) < count:
+            i = len(hashes)
+            tokens = seq.token_ids[i * bs : (i + 1) * bs]
+            hashes.append(block_hash(hashes[-1] if hashes else None, tokens, seq.cache_key))
+
+    # ---- allocation ---------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int | None = None) -> bool:
         """Whether a waiting sequence's next tokens fit, keeping the watermark free."""
         n = seq.num_uncomputed_tokens if num_new_tokens is None else num_new_tokens
@@ -64,24 +141,34 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent."""
         child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
         for block in child.block_table:
             self.ref_counts[block] += 1
 
     def free(self, seq: Sequence) -> None:
-        for block in seq.block_table:
+        # Tail blocks first, so the eviction order spares shared prefixes longest.
+        for block in reversed(seq.block_table):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self.free_ids.append(block)
+                self.free_ids[block] = None
         seq.block_table = []
+
+    def take_free_block(self) -> int:
+        """A free block for exclusive use; a cached one loses its hash (evicted)."""
+        block, _ = self.free_ids.popitem(last=False)
+        h = self.hash_of_block.pop(block, None)
+        if h is not None:
+            del self.block_of_hash[h]
+        self.ref_counts[block] = 1
+        return block
 
     def _grow(self, seq: Sequence, count: int) -> None:
         if count > len(self.free_ids):
             raise RuntimeError(f"out of KV blocks: need {count}, {len(self.free_ids)} free")
         for _ in range(count):
-            block = self.free_ids.popleft()
-            self.ref_counts[block] = 1
-            seq.block_table.append(block)
+            seq.block_table.append(self.take_free_block())
 
+    # ---- introspection ------------------------------------------------------------------
     def stats(self) -> MemoryStats:
         free = self.num_free_blocks
         allocated = self.num_blocks - free
@@ -91,19 +178,28 @@ class BlockManager:
             total_blocks=self.num_blocks,
             utilization=allocated / self.num_blocks,
             block_size=self.block_size,
+            cached_blocks=len(self.hash_of_block),
+            prefix_cache_hit_rate=self.hit_tokens / self.queried_tokens
+            if self.queried_tokens
+            else 0.0,
+            prefix_cache_hit_tokens=self.hit_tokens,
+            prefix_cache_queried_tokens=self.queried_tokens,
         )
 
     def check_integrity(self, live: list[Sequence]) -> None:
-        """Every block is free xor referenced exactly as often as live block tables say."""
+        """Every block is free, cached or owned; ref counts match the live block tables."""
         expected = [0] * self.num_blocks
         for seq in live:
             for block in seq.block_table:
                 expected[block] += 1
-        free = set(self.free_ids)
-        if len(free) != len(self.free_ids):
-            raise AssertionError("a block is on the free list twice")
         for block, (have, want) in enumerate(zip(self.ref_counts, expected, strict=True)):
-            if have != want or (have == 0) != (block in free):
+            if have != want or (have == 0) != (block in self.free_ids):
                 raise AssertionError(
-                    f"block {block}: ref_count {have}, referenced {want}, free={block in free}"
+                    f"block {block}: ref_count {have}, referenced {want}, "
+                    f"free={block in self.free_ids}"
                 )
+        for h, block in self.block_of_hash.items():
+            if self.hash_of_block.get(block) != h:
+                raise AssertionError(f"prefix cache maps a hash to block {block} inconsistently")
+        if len(self.hash_of_block) != len(self.block_of_hash):
+            raise AssertionError("prefix cache hash maps disagree in size")

@@ -31,6 +31,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "auto"
     swap_space: float = 4.0
     seed: int = 0
     enable_lora: bool = False
@@ -68,6 +70,13 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode"
             )
+        if self.preemption_mode not in ("auto", "recompute", "swap"):
+            raise ValueError(
+                "preemption_mode must be 'auto', 'recompute' or 'swap', "
+                f"got {self.preemption_mode!r}"
+            )
+        if self.preemption_mode == "swap" and self.swap_space <= 0:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 GiB")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         _positive("max_loras", self.max_loras)

@@ -29,6 +29,7 @@ from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.stopping import check_stop, stream_safe_len
+from loragate.engine.swap import KVSwapper
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ class LLMEngine:
             dtype,
             device,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.swapper = self._make_swapper()
         self.adapters = self._make_adapter_cache() if config.enable_lora else None
         self.scheduler = Scheduler(
             self.block_manager,
@@ -67,6 +71,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
             adapter_slots=self.adapters,
+            swapper=self.swapper,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.adapters)
         self.eos_token_ids = self._eos_token_ids()
@@ -85,15 +90,19 @@ class LLMEngine:
         prompt: PromptInput,
         params: SamplingParams | None = None,
         lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> Request:
+        """Queue a request. `cache_salt` (the tenant, set by the server) scopes prefix caching."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
-        self._validate(token_ids, params, lora_request)
+        adapter_identity = self._validate(token_ids, params, lora_request)
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
-        request = Request(request_id, text, token_ids, params, lora_request)
+        request = Request(
+            request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
+        )
         for index in range(params.n):
             seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
             seq.detokenizer = IncrementalDetokenizer(
@@ -132,6 +141,7 @@ class LLMEngine:
     def _postprocess(self, scheduled, sampled: list[Sequence], logits) -> list[RequestOutput]:
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_full_blocks(item.seq)
         rows = [
             SamplingRow(
                 s.request.params, s.token_ids[: s.prompt_len], s.output_token_ids, s.generator
@@ -243,7 +253,8 @@ class LLMEngine:
             f"got {type(prompt).__name__}"
         )
 
-    def _validate(self, token_ids, params: SamplingParams, lora_request) -> None:
+    def _validate(self, token_ids, params: SamplingParams, lora_request) -> str:
+        """Raise for anything wrong; return the adapter identity that scopes its KV."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         if not token_ids:
@@ -268,7 +279,9 @@ class LLMEngine:
                     f"request names LoRA adapter {lora_request.lora_name!r} "
                     "but the engine was started without enable_lora=True"
                 )
-            self.adapters.preload(lora_request)
+            adapter = self.adapters.preload(lora_request)
+            return f"{lora_request.lora_int_id}:{adapter.sha256}"
+        return ""
 
     # ---- sizing -------------------------------------------------------------------------
     def _resolve_max_model_len(self) -> int:
@@ -308,6 +321,16 @@ class LLMEngine:
             )
         return blocks
 
+    def _make_swapper(self) -> KVSwapper | None:
+        """Swap beats recompute where copies are cheap next to compute: on CUDA, or if asked."""
+        cfg = self.config
+        mode = cfg.preemption_mode
+        if mode == "recompute" or (mode == "auto" and self.model.device.type != "cuda"):
+            return None
+        per_block = self.kv_cache.data[:, :, 0].numel() * self.kv_cache.data.element_size()
+        cpu_blocks = int(cfg.swap_space * (1 << 30) // per_block)
+        return KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
+
     def _make_adapter_cache(self) -> AdapterCache:
         spec = LoRAModelSpec(
             model_name=self.model_name,
@@ -338,11 +361,27 @@ class LLMEngine:
 
     # ---- stats --------------------------------------------------------------------------
     def get_memory_stats(self) -> dict:
-        return self.block_manager.stats().as_dict()
+        stats = self.block_manager.stats().as_dict()
+        allocated_slots = stats["allocated_blocks"] * self.config.block_size
+        wasted = sum(
+            len(s.block_table) * self.config.block_size - s.num_computed_tokens
+            for s in self.scheduler.running
+        )
+        stats["swapped_blocks"] = self.swapper.num_swapped_blocks if self.swapper else 0
+        stats["internal_fragmentation"] = wasted / allocated_slots if allocated_slots else 0.0
+        stats["num_preemptions"] = self.scheduler.num_preemptions
+        return stats
 
     def check_integrity(self) -> None:
-        live = [s for s in self.scheduler.running + list(self.scheduler.waiting)]
+        """Every KV block free, cached or owned, with consistent reference counts."""
+        live = self.scheduler.live_sequences()
         self.block_manager.check_integrity(live)
+        if self.swapper is not None:
+            held = sum(len(s.swapped_blocks) for s in live)
+            if held != self.swapper.num_swapped_blocks:
+                raise AssertionError(
+                    f"{self.swapper.num_swapped_blocks} CPU blocks used, {held} held"
+                )
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

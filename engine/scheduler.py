@@ -1,7 +1,9 @@
-"""Continuous batching: each step, running sequences first, then waiting ones join.
+"""Continuous batching: each step, running decodes first, then swapped-out and waiting ones.
 
 Limits per step: the token budget, the sequence cap, free KV blocks, and device adapter
-slots. When blocks run out, the newest running sequence is preempted by recompute.
+slots. Long prompts are split into chunks within the budget. When blocks run out, a victim
+(newest first, unless a plugin says otherwise) is preempted: swapped to CPU, or dropped and
+recomputed later.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Protocol
 from loragate.adapters import LoRARequest
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.sequence import Sequence, SequenceStatus
+from loragate.engine.swap import KVSwapper
 
 
 class AdapterSlots(Protocol):
@@ -41,6 +44,14 @@ class SchedulerOutput:
     def empty(self) -> bool:
         return not self.prefills and not self.decodes
 
+    def add(self, seq: Sequence, n: int) -> None:
+        is_decode = n == 1 and seq.num_computed_tokens > 0
+        (self.decodes if is_decode else self.prefills).append(ScheduledSeq(seq, n))
+
+    def drop(self, seq: Sequence) -> None:
+        self.prefills = [s for s in self.prefills if s.seq is not seq]
+        self.decodes = [s for s in self.decodes if s.seq is not seq]
+
 
 def newest_first(running: list[Sequence]) -> Sequence:
     return running[-1]
@@ -55,6 +66,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         adapter_slots: AdapterSlots | None = None,
+        swapper: KVSwapper | None = None,
         choose_preemption_victim: Callable[[list[Sequence]], Sequence] = newest_first,
     ):
         self.block_manager = block_manager
@@ -62,9 +74,11 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.adapter_slots = adapter_slots
+        self.swapper = swapper  # None: preemption recomputes
         self.choose_preemption_victim = choose_preemption_victim
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -76,52 +90,73 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self.swapper.release(seq)
         self.block_manager.free(seq)
         seq.lora_slot = -1
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def live_sequences(self) -> list[Sequence]:
+        return self.running + list(self.waiting) + list(self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
-            self._schedule_waiting(out, budget)
+            budget = self._schedule_swapped(out, budget)
+            if not self.swapped:
+                self._schedule_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        still_running = []
-        queue = deque(self.running)
-        while queue:
-            seq = queue.popleft()
+        active = list(self.running)  # admission order: the victim policy sees it this way
+        granted: dict[int, int] = {}
+        # Decodes first, then chunks of prompts still filling.
+        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed_tokens, budget)
             if n == 0:
-                still_running.append(seq)
                 continue
             while not self.block_manager.can_append(seq, n):
-                victims = still_running + list(queue) + [seq]
-                victim = self.choose_preemption_victim(victims)
-                if victim is seq:
-                    self._preempt(seq, out)
-                    seq = None
-                    break
-                if victim in queue:
-                    queue.remove(victim)
-                else:
-                    still_running.remove(victim)
-                    self._unschedule(victim, out)
+                victim = self.choose_preemption_victim(active)
+                active.remove(victim)
+                if victim.seq_id in granted:
+                    budget += granted.pop(victim.seq_id)
+                    out.drop(victim)
                 self._preempt(victim, out)
-            if seq is None:
-                continue
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.append_slot(seq, n)
+                out.add(seq, n)
+                granted[seq.seq_id] = n
+                budget -= n
+        self.running = active
+        return budget
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            n = seq.num_uncomputed_tokens
+            if n > budget or not self.swapper.can_swap_in(seq):
+                break
+            if seq.lora_request is not None:
+                slot = self._acquire_slot(seq)
+                if slot is None:
+                    break
+                seq.lora_slot = slot
+            self.swapped.popleft()
+            self.swapper.swap_in(seq)
             self.block_manager.append_slot(seq, n)
-            scheduled = ScheduledSeq(seq, n)
-            (out.decodes if n == 1 and seq.num_computed_tokens > 0 else out.prefills).append(
-                scheduled
-            )
-            still_running.append(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.add(seq, n)
             budget -= n
-        self.running = still_running
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
@@ -129,12 +164,14 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            self.block_manager.match_prefix(seq)
             n = seq.num_uncomputed_tokens
-            if n > budget:
-                if not self.enable_chunked_prefill:
-                    break
-                n = budget
+            if n > budget and not self.enable_chunked_prefill:
+                self._unmatch(seq)
+                break
+            n = min(n, budget)
             if not self.block_manager.can_allocate(seq, n):
+                self._unmatch(seq)
                 break
             if seq.lora_request is not None:
                 # Once one request waits for a slot, no later adapter request may take one
@@ -142,16 +179,22 @@ class Scheduler:
                 slot = None if blocked_on_slot else self._acquire_slot(seq)
                 if slot is None:
                     blocked_on_slot = True
+                    self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     continue
                 seq.lora_slot = slot
             self.waiting.popleft()
+            self.block_manager.count_admitted(seq)
             self.block_manager.allocate(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.prefills.append(ScheduledSeq(seq, n))
+            out.add(seq, n)
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+
+    def _unmatch(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
 
     def _acquire_slot(self, seq: Sequence) -> int | None:
         if self.adapter_slots is None:
@@ -160,16 +203,16 @@ class Scheduler:
         return self.adapter_slots.acquire(seq.lora_request, busy)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Recompute preemption: drop the KV, keep the tokens, requeue at the front."""
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        """Swap the victim's KV to CPU when a swapper has room; otherwise drop and recompute."""
         seq.lora_slot = -1
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
         out.preempted.append(seq)
         self.num_preemptions += 1
-
-    @staticmethod
-    def _unschedule(seq: Sequence, out: SchedulerOutput) -> None:
-        out.prefills = [s for s in out.prefills if s.seq is not seq]
-        out.decodes = [s for s in out.decodes if s.seq is not seq]
+        if self.swapper is not None and self.swapper.can_swap_out(seq):
+            self.swapper.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            return
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)

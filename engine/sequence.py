@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ from loragate.engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"
     FINISHED = "finished"
 
 
@@ -29,6 +32,8 @@ class Sequence:
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.prompt_len = len(self.token_ids)
         self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks
+        self.swapped_blocks: list[int] = []  # CPU blocks holding its KV while swapped out
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.lora_slot = -1
@@ -59,6 +64,10 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def cache_key(self) -> bytes:
+        return self.request.cache_key
+
+    @property
     def lora_request(self) -> LoRARequest | None:
         return self.request.lora_request
 
@@ -75,6 +84,9 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     lora_request: LoRARequest | None = None
+    # What KV may be shared with: the adapter's identity (id + weights hash) and the tenant.
+    adapter_identity: str = ""
+    cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     seqs: list[Sequence] = field(default_factory=list)
@@ -82,3 +94,8 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(seq.finished for seq in self.seqs)
+
+    @cached_property
+    def cache_key(self) -> bytes:
+        key = f"{self.adapter_identity}|{self.cache_salt or ''}"
+        return hashlib.blake2b(key.encode(), digest_size=16).digest()

@@ -57,7 +57,7 @@ TINY = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    max_position_embeddings=512,
+    max_position_embeddings=4096,
     vocab_size=49152,
     rms_norm_eps=1e-5,
 )
