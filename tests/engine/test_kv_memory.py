@@ -23,10 +23,17 @@ def two_adapters(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("kv-adapters")
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
     return [
-        LoRARequest(f"a{i}", i + 1, str(make_random_adapter(
-            base, root / f"a{i}", rank=8, targets=targets, seed=i, init_scale=0.3)))
+        LoRARequest(
+            f"a{i}",
+            i + 1,
+            str(
+                make_random_adapter(
+                    base, root / f"a{i}", rank=8, targets=targets, seed=i, init_scale=0.3
+                )
+            ),
+        )
         for i in range(2)
-    ]  # fmt: skip
+    ]
 
 
 def run(engine, request_id, prompt, lora=None, salt=None, params=GREEDY):
@@ -42,16 +49,26 @@ def run(engine, request_id, prompt, lora=None, salt=None, params=GREEDY):
 def test_prefix_cache_same_outputs_and_shares_only_within_adapter_and_tenant(
     tiny_dir, two_adapters, make_llm
 ):
-    common = dict(model=tiny_dir, max_model_len=256, num_kv_blocks=128, enable_lora=True,
-                  max_loras=2, max_lora_rank=8)  # fmt: skip
+    common = dict(
+        model=tiny_dir,
+        max_model_len=256,
+        num_kv_blocks=128,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+    )
     cached = make_llm(enable_prefix_caching=True, **common).engine
     plain = make_llm(enable_prefix_caching=False, **common).engine
     system = [1] + list(range(1000, 1063))  # 64 tokens: 4 full blocks
     cases = [  # (suffix, adapter, tenant)
-        ([5, 6, 7], None, "t1"), ([8, 9], None, "t1"), ([5, 6, 7], None, "t2"),
-        ([5, 6, 7], two_adapters[0], "t1"), ([10, 11], two_adapters[0], "t1"),
-        ([5, 6, 7], two_adapters[1], "t1"), ([5, 6, 7], two_adapters[0], "t2"),
-    ]  # fmt: skip
+        ([5, 6, 7], None, "t1"),
+        ([8, 9], None, "t1"),
+        ([5, 6, 7], None, "t2"),
+        ([5, 6, 7], two_adapters[0], "t1"),
+        ([10, 11], two_adapters[0], "t1"),
+        ([5, 6, 7], two_adapters[1], "t1"),
+        ([5, 6, 7], two_adapters[0], "t2"),
+    ]
     hits = []
     for i, (suffix, lora, tenant) in enumerate(cases):
         before = cached.block_manager.hit_tokens
@@ -63,8 +80,9 @@ def test_prefix_cache_same_outputs_and_shares_only_within_adapter_and_tenant(
     assert hits == [0, 64, 0, 0, 64, 0, 0]
     stats = cached.get_memory_stats()
     assert stats["cached_blocks"] > 0 and stats["allocated_blocks"] == 0
-    assert stats["prefix_cache_hit_rate"] == pytest.approx(128 / sum(
-        len(system) + len(s) for s, _, _ in cases))  # fmt: skip
+    assert stats["prefix_cache_hit_rate"] == pytest.approx(
+        128 / sum(len(system) + len(s) for s, _, _ in cases)
+    )
 
 
 def test_cached_512_token_prefix_computes_less(tiny_dir, make_llm):
@@ -74,8 +92,9 @@ def test_cached_512_token_prefix_computes_less(tiny_dir, make_llm):
     before = engine.runner.num_computed_tokens_total
     run(engine, "hit", system + [8, 8], params=SamplingParams(temperature=0, max_tokens=1))
     assert engine.runner.num_computed_tokens_total - before == 2  # 512 + 2 - 512 cached
-    cold = make_llm(model=tiny_dir, max_model_len=1024, num_kv_blocks=256,
-                    enable_prefix_caching=False).engine  # fmt: skip
+    cold = make_llm(
+        model=tiny_dir, max_model_len=1024, num_kv_blocks=256, enable_prefix_caching=False
+    ).engine
     run(cold, "miss", system + [8, 8], params=SamplingParams(temperature=0, max_tokens=1))
     assert cold.runner.num_computed_tokens_total == 514
 
@@ -109,10 +128,19 @@ LONG = SamplingParams(temperature=0, max_tokens=40, min_tokens=40)
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_swap_and_recompute_preemption_give_identical_outputs(tiny_dir, make_llm, mode):
     roomy = make_llm(model=tiny_dir, max_model_len=128, num_kv_blocks=256)
-    expected = [o.outputs[0].token_ids for o in roomy.generate(
-        [{"prompt_token_ids": p} for p in PROMPTS], LONG, use_tqdm=False)]  # fmt: skip
-    tight = make_llm(model=tiny_dir, max_model_len=128, num_kv_blocks=20, max_num_seqs=8,
-                     preemption_mode=mode, swap_space=0.01, enable_prefix_caching=False)  # fmt: skip
+    expected = [
+        o.outputs[0].token_ids
+        for o in roomy.generate([{"prompt_token_ids": p} for p in PROMPTS], LONG, use_tqdm=False)
+    ]
+    tight = make_llm(
+        model=tiny_dir,
+        max_model_len=128,
+        num_kv_blocks=20,
+        max_num_seqs=8,
+        preemption_mode=mode,
+        swap_space=0.01,
+        enable_prefix_caching=False,
+    )
     outs = tight.generate([{"prompt_token_ids": p} for p in PROMPTS], LONG, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
     engine = tight.engine
@@ -126,15 +154,23 @@ def test_swap_and_recompute_preemption_give_identical_outputs(tiny_dir, make_llm
 
 
 def test_chunked_prefill_keeps_decodes_flowing(tiny_dir, make_llm):
-    engine = make_llm(model=tiny_dir, max_model_len=2200, num_kv_blocks=400,
-                      max_num_batched_tokens=256, max_num_seqs=32).engine  # fmt: skip
+    engine = make_llm(
+        model=tiny_dir,
+        max_model_len=2200,
+        num_kv_blocks=400,
+        max_num_batched_tokens=256,
+        max_num_seqs=32,
+    ).engine
     decode_params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     for i in range(16):
         engine.add_request(f"d{i}", {"prompt_token_ids": [1, 100 + i, 7]}, decode_params)
     for _ in range(3):
         engine.step()
-    engine.add_request("long", {"prompt_token_ids": [1] + [3000 + i % 700 for i in range(1999)]},
-                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # fmt: skip
+    engine.add_request(
+        "long",
+        {"prompt_token_ids": [1] + [3000 + i % 700 for i in range(1999)]},
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    )
     steps_to_fill = 0
     while True:
         scheduled = engine.scheduler.schedule()
