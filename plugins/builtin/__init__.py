@@ -1,0 +1,16 @@
+"""Built-in behaviour, written as plugins and registered ``trylast`` so third parties win."""
+
+from __future__ import annotations
+
+from loragate.plugins.builtin.eviction import LruEviction
+from loragate.plugins.builtin.preemption import NewestFirstPreemption
+from loragate.plugins.builtin.samplers import BuiltinSamplers
+
+
+def builtin_plugins() -> list[tuple[str, object]]:
+    """Fresh (name, plugin) pairs for one manager."""
+    return [
+        ("builtin.samplers", BuiltinSamplers()),
+        ("builtin.lru_eviction", LruEviction()),
+        ("builtin.newest_first_preemption", NewestFirstPreemption()),
+    ]

@@ -1,0 +1,396 @@
+"""The plugin manager the engine builds at start-up (one per engine, never a global).
+
+It wraps pluggy's manager so that every call names the plugin at fault: hooks are called
+one implementation at a time, in pluggy's order (tryfirst, then the most recently
+registered, then trylast: the built-ins), and an exception or a bad return value becomes
+a PluginError carrying ``plugin_name``. Hook wrappers are refused at registration, since
+they would hide which plugin produced a result.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import pluggy
+import torch
+
+from loragate.plugins import hookspecs
+from loragate.plugins.builtin import builtin_plugins
+from loragate.plugins.errors import PluginError, PluginLoadError
+from loragate.plugins.loading import discover_entry_points, load_entry_point, load_reference
+from loragate.plugins.markers import PROJECT_NAME
+
+logger = logging.getLogger(__name__)
+
+HOOK_PREFIX = "loragate_"
+ADAPTER_TIERS = ("device", "cpu")
+
+
+class NamedHook(NamedTuple):
+    """A sampler, processor or strategy together with the plugin that provided it."""
+
+    plugin_name: str
+    fn: Any
+
+
+class PluginManager:
+    """Loaded plugins and the calls the engine makes into them."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        self._sources: dict[str, str] = {}
+        self._named_cache: dict[str, dict[str, NamedHook]] = {}
+
+    @classmethod
+    def create(
+        cls,
+        plugins: Iterable[object | str] = (),
+        load_entrypoints: bool = True,
+        allow: Iterable[str] | str | None = None,
+    ) -> PluginManager:
+        """The built-ins, the ``loragate.plugins`` entry points, then ``plugins``.
+
+        ``allow`` (default: the ``LORAGATE_PLUGINS`` variable, comma-separated) limits
+        which entry points load; ``plugins`` (objects, or "module:object" strings) always
+        load. Any plugin that fails to import or register raises PluginLoadError.
+        """
+        if isinstance(plugins, str | bytes):
+            raise ValueError(f"plugins must be a list of objects or strings, got {plugins!r}")
+        manager = cls()
+        for name, plugin in builtin_plugins():
+            manager.register(plugin, name=name, source="builtin")
+        if load_entrypoints:
+            for entry_point in discover_entry_points(allow):
+                plugin = load_entry_point(entry_point)
+                manager.register(
+                    plugin, name=entry_point.name, source=f"entry point {entry_point.value}"
+                )
+        for item in plugins:
+            if isinstance(item, str):
+                manager.register(load_reference(item), name=item, source=f"--plugin {item}")
+            else:
+                manager.register(item, source="explicit")
+        manager.samplers()
+        manager.decoding_strategies()
+        return manager
+
+    # -- registration -------------------------------------------------------------------
+    def register(self, plugin: object, name: str | None = None, source: str = "explicit") -> str:
+        """Register ``plugin`` (once: a second registration is ignored); returns its name."""
+        if self._pm.is_registered(plugin):
+            return self._pm.get_name(plugin)
+        name = name or _default_name(plugin)
+        if self._pm.has_plugin(name):
+            raise PluginLoadError(name, f"plugin {name!r} is registered twice")
+        _check_marked(name, plugin)
+        try:
+            self._pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            detail = "; ".join(str(exc).splitlines())
+            raise PluginLoadError(name, f"plugin {name!r} is invalid: {detail}") from exc
+        try:
+            self._check_hooks(name, plugin)
+        except PluginLoadError:
+            self._pm.unregister(plugin)
+            raise
+        self._sources[name] = source
+        self._named_cache.clear()
+        return name
+
+    def _check_hooks(self, name: str, plugin: object) -> None:
+        for caller in self._pm.get_hookcallers(plugin) or ():
+            if caller.spec is None:
+                raise PluginLoadError(
+                    name,
+                    f"plugin {name!r} implements {caller.name!r}, which is not a loragate hook "
+                    f"(known: {sorted(_spec_names())})",
+                )
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                    raise PluginLoadError(
+                        name,
+                        f"plugin {name!r} implements {caller.name!r} as a wrapper, which "
+                        "loragate does not support: return a result instead",
+                    )
+
+    def describe(self) -> list[dict]:
+        """What is loaded, in registration order, and which hooks each plugin implements."""
+        return [
+            {
+                "name": name,
+                "source": self._sources.get(name, "explicit"),
+                "hooks": sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or ()),
+            }
+            for name, plugin in self._pm.list_name_plugin()
+            if plugin is not None
+        ]
+
+    # -- samplers, strategies, processors -------------------------------------------------
+    def samplers(self) -> dict[str, NamedHook]:
+        """``{name: (plugin_name, sampler)}``; a plugin's sampler beats a built-in's."""
+        return dict(self._named("loragate_samplers", "sampler"))
+
+    def sampler(self, name: str) -> NamedHook:
+        """The sampler called ``name``; ValueError naming the known ones otherwise."""
+        return _lookup(self._named("loragate_samplers", "sampler"), name, "sampler")
+
+    def decoding_strategies(self) -> dict[str, NamedHook]:
+        """``{name: (plugin_name, strategy)}``; a plugin's strategy beats a built-in's."""
+        return dict(self._named("loragate_decoding_strategies", "decoding strategy"))
+
+    def decoding_strategy(self, name: str) -> NamedHook:
+        """The strategy called ``name``; ValueError naming the known ones otherwise."""
+        strategies = self._named("loragate_decoding_strategies", "decoding strategy")
+        return _lookup(strategies, name, "decoding strategy")
+
+    def call_sampler(self, name: str, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+        """Run sampler ``name`` and check its answer: a LongTensor[n] of in-vocabulary ids.
+
+        Bad arguments from the caller raise ValueError; a sampler that raises or answers
+        badly raises PluginError naming its plugin.
+        """
+        plugin_name, sampler = self.sampler(name)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            raise ValueError(f"logits must be a 2-D tensor [n, vocab], got {_describe(logits)}")
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be floating point, got {logits.dtype}")
+        if not isinstance(args, list) or len(args) != logits.shape[0]:
+            raise ValueError(
+                f"args must be a list of {logits.shape[0]} dicts (one per row), got {args!r}"
+            )
+        where = f"sampler {name!r} of plugin {plugin_name!r}"
+        try:
+            tokens = sampler(logits, args)
+        except Exception as exc:
+            raise PluginError(plugin_name, f"{where} raised {type(exc).__name__}: {exc}") from exc
+        return _checked_tokens(tokens, logits, plugin_name, where)
+
+    def logits_processors(self, params: dict) -> list[NamedHook]:
+        """The processors plugins want applied to the request whose SamplingParams (as a
+        dict) is ``params``, in hook call order."""
+        if not isinstance(params, dict):
+            raise ValueError(f"params must be a dict (dataclasses.asdict), got {_describe(params)}")
+        processors = []
+        for plugin_name, result in self._each("loragate_logits_processors", params=params):
+            if not isinstance(result, list | tuple) or not all(map(callable, result)):
+                raise PluginError(
+                    plugin_name,
+                    f"plugin {plugin_name!r}: loragate_logits_processors must return a list "
+                    f"of callables, got {result!r}",
+                )
+            processors.extend(NamedHook(plugin_name, fn) for fn in result)
+        return processors
+
+    @staticmethod
+    def apply_logits_processors(
+        processors: list[NamedHook], output_token_ids: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
+        """``logits`` [vocab] after each processor in turn; PluginError names a bad one."""
+        for plugin_name, processor in processors:
+            where = f"logits processor {_callable_name(processor)} of plugin {plugin_name!r}"
+            try:
+                result = processor(output_token_ids, logits)
+            except Exception as exc:
+                raise PluginError(
+                    plugin_name, f"{where} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if (
+                not isinstance(result, torch.Tensor)
+                or result.shape != logits.shape
+                or not result.is_floating_point()
+            ):
+                raise PluginError(
+                    plugin_name,
+                    f"{where} must return a float tensor of shape {tuple(logits.shape)}, "
+                    f"got {_describe(result)}",
+                )
+            logits = result
+        return logits
+
+    # -- policies -----------------------------------------------------------------------
+    def choose_adapter_victim(self, candidates: list[dict], tier: str):
+        """The key of the adapter to evict from ``tier``, as the first plugin answering
+        says (the built-in LRU answers last)."""
+        if tier not in ADAPTER_TIERS:
+            raise ValueError(f"tier must be one of {ADAPTER_TIERS}, got {tier!r}")
+        if not isinstance(candidates, list) or not candidates:
+            raise ValueError(f"candidates must be a non-empty list of dicts, got {candidates!r}")
+        if not all(isinstance(c, dict) and "key" in c for c in candidates):
+            raise ValueError("every candidate must be a dict with a 'key'")
+        plugin_name, choice = self._first(
+            "loragate_choose_adapter_victim", candidates=candidates, tier=tier
+        )
+        return _resolve_adapter_choice(choice, candidates, tier, plugin_name)
+
+    def choose_preemption_victim(self, running: list[dict]):
+        """The request_id of the sequence group to preempt (built-in: the newest)."""
+        if not isinstance(running, list) or not running:
+            raise ValueError(f"running must be a non-empty list of dicts, got {running!r}")
+        if not all(isinstance(group, dict) and "request_id" in group for group in running):
+            raise ValueError("every running group must be a dict with a 'request_id'")
+        plugin_name, choice = self._first("loragate_choose_preemption_victim", running=running)
+        if any(group["request_id"] == choice for group in running):
+            return choice
+        raise PluginError(
+            plugin_name,
+            f"plugin {plugin_name!r}: loragate_choose_preemption_victim returned {choice!r}, "
+            "which is not the request_id of a running group",
+        )
+
+    # -- observers ----------------------------------------------------------------------
+    def request_started(self, info: dict) -> None:
+        """Tell every observer; a failing observer is logged and skipped."""
+        self._notify("loragate_request_started", info)
+
+    def request_finished(self, info: dict) -> None:
+        """Tell every observer; a failing observer is logged and skipped."""
+        self._notify("loragate_request_finished", info)
+
+    def _notify(self, hook_name: str, info: dict) -> None:
+        for impl in self._impls(hook_name):
+            try:
+                impl.function(*[{"info": info}[arg] for arg in impl.argnames])
+            except Exception:
+                logger.exception("plugin %r failed in %s (ignored)", impl.plugin_name, hook_name)
+
+    # -- calling hooks one implementation at a time -------------------------------------
+    def _impls(self, hook_name: str) -> list:
+        return list(reversed(getattr(self._pm.hook, hook_name).get_hookimpls()))
+
+    def _each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
+        """(plugin_name, result) of every implementation that returns something."""
+        for impl in self._impls(hook_name):
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception as exc:
+                raise PluginError(
+                    impl.plugin_name,
+                    f"plugin {impl.plugin_name!r} failed in {hook_name}: "
+                    f"{type(exc).__name__}: {exc}",
+                ) from exc
+            if result is not None:
+                yield impl.plugin_name, result
+
+    def _first(self, hook_name: str, **kwargs) -> tuple[str, Any]:
+        for answer in self._each(hook_name, **kwargs):
+            return answer
+        raise RuntimeError(f"no plugin answered {hook_name}")
+
+    def _named(self, hook_name: str, kind: str) -> dict[str, NamedHook]:
+        """Merge the ``{name: object}`` answers: the first in call order wins a name, and
+        two plugins other than the built-ins may not claim the same one."""
+        cached = self._named_cache.get(hook_name)
+        if cached is not None:
+            return cached
+        merged: dict[str, NamedHook] = {}
+        for plugin_name, result in self._each(hook_name):
+            if not isinstance(result, dict):
+                raise PluginError(
+                    plugin_name,
+                    f"plugin {plugin_name!r}: {hook_name} must return a dict "
+                    f"{{name: {kind}}}, got {_describe(result)}",
+                )
+            for name, value in result.items():
+                if not isinstance(name, str) or not name:
+                    raise PluginError(
+                        plugin_name, f"plugin {plugin_name!r}: bad {kind} name {name!r}"
+                    )
+                if kind == "sampler" and not callable(value):
+                    raise PluginError(
+                        plugin_name, f"plugin {plugin_name!r}: sampler {name!r} is not callable"
+                    )
+                known = merged.get(name)
+                if known is None:
+                    merged[name] = NamedHook(plugin_name, value)
+                elif self._sources.get(plugin_name) != "builtin":
+                    raise PluginLoadError(
+                        plugin_name,
+                        f"{kind} {name!r} is provided by both plugin {known.plugin_name!r} and "
+                        f"plugin {plugin_name!r}: disable one (LORAGATE_PLUGINS)",
+                    )
+        self._named_cache[hook_name] = merged
+        return merged
+
+
+def _lookup(named: dict[str, NamedHook], name: str, kind: str) -> NamedHook:
+    found = named.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise ValueError(f"unknown {kind} {name!r}; known {kind}s: {sorted(named)}")
+    return found
+
+
+def _checked_tokens(tokens, logits: torch.Tensor, plugin_name: str, where: str) -> torch.Tensor:
+    rows, vocab = logits.shape
+    if not isinstance(tokens, torch.Tensor):
+        problem = f"returned {_describe(tokens)}, not a tensor"
+    elif tokens.shape != (rows,):
+        problem = f"returned shape {tuple(tokens.shape)}, expected ({rows},)"
+    elif tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        problem = f"returned dtype {tokens.dtype}, expected an integer dtype"
+    elif rows and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+        problem = f"returned token id {bad}, outside the vocabulary [0, {vocab})"
+    else:
+        return tokens.to(dtype=torch.long)
+    raise PluginError(plugin_name, f"{where} {problem}")
+
+
+def _resolve_adapter_choice(choice, candidates: list[dict], tier: str, plugin_name: str):
+    """The candidate key ``choice`` designates: a key, a candidate dict, or a unique name."""
+    if isinstance(choice, dict):
+        choice = choice.get("key")
+    if isinstance(choice, list):
+        choice = tuple(choice)
+    keys = [c["key"] for c in candidates]
+    if choice in keys:
+        return choice
+    named = [c["key"] for c in candidates if c.get("name") == choice]
+    if len(named) == 1:
+        return named[0]
+    detail = f"which {len(named)} candidates share" if named else "which is not a candidate"
+    raise PluginError(
+        plugin_name,
+        f"plugin {plugin_name!r}: loragate_choose_adapter_victim returned {choice!r} for the "
+        f"{tier} tier, {detail}: return a candidate's 'key'",
+    )
+
+
+def _spec_names() -> set[str]:
+    return {name for name in vars(hookspecs) if name.startswith(HOOK_PREFIX)}
+
+
+def _check_marked(name: str, plugin: object) -> None:
+    """A ``loragate_*`` function without ``@hookimpl`` would silently never run."""
+    marker = f"{PROJECT_NAME}_impl"
+    for attr in dir(plugin):
+        if not attr.startswith(HOOK_PREFIX):
+            continue
+        value = inspect.getattr_static(plugin, attr, None)
+        value = getattr(value, "__func__", value)
+        if callable(value) and not hasattr(value, marker):
+            raise PluginLoadError(
+                name,
+                f"plugin {name!r} defines {attr}() without @hookimpl "
+                "(from loragate.plugins import hookimpl)",
+            )
+
+
+def _default_name(plugin: object) -> str:
+    if inspect.ismodule(plugin):
+        return plugin.__name__
+    kind = plugin if inspect.isclass(plugin) or inspect.isfunction(plugin) else type(plugin)
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _callable_name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:200]
