@@ -55,11 +55,11 @@ def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.T
     values = v_cache.index_select(0, table).view(shape).to(dtype)
     hidden = torch.arange(context, device=q.device) >= lens[:, None]  # [B, L]
     queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
-    scores = torch.einsum("bhgd,blhd->bhgl", queries, keys) * scale
+    scores = torch.matmul(queries, keys.permute(0, 2, 3, 1))  # [B, H_kv, G, L]
     # masked_fill also replaces NaN that stale cache slots past a sequence's end may hold.
-    probs = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).softmax(-1)
+    scores = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).mul_(scale)
     # A zero probability times a NaN value is still NaN: zero the values past each end
     # (only positions past the shortest sequence can be hidden).
     values[:, shortest:].masked_fill_(hidden[:, shortest:, None, None], 0)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, values)
+    out = torch.matmul(scores.softmax(-1), values.transpose(1, 2))  # [B, H_kv, G, D]
     return out.reshape(batch, heads, head_dim).to(q.dtype)
