@@ -8,15 +8,20 @@ Every op has a Triton kernel and a torch version with the same signature and res
 from .decode_attention import paged_decode_attention
 from .kv_cache import write_kv
 from .lora import lora_expand, lora_shrink
-from .lora_index import LoraIndex, lora_index
+from .lora_groups import LoraIndex, lora_index
+from .norm import add_rms_norm, rms_norm
 from .prefill_attention import paged_prefill_attention
+from .rope import apply_rope
 
 __all__ = [
     "LoraIndex",
+    "add_rms_norm",
+    "apply_rope",
     "lora_expand",
     "lora_index",
     "lora_shrink",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "rms_norm",
     "write_kv",
 ]

@@ -7,7 +7,7 @@ slot s; lora_shrink does the first product, lora_expand the second and the in-pl
 import torch
 
 from ._backend import require, resolve_backend
-from .lora_index import LoraIndex, lora_index
+from .lora_groups import LoraIndex, lora_index
 from .lora_torch import expand_torch, shrink_torch
 
 

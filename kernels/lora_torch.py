@@ -10,7 +10,7 @@ matmul when one slot serves every active token, only the window of slots in use.
 
 import torch
 
-from .lora_index import LoraIndex
+from .lora_groups import LoraIndex
 
 
 def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> torch.Tensor:

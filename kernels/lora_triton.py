@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import _backend
-from .lora_index import LoraIndex
+from .lora_groups import LoraIndex
 
 BLOCK_M = 16
 
