@@ -63,6 +63,7 @@ class BlockManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.hit_tokens = 0
         self.queried_tokens = 0
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
 
     @property
     def num_free_blocks(self) -> int:
@@ -70,7 +71,15 @@ class BlockManager:
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         total = seq.num_computed_tokens + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(seq.block_table))
+        new = max(0, -(-total // self.block_size) - len(seq.block_table))
+        return new + (1 if self._shared_write_block(seq) is not None else 0)
+
+    def _shared_write_block(self, seq: Sequence) -> int | None:
+        """Index in the block table of a shared block the next token would write into."""
+        i = seq.num_computed_tokens // self.block_size
+        if i < len(seq.block_table) and self.ref_counts[seq.block_table[i]] > 1:
+            return i
+        return None
 
     # ---- prefix cache -------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> int:
@@ -165,8 +174,19 @@ class BlockManager:
     def _grow(self, seq: Sequence, count: int) -> None:
         if count > len(self.free_ids):
             raise RuntimeError(f"out of KV blocks: need {count}, {len(self.free_ids)} free")
+        shared = self._shared_write_block(seq)
+        if shared is not None:  # copy on write: the partly filled block is not ours alone
+            old, new = seq.block_table[shared], self.take_free_block()
+            self.ref_counts[old] -= 1
+            seq.block_table[shared] = new
+            self.pending_copies.append((old, new))
+            count -= 1
         for _ in range(count):
             seq.block_table.append(self.take_free_block())
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> MemoryStats:

@@ -28,7 +28,7 @@ from loragate.engine.sampler import Sampler, SamplingRow
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
-from loragate.engine.stopping import check_stop, stream_safe_len
+from loragate.engine.stopping import StopDecision, check_stop, stream_safe_len
 from loragate.engine.swap import KVSwapper
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class LLMEngine:
             adapter_slots=self.adapters,
             swapper=self.swapper,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.adapters)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         self.eos_token_ids = self._eos_token_ids()
         self.sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
@@ -103,7 +103,7 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
-        for index in range(params.n):
+        for index in range(params.best_of):
             seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer,
@@ -112,7 +112,9 @@ class LLMEngine:
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
             request.seqs.append(seq)
-            self.scheduler.add(seq)
+        # One sequence computes the prompt; the others fork from it and share its blocks.
+        self.scheduler.add(request.seqs[0])
+        request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
         self.num_prompt_tokens += len(token_ids)
         return request
@@ -142,9 +144,10 @@ class LLMEngine:
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
+        sampled, logits = self._fork_pending(sampled, logits)
         rows = [
             SamplingRow(
-                s.request.params, s.token_ids[: s.prompt_len], s.output_token_ids, s.generator
+                s.request.params, s.request.prompt_token_ids, s.output_token_ids, s.generator
             )
             for s in sampled
         ]
@@ -157,6 +160,23 @@ class LLMEngine:
                 seq.request.first_token_time = now
             touched[seq.request.request_id] = seq.request
         return [self._output(r) for r in touched.values()]
+
+    def _fork_pending(self, sampled: list[Sequence], logits):
+        """Samples 2..n of a request start here, sharing the prompt's KV blocks."""
+        if not any(s.request.pending_forks for s in sampled):
+            return sampled, logits
+        rows, expanded = [], []
+        for i, seq in enumerate(sampled):
+            rows.append(i)
+            expanded.append(seq)
+            for child in seq.request.pending_forks:
+                child.num_computed_tokens = seq.num_computed_tokens
+                self.block_manager.fork(seq, child)
+                self.scheduler.add_running(child, seq.lora_slot)
+                rows.append(i)
+                expanded.append(child)
+            seq.request.pending_forks = []
+        return expanded, logits[rows]
 
     def _append_token(self, seq: Sequence, result) -> None:
         seq.token_ids.append(result.token_id)
@@ -174,12 +194,13 @@ class LLMEngine:
             len(delta),
             self.eos_token_ids,
         )
+        if decision is None and seq.num_tokens >= self.max_model_len:
+            decision = StopDecision("length", None, None)
         if decision is not None:
+            seq.text += seq.detokenizer.flush()
             if decision.truncate_to is not None:
                 seq.text = seq.text[: decision.truncate_to]
             self._finish(seq, decision.finish_reason, decision.stop_reason)
-        elif seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length", None)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
         self.scheduler.remove(seq)
@@ -188,8 +209,11 @@ class LLMEngine:
         seq.stop_reason = stop_reason
 
     def _output(self, request: Request) -> RequestOutput:
-        outputs = [self._completion(seq) for seq in request.seqs]
         finished = request.finished
+        seqs, n = request.seqs, request.params.n
+        if finished and len(seqs) > n:  # best_of: keep the n most likely
+            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
+        outputs = [self._completion(seq) for seq in seqs[:n]]
         if finished:
             self.requests.pop(request.request_id, None)
         return RequestOutput(
@@ -355,7 +379,8 @@ class LLMEngine:
             ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         except OSError:
             pass
-        if self.tokenizer.eos_token_id is not None:
+        # The model's generation config is the truth (the GGUF tokenizer names <|im_start|>).
+        if not ids and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
 

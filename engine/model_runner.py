@@ -13,9 +13,10 @@ from loragate.engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, adapters=None):
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager, adapters=None):
         self.model = model
         self.kv_cache = kv_cache
+        self.block_manager = block_manager
         self.block_size = kv_cache.block_size
         self.device = model.device
         self.adapters = adapters  # the AdapterCache, when LoRA is enabled
@@ -23,10 +24,18 @@ class ModelRunner:
 
     def run(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
         """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
+        self._copy_on_write()
         batch, sampled = self.prepare(scheduled)
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens
         return sampled, self.model.compute_logits(hidden)
+
+    def _copy_on_write(self) -> None:
+        copies = self.block_manager.take_copies()
+        if copies:
+            src = torch.tensor([s for s, _ in copies], device=self.device)
+            dst = torch.tensor([d for _, d in copies], device=self.device)
+            self.kv_cache.data[:, :, dst] = self.kv_cache.data[:, :, src]
 
     def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
         input_ids: list[int] = []

@@ -84,6 +84,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence, lora_slot: int) -> None:
+        """A sequence forked from a running one joins it directly."""
+        seq.lora_slot = lora_slot
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
         if seq in self.running:

@@ -90,6 +90,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     seqs: list[Sequence] = field(default_factory=list)
+    pending_forks: list[Sequence] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
