@@ -39,14 +39,15 @@ def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelSourc
     """Find the model on disk; convert a GGUF file to a cached HF directory."""
     if model is None:
         gguf = default_model_path()
-        return ModelSource(_gguf_to_hf_dir(gguf, cache_dir), DEFAULT_MODEL_NAME)
+        return ModelSource(_gguf_to_hf_dir(gguf, DEFAULT_MODEL_NAME, cache_dir), DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {model}")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file must be a .gguf file or an HF directory: {model}")
-        return ModelSource(_gguf_to_hf_dir(path, cache_dir), path.stem.split(".")[0])
+        name = path.stem.split(".")[0]
+        return ModelSource(_gguf_to_hf_dir(path, name, cache_dir), name)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory has no config.json: {path}")
     return ModelSource(path, path.resolve().name)
@@ -82,11 +83,13 @@ def load_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _gguf_to_hf_dir(gguf: Path, cache_dir: str | None) -> Path:
+def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
+    """The converted directory is named after the model, so adapters trained on it record
+    a base_model_name_or_path whose basename is the served model's name."""
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     root = Path(cache_dir or os.environ.get("LORAGATE_CACHE", "~/.cache/loragate")).expanduser()
-    target = root / "models" / f"{gguf.stem}-{key.hexdigest()[:16]}"
+    target = root / "models" / key.hexdigest()[:16] / name
     if (target / "config.json").is_file():
         return target
     log.info("converting %s to an HF directory at %s (once)", gguf, target)
