@@ -17,8 +17,9 @@ from loragate.engine.sampling_params import SamplingParams
 class LLM:
     """`LLM()` serves the default model; keyword arguments are EngineConfig fields."""
 
-    def __init__(self, model: str | None = None, **kwargs):
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+    def __init__(self, model: str | None = None, *, plugins=(), **kwargs):
+        """`plugins`: plugin objects or "module:object" strings, besides entry points."""
+        self.engine = LLMEngine(EngineConfig(model=model, plugins=tuple(plugins), **kwargs))
         self._ids = count()
 
     @property

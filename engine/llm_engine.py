@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from itertools import count
 from typing import Any
 
@@ -24,12 +24,13 @@ from loragate.engine.model_loader import load_config, load_tokenizer, load_weigh
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from loragate.engine.sampler import Sampler, SamplingRow
+from loragate.engine.sampler import Sampler, SampleResult, SamplingRow
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.stopping import StopDecision, check_stop, stream_safe_len
 from loragate.engine.swap import KVSwapper
+from loragate.plugins import PluginError, PluginManager
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ PromptInput = str | dict[str, Any]
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.plugins = PluginManager.create(plugins=config.plugins)
         device, dtype = config.torch_device, config.torch_dtype
         source = resolve_model(config.model, config.weights_cache_dir)
         self.model_name = config.served_model_name or source.name
@@ -72,6 +74,7 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             adapter_slots=self.adapters,
             swapper=self.swapper,
+            choose_preemption_victim=self._choose_preemption_victim,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         self.eos_token_ids = self._eos_token_ids()
@@ -103,6 +106,7 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
+        request.logits_processors = self.plugins.logits_processors(asdict(params))
         for index in range(params.best_of):
             seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
             seq.detokenizer = IncrementalDetokenizer(
@@ -117,6 +121,7 @@ class LLMEngine:
         request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
         self.num_prompt_tokens += len(token_ids)
+        self.plugins.request_started(self._request_info(request))
         return request
 
     def abort_request(self, request_id: str) -> bool:
@@ -127,7 +132,40 @@ class LLMEngine:
         for seq in request.seqs:
             if not seq.finished:
                 self._finish(seq, "abort", None)
+        self.plugins.request_finished(self._request_info(request))
         return True
+
+    @staticmethod
+    def _request_info(request: Request) -> dict:
+        """Plain data for observers (metering, logging)."""
+        finished = request.finished
+        return {
+            "request_id": request.request_id,
+            "lora_name": request.lora_request.lora_name if request.lora_request else None,
+            "tenant": request.cache_salt,
+            "num_prompt_tokens": len(request.prompt_token_ids),
+            "num_output_tokens": sum(len(s.output_token_ids) for s in request.seqs),
+            "finish_reason": request.seqs[0].finish_reason if finished else None,
+            "arrival_time": request.arrival_time,
+            "finished_time": time.monotonic() if finished else None,
+        }
+
+    def _choose_preemption_victim(self, running: list[Sequence]) -> Sequence:
+        """Ask the plugins which request to preempt; its newest running sequence goes."""
+        groups: dict[str, dict] = {}
+        for order, seq in enumerate(running):
+            groups[seq.request.request_id] = {
+                "request_id": seq.request.request_id,
+                "seq_id": seq.seq_id,
+                "arrival_time": seq.request.arrival_time,
+                "num_prompt_tokens": seq.prompt_len,
+                "num_output_tokens": len(seq.output_token_ids),
+                "num_blocks": len(seq.block_table),
+                "lora_name": seq.lora_request.lora_name if seq.lora_request else None,
+                "admitted_order": order,
+            }
+        chosen = self.plugins.choose_preemption_victim(list(groups.values()))
+        return next(s for s in reversed(running) if s.request.request_id == chosen)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -145,21 +183,81 @@ class LLMEngine:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
         sampled, logits = self._fork_pending(sampled, logits)
-        rows = [
-            SamplingRow(
-                s.request.params, s.request.prompt_token_ids, s.output_token_ids, s.generator
-            )
-            for s in sampled
-        ]
-        results = self.sampler(logits, rows) if rows else []
+        results = self._sample(sampled, logits) if sampled else []
         now = time.monotonic()
         touched: dict[str, Request] = {}
         for seq, result in zip(sampled, results, strict=True):
+            if isinstance(result, PluginError):
+                self._fail(seq.request, result)
+                touched[seq.request.request_id] = seq.request
+                continue
+            if seq.finished:  # its request failed through a sibling this step
+                continue
             self._append_token(seq, result)
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
             touched[seq.request.request_id] = seq.request
         return [self._output(r) for r in touched.values()]
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
+        """One result per sequence: the built-in sampler, or the plugin sampler it names.
+
+        A plugin failure becomes that sequence's result (a PluginError), so only its
+        request fails and the rest of the batch goes on.
+        """
+        results: list = [None] * len(seqs)
+        processed = self._apply_logits_processors(seqs, logits, results)
+        by_sampler: dict[str | None, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if results[i] is None:
+                by_sampler.setdefault(seq.request.params.sampler, []).append(i)
+        for name, idx in by_sampler.items():
+            if name is None:
+                rows = [
+                    SamplingRow(
+                        seqs[i].request.params,
+                        seqs[i].request.prompt_token_ids,
+                        seqs[i].output_token_ids,
+                        seqs[i].generator,
+                    )
+                    for i in idx
+                ]
+                for i, result in zip(idx, self.sampler(processed[idx], rows), strict=True):
+                    results[i] = result
+                continue
+            args = [dict(seqs[i].request.params.sampler_args or {}) for i in idx]
+            try:
+                tokens = self.plugins.call_sampler(name, processed[idx], args).tolist()
+            except PluginError as exc:
+                for i in idx:
+                    results[i] = exc
+                continue
+            logprobs = torch.log_softmax(logits[idx].float(), dim=-1)
+            for row, (i, token) in enumerate(zip(idx, tokens, strict=True)):
+                results[i] = _plugin_result(token, logprobs[row], seqs[i].request.params.logprobs)
+        return results
+
+    def _apply_logits_processors(self, seqs, logits, results) -> torch.Tensor:
+        if not any(s.request.logits_processors for s in seqs):
+            return logits
+        logits = logits.clone()
+        for i, seq in enumerate(seqs):
+            if seq.request.logits_processors:
+                try:
+                    logits[i] = self.plugins.apply_logits_processors(
+                        seq.request.logits_processors, seq.output_token_ids, logits[i]
+                    )
+                except PluginError as exc:
+                    results[i] = exc
+        return logits
+
+    def _fail(self, request: Request, error: PluginError) -> None:
+        """A plugin failed for this request: finish it alone, with the plugin named."""
+        log.error("request %s failed: %s", request.request_id, error)
+        request.error = str(error)
+        for seq in request.seqs:
+            if not seq.finished:
+                self._finish(seq, "error", None)
 
     def _fork_pending(self, sampled: list[Sequence], logits):
         """Samples 2..n of a request start here, sharing the prompt's KV blocks."""
@@ -216,6 +314,7 @@ class LLMEngine:
         outputs = [self._completion(seq) for seq in seqs[:n]]
         if finished:
             self.requests.pop(request.request_id, None)
+            self.plugins.request_finished(self._request_info(request))
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
@@ -223,6 +322,7 @@ class LLMEngine:
             outputs=outputs,
             finished=finished,
             lora_request=request.lora_request,
+            error=request.error,
             metrics=RequestMetrics(
                 request.arrival_time,
                 request.first_token_time,
@@ -296,7 +396,7 @@ class LLMEngine:
         if params.use_beam_search:
             raise ValueError("use_beam_search is not supported yet")
         if params.sampler is not None:
-            raise ValueError(f"unknown sampler {params.sampler!r}; known samplers: none")
+            self.plugins.sampler(params.sampler)  # ValueError naming the known samplers
         if lora_request is not None:
             if self.adapters is None:
                 raise ValueError(
@@ -369,6 +469,7 @@ class LLMEngine:
             device=self.model.device,
             dtype=self.model.dtype,
             strict_base_model=self.config.strict_lora_base_model,
+            choose_victim=self.plugins.choose_adapter_victim,
         )
 
     def _eos_token_ids(self) -> set[int]:
@@ -407,6 +508,15 @@ class LLMEngine:
                 raise AssertionError(
                     f"{self.swapper.num_swapped_blocks} CPU blocks used, {held} held"
                 )
+
+
+def _plugin_result(token: int, logprobs: torch.Tensor, top_n: int | None) -> SampleResult:
+    top = None
+    if top_n is not None:
+        values, ids = logprobs.topk(top_n)
+        top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+        top[token] = logprobs[token].item()
+    return SampleResult(token, logprobs[token].item(), top)
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

@@ -37,4 +37,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     lora_request: LoRARequest | None = None
+    error: str | None = None  # a plugin failed this request alone (finish_reason "error")
     metrics: RequestMetrics | None = field(default=None, repr=False)

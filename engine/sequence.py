@@ -91,6 +91,8 @@ class Request:
     first_token_time: float | None = None
     seqs: list[Sequence] = field(default_factory=list)
     pending_forks: list[Sequence] = field(default_factory=list)
+    logits_processors: list = field(default_factory=list)
+    error: str | None = None  # set when a plugin failed this request
 
     @property
     def finished(self) -> bool:
