@@ -51,11 +51,6 @@ class GatewaySettings:
                 raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
             object.__setattr__(self, "adapter_root", root.resolve())
 
-    @property
-    def max_admitted_sequences(self) -> int:
-        """Sequences the gateway lets in at once: the engine's batch plus the waiting queue."""
-        return self.engine.max_num_seqs + self.max_queue
-
 
 def _not_int(value) -> bool:
     return isinstance(value, bool) or not isinstance(value, int)
