@@ -224,12 +224,14 @@ def make_random(name, rank, targets, alpha, seed, out, model) -> None:
     """Write a random (but real, PEFT-format) adapter NAME for the base model."""
     from loragate.adapters import make_random_adapter
 
-    base = _load_hf_model(model)
+    source = _source(model)
+    base = _load_hf_model(source.hf_dir)
     target_list = [t.strip() for t in targets.split(",") if t.strip()]
     try:
         path = make_random_adapter(
-            base, out / name, rank=rank, targets=target_list, alpha=alpha, seed=seed
-        )
+            base, out / name, rank=rank, targets=target_list, alpha=alpha, seed=seed,
+            base_model_name=source.name,
+        )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(f"wrote adapter {name} to {path}")
@@ -243,36 +245,43 @@ def make_random(name, rank, targets, alpha, seed, out, model) -> None:
     help="Directory the demo adapters are written in, one folder each.",
 )
 @click.option(
-    "--model", default=None, help="Base model (HF directory or .gguf). Default: the default model."
+    "--model", default=None, help="Base model (HF dir or .gguf). Default: the default model."
 )
-def train_demo(out, model) -> None:
-    """Train the small demo adapters on the base model (takes minutes on CPU)."""
-    try:
-        from loragate.adapters.training import train_demo_adapters
-    except ImportError as exc:
-        raise click.ClickException(f"adapter training is not available: {exc}") from exc
+@click.option("--steps", default=30, type=int, help="Training steps per adapter.")
+@click.option("--seed", default=0, type=int, help="Seed of the training data and initial weights.")
+def train_demo(out, model, steps, seed) -> None:
+    """Train the demo adapters ("uppercase", "terse") on the base model (minutes on CPU)."""
     from transformers import AutoTokenizer
 
-    base = _load_hf_model(model)
-    tokenizer = AutoTokenizer.from_pretrained(_hf_dir(model))
-    written = train_demo_adapters(base, tokenizer, out)
-    click.echo(f"wrote demo adapters to {out}: {written}")
+    from loragate.adapters.training import train_demo_adapters
+
+    source = _source(model)
+    base = _load_hf_model(source.hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source.hf_dir)
+    try:
+        written = train_demo_adapters(
+            base, tokenizer, out, steps=steps, seed=seed, base_model_name=source.name
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    for name, path in written.items():
+        click.echo(f"wrote adapter {name} to {path}")
 
 
-def _hf_dir(model: str | None) -> Path:
+def _source(model: str | None):
     from loragate.engine.model_loader import resolve_model
 
     try:
-        return resolve_model(model).hf_dir
+        return resolve_model(model)
     except (ValueError, FileNotFoundError) as exc:
         raise click.UsageError(str(exc)) from exc
 
 
-def _load_hf_model(model: str | None):
+def _load_hf_model(hf_dir: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(_hf_dir(model), dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 
 
 def _setup_logging(level: str) -> None:

@@ -4,25 +4,13 @@
 from __future__ import annotations
 
 import pytest
-from gateway_testlib import ADAPTER_NAMES, TARGETS, make_tiny_model_dir
+from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, make_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
 from loragate.engine import LLM, EngineConfig
 from loragate.engine.model_loader import resolve_model
 from loragate.gateway import BackgroundServer, GatewaySettings
-
-ENGINE = dict(
-    max_model_len=512,
-    max_num_seqs=64,
-    max_num_batched_tokens=1024,
-    num_kv_blocks=512,
-    block_size=16,
-    enable_lora=True,
-    max_loras=4,
-    max_lora_rank=8,
-    max_cpu_loras=8,
-)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,19 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+# Engine settings of the test servers (and of the offline reference engine).
+ENGINE = dict(
+    max_model_len=512,
+    max_num_seqs=64,
+    max_num_batched_tokens=1024,
+    num_kv_blocks=512,
+    block_size=16,
+    enable_lora=True,
+    max_loras=4,
+    max_lora_rank=8,
+    max_cpu_loras=8,
+)
+
 ADAPTER_NAMES = ("alpha", "beta", "gamma", "delta")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

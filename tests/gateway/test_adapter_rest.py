@@ -193,3 +193,26 @@ def test_registration_needs_an_adapter_root(start_server):
     rootless = start_server(gateway={"adapter_root": None})
     got = post_adapter(rootless.url, "x", os.getcwd())
     assert got.status_code == 400 and "--adapter-root" in got.json()["error"]["message"]
+
+
+def test_a_failing_adapter_load_fails_that_request_only(start_server, tmp_path, tiny_hf):
+    """One adapter's files vanish after registration: its requests get 400, others go on."""
+    root = tmp_path / "fragile-root"
+    for seed, name in enumerate(("fragile", "sturdy")):
+        make_random_adapter(tiny_hf, root / name, rank=4, targets=TARGETS, seed=seed)
+    # One CPU slot: registering "sturdy" pushes "fragile" out of memory, so it reloads from disk.
+    small = start_server(
+        gateway={"adapter_root": root, "preload_adapters": False}, max_loras=1, max_cpu_loras=1
+    )
+    assert post_adapter(small.url, "fragile", "fragile").status_code == 201
+    assert post_adapter(small.url, "sturdy", "sturdy").status_code == 201
+    (root / "fragile" / "adapter_model.safetensors").unlink()
+    failed = complete(small.url, "fragile")
+    assert failed.status_code == 400, failed.text
+    error = failed.json()["error"]
+    assert error["code"] == "invalid_adapter" and error["param"] == "model"
+    assert str(root) not in error["message"]
+    assert complete(small.url, "sturdy").status_code == 200
+    base = httpx.get(f"{small.url}/v1/models").json()["data"][0]["id"]
+    assert complete(small.url, base).status_code == 200
+    assert httpx.get(f"{small.url}/health").status_code == 200

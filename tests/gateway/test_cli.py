@@ -166,3 +166,19 @@ def test_shutdown_timeout_bounds_the_drain(tiny_dir):
         assert "timeout graceful shutdown exceeded" in "".join(server.stderr)
     finally:
         server.stop()
+
+
+def test_train_demo_writes_adapters_the_server_accepts(tiny_dir, adapter_root, url):
+    out = adapter_root / "demo"
+    result = CliRunner().invoke(
+        main,
+        ["adapters", "train-demo", "--out", str(out), "--model", str(tiny_dir), "--steps", "1"],
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("uppercase", "terse"):
+        assert f"wrote adapter {name}" in result.output
+        got = httpx.post(
+            f"{url}/v1/adapters", json={"name": f"demo-{name}", "path": f"demo/{name}"}, timeout=60
+        )
+        assert got.status_code == 201, got.text
+        assert httpx.delete(f"{url}/v1/adapters/demo-{name}", timeout=60).status_code == 200

@@ -80,12 +80,6 @@ def test_chat_field_errors_are_400(url, patch, param):
     assert_openai_error(post(url, "/v1/chat/completions", body), 400, param)
 
 
-def test_beam_search_until_a_plugin_provides_it_is_400(url):
-    body = {"model": base_model(url), "prompt": "hi", "max_tokens": 2, "temperature": 0}
-    body |= {"use_beam_search": True, "best_of": 2}
-    assert_openai_error(post(url, "/v1/completions", body), 400, "use_beam_search")
-
-
 def test_prompt_longer_than_max_model_len_is_400(url):
     body = {"model": base_model(url), "prompt": "word " * 600, "max_tokens": 2}
     error = assert_openai_error(post(url, "/v1/completions", body), 400, "prompt")
