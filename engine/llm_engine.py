@@ -16,6 +16,7 @@ import torch
 from transformers import GenerationConfig
 
 from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest
+from loragate.engine import beam_search
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
 from loragate.engine.detokenizer import IncrementalDetokenizer
@@ -81,6 +82,12 @@ class LLMEngine:
         self.sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
         )
+        self.beams = beam_search.BeamSearchDriver(
+            self.scheduler,
+            self.block_manager,
+            self._new_sequence,
+            lambda seq, reason: self._finish(seq, reason, None),
+        )
         self.requests: dict[str, Request] = {}
         self._seq_ids = count()
         self.num_prompt_tokens = 0
@@ -107,18 +114,16 @@ class LLMEngine:
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
         request.logits_processors = self.plugins.logits_processors(asdict(params))
-        for index in range(params.best_of):
-            seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
-            seq.detokenizer = IncrementalDetokenizer(
-                self.tokenizer,
-                token_ids,
-                skip_special_tokens=params.skip_special_tokens,
-                spaces_between_special_tokens=params.spaces_between_special_tokens,
-            )
-            request.seqs.append(seq)
+        width = 1 if params.use_beam_search else params.best_of
+        for index in range(width):
+            request.seqs.append(self._new_sequence(request, index))
         # One sequence computes the prompt; the others fork from it and share its blocks.
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
+        if params.use_beam_search:
+            max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
+            _, strategy = self.plugins.decoding_strategy("beam")
+            beam_search.start(request, strategy, self.eos_token_ids, max_tokens)
         self.requests[request_id] = request
         self.num_prompt_tokens += len(token_ids)
         self.plugins.request_started(self._request_info(request))
@@ -183,9 +188,10 @@ class LLMEngine:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
         sampled, logits = self._fork_pending(sampled, logits)
+        touched: dict[str, Request] = {}
+        sampled, logits = self._beam_step(sampled, logits, touched)
         results = self._sample(sampled, logits) if sampled else []
         now = time.monotonic()
-        touched: dict[str, Request] = {}
         for seq, result in zip(sampled, results, strict=True):
             if isinstance(result, PluginError):
                 self._fail(seq.request, result)
@@ -197,7 +203,29 @@ class LLMEngine:
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
             touched[seq.request.request_id] = seq.request
-        return [self._output(r) for r in touched.values()]
+        outputs = [self._output(r) for r in touched.values()]
+        return [o for o in outputs if o is not None]
+
+    def _beam_step(self, sampled: list[Sequence], logits: torch.Tensor, touched: dict):
+        """Beam groups take their log-probs here; the rest goes on to the sampler."""
+        beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
+        if not beam_rows:
+            return sampled, logits
+        seqs = [sampled[i] for i in beam_rows]
+        errors: list = [None] * len(seqs)
+        processed = self._apply_logits_processors(seqs, logits[beam_rows], errors)
+        logprobs = torch.log_softmax(processed.float(), dim=-1)
+        for seq, row, error in zip(seqs, logprobs, errors, strict=True):
+            if error is not None:
+                self._fail(seq.request, error)
+                touched[seq.request.request_id] = seq.request
+            elif not seq.finished:
+                self.beams.record(seq, row)
+        for request in {s.request.request_id: s.request for s in seqs}.values():
+            if not request.finished and self.beams.step_if_ready(request):
+                touched[request.request_id] = request
+        rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
+        return [sampled[i] for i in rest], logits[rest]
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
         """One result per sequence: the built-in sampler, or the plugin sampler it names.
@@ -259,6 +287,17 @@ class LLMEngine:
             if not seq.finished:
                 self._finish(seq, "error", None)
 
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params = request.params
+        seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
+        seq.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            request.prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
+        return seq
+
     def _fork_pending(self, sampled: list[Sequence], logits):
         """Samples 2..n of a request start here, sharing the prompt's KV blocks."""
         if not any(s.request.pending_forks for s in sampled):
@@ -308,6 +347,8 @@ class LLMEngine:
 
     def _output(self, request: Request) -> RequestOutput:
         finished = request.finished
+        if request.beam is not None:
+            return self._beam_output(request) if finished else None
         seqs, n = request.seqs, request.params.n
         if finished and len(seqs) > n:  # best_of: keep the n most likely
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
@@ -327,6 +368,38 @@ class LLMEngine:
                 request.arrival_time,
                 request.first_token_time,
                 time.monotonic() if finished else None,
+            ),
+        )
+
+    def _beam_output(self, request: Request) -> RequestOutput:
+        self.requests.pop(request.request_id, None)
+        self.plugins.request_finished(self._request_info(request))
+        params = request.params
+        outputs = []
+        for i, (tokens, score) in enumerate(request.beam.results[: params.n]):
+            ended = bool(tokens) and tokens[-1] in self.eos_token_ids and not params.ignore_eos
+            outputs.append(
+                CompletionOutput(
+                    index=i,
+                    text=self.tokenizer.decode(
+                        tokens, skip_special_tokens=params.skip_special_tokens
+                    ),
+                    token_ids=list(tokens),
+                    cumulative_logprob=score,
+                    logprobs=None,
+                    finish_reason="stop" if ended or request.error else "length",
+                )
+            )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=outputs,
+            finished=True,
+            lora_request=request.lora_request,
+            error=request.error,
+            metrics=RequestMetrics(
+                request.arrival_time, request.first_token_time, time.monotonic()
             ),
         )
 
@@ -394,7 +467,7 @@ class LLMEngine:
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})"
             )
         if params.use_beam_search:
-            raise ValueError("use_beam_search is not supported yet")
+            self.plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
         if params.sampler is not None:
             self.plugins.sampler(params.sampler)  # ValueError naming the known samplers
         if lora_request is not None:

@@ -44,6 +44,7 @@ class Sequence:
         )
         self.detokenizer: Any = None
         self.text = ""
+        self.beam_logprobs: torch.Tensor | None = None  # waiting for its beam group
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
@@ -93,6 +94,7 @@ class Request:
     pending_forks: list[Sequence] = field(default_factory=list)
     logits_processors: list = field(default_factory=list)
     error: str | None = None  # set when a plugin failed this request
+    beam: Any = None  # a beam_search.BeamGroup when a decoding strategy drives it
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,100 @@
+"""Drives a decoding strategy (beam search by default) over a request's sequences.
+
+The strategy chooses; this module does the bookkeeping: each running beam's log-probs are
+kept until every beam of the group has them (a preempted beam may lag a step), then the
+strategy's decision forks parents (sharing KV blocks, copy-on-write) and frees the beams
+no one continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+
+import torch
+
+from loragate.engine.block_manager import BlockManager
+from loragate.engine.scheduler import Scheduler
+from loragate.engine.sequence import Request, Sequence, SequenceStatus
+
+
+class BeamGroup:
+    """The strategy, its state and the running beams, in the order the strategy sees them."""
+
+    def __init__(self, strategy, state, first: Sequence):
+        self.strategy = strategy
+        self.state = state
+        self.beams: list[Sequence] = [first]
+        self.done = False
+        self.results: list = []
+
+
+def start(request: Request, strategy, eos_token_ids: set[int], max_tokens: int) -> None:
+    params = request.params
+    eos = set() if params.ignore_eos else set(eos_token_ids)
+    state = strategy.start(asdict(params), eos, max_tokens)
+    request.beam = BeamGroup(strategy, state, request.seqs[0])
+
+
+class BeamSearchDriver:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        new_sequence: Callable[[Request, int], Sequence],
+        finish: Callable[[Sequence, str], None],
+    ):
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.new_sequence = new_sequence
+        self.finish = finish
+
+    def record(self, seq: Sequence, logprobs: torch.Tensor) -> None:
+        seq.beam_logprobs = logprobs
+
+    def step_if_ready(self, request: Request) -> bool:
+        """Advance the group once every running beam has its log-probs; True when done."""
+        group: BeamGroup = request.beam
+        if any(b.beam_logprobs is None for b in group.beams):
+            return False
+        logprobs = torch.stack([b.beam_logprobs for b in group.beams])
+        for b in group.beams:
+            b.beam_logprobs = None
+        decision = group.strategy.step(group.state, logprobs)
+        self._apply(request, group, decision.parents, decision.tokens)
+        if decision.done:
+            group.done = True
+            group.results = group.strategy.finish(group.state)
+            for beam in group.beams:
+                self.finish(beam, "stop")
+            group.beams = []
+        return group.done
+
+    def _apply(self, request: Request, group: BeamGroup, parents, tokens) -> None:
+        old = group.beams
+        taken: set[int] = set()
+        new: list[Sequence] = []
+        for p in parents:  # fork first: children copy the parent before it grows
+            parent = old[p]
+            if p in taken:
+                child = self.new_sequence(request, len(request.seqs))
+                child.token_ids = list(parent.token_ids)
+                child.num_computed_tokens = parent.num_computed_tokens
+                child.cumulative_logprob = parent.cumulative_logprob
+                request.seqs.append(child)
+                if parent.status is SequenceStatus.RUNNING:
+                    self.block_manager.fork(parent, child)
+                    self.scheduler.add_running(child, parent.lora_slot)
+                else:  # the parent was preempted meanwhile: recompute the child too
+                    child.num_computed_tokens = 0
+                    self.scheduler.add(child)
+                new.append(child)
+            else:
+                taken.add(p)
+                new.append(parent)
+        for seq, token in zip(new, tokens, strict=True):
+            seq.token_ids.append(token)
+        for p, beam in enumerate(old):
+            if p not in taken:
+                self.finish(beam, "stop")
+        group.beams = new
