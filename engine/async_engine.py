@@ -33,6 +33,7 @@ class _Add:
     prompt: PromptInput
     params: SamplingParams
     lora_request: LoRARequest | None
+    cache_salt: str | None
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     outputs: asyncio.Queue
@@ -84,13 +85,19 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str,
         lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs until the request finishes. Leaving early aborts it."""
+        """Yield cumulative outputs until the request finishes. Leaving early aborts it.
+
+        `cache_salt` (the tenant, set by the server) keeps prefix-cache sharing in-tenant.
+        """
         self._check_alive()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._inbox.put(_Add(request_id, prompt, params, lora_request, loop, accepted, outputs))
+        self._inbox.put(
+            _Add(request_id, prompt, params, lora_request, cache_salt, loop, accepted, outputs)
+        )
         await accepted  # raises the engine's ValueError for bad input
         finished = False
         try:
@@ -152,7 +159,7 @@ class AsyncLLMEngine:
         if isinstance(item, _Add):
             try:
                 self.engine.add_request(
-                    item.request_id, item.prompt, item.params, item.lora_request
+                    item.request_id, item.prompt, item.params, item.lora_request, item.cache_salt
                 )
             except Exception as exc:  # bad input: that request alone fails
                 _resolve(item.loop, item.accepted, error=exc)

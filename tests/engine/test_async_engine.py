@@ -1,0 +1,83 @@
+"""The async engine: streaming beside the event loop, aborts, bad input, a dead engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loragate.engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
+
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = [{"prompt_token_ids": [1, 10 + i, 20 + i]} for i in range(6)]
+
+
+@pytest.fixture
+def async_engine(tiny_model_dir):
+    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    engine = AsyncLLMEngine(LLMEngine(config))
+    yield engine
+    engine.shutdown()
+    assert engine.engine.get_memory_stats()["allocated_blocks"] == 0
+    engine.engine.check_integrity()
+
+
+async def collect(engine, request_id, prompt, params=PARAMS):
+    return [out async for out in engine.generate(prompt, params, request_id)]
+
+
+async def test_streams_the_same_tokens_as_the_offline_engine(async_engine, tiny_model_dir):
+    streams = await asyncio.gather(
+        *(collect(async_engine, f"r{i}", p) for i, p in enumerate(PROMPTS))
+    )
+    offline = LLM(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    expected = offline.generate(PROMPTS, PARAMS, use_tqdm=False)
+    for stream, ref in zip(streams, expected, strict=True):
+        assert [len(o.outputs[0].token_ids) for o in stream] == list(range(1, 13))
+        assert stream[-1].finished and not any(o.finished for o in stream[:-1])
+        assert stream[-1].outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+async def test_leaving_the_stream_early_aborts_and_frees_blocks(async_engine):
+    long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    stream = async_engine.generate(PROMPTS[0], long, "leaver")
+    async for out in stream:
+        if len(out.outputs[0].token_ids) == 3:
+            break
+    await stream.aclose()
+    stats = await async_engine.call(lambda e: e.get_memory_stats())
+    for _ in range(50):
+        if stats["allocated_blocks"] == 0:
+            break
+        await asyncio.sleep(0.02)
+        stats = await async_engine.call(lambda e: e.get_memory_stats())
+    assert stats["allocated_blocks"] == 0
+    assert not await async_engine.call(lambda e: e.has_unfinished_requests())
+
+
+async def test_bad_input_fails_that_request_only(async_engine):
+    ok = asyncio.create_task(collect(async_engine, "fine", PROMPTS[1]))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        await collect(async_engine, "bad", {"prompt_token_ids": []})
+    with pytest.raises(ValueError, match="already in use"):
+        first = asyncio.create_task(collect(async_engine, "dup", PROMPTS[2]))
+        await asyncio.sleep(0)
+        try:
+            await collect(async_engine, "dup", PROMPTS[2])
+        finally:
+            await first
+    assert len((await ok)[-1].outputs[0].token_ids) == 12
+
+
+async def test_dead_engine_fails_waiters_and_new_requests(async_engine):
+    def explode():
+        raise RuntimeError("device lost")
+
+    async_engine.engine.step = explode
+    with pytest.raises(EngineDeadError, match="device lost"):
+        await collect(async_engine, "doomed", PROMPTS[0])
+    assert not async_engine.is_running
+    with pytest.raises(EngineDeadError):
+        await collect(async_engine, "after", PROMPTS[0])
+    async_engine.engine.abort_request("doomed")  # let the fixture's leak check pass
