@@ -6,7 +6,7 @@ timed with triton.testing.do_bench (median) beside its torch version; on CPU onl
 versions run (the Triton interpreter is a correctness tool, not a speed one).
 
     .venv/bin/python benchmarks/kernels.py            # everything (CPU: about a minute)
-    .venv/bin/python benchmarks/kernels.py --ops lora decode
+    .venv/bin/python benchmarks/kernels.py --ops lora decode --threads 1
 
 Goals on an H100/H200: paged decode attention >= 60% of copy bandwidth at batch 64, context
 2048; LoRA shrink+expand, 64 tokens over 32 distinct rank-16 adapters, within 1.5x of one dense
@@ -221,7 +221,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="*", default=list(OPS), choices=list(OPS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     bench = Bench(args.device)
     name = torch.cuda.get_device_name() if bench.cuda else _cpu_name()
     print(f"## Kernels on {name} ({args.device}), {datetime.date.today()}")
