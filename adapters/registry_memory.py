@@ -1,0 +1,368 @@
+"""The registry store for one process: dicts, and events delivered to in-process watchers.
+
+No method awaits between reading and writing its state, so each one is atomic among the
+coroutines of its event loop without a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loragate.adapters.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
+from loragate.adapters.registry_store import (
+    AdapterMetadata,
+    AdapterNameTaken,
+    AdapterQuotaExceeded,
+    AdapterSpec,
+    Admission,
+    ChangeEvent,
+    ChangeKind,
+    IssuedKey,
+    Registration,
+    RegistryStore,
+    StaleAdapterId,
+    TenantExists,
+    TenantNotFound,
+    TenantQuota,
+    TenantRecord,
+    UsageCounts,
+    UsageReport,
+    check_adapter_name,
+    check_count,
+    check_lease_ttl,
+    check_quota,
+    check_tenant_name,
+)
+
+WINDOW_SECONDS = 60
+
+
+@dataclass
+class SecondBuckets:
+    """Counts per whole second; the window is the last 60 seconds (this one included)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+
+    def total(self, now: float) -> int:
+        oldest = math.floor(now) - WINDOW_SECONDS + 1
+        for second in [s for s in self.counts if s < oldest]:
+            del self.counts[second]
+        return sum(self.counts.values())
+
+    def add(self, now: float, amount: int) -> None:
+        self.total(now)  # drops seconds that left the window
+        second = math.floor(now)
+        self.counts[second] = self.counts.get(second, 0) + amount
+
+    def seconds_until_below(self, now: float, limit: int) -> int:
+        """Whole seconds until the window total drops under `limit` (at least 1)."""
+        excess = self.total(now) - limit + 1
+        for second in sorted(self.counts):
+            excess -= self.counts[second]
+            if excess <= 0:
+                return max(1, math.ceil(second + WINDOW_SECONDS - now))
+        return WINDOW_SECONDS
+
+
+@dataclass
+class _TenantLoad:
+    leases: dict[str, float] = field(default_factory=dict)
+    requests: SecondBuckets = field(default_factory=SecondBuckets)
+    tokens: SecondBuckets = field(default_factory=SecondBuckets)
+
+    def live_leases(self, now: float) -> dict[str, float]:
+        for lease in [lease for lease, expiry in self.leases.items() if expiry <= now]:
+            del self.leases[lease]
+        return self.leases
+
+
+class MemoryRegistryStore(RegistryStore):
+    """The default store: everything lives and dies with this process."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, lease_ttl_s: float = 300.0):
+        self._clock = clock
+        self._lease_ttl = check_lease_ttl(lease_ttl_s)
+        self._adapters: dict[str, AdapterMetadata] = {}
+        self._last_lora_int_id = 0
+        self._tenants: dict[str, TenantRecord] = {}
+        self._keys: dict[str, StoredKey] = {}
+        self._usage: dict[str, dict[str | None, UsageCounts]] = {}
+        self._load: dict[str, _TenantLoad] = {}
+        self._watchers: set[asyncio.Queue[ChangeEvent]] = set()
+        self._version = 0
+        self._opened = False
+
+    def _changed(self, kind: ChangeKind, name: str) -> None:
+        self._version += 1
+        event = ChangeEvent(kind, name)
+        for queue in self._watchers:
+            queue.put_nowait(event)
+
+    # lifecycle
+
+    async def open(self) -> bool:
+        was_opened, self._opened = self._opened, True
+        return not was_opened
+
+    async def check_reset(self) -> bool:
+        return False
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # adapters
+
+    async def new_lora_int_id(self) -> int:
+        self._last_lora_int_id += 1
+        return self._last_lora_int_id
+
+    async def register_adapter(
+        self, spec: AdapterSpec, *, lora_int_id: int | None = None, replace: bool = True
+    ) -> Registration:
+        if not isinstance(spec, AdapterSpec) or isinstance(spec, AdapterMetadata):
+            raise ValueError(f"spec must be an AdapterSpec, got {type(spec).__name__}")
+        old = self._adapters.get(spec.name)
+        if old is not None and (old.tenant != spec.tenant or not replace):
+            raise AdapterNameTaken(spec.name, same_owner=old.tenant == spec.tenant)
+        if lora_int_id is not None:
+            check_count("lora_int_id", lora_int_id, minimum=1)
+            if lora_int_id > self._last_lora_int_id or (old and old.lora_int_id == lora_int_id):
+                raise StaleAdapterId(
+                    f"lora_int_id {lora_int_id} was not handed out by new_lora_int_id "
+                    "or belongs to the registration being replaced"
+                )
+        if spec.tenant is not None:
+            tenant = self._tenants.get(spec.tenant)
+            if tenant is None:
+                raise TenantNotFound(spec.tenant)
+            limit = tenant.quota.max_adapters
+            owned = sum(1 for a in self._adapters.values() if a.tenant == spec.tenant)
+            if old is None and limit is not None and owned >= limit:
+                raise AdapterQuotaExceeded(spec.tenant, limit)
+        if lora_int_id is None:
+            lora_int_id = await self.new_lora_int_id()
+        adapter = AdapterMetadata(
+            **msgspec.structs.asdict(spec), lora_int_id=lora_int_id, created_at=self._clock()
+        )
+        self._adapters[spec.name] = adapter
+        self._changed(ChangeKind.ADAPTER_REGISTERED, spec.name)
+        return Registration(adapter, old)
+
+    async def get_adapter(self, name: str) -> AdapterMetadata | None:
+        return self._adapters.get(check_adapter_name(name))
+
+    async def list_adapters(self) -> list[AdapterMetadata]:
+        return sorted(self._adapters.values(), key=lambda a: a.name)
+
+    async def update_adapter(
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        public: bool | None = None,
+        lora_int_id: int | None = None,
+    ) -> AdapterMetadata | None:
+        old = self._adapters.get(check_adapter_name(name))
+        if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
+            return None
+        changes = {k: v for k, v in (("status", status), ("public", public)) if v is not None}
+        new = msgspec.structs.replace(old, **changes)
+        self._adapters[name] = new
+        self._changed(ChangeKind.ADAPTER_UPDATED, name)
+        return new
+
+    async def delete_adapter(
+        self, name: str, *, lora_int_id: int | None = None
+    ) -> AdapterMetadata | None:
+        old = self._adapters.get(check_adapter_name(name))
+        if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
+            return None
+        del self._adapters[name]
+        self._changed(ChangeKind.ADAPTER_DELETED, name)
+        return old
+
+    # tenants
+
+    async def create_tenant(self, name: str, quota: TenantQuota | None = None) -> IssuedKey:
+        check_tenant_name(name)
+        quota = check_quota(quota if quota is not None else TenantQuota())
+        if name in self._tenants:
+            raise TenantExists(name)
+        api_key, stored = issue_api_key(name)
+        tenant = TenantRecord(
+            name=name, quota=quota, created_at=self._clock(), key_ids=(stored.key_id,)
+        )
+        self._tenants[name] = tenant
+        self._keys[stored.key_id] = stored
+        self._changed(ChangeKind.TENANT_CREATED, name)
+        return IssuedKey(tenant, api_key)
+
+    async def get_tenant(self, name: str) -> TenantRecord | None:
+        return self._tenants.get(check_tenant_name(name))
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        return sorted(self._tenants.values(), key=lambda t: t.name)
+
+    def _existing_tenant(self, name: str) -> TenantRecord:
+        tenant = self._tenants.get(check_tenant_name(name))
+        if tenant is None:
+            raise TenantNotFound(name)
+        return tenant
+
+    async def set_tenant_quota(self, name: str, quota: TenantQuota) -> TenantRecord:
+        check_quota(quota)
+        tenant = msgspec.structs.replace(self._existing_tenant(name), quota=quota)
+        self._tenants[name] = tenant
+        self._changed(ChangeKind.TENANT_UPDATED, name)
+        return tenant
+
+    async def rotate_tenant_key(self, name: str) -> IssuedKey:
+        old = self._existing_tenant(name)
+        api_key, stored = issue_api_key(name)
+        for key_id in old.key_ids:
+            self._keys.pop(key_id, None)
+        self._keys[stored.key_id] = stored
+        tenant = msgspec.structs.replace(old, key_ids=(stored.key_id,))
+        self._tenants[name] = tenant
+        self._changed(ChangeKind.TENANT_UPDATED, name)
+        return IssuedKey(tenant, api_key)
+
+    async def delete_tenant(self, name: str) -> TenantRecord | None:
+        tenant = self._tenants.pop(check_tenant_name(name), None)
+        if tenant is None:
+            return None
+        for key_id in tenant.key_ids:
+            self._keys.pop(key_id, None)
+        owned = sorted(a.name for a in self._adapters.values() if a.tenant == name)
+        for adapter in owned:
+            del self._adapters[adapter]
+            self._changed(ChangeKind.ADAPTER_DELETED, adapter)
+        self._changed(ChangeKind.TENANT_DELETED, name)
+        return tenant
+
+    async def verify_api_key(self, api_key: str) -> str | None:
+        parsed = parse_api_key(api_key)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        stored = self._keys.get(key_id)
+        return stored.tenant if secret_matches(stored, secret) else None
+
+    # usage
+
+    async def record_usage(
+        self,
+        tenant: str,
+        adapter: str | None,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        requests: int = 1,
+    ) -> None:
+        check_tenant_name(tenant)
+        if adapter is not None:
+            check_adapter_name(adapter)
+        add = UsageCounts(
+            check_count("prompt_tokens", prompt_tokens),
+            check_count("completion_tokens", completion_tokens),
+            check_count("requests", requests),
+        )
+        counters = self._usage.setdefault(tenant, {})
+        for key in (None, adapter) if adapter is not None else (None,):
+            counters[key] = _plus(counters.get(key, UsageCounts()), add)
+
+    async def get_usage(self, tenant: str) -> UsageReport:
+        counters = self._usage.get(check_tenant_name(tenant), {})
+        by_adapter = {name: c for name, c in sorted(counters.items(), key=_by_name) if name}
+        return UsageReport(tenant, counters.get(None, UsageCounts()), by_adapter)
+
+    async def list_usage(self) -> list[UsageReport]:
+        return [await self.get_usage(tenant) for tenant in sorted(self._usage)]
+
+    # quotas
+
+    def _tenant_load(self, tenant: str) -> _TenantLoad:
+        return self._load.setdefault(check_tenant_name(tenant), _TenantLoad())
+
+    async def try_acquire_request(self, tenant: str, quota: TenantQuota) -> Admission:
+        check_quota(quota)
+        load, now = self._tenant_load(tenant), self._clock()
+        leases = load.live_leases(now)
+        limit = quota.max_concurrent_requests
+        if limit is not None and len(leases) >= limit:
+            return Admission(False, 1, "max_concurrent_requests")
+        limit = quota.requests_per_minute
+        if limit is not None and load.requests.total(now) >= limit:
+            return Admission(False, load.requests.seconds_until_below(now, limit), _RPM)
+        limit = quota.tokens_per_minute
+        if limit is not None and load.tokens.total(now) >= limit:
+            return Admission(False, load.tokens.seconds_until_below(now, limit), _TPM)
+        lease = uuid.uuid4().hex
+        leases[lease] = now + self._lease_ttl
+        load.requests.add(now, 1)
+        return Admission(True, lease=lease)
+
+    async def release_request(self, tenant: str, lease: str) -> bool:
+        load = self._tenant_load(tenant)
+        return load.live_leases(self._clock()).pop(lease, None) is not None
+
+    async def refresh_request(self, tenant: str, lease: str) -> bool:
+        now = self._clock()
+        leases = self._tenant_load(tenant).live_leases(now)
+        if lease not in leases:
+            return False
+        leases[lease] = now + self._lease_ttl
+        return True
+
+    async def in_flight(self, tenant: str) -> int:
+        return len(self._tenant_load(tenant).live_leases(self._clock()))
+
+    async def add_tokens(self, tenant: str, tokens: int) -> None:
+        check_count("tokens", tokens)
+        self._tenant_load(tenant).tokens.add(self._clock(), tokens)
+
+    # changes
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[ChangeEvent]]:
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue()
+        self._watchers.add(queue)
+        try:
+            yield _drain(queue)
+        finally:
+            self._watchers.discard(queue)
+
+    async def version(self) -> int:
+        return self._version
+
+
+_RPM = "requests_per_minute"
+_TPM = "tokens_per_minute"
+
+
+async def _drain(queue: asyncio.Queue[ChangeEvent]) -> AsyncIterator[ChangeEvent]:
+    while True:
+        yield await queue.get()
+
+
+def _plus(a: UsageCounts, b: UsageCounts) -> UsageCounts:
+    return UsageCounts(
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        a.requests + b.requests,
+    )
+
+
+def _by_name(item: tuple[str | None, UsageCounts]) -> str:
+    return item[0] or ""
