@@ -339,7 +339,7 @@ class MemoryRegistryStore(RegistryStore):
         queue: asyncio.Queue[ChangeEvent] = asyncio.Queue()
         self._watchers.add(queue)
         try:
-            yield _drain(queue)
+            yield _EventFeed(queue)
         finally:
             self._watchers.discard(queue)
 
@@ -351,9 +351,17 @@ _RPM = "requests_per_minute"
 _TPM = "tokens_per_minute"
 
 
-async def _drain(queue: asyncio.Queue[ChangeEvent]) -> AsyncIterator[ChangeEvent]:
-    while True:
-        yield await queue.get()
+class _EventFeed:
+    """The change events one watcher has not read yet, as an async iterator."""
+
+    def __init__(self, queue: asyncio.Queue[ChangeEvent]):
+        self._queue = queue
+
+    def __aiter__(self) -> _EventFeed:
+        return self
+
+    async def __anext__(self) -> ChangeEvent:
+        return await self._queue.get()
 
 
 def _plus(a: UsageCounts, b: UsageCounts) -> UsageCounts:

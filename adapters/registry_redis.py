@@ -3,7 +3,9 @@
 Layout, under `<namespace>:` (a random namespace isolates a test):
   adapters        hash  name -> AdapterMetadata JSON
   owned:<tenant>  set   adapter names the tenant owns (max_adapters, delete_tenant)
-  lora-int-id     int   last lora_int_id handed out
+  lora-int-id     int   last lora_int_id handed out; seeded from the clock in milliseconds
+                        when missing, so ids handed out after Redis lost its data are still
+                        new to every engine that cached weights under an older id
   tenants         hash  name -> TenantRecord JSON
   api-keys        hash  key_id -> StoredKey JSON (salted hashes, never keys)
   usage:<tenant>  hash  `<counter>` totals and `<counter>@<adapter>` per adapter
@@ -137,6 +139,12 @@ return 1
 """
 )
 
+# KEYS: lora-int-id. ARGV: seed for a missing counter.
+_NEW_ID_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[1]) end
+return redis.call('INCR', KEYS[1])
+"""
+
 # KEYS: leases. ARGV: now, lease, new expiry or '' to release, lease key TTL in ms.
 _LEASE_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
@@ -248,6 +256,7 @@ class RedisRegistryStore(RegistryStore):
         self._acquire = self._redis.register_script(_ACQUIRE_LUA)
         self._add_tokens = self._redis.register_script(_ADD_TOKENS_LUA)
         self._lease = self._redis.register_script(_LEASE_LUA)
+        self._new_id = self._redis.register_script(_NEW_ID_LUA)
         self._epoch: str | None = None
 
     async def _transact(self, watched: list[str], body: Callable[..., Awaitable]):
@@ -305,7 +314,8 @@ class RedisRegistryStore(RegistryStore):
 
     @_translated
     async def new_lora_int_id(self) -> int:
-        return int(await self._redis.incr(self._keys.lora_int_id))
+        seed = int(self._clock() * 1000)
+        return int(await self._new_id(keys=[self._keys.lora_int_id], args=[seed]))
 
     @_translated
     async def register_adapter(
@@ -615,7 +625,7 @@ class RedisRegistryStore(RegistryStore):
             with _reachable(self.where):
                 await pubsub.subscribe(self._keys.events)
                 await self._until_subscribed(pubsub)
-            yield self._events(pubsub)
+            yield _EventFeed(pubsub, self.where)
         finally:
             try:
                 await pubsub.aclose()
@@ -631,16 +641,29 @@ class RedisRegistryStore(RegistryStore):
             if message["type"] == "subscribe":
                 return
 
-    async def _events(self, pubsub) -> AsyncIterator[ChangeEvent]:
-        while True:
-            with _reachable(self.where):
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if message is not None and message["type"] == "message":
-                yield msgspec.json.decode(message["data"], type=ChangeEvent)
-
     @_translated
     async def version(self) -> int:
         return int(await self._redis.get(self._keys.version) or 0)
+
+
+class _EventFeed:
+    """The change events of one subscription, as an async iterator."""
+
+    def __init__(self, pubsub, where: str):
+        self._pubsub = pubsub
+        self._where = where
+
+    def __aiter__(self) -> _EventFeed:
+        return self
+
+    async def __anext__(self) -> ChangeEvent:
+        while True:
+            with _reachable(self._where):
+                message = await self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=1.0
+                )
+            if message is not None and message["type"] == "message":
+                return msgspec.json.decode(message["data"], type=ChangeEvent)
 
 
 def _decode_adapter(raw: str | None) -> AdapterMetadata | None:

@@ -622,14 +622,17 @@ async def test_redis_emptied_is_detected_by_every_replica(redis_namespace, clock
     store, peer = (RedisRegistryStore(REDIS_URL, redis_namespace, clock=clock) for _ in range(2))
     assert await store.open() is True
     assert await peer.open() is False
-    await store.register_adapter(spec("sql"))
+    before = (await store.register_adapter(spec("sql"))).adapter
 
     flush_namespace(redis_namespace)
+    clock.advance(1)
 
     assert await peer.check_reset() is True
     assert await peer.check_reset() is False, "reported once"
     assert await store.check_reset() is True, "the other replica notices it too"
     assert await store.check_reset() is False
     assert await store.list_adapters() == []
+    after = (await peer.register_adapter(spec("sql"))).adapter
+    assert after.lora_int_id > before.lora_int_id, "no engine may see an old id reused"
     await store.close()
     await peer.close()
