@@ -43,10 +43,12 @@ from loragate.adapters.registry_store import (
 )
 
 WINDOW_SECONDS = 60
+_RPM = "requests_per_minute"
+_TPM = "tokens_per_minute"
 
 
 @dataclass
-class SecondBuckets:
+class _SecondBuckets:
     """Counts per whole second; the window is the last 60 seconds (this one included)."""
 
     counts: dict[int, int] = field(default_factory=dict)
@@ -75,8 +77,8 @@ class SecondBuckets:
 @dataclass
 class _TenantLoad:
     leases: dict[str, float] = field(default_factory=dict)
-    requests: SecondBuckets = field(default_factory=SecondBuckets)
-    tokens: SecondBuckets = field(default_factory=SecondBuckets)
+    requests: _SecondBuckets = field(default_factory=_SecondBuckets)
+    tokens: _SecondBuckets = field(default_factory=_SecondBuckets)
 
     def live_leases(self, now: float) -> dict[str, float]:
         for lease in [lease for lease, expiry in self.leases.items() if expiry <= now]:
@@ -123,9 +125,12 @@ class MemoryRegistryStore(RegistryStore):
 
     # adapters
 
-    async def new_lora_int_id(self) -> int:
+    def _next_lora_int_id(self) -> int:
         self._last_lora_int_id += 1
         return self._last_lora_int_id
+
+    async def new_lora_int_id(self) -> int:
+        return self._next_lora_int_id()
 
     async def register_adapter(
         self, spec: AdapterSpec, *, lora_int_id: int | None = None, replace: bool = True
@@ -151,7 +156,7 @@ class MemoryRegistryStore(RegistryStore):
             if old is None and limit is not None and owned >= limit:
                 raise AdapterQuotaExceeded(spec.tenant, limit)
         if lora_int_id is None:
-            lora_int_id = await self.new_lora_int_id()
+            lora_int_id = self._next_lora_int_id()
         adapter = AdapterMetadata(
             **msgspec.structs.asdict(spec), lora_int_id=lora_int_id, created_at=self._clock()
         )
@@ -345,10 +350,6 @@ class MemoryRegistryStore(RegistryStore):
 
     async def version(self) -> int:
         return self._version
-
-
-_RPM = "requests_per_minute"
-_TPM = "tokens_per_minute"
 
 
 class _EventFeed:

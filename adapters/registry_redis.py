@@ -157,11 +157,11 @@ return 1
 
 
 def _redacted(url: str) -> str:
-    """The URL without credentials, for error messages."""
+    """The URL without credentials (user, password, query options), for error messages."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
-    return parts._replace(netloc=netloc).geturl()
+    return parts._replace(netloc=netloc, query="", fragment="").geturl()
 
 
 @contextmanager
@@ -216,8 +216,12 @@ class _Keys:
 
 
 class RedisRegistryStore(RegistryStore):
-    """The shared store. Commands are retried once on a dropped connection (a restarted
-    Redis), never on a timeout, so an increment cannot silently count twice."""
+    """The shared store, one per gateway replica.
+
+    A command is retried once, at once, when its connection turns out to be dropped (a
+    restarted Redis leaves every pooled connection dead), and never after a timeout, when
+    Redis may have run it already: a retried increment could count twice.
+    """
 
     def __init__(
         self,
