@@ -10,32 +10,34 @@ import logging
 import time
 from dataclasses import asdict, replace
 from itertools import count
-from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest
-from loragate.engine import beam_search
+from loragate.engine import beam_search, sizing
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
 from loragate.engine.detokenizer import IncrementalDetokenizer
+from loragate.engine.input_processor import InputProcessor, PromptInput
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from loragate.engine.sampler import Sampler, SampleResult, SamplingRow
+from loragate.engine.output_builder import request_output
+from loragate.engine.outputs import RequestOutput
+from loragate.engine.plugin_data import preemption_candidates, request_info
+from loragate.engine.sample_dispatch import SampleDispatcher
+from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
-from loragate.engine.stopping import StopDecision, check_stop, stream_safe_len
+from loragate.engine.stopping import StopDecision, check_stop
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginError, PluginManager
 
 log = logging.getLogger(__name__)
 
-PromptInput = str | dict[str, Any]
+__all__ = ["LLMEngine", "PromptInput"]
 
 
 class LLMEngine:
@@ -50,10 +52,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(
             source.hf_dir if config.tokenizer is None else config.tokenizer
         )
-        self.max_model_len = self._resolve_max_model_len()
+        self.max_model_len = sizing.resolve_max_model_len(config, self.model_config)
         self.model = LlamaForCausalLM(self.model_config, device, dtype)
         self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = sizing.num_kv_blocks(config, self.model, self.max_model_len)
         self.kv_cache = KVCache(
             self.model.num_layers,
             num_blocks,
@@ -66,7 +68,10 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.swapper = self._make_swapper()
+        cpu_blocks = sizing.swap_blocks(config, self.kv_cache)
+        self.swapper = (
+            KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
+        )
         self.adapters = self._make_adapter_cache() if config.enable_lora else None
         self.scheduler = Scheduler(
             self.block_manager,
@@ -78,10 +83,12 @@ class LLMEngine:
             choose_preemption_victim=self._choose_preemption_victim,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
-        self.eos_token_ids = self._eos_token_ids()
-        self.sampler = Sampler(
+        self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
+        sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
         )
+        self.dispatcher = SampleDispatcher(sampler, self.plugins)
+        self.inputs = InputProcessor(self.tokenizer, self.model.vocab_size, self.max_model_len)
         self.beams = beam_search.BeamSearchDriver(
             self.scheduler,
             self.block_manager,
@@ -106,7 +113,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self.inputs.tokenize(prompt)
         adapter_identity = self._validate(token_ids, params, lora_request)
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
@@ -126,7 +133,7 @@ class LLMEngine:
             beam_search.start(request, strategy, self.eos_token_ids, max_tokens)
         self.requests[request_id] = request
         self.num_prompt_tokens += len(token_ids)
-        self.plugins.request_started(self._request_info(request))
+        self.plugins.request_started(request_info(request))
         return request
 
     def abort_request(self, request_id: str) -> bool:
@@ -137,39 +144,12 @@ class LLMEngine:
         for seq in request.seqs:
             if not seq.finished:
                 self._finish(seq, "abort", None)
-        self.plugins.request_finished(self._request_info(request))
+        self.plugins.request_finished(request_info(request))
         return True
-
-    @staticmethod
-    def _request_info(request: Request) -> dict:
-        """Plain data for observers (metering, logging)."""
-        finished = request.finished
-        return {
-            "request_id": request.request_id,
-            "lora_name": request.lora_request.lora_name if request.lora_request else None,
-            "tenant": request.cache_salt,
-            "num_prompt_tokens": len(request.prompt_token_ids),
-            "num_output_tokens": sum(len(s.output_token_ids) for s in request.seqs),
-            "finish_reason": request.seqs[0].finish_reason if finished else None,
-            "arrival_time": request.arrival_time,
-            "finished_time": time.monotonic() if finished else None,
-        }
 
     def _choose_preemption_victim(self, running: list[Sequence]) -> Sequence:
         """Ask the plugins which request to preempt; its newest running sequence goes."""
-        groups: dict[str, dict] = {}
-        for order, seq in enumerate(running):
-            groups[seq.request.request_id] = {
-                "request_id": seq.request.request_id,
-                "seq_id": seq.seq_id,
-                "arrival_time": seq.request.arrival_time,
-                "num_prompt_tokens": seq.prompt_len,
-                "num_output_tokens": len(seq.output_token_ids),
-                "num_blocks": len(seq.block_table),
-                "lora_name": seq.lora_request.lora_name if seq.lora_request else None,
-                "admitted_order": order,
-            }
-        chosen = self.plugins.choose_preemption_victim(list(groups.values()))
+        chosen = self.plugins.choose_preemption_victim(preemption_candidates(running))
         return next(s for s in reversed(running) if s.request.request_id == chosen)
 
     def has_unfinished_requests(self) -> bool:
@@ -190,7 +170,7 @@ class LLMEngine:
         sampled, logits = self._fork_pending(sampled, logits)
         touched: dict[str, Request] = {}
         sampled, logits = self._beam_step(sampled, logits, touched)
-        results = self._sample(sampled, logits) if sampled else []
+        results = self.dispatcher.sample(sampled, logits) if sampled else []
         now = time.monotonic()
         for seq, result in zip(sampled, results, strict=True):
             if isinstance(result, PluginError):
@@ -213,7 +193,7 @@ class LLMEngine:
             return sampled, logits
         seqs = [sampled[i] for i in beam_rows]
         errors: list = [None] * len(seqs)
-        processed = self._apply_logits_processors(seqs, logits[beam_rows], errors)
+        processed = self.dispatcher.apply_logits_processors(seqs, logits[beam_rows], errors)
         logprobs = torch.log_softmax(processed.float(), dim=-1)
         for seq, row, error in zip(seqs, logprobs, errors, strict=True):
             if error is not None:
@@ -226,58 +206,6 @@ class LLMEngine:
                 touched[request.request_id] = request
         rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
         return [sampled[i] for i in rest], logits[rest]
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
-        """One result per sequence: the built-in sampler, or the plugin sampler it names.
-
-        A plugin failure becomes that sequence's result (a PluginError), so only its
-        request fails and the rest of the batch goes on.
-        """
-        results: list = [None] * len(seqs)
-        processed = self._apply_logits_processors(seqs, logits, results)
-        by_sampler: dict[str | None, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            if results[i] is None:
-                by_sampler.setdefault(seq.request.params.sampler, []).append(i)
-        for name, idx in by_sampler.items():
-            if name is None:
-                rows = [
-                    SamplingRow(
-                        seqs[i].request.params,
-                        seqs[i].request.prompt_token_ids,
-                        seqs[i].output_token_ids,
-                        seqs[i].generator,
-                    )
-                    for i in idx
-                ]
-                for i, result in zip(idx, self.sampler(processed[idx], rows), strict=True):
-                    results[i] = result
-                continue
-            args = [dict(seqs[i].request.params.sampler_args or {}) for i in idx]
-            try:
-                tokens = self.plugins.call_sampler(name, processed[idx], args).tolist()
-            except PluginError as exc:
-                for i in idx:
-                    results[i] = exc
-                continue
-            logprobs = torch.log_softmax(logits[idx].float(), dim=-1)
-            for row, (i, token) in enumerate(zip(idx, tokens, strict=True)):
-                results[i] = _plugin_result(token, logprobs[row], seqs[i].request.params.logprobs)
-        return results
-
-    def _apply_logits_processors(self, seqs, logits, results) -> torch.Tensor:
-        if not any(s.request.logits_processors for s in seqs):
-            return logits
-        logits = logits.clone()
-        for i, seq in enumerate(seqs):
-            if seq.request.logits_processors:
-                try:
-                    logits[i] = self.plugins.apply_logits_processors(
-                        seq.request.logits_processors, seq.output_token_ids, logits[i]
-                    )
-                except PluginError as exc:
-                    results[i] = exc
-        return logits
 
     def _fail(self, request: Request, error: PluginError) -> None:
         """A plugin failed for this request: finish it alone, with the plugin named."""
@@ -345,127 +273,24 @@ class LLMEngine:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
 
-    def _output(self, request: Request) -> RequestOutput:
+    def _output(self, request: Request) -> RequestOutput | None:
         finished = request.finished
-        if request.beam is not None:
-            return self._beam_output(request) if finished else None
-        seqs, n = request.seqs, request.params.n
-        if finished and len(seqs) > n:  # best_of: keep the n most likely
-            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
-        outputs = [self._completion(seq) for seq in seqs[:n]]
+        if request.beam is not None and not finished:
+            return None  # beam search answers once, at the end
         if finished:
             self.requests.pop(request.request_id, None)
-            self.plugins.request_finished(self._request_info(request))
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=outputs,
-            finished=finished,
-            lora_request=request.lora_request,
-            error=request.error,
-            metrics=RequestMetrics(
-                request.arrival_time,
-                request.first_token_time,
-                time.monotonic() if finished else None,
-            ),
-        )
-
-    def _beam_output(self, request: Request) -> RequestOutput:
-        self.requests.pop(request.request_id, None)
-        self.plugins.request_finished(self._request_info(request))
-        params = request.params
-        outputs = []
-        for i, (tokens, score) in enumerate(request.beam.results[: params.n]):
-            ended = bool(tokens) and tokens[-1] in self.eos_token_ids and not params.ignore_eos
-            outputs.append(
-                CompletionOutput(
-                    index=i,
-                    text=self.tokenizer.decode(
-                        tokens, skip_special_tokens=params.skip_special_tokens
-                    ),
-                    token_ids=list(tokens),
-                    cumulative_logprob=score,
-                    logprobs=None,
-                    finish_reason="stop" if ended or request.error else "length",
-                )
-            )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=outputs,
-            finished=True,
-            lora_request=request.lora_request,
-            error=request.error,
-            metrics=RequestMetrics(
-                request.arrival_time, request.first_token_time, time.monotonic()
-            ),
-        )
-
-    @staticmethod
-    def _completion(seq: Sequence) -> CompletionOutput:
-        params = seq.request.params
-        text = seq.text if seq.finished else seq.text[: stream_safe_len(seq.text, params)]
-        return CompletionOutput(
-            index=seq.index,
-            text=text,
-            token_ids=list(seq.output_token_ids),
-            cumulative_logprob=seq.cumulative_logprob,
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-        )
+            self.plugins.request_finished(request_info(request))
+        return request_output(request, self.tokenizer, self.eos_token_ids)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        """Prompt token ids for a conversation, through the model's chat template."""
-        if not messages:
-            raise ValueError("messages is empty")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return self.inputs.apply_chat_template(messages, add_generation_prompt)
 
     # ---- checks -------------------------------------------------------------------------
-    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                ids = prompt["prompt_token_ids"]
-                if not isinstance(ids, list | tuple) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in ids
-                ):
-                    raise ValueError("prompt_token_ids must be a list of integers")
-                return prompt.get("prompt"), list(ids)
-            if "prompt" in prompt:
-                return self._tokenize(prompt["prompt"])
-        raise ValueError(
-            "prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', "
-            f"got {type(prompt).__name__}"
-        )
-
     def _validate(self, token_ids, params: SamplingParams, lora_request) -> str:
         """Raise for anything wrong; return the adapter identity that scopes its KV."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
-                "which must leave room for at least one generated token"
-            )
-        bad = [t for t in token_ids if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})"
-            )
+        self.inputs.check(token_ids)
         if params.use_beam_search:
             self.plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
         if params.sampler is not None:
@@ -479,54 +304,6 @@ class LLMEngine:
             adapter = self.adapters.preload(lora_request)
             return f"{lora_request.lora_int_id}:{adapter.sha256}"
         return ""
-
-    # ---- sizing -------------------------------------------------------------------------
-    def _resolve_max_model_len(self) -> int:
-        model_max = getattr(self.model_config, "max_position_embeddings", None) or 2048
-        wanted = self.config.max_model_len or model_max
-        if wanted > model_max and not getattr(self.model_config, "rope_scaling", None):
-            raise ValueError(
-                f"max_model_len {wanted} exceeds the model's max_position_embeddings {model_max}"
-            )
-        if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < wanted:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.config.max_num_batched_tokens}) must be >= "
-                f"max_model_len ({wanted}) without chunked prefill"
-            )
-        return wanted
-
-    def _num_kv_blocks(self) -> int:
-        cfg, m = self.config, self.model
-        per_block = KVCache.bytes_per_block(
-            m.num_layers, cfg.block_size, m.num_kv_heads, m.head_dim, m.dtype
-        )
-        if cfg.num_kv_blocks is not None:
-            blocks = cfg.num_kv_blocks
-        elif m.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(m.device)
-            budget = total * cfg.gpu_memory_utilization - (total - free) - (1 << 30)
-            blocks = int(budget // per_block)
-        else:
-            blocks = int(cfg.kv_cache_memory_gb * (1 << 30) // per_block)
-        needed = -(-self.max_model_len // cfg.block_size)
-        if blocks < needed:
-            raise ValueError(
-                f"the KV cache holds {blocks} blocks of {cfg.block_size} tokens but one "
-                f"sequence of "
-                f"max_model_len={self.max_model_len} needs {needed}: raise the KV memory budget "
-                "or lower max_model_len"
-            )
-        return blocks
-
-    def _make_swapper(self) -> KVSwapper | None:
-        """Swap beats recompute where copies are cheap next to compute: on CUDA, or if asked."""
-        cfg = self.config
-        mode = cfg.preemption_mode
-        if mode == "recompute" or (mode == "auto" and self.model.device.type != "cuda"):
-            return None
-        per_block = self.kv_cache.data[:, :, 0].numel() * self.kv_cache.data.element_size()
-        cpu_blocks = int(cfg.swap_space * (1 << 30) // per_block)
-        return KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
 
     def _make_adapter_cache(self) -> AdapterCache:
         spec = LoRAModelSpec(
@@ -544,19 +321,6 @@ class LLMEngine:
             strict_base_model=self.config.strict_lora_base_model,
             choose_victim=self.plugins.choose_adapter_victim,
         )
-
-    def _eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        try:
-            gen = GenerationConfig.from_pretrained(self.hf_dir)
-            eos = gen.eos_token_id
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        except OSError:
-            pass
-        # The model's generation config is the truth (the GGUF tokenizer names <|im_start|>).
-        if not ids and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
 
     # ---- stats --------------------------------------------------------------------------
     def get_memory_stats(self) -> dict:
@@ -581,15 +345,6 @@ class LLMEngine:
                 raise AssertionError(
                     f"{self.swapper.num_swapped_blocks} CPU blocks used, {held} held"
                 )
-
-
-def _plugin_result(token: int, logprobs: torch.Tensor, top_n: int | None) -> SampleResult:
-    top = None
-    if top_n is not None:
-        values, ids = logprobs.topk(top_n)
-        top = dict(zip(ids.tolist(), values.tolist(), strict=True))
-        top[token] = logprobs[token].item()
-    return SampleResult(token, logprobs[token].item(), top)
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

@@ -98,7 +98,7 @@ class ModelRunner:
             weights=self.adapters,
             slot_ids=slot_ids,
             index=kernels.lora_index(slot_ids, self.adapters.max_loras),
-            rank=self.adapters.effective_rank,
+            rank=_aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank),
         )
 
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -108,3 +108,8 @@ class ModelRunner:
 
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+def _aligned_rank(rank: int, max_rank: int) -> int:
+    """Round up to a multiple of 4 (zero padding) so LoRA matmuls keep 16-byte strides."""
+    return min(max_rank, -(-rank // 4) * 4)

@@ -115,8 +115,8 @@ class SamplingParams:
             )
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(
                 f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}"

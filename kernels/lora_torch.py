@@ -69,12 +69,19 @@ def _grouped_matmul(a: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch
     Only the window of slots first_slot..last_slot is passed on: torch's grouped matmul visits
     every group, empty ones included, at about a microsecond each.
     """
-    if _grouped_mm_fits(a):
+    if _grouped_mm_fits(a, w):
         window = w[index.first_slot : index.last_slot + 1]
         return torch._grouped_mm(a, window, offs=index.window_ends)
     per_token = w.index_select(0, index.active_slots)
     return torch.bmm(a.unsqueeze(1), per_token).squeeze(1)
 
 
-def _grouped_mm_fits(a: torch.Tensor) -> bool:
-    return hasattr(torch, "_grouped_mm") and a.device.type == "cpu" and a.dtype == torch.float32
+def _grouped_mm_fits(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """torch's grouped matmul wants every non-unit stride and base address 16-byte aligned
+    (an odd rank such as 6 in fp32 is not); otherwise the bmm path runs."""
+    if not (hasattr(torch, "_grouped_mm") and a.device.type == "cpu" and a.dtype == torch.float32):
+        return False
+    for t in (a, w):
+        if t.data_ptr() % 16 or any(st % 4 for st in t.stride() if st != 1):
+            return False
+    return True

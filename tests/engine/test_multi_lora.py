@@ -13,6 +13,7 @@ from loragate.engine import SamplingParams
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {  # name: (rank, targets, rslora)
     "r4-attn": (4, ["q_proj", "v_proj"], False),
+    "r6-odd": (6, ["q_proj", "o_proj", "down_proj"], False),
     "r8-all": (8, ALL, False),
     "r16-mlp-rslora": (16, ["gate_proj", "up_proj", "down_proj"], True),
     "r64-ko": (64, ["k_proj", "o_proj", "down_proj"], False),

@@ -146,3 +146,9 @@ def test_clone_is_deep():
     copy.sampler_args["x"].append(2)
     assert params.stop == ["a"] and params.stop_token_ids == [7]
     assert params.sampler_args == {"x": [1]}
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 10**30])
+def test_seed_outside_the_generator_range(seed):
+    with pytest.raises(ValueError, match="seed must be an integer in"):
+        SamplingParams(seed=seed)

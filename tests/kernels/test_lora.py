@@ -143,3 +143,22 @@ def test_lora_rejects_bad_inputs():
         )
     with pytest.raises(ValueError, match="unknown kernel backend"):
         kernels.lora_shrink(x, lora_a, torch.tensor([0, 1, -1]), backend="numpy")
+
+
+def test_odd_ranks_and_unaligned_views_fall_back_correctly():
+    """Rank 6 in fp32 gives 24-byte strides that torch's grouped matmul refuses."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 64)
+    lora_a = torch.randn(3, 8, 64)
+    lora_b = torch.randn(3, 32, 8)
+    slot_ids = torch.tensor([0, 1, 2, 1, -1])
+    a, b = lora_a[:, :6], lora_b[:, :, :6]
+    index = kernels.lora_index(slot_ids, 3)
+    y = kernels.lora_shrink(x, a, slot_ids, backend="torch", index=index)
+    out = torch.zeros(5, 32)
+    kernels.lora_expand(y, b, slot_ids, torch.ones(3), out, backend="torch", index=index)
+    expected = torch.zeros(5, 32, dtype=torch.float64)
+    for t, s in enumerate(slot_ids.tolist()):
+        if s >= 0:
+            expected[t] = x[t].double() @ a[s].double().T @ b[s].double().T
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)

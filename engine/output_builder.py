@@ -1,0 +1,67 @@
+"""RequestOutputs from a request's sequences: streamed text, best_of, beam results."""
+
+from __future__ import annotations
+
+import time
+
+from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from loragate.engine.sequence import Request, Sequence
+from loragate.engine.stopping import stream_safe_len
+
+
+def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> RequestOutput:
+    finished = request.finished
+    if request.beam is not None:
+        outputs = _beam_completions(request, tokenizer, eos_token_ids)
+    else:
+        seqs, n = request.seqs, request.params.n
+        if finished and len(seqs) > n:  # best_of: keep the n most likely
+            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
+        outputs = [completion(seq) for seq in seqs[:n]]
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt=request.prompt,
+        prompt_token_ids=request.prompt_token_ids,
+        outputs=outputs,
+        finished=finished,
+        lora_request=request.lora_request,
+        error=request.error,
+        metrics=RequestMetrics(
+            request.arrival_time,
+            request.first_token_time,
+            time.monotonic() if finished else None,
+        ),
+    )
+
+
+def completion(seq: Sequence) -> CompletionOutput:
+    """While streaming, text that could still become a stop string is held back."""
+    params = seq.request.params
+    text = seq.text if seq.finished else seq.text[: stream_safe_len(seq.text, params)]
+    return CompletionOutput(
+        index=seq.index,
+        text=text,
+        token_ids=list(seq.output_token_ids),
+        cumulative_logprob=seq.cumulative_logprob,
+        logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+    )
+
+
+def _beam_completions(request: Request, tokenizer, eos_token_ids) -> list[CompletionOutput]:
+    params = request.params
+    outputs = []
+    for i, (tokens, score) in enumerate(request.beam.results[: params.n]):
+        ended = bool(tokens) and tokens[-1] in eos_token_ids and not params.ignore_eos
+        outputs.append(
+            CompletionOutput(
+                index=i,
+                text=tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens),
+                token_ids=list(tokens),
+                cumulative_logprob=score,
+                logprobs=None,
+                finish_reason="stop" if ended or request.error else "length",
+            )
+        )
+    return outputs

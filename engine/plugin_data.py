@@ -1,0 +1,39 @@
+"""Engine state as the plain data plugin hooks take (plugins never see engine objects)."""
+
+from __future__ import annotations
+
+import time
+
+from loragate.engine.sequence import Request, Sequence
+
+
+def request_info(request: Request) -> dict:
+    """Plain data for observer plugins (metering, logging)."""
+    finished = request.finished
+    return {
+        "request_id": request.request_id,
+        "lora_name": request.lora_request.lora_name if request.lora_request else None,
+        "tenant": request.cache_salt,
+        "num_prompt_tokens": len(request.prompt_token_ids),
+        "num_output_tokens": sum(len(s.output_token_ids) for s in request.seqs),
+        "finish_reason": request.seqs[0].finish_reason if finished else None,
+        "arrival_time": request.arrival_time,
+        "finished_time": time.monotonic() if finished else None,
+    }
+
+
+def preemption_candidates(running: list[Sequence]) -> list[dict]:
+    """Running sequence groups as plain data, in admission order, for the victim hook."""
+    groups: dict[str, dict] = {}
+    for order, seq in enumerate(running):
+        groups[seq.request.request_id] = {
+            "request_id": seq.request.request_id,
+            "seq_id": seq.seq_id,
+            "arrival_time": seq.request.arrival_time,
+            "num_prompt_tokens": seq.prompt_len,
+            "num_output_tokens": len(seq.output_token_ids),
+            "num_blocks": len(seq.block_table),
+            "lora_name": seq.lora_request.lora_name if seq.lora_request else None,
+            "admitted_order": order,
+        }
+    return list(groups.values())

@@ -1,0 +1,80 @@
+"""Which sampler each sequence uses: the built-in one, or a plugin's by name.
+
+A plugin failure becomes that sequence's result (a PluginError), so only its request
+fails and the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loragate.engine.sampler import Sampler, SampleResult, SamplingRow
+from loragate.engine.sequence import Sequence
+from loragate.plugins import PluginError, PluginManager
+
+
+class SampleDispatcher:
+    def __init__(self, sampler: Sampler, plugins: PluginManager):
+        self.sampler = sampler
+        self.plugins = plugins
+
+    def apply_logits_processors(self, seqs: list[Sequence], logits, results: list) -> torch.Tensor:
+        """Each request's plugin processors; a failure is stored in results[i]."""
+        if not any(s.request.logits_processors for s in seqs):
+            return logits
+        logits = logits.clone()
+        for i, seq in enumerate(seqs):
+            if seq.request.logits_processors:
+                try:
+                    logits[i] = self.plugins.apply_logits_processors(
+                        seq.request.logits_processors, seq.output_token_ids, logits[i]
+                    )
+                except PluginError as exc:
+                    results[i] = exc
+        return logits
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
+        """One SampleResult (or PluginError) per sequence."""
+        results: list = [None] * len(seqs)
+        processed = self.apply_logits_processors(seqs, logits, results)
+        by_sampler: dict[str | None, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if results[i] is None:
+                by_sampler.setdefault(seq.request.params.sampler, []).append(i)
+        for name, idx in by_sampler.items():
+            if name is None:
+                rows = [_row(seqs[i]) for i in idx]
+                for i, result in zip(idx, self.sampler(processed[idx], rows), strict=True):
+                    results[i] = result
+            else:
+                self._plugin_sample(name, seqs, idx, logits, processed, results)
+        return results
+
+    def _plugin_sample(self, name, seqs, idx, raw, processed, results) -> None:
+        args = [dict(seqs[i].request.params.sampler_args or {}) for i in idx]
+        try:
+            tokens = self.plugins.call_sampler(name, processed[idx], args).tolist()
+        except PluginError as exc:
+            for i in idx:
+                results[i] = exc
+            return
+        logprobs = torch.log_softmax(raw[idx].float(), dim=-1)
+        for row, (i, token) in enumerate(zip(idx, tokens, strict=True)):
+            results[i] = _result(token, logprobs[row], seqs[i].request.params.logprobs)
+
+
+def _row(seq: Sequence) -> SamplingRow:
+    request = seq.request
+    return SamplingRow(
+        request.params, request.prompt_token_ids, seq.output_token_ids, seq.generator
+    )
+
+
+def _result(token: int, logprobs: torch.Tensor, top_n: int | None) -> SampleResult:
+    """Raw logprobs for a plugin-chosen token, shaped as the built-in sampler's."""
+    top = None
+    if top_n is not None:
+        values, ids = logprobs.topk(top_n)
+        top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+        top[token] = logprobs[token].item()
+    return SampleResult(token, logprobs[token].item(), top)
