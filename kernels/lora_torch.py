@@ -4,7 +4,8 @@ No Python loop over slots and no per-token copy of adapter weights: each adapter
 read once per call. Measured on this project's 2-core CPU over T 1-256 tokens, 1-16 slots and
 ranks 8-64, a gather + bmm (per-token weight copies) was 2-150x slower and a dense product over
 every slot (S times the FLOPs) 1.1-10x slower; a grouped matmul still pays a few microseconds
-per slot in use, which is why the batch-level index is built once per pass. At decode sizes each ATen op costs microseconds, so the paths below
+per slot in use, which is why the batch-level index is built once per pass. At decode sizes
+each ATen op costs microseconds, so the paths below
 skip every op they can: no gather/scatter when the batch is already grouped by slot, a plain
 matmul when one slot serves every active token, only the window of slots in use.
 """

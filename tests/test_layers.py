@@ -1,4 +1,7 @@
-"""Imports go one way (gateway -> engine -> adapters -> plugins -> kernels), always as loragate.<layer>."""
+"""Imports go one way (gateway -> engine -> adapters -> plugins -> kernels).
+
+Always as loragate.<layer>.
+"""
 
 import ast
 from pathlib import Path
