@@ -4,11 +4,15 @@ A plugin is any object (module, class instance) with ``@hookimpl``-marked ``lora
 functions; see docs/plugins.md.
 """
 
+from loragate.plugins.decoding import DecodingStrategy, Hypothesis, StepDecision
 from loragate.plugins.errors import PluginError, PluginLoadError
 from loragate.plugins.manager import NamedHook, PluginManager
 from loragate.plugins.markers import hookimpl, hookspec
 
 __all__ = [
+    "DecodingStrategy",
+    "Hypothesis",
+    "StepDecision",
     "NamedHook",
     "PluginError",
     "PluginLoadError",

@@ -19,6 +19,7 @@ import torch
 
 from loragate.plugins import hookspecs
 from loragate.plugins.builtin import builtin_plugins
+from loragate.plugins.decoding import STRATEGY_METHODS
 from loragate.plugins.errors import PluginError, PluginLoadError
 from loragate.plugins.loading import discover_entry_points, load_entry_point, load_reference
 from loragate.plugins.markers import PROJECT_NAME
@@ -299,9 +300,10 @@ class PluginManager:
                     raise PluginError(
                         plugin_name, f"plugin {plugin_name!r}: bad {kind} name {name!r}"
                     )
-                if kind == "sampler" and not callable(value):
+                problem = _named_value_problem(kind, value)
+                if problem:
                     raise PluginError(
-                        plugin_name, f"plugin {plugin_name!r}: sampler {name!r} is not callable"
+                        plugin_name, f"plugin {plugin_name!r}: {kind} {name!r} {problem}"
                     )
                 known = merged.get(name)
                 if known is None:
@@ -314,6 +316,13 @@ class PluginManager:
                     )
         self._named_cache[hook_name] = merged
         return merged
+
+
+def _named_value_problem(kind: str, value) -> str | None:
+    if kind == "sampler":
+        return None if callable(value) else "is not callable"
+    missing = [m for m in STRATEGY_METHODS if not callable(getattr(value, m, None))]
+    return f"lacks method(s) {missing}" if missing else None
 
 
 def _lookup(named: dict[str, NamedHook], name: str, kind: str) -> NamedHook:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loragate.plugins.builtin.beam_search import BeamSearchPlugin
 from loragate.plugins.builtin.eviction import LruEviction
 from loragate.plugins.builtin.preemption import NewestFirstPreemption
 from loragate.plugins.builtin.samplers import BuiltinSamplers
@@ -13,4 +14,5 @@ def builtin_plugins() -> list[tuple[str, object]]:
         ("builtin.samplers", BuiltinSamplers()),
         ("builtin.lru_eviction", LruEviction()),
         ("builtin.newest_first_preemption", NewestFirstPreemption()),
+        ("builtin.beam_search", BeamSearchPlugin()),
     ]
