@@ -1,4 +1,5 @@
-"""The Litestar application: routes, error shapes, and a lifespan that owns the engine."""
+"""The Litestar application: routes, error shapes, authentication, and a lifespan that owns
+the engine and the registry store's background sync."""
 
 from __future__ import annotations
 
@@ -6,22 +7,25 @@ import asyncio
 import logging
 from contextlib import asynccontextmanager
 
-from litestar import Litestar
+from litestar import Litestar, Request
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from loragate.adapters.registry_store import RegistryStore
 from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.gateway.auth import AuthGate
 from loragate.gateway.errors import openai_error_response
-from loragate.gateway.registry import AdapterRegistry
 from loragate.gateway.routes_adapters import AdaptersController, VLLMLoRAController
 from loragate.gateway.routes_chat import ChatController
 from loragate.gateway.routes_completions import CompletionsController
 from loragate.gateway.routes_health import HealthController
 from loragate.gateway.routes_models import ModelsController
+from loragate.gateway.routes_tenants import TenantsController, UsageController
 from loragate.gateway.routes_tgi import TGIController
 from loragate.gateway.service import GatewayService
 from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.tenancy import Principal, caller_of
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +35,12 @@ API_VERSION = "0.1.0"
 def create_app(
     settings: GatewaySettings,
     engine: AsyncLLMEngine | None = None,
-    registry: AdapterRegistry | None = None,
+    store: RegistryStore | None = None,
 ) -> Litestar:
     """The app for `settings`. The lifespan starts the engine (unless one is given) and
-    stops it on shutdown; a given engine stays the caller's to shut down."""
+    stops it on shutdown; a given engine stays the caller's to shut down. The registry
+    store is built from the settings unless one is given (used on the app's event loop
+    only); the app closes it on shutdown either way."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar):
@@ -43,13 +49,13 @@ def create_app(
         if running is None:
             log.info("starting the engine for %s", settings.engine.model or "the default model")
             running = await asyncio.to_thread(AsyncLLMEngine.from_config, settings.engine)
-        service = GatewayService(settings, running, registry)
+        service = GatewayService(settings, running, store)
         app.state.service = service
         try:
             await service.startup()
             yield
         finally:
-            await service.adapters.close()
+            await service.shutdown()
             if owned:
                 running.shutdown()
 
@@ -62,9 +68,15 @@ def create_app(
             VLLMLoRAController,
             TGIController,
             HealthController,
+            TenantsController,
+            UsageController,
         ],
         lifespan=[lifespan],
-        dependencies={"service": Provide(_service, sync_to_thread=False)},
+        middleware=[AuthGate],
+        dependencies={
+            "service": Provide(_service, sync_to_thread=False),
+            "caller": Provide(_caller, sync_to_thread=False),
+        },
         exception_handlers={Exception: openai_error_response},
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
@@ -78,3 +90,7 @@ def create_app(
 
 def _service(state: State) -> GatewayService:
     return state.service
+
+
+def _caller(request: Request) -> Principal:
+    return caller_of(request)

@@ -59,6 +59,42 @@ class EngineUnavailableError(APIError):
     error_type = "server_error"
 
 
+class AuthenticationError(APIError):
+    """No key, or a key that is not valid: one message for every case, so nothing is hinted."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PermissionDeniedError(APIError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class ConflictError(APIError):
+    status_code = 409
+    error_type = "invalid_request_error"
+
+
+class QuotaExceededError(APIError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class RegistryDownError(APIError):
+    """The shared registry (Redis) cannot be reached, and this call needs it."""
+
+    status_code = 503
+    error_type = "server_error"
+
+
+class PluginFailedError(APIError):
+    """A plugin (sampler, logits processor, ...) raised for this request alone."""
+
+    status_code = 500
+    error_type = "plugin_error"
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     message: str
     type: str

@@ -1,7 +1,9 @@
 """One admitted engine request, as the routes see it.
 
 `prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
-400 before any byte of a streamed answer is sent. `aclose()` is idempotent and releases
+400 before any byte of a streamed answer is sent. An output carrying `error` (a plugin
+failed this request alone) raises PluginFailedError as it is read past `prime()`: a 500
+for a whole answer, an error event in a stream. `aclose()` is idempotent and releases
 everything the request held (queue place, adapter use, and, if unfinished, its KV blocks
 through the engine's abort), whichever way the request ends.
 """
@@ -15,7 +17,12 @@ from collections.abc import AsyncIterator, Callable
 from loragate.adapters import AdapterError
 from loragate.engine import RequestOutput
 from loragate.engine.async_engine import EngineDeadError
-from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError, field_of
+from loragate.gateway.errors import (
+    EngineUnavailableError,
+    InvalidRequestError,
+    PluginFailedError,
+    field_of,
+)
 
 
 class Generation:
@@ -72,7 +79,7 @@ class Generation:
         try:
             async for out in self._outputs:
                 self._seen(out)
-                yield out
+                yield checked(out)
         except EngineDeadError as exc:
             raise EngineUnavailableError(f"the engine stopped mid-request: {exc}") from exc
 
@@ -81,7 +88,7 @@ class Generation:
         async for _ in self.rest():
             pass
         assert self.latest is not None
-        return self.latest
+        return checked(self.latest)
 
     def _seen(self, out: RequestOutput) -> None:
         self.latest = out
@@ -130,9 +137,16 @@ async def close_all(gens: list[Generation]) -> None:
 async def outputs_of(gen: Generation) -> AsyncIterator[RequestOutput]:
     """The primed output, then the rest."""
     assert gen.latest is not None, "prime() first"
-    yield gen.latest
+    yield checked(gen.latest)
     async for out in gen.rest():
         yield out
+
+
+def checked(out: RequestOutput) -> RequestOutput:
+    """`out`, unless a plugin failed the request: then PluginFailedError naming the plugin."""
+    if out.error is not None:
+        raise PluginFailedError(out.error, code="plugin_error")
+    return out
 
 
 def _raise_first(results: list) -> list:

@@ -54,6 +54,8 @@ class GatewayGauges:
     queue_capacity: int = 0
     registered_adapters: int = 0
     engine_up: bool = True
+    registry_reachable: bool = True
+    usage_pending: int = 0
 
 
 class _ScrapeCollector:
@@ -78,6 +80,16 @@ class _ScrapeCollector:
         yield _gauge(
             "loragate_adapters_registered", "Adapters registered by name", g.registered_adapters
         )
+        yield _gauge(
+            "loragate_registry_reachable",
+            "1 while the registry store (Redis) answers",
+            int(g.registry_reachable),
+        )
+        yield _gauge(
+            "loragate_usage_records_pending",
+            "Usage counts waiting for the registry store to come back",
+            g.usage_pending,
+        )
         e = self.engine
         if e is None:
             return
@@ -99,6 +111,16 @@ class _ScrapeCollector:
         yield _gauge("loragate_kv_cache_free_blocks", "KV blocks free", mem.get("free_blocks", 0))
         yield _gauge(
             "loragate_kv_cache_total_blocks", "KV blocks in the cache", mem.get("total_blocks", 0)
+        )
+        yield _counter(
+            "loragate_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            mem.get("prefix_cache_queried_tokens", 0),
+        )
+        yield _counter(
+            "loragate_prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache (never across tenants)",
+            mem.get("prefix_cache_hit_tokens", 0),
         )
         yield _counter("loragate_prompt_tokens", "Prompt tokens accepted", e.prompt_tokens)
         yield _counter("loragate_generation_tokens", "Tokens generated", e.generation_tokens)

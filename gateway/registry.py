@@ -1,8 +1,9 @@
-"""Which adapters this gateway serves, by name.
+"""Which adapters this replica serves, by name: the local side of the registry store.
 
-`AdapterRegistry` is the small interface the routes use; `InMemoryAdapterRegistry` is the
-single-process store. A shared store (Redis, so every replica sees the same adapters) only
-has to implement the same five coroutines.
+The shared truth lives in the registry store (`loragate.adapters.registry_store`: in memory,
+or Redis for many replicas). Each replica keeps its own copy as `AdapterRecord`s in an
+`AdapterRegistry` (`InMemoryAdapterRegistry`), so serving a known adapter never waits on,
+or fails with, the store; `AdapterCatalog` keeps that copy in step with the store.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def check_adapter_name(name: str, base_model: str) -> str:
 
 @dataclass(frozen=True)
 class AdapterRecord:
-    """One registration: the engine's LoRARequest plus what clients may be told about it."""
+    """One registration: the engine's LoRARequest plus what clients may be told about it.
+
+    `tenant` owns it (None: the operator); `public` lets every tenant use it. `source` says
+    how this replica learned of it: "rest" or "adapter_root" (registered here), "registry"
+    (registered by another replica, or before this one started).
+    """
 
     name: str
     lora_request: LoRARequest
@@ -44,11 +50,14 @@ class AdapterRecord:
     size_bytes: int
     created: int
     source: str
+    tenant: str | None = None
+    public: bool = False
 
 
 class AdapterRegistry(Protocol):
     async def new_id(self) -> int:
-        """A lora_int_id never handed out before by this registry."""
+        """A lora_int_id never handed out before by this registry (the gateway itself takes
+        ids from the registry store, so that every replica agrees on them)."""
 
     async def get(self, name: str) -> AdapterRecord | None: ...
 

@@ -1,20 +1,25 @@
-"""Adapter management: register, list, describe and delete, plus vLLM's load/unload aliases."""
+"""Adapter management: register, list, describe, share and delete, plus vLLM's load/unload
+aliases. Each caller sees and changes only what it may: another tenant's adapter is a 404 in
+every one of these routes, exactly like a missing one."""
 
 from __future__ import annotations
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Response, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 
+from loragate.gateway.errors import PermissionDeniedError
 from loragate.gateway.registry import AdapterRecord
 from loragate.gateway.schemas_admin import (
     AdapterInfo,
     AdapterList,
     DeletedAdapter,
     LoadLoRAAdapterRequest,
+    PatchAdapterRequest,
     RegisterAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
 from loragate.gateway.service import GatewayService, Service
+from loragate.gateway.tenancy import Caller, Principal
 
 
 class AdaptersController(Controller):
@@ -23,26 +28,49 @@ class AdaptersController(Controller):
 
     @post("/", status_code=201, summary="Register an adapter from a directory under --adapter-root")
     async def register(
-        self, data: JSONBody[RegisterAdapterRequest], service: Service
+        self, data: JSONBody[RegisterAdapterRequest], caller: Caller, service: Service
     ) -> AdapterInfo:
-        record = await service.adapters.register(data.name, data.path)
-        return adapter_info(service, record)
+        record = await service.adapters.register(
+            data.name, data.path, caller=caller, public=data.public
+        )
+        return adapter_info(service, record, caller)
 
-    @get("/", summary="List registered adapters")
-    async def list_adapters(self, service: Service) -> AdapterList:
-        return AdapterList(data=[adapter_info(service, r) for r in await service.registry.list()])
+    @get("/", summary="List the adapters the caller may use")
+    async def list_adapters(self, caller: Caller, service: Service) -> AdapterList:
+        records = await service.adapters.catalog.list(caller)
+        return AdapterList(data=[adapter_info(service, r, caller) for r in records])
 
     @get("/{name:str}", summary="Describe one adapter")
-    async def get_adapter(self, name: FromPath[str], service: Service) -> AdapterInfo:
-        return adapter_info(service, await service.adapters.lookup(name, "name"))
+    async def get_adapter(
+        self, name: FromPath[str], caller: Caller, service: Service
+    ) -> AdapterInfo:
+        return adapter_info(service, await service.adapters.lookup(name, "name", caller), caller)
+
+    @patch("/{name:str}", summary="Admin only: share an adapter with every tenant, or stop")
+    async def patch_adapter(
+        self,
+        name: FromPath[str],
+        data: JSONBody[PatchAdapterRequest],
+        caller: Caller,
+        service: Service,
+    ) -> AdapterInfo:
+        await service.adapters.lookup(name, "name", caller)  # 404 first, as for a missing one
+        if not caller.is_operator:
+            raise PermissionDeniedError(
+                "only the admin may change whether an adapter is public", code="admin_only"
+            )
+        record = await service.adapters.set_public(name, data.public)
+        return adapter_info(service, record, caller)
 
     @delete(
         "/{name:str}",
         status_code=200,
         summary="Delete an adapter; requests already using it finish first",
     )
-    async def delete_adapter(self, name: FromPath[str], service: Service) -> DeletedAdapter:
-        await service.adapters.unregister(name)
+    async def delete_adapter(
+        self, name: FromPath[str], caller: Caller, service: Service
+    ) -> DeletedAdapter:
+        await service.adapters.unregister(name, caller)
         return DeletedAdapter(name=name)
 
 
@@ -53,8 +81,10 @@ class VLLMLoRAController(Controller):
     tags = ["Adapters"]
 
     @post("/load_lora_adapter", status_code=200, summary="vLLM alias of POST /v1/adapters")
-    async def load(self, data: JSONBody[LoadLoRAAdapterRequest], service: Service) -> Response[str]:
-        await service.adapters.register(data.lora_name, data.lora_path)
+    async def load(
+        self, data: JSONBody[LoadLoRAAdapterRequest], caller: Caller, service: Service
+    ) -> Response[str]:
+        await service.adapters.register(data.lora_name, data.lora_path, caller=caller)
         return Response(
             f"Success: LoRA adapter '{data.lora_name}' added successfully.", media_type="text/plain"
         )
@@ -63,16 +93,17 @@ class VLLMLoRAController(Controller):
         "/unload_lora_adapter", status_code=200, summary="vLLM alias of DELETE /v1/adapters/{name}"
     )
     async def unload(
-        self, data: JSONBody[UnloadLoRAAdapterRequest], service: Service
+        self, data: JSONBody[UnloadLoRAAdapterRequest], caller: Caller, service: Service
     ) -> Response[str]:
-        await service.adapters.unregister(data.lora_name)
+        await service.adapters.unregister(data.lora_name, caller)
         return Response(
             f"Success: LoRA adapter '{data.lora_name}' removed successfully.",
             media_type="text/plain",
         )
 
 
-def adapter_info(service: GatewayService, record: AdapterRecord) -> AdapterInfo:
+def adapter_info(service: GatewayService, record: AdapterRecord, caller: Principal) -> AdapterInfo:
+    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants."""
     return AdapterInfo(
         name=record.name,
         id=record.lora_request.lora_int_id,
@@ -85,4 +116,6 @@ def adapter_info(service: GatewayService, record: AdapterRecord) -> AdapterInfo:
         size_bytes=record.size_bytes,
         created=record.created,
         source=record.source,
+        owner=record.tenant if caller.owns(record) else None,
+        public=record.public,
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 
 from litestar import Controller, Request, post
 from litestar.params import JSONBody
@@ -12,7 +11,7 @@ from litestar.response import Stream
 
 from loragate.gateway.disconnect import until_disconnect
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
-from loragate.gateway.generation import Generation, close_all, outputs_of, prime_all, results_all
+from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
 from loragate.gateway.openai_format import DeltaTracker, chat_logprobs, usage_of
 from loragate.gateway.prompts import chat_messages
 from loragate.gateway.sampling import chat_fields, chat_params
@@ -27,6 +26,7 @@ from loragate.gateway.schemas_openai import (
 )
 from loragate.gateway.service import GatewayService, Service
 from loragate.gateway.sse import DONE, sse_event, sse_response
+from loragate.gateway.tenancy import Caller
 
 
 class ChatController(Controller):
@@ -38,29 +38,29 @@ class ChatController(Controller):
         self,
         data: JSONBody[ChatCompletionRequest],
         request: Request,
+        caller: Caller,
         service: Service,
     ) -> ChatCompletionResponse | Stream:
         params = chat_params(data, service.engine.engine.config.max_num_seqs)
-        lora = await service.resolve_model(data.model)
+        lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
             chat_messages(data.messages), data.add_generation_prompt
         )
         request_id = service.new_request_id("chatcmpl")
-        gens: list[Generation] = []
+        metered = await service.begin(caller, lora)
+        gens = metered.generations
         streaming = False
         try:
-            gens.append(
-                service.start(
-                    {"prompt_token_ids": prompt_ids}, params, lora, request_id=request_id,
-                    field_names=chat_fields(data),
-                )
+            metered.start(
+                {"prompt_token_ids": prompt_ids}, params, request_id=request_id,
+                field_names=chat_fields(data),
             )  # fmt: skip
             await until_disconnect(request.receive, prime_all(gens))
             created = int(time.time())
             if data.stream:
                 streaming = True
                 return sse_response(
-                    _stream(service, data, gens[0], request_id, created), partial(close_all, gens)
+                    _stream(service, data, gens[0], request_id, created), metered.end
                 )
             (final,) = await until_disconnect(request.receive, results_all(gens))
             top_n = data.top_logprobs or 0
@@ -82,7 +82,7 @@ class ChatController(Controller):
             )  # fmt: skip
         finally:
             if not streaming:
-                await close_all(gens)
+                await metered.end()
 
 
 async def _stream(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 
 from litestar import Controller, Request, post
 from litestar.params import JSONBody
@@ -12,13 +11,14 @@ from litestar.response import Stream
 
 from loragate.gateway.disconnect import until_disconnect
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
-from loragate.gateway.generation import Generation, close_all, outputs_of, prime_all, results_all
+from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
 from loragate.gateway.openai_format import DeltaTracker, completion_logprobs, usage_of
 from loragate.gateway.prompts import completion_prompts
 from loragate.gateway.sampling import COMPLETION_FIELDS, completion_params
 from loragate.gateway.schemas_openai import CompletionChoice, CompletionRequest, CompletionResponse
 from loragate.gateway.service import GatewayService, Service
 from loragate.gateway.sse import DONE, sse_event, sse_response
+from loragate.gateway.tenancy import Caller
 
 
 class CompletionsController(Controller):
@@ -30,28 +30,27 @@ class CompletionsController(Controller):
         self,
         data: JSONBody[CompletionRequest],
         request: Request,
+        caller: Caller,
         service: Service,
     ) -> CompletionResponse | Stream:
         params = completion_params(data, service.engine.engine.config.max_num_seqs)
-        lora = await service.resolve_model(data.model)
+        lora = await service.resolve_model(data.model, caller=caller)
         prompts = completion_prompts(data.prompt)
         request_id = service.new_request_id("cmpl")
-        gens: list[Generation] = []
+        metered = await service.begin(caller, lora)
+        gens = metered.generations
         streaming = False
         try:
             for i, prompt in enumerate(prompts):
-                gens.append(
-                    service.start(
-                        prompt, params, lora, request_id=f"{request_id}-{i}",
-                        field_names=COMPLETION_FIELDS,
-                    )
-                )  # fmt: skip
+                metered.start(
+                    prompt, params, request_id=f"{request_id}-{i}", field_names=COMPLETION_FIELDS
+                )
             await until_disconnect(request.receive, prime_all(gens))
             created = int(time.time())
             if data.stream:
                 streaming = True
                 events = _stream(service, data, gens, request_id, created)
-                return sse_response(events, partial(close_all, gens))
+                return sse_response(events, metered.end)
             finals = await until_disconnect(request.receive, results_all(gens))
             choices = []
             for p, out in enumerate(finals):
@@ -74,7 +73,7 @@ class CompletionsController(Controller):
             )  # fmt: skip
         finally:
             if not streaming:
-                await close_all(gens)
+                await metered.end()
 
 
 async def _stream(

@@ -1,4 +1,4 @@
-"""GET /v1/models: the base model and every adapter a client may name in `model`."""
+"""GET /v1/models: the base model and every adapter the caller may name in `model`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from loragate.gateway.errors import NotFoundError
 from loragate.gateway.registry import AdapterRecord
 from loragate.gateway.schemas_openai import ModelCard, ModelList
 from loragate.gateway.service import GatewayService, Service
+from loragate.gateway.tenancy import Caller
 
 
 class ModelsController(Controller):
@@ -16,15 +17,17 @@ class ModelsController(Controller):
     tags = ["OpenAI"]
 
     @get("/", summary="List models and adapters")
-    async def list_models(self, service: Service) -> ModelList:
-        adapters = await service.registry.list()
+    async def list_models(self, caller: Caller, service: Service) -> ModelList:
+        adapters = await service.adapters.catalog.list(caller)
         return ModelList(data=[_base_card(service)] + [_adapter_card(service, r) for r in adapters])
 
     @get("/{model_id:str}", summary="Describe one model or adapter")
-    async def get_model(self, model_id: FromPath[str], service: Service) -> ModelCard:
+    async def get_model(
+        self, model_id: FromPath[str], caller: Caller, service: Service
+    ) -> ModelCard:
         if model_id == service.model_name:
             return _base_card(service)
-        record = await service.registry.get(model_id)
+        record = await service.adapters.catalog.visible(caller, model_id)
         if record is None:
             raise NotFoundError(
                 f"the model {model_id!r} does not exist", param="model", code="model_not_found"

@@ -22,6 +22,7 @@ from loragate.gateway.errors import (
     tgi_error_response,
 )
 from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
+from loragate.gateway.metered import MeteredRequest
 from loragate.gateway.openai_format import token_text
 from loragate.gateway.sampling import TGI_FIELDS, tgi_params
 from loragate.gateway.schemas_tgi import (
@@ -36,6 +37,7 @@ from loragate.gateway.schemas_tgi import (
 )
 from loragate.gateway.service import GatewayService, Service
 from loragate.gateway.sse import sse_event, sse_response
+from loragate.gateway.tenancy import Caller, Principal
 
 
 class TGIController(Controller):
@@ -45,23 +47,23 @@ class TGIController(Controller):
 
     @post("/", status_code=200, summary="TGI compatibility route: generate, or stream if asked")
     async def compat(
-        self, data: JSONBody[TGIRequest], request: Request, service: Service
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
     ) -> list[TGIResponse] | Stream:
         if data.stream:
-            return await _generate_stream(data, request, service)
-        return [await _generate(data, request, service)]
+            return await _generate_stream(data, request, caller, service)
+        return [await _generate(data, request, caller, service)]
 
     @post("/generate", status_code=200, summary="Generate (TGI / LoRAX)")
     async def generate(
-        self, data: JSONBody[TGIRequest], request: Request, service: Service
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
     ) -> TGIResponse:
-        return await _generate(data, request, service)
+        return await _generate(data, request, caller, service)
 
     @post("/generate_stream", status_code=200, summary="Generate as server-sent events")
     async def generate_stream(
-        self, data: JSONBody[TGIRequest], request: Request, service: Service
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
     ) -> Stream:
-        return await _generate_stream(data, request, service)
+        return await _generate_stream(data, request, caller, service)
 
     @get("/info", summary="Model information (TGI)")
     async def info(self, service: Service) -> dict:
@@ -73,30 +75,39 @@ class TGIController(Controller):
         }
 
 
-async def _start(data: TGIRequest, service: GatewayService) -> tuple[Generation, TGIParameters]:
+async def _start(
+    data: TGIRequest, caller: Principal, service: GatewayService
+) -> tuple[MeteredRequest, Generation, TGIParameters]:
     p = data.parameters or TGIParameters()
     params = tgi_params(p, service.engine.engine.config.max_num_seqs)
-    lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id")
+    lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id", caller=caller)
     prompt: str | dict = data.inputs
     if p.truncate is not None:
         if p.truncate < 1:
             raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
         ids = service.tokenizer.encode(data.inputs, add_special_tokens=True)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
-    gen = service.start(
-        prompt, params, lora, request_id=service.new_request_id("tgi"),
-        field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
-    )  # fmt: skip
-    return gen, p
+    metered = await service.begin(caller, lora)
+    try:
+        gen = metered.start(
+            prompt, params, request_id=service.new_request_id("tgi"),
+            field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
+        )  # fmt: skip
+    except BaseException:
+        await metered.end()
+        raise
+    return metered, gen, p
 
 
-async def _generate(data: TGIRequest, request: Request, service: GatewayService) -> TGIResponse:
-    gen, p = await _start(data, service)
+async def _generate(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> TGIResponse:
+    metered, gen, p = await _start(data, caller, service)
     try:
         await until_disconnect(request.receive, prime_all([gen]))
         (final,) = await until_disconnect(request.receive, results_all([gen]))
     finally:
-        await gen.aclose()
+        await metered.end()
     c = final.outputs[0]
     text = (data.inputs + c.text) if p.return_full_text else c.text
     details = None
@@ -121,14 +132,16 @@ async def _generate(data: TGIRequest, request: Request, service: GatewayService)
     return TGIResponse(generated_text=text, details=details)
 
 
-async def _generate_stream(data: TGIRequest, request: Request, service: GatewayService) -> Stream:
-    gen, p = await _start(data, service)
+async def _generate_stream(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> Stream:
+    metered, gen, p = await _start(data, caller, service)
     try:
         await until_disconnect(request.receive, prime_all([gen]))
     except BaseException:
-        await gen.aclose()
+        await metered.end()
         raise
-    return sse_response(_events(service, data, p, gen), gen.aclose)
+    return sse_response(_events(service, data, p, gen), metered.end)
 
 
 async def _events(

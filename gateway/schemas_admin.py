@@ -6,10 +6,19 @@ import msgspec
 
 
 class RegisterAdapterRequest(msgspec.Struct, kw_only=True):
-    """`path` is a directory under the server's --adapter-root (relative or absolute)."""
+    """`path` is a directory under the server's --adapter-root (relative or absolute); a
+    tenant's paths are under `<adapter-root>/<tenant>/`. `public` (admin only) lets every
+    tenant use the adapter; left out, a re-registration keeps the flag it had."""
 
     name: str
     path: str
+    public: bool | None = None
+
+
+class PatchAdapterRequest(msgspec.Struct, kw_only=True):
+    """Admin only: share an adapter with every tenant (`public: true`), or stop sharing it."""
+
+    public: bool
 
 
 class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
@@ -27,7 +36,10 @@ class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
 
 
 class AdapterInfo(msgspec.Struct, kw_only=True):
-    """A registered adapter. `path` is relative to the adapter root, never absolute."""
+    """A registered adapter. `path` is relative to the adapter root, never absolute.
+
+    `owner` is the owning tenant (null: the operator); a tenant sees it only for its own
+    adapters, never the owner of a public one."""
 
     name: str
     id: int
@@ -41,6 +53,8 @@ class AdapterInfo(msgspec.Struct, kw_only=True):
     size_bytes: int
     created: int
     source: str
+    owner: str | None = None
+    public: bool = False
 
 
 class AdapterList(msgspec.Struct, kw_only=True):
@@ -54,7 +68,24 @@ class DeletedAdapter(msgspec.Struct, kw_only=True):
     deleted: bool = True
 
 
+class RegistryHealth(msgspec.Struct, kw_only=True):
+    """The registry store as this replica sees it (`backend` never carries credentials)."""
+
+    backend: str
+    reachable: bool
+    watching: bool
+    error: str | None = None
+    down_since: float | None = None
+    orphaned_adapters: int = 0
+    orphaned_tenants: int = 0
+    pending_usage_records: int = 0
+
+
 class HealthStatus(msgspec.Struct, kw_only=True):
+    """status: "ok"; "degraded" (200: serving, but the registry store is unreachable or
+    lost its data); "unavailable" (503: the engine stopped)."""
+
     status: str
     model: str
     detail: str | None = None
+    registry: RegistryHealth | None = None

@@ -13,20 +13,20 @@ from collections.abc import Callable
 
 import uvicorn
 
+from loragate.adapters.registry_store import RegistryStore
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.gateway.access_log import AccessLog
 from loragate.gateway.app import create_app
-from loragate.gateway.registry import AdapterRegistry
 from loragate.gateway.settings import GatewaySettings
 
 
 def build_server(
     settings: GatewaySettings,
     engine: AsyncLLMEngine | None = None,
-    registry: AdapterRegistry | None = None,
+    store: RegistryStore | None = None,
 ) -> uvicorn.Server:
     config = uvicorn.Config(
-        AccessLog(create_app(settings, engine, registry)),
+        AccessLog(create_app(settings, engine, store)),
         host=settings.host,
         port=settings.port,
         lifespan="on",
@@ -72,10 +72,10 @@ class BackgroundServer:
         self,
         settings: GatewaySettings,
         engine: AsyncLLMEngine | None = None,
-        registry: AdapterRegistry | None = None,
+        store: RegistryStore | None = None,
         start_timeout: float = 600.0,
     ):
-        self.server = build_server(settings, engine, registry)
+        self.server = build_server(settings, engine, store)
         self.app = self.server.config.app.app  # the Litestar app inside the access log
         self._thread = threading.Thread(target=self.server.run, name="loragate-http", daemon=True)
         self._start_timeout = start_timeout

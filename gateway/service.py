@@ -1,11 +1,15 @@
-"""What every route shares: the async engine, the adapters, the queue bound and the metrics.
+"""What every route shares: the async engine, the adapters, the registry store, the caller's
+authentication and quotas, the queue bound and the metrics.
 
-Routes never touch the engine directly: they resolve a model name, `start` a Generation
-(which is admitted, counted against its adapter and measured) and format what it yields.
+Routes never touch the engine directly: they resolve a model name for their caller, `begin`
+a MeteredRequest (the tenant's quotas admit it), start Generations through it (each is
+admitted to the queue, counted against its adapter and measured) and format what they
+yield; `end()` gives everything back and records the usage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from itertools import count
@@ -14,16 +18,23 @@ from uuid import uuid4
 from litestar.di import NamedDependency
 
 from loragate.adapters import LoRARequest
+from loragate.adapters.registry_store import RegistryStore, UsageCounts, make_registry_store
 from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from loragate.gateway.adapter_manager import AdapterManager
 from loragate.gateway.adapter_usage import AdapterUsage
 from loragate.gateway.admission import Admission
+from loragate.gateway.auth import Authenticator
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
 from loragate.gateway.generation import Generation
+from loragate.gateway.metered import MeteredRequest
 from loragate.gateway.metrics import GatewayGauges, GatewayMetrics, read_engine_snapshot
-from loragate.gateway.registry import AdapterRegistry, InMemoryAdapterRegistry
+from loragate.gateway.quotas import QuotaKeeper
+from loragate.gateway.registry_sync import RegistrySync
 from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.store_health import StoreHealth
+from loragate.gateway.tenancy import OPERATOR, Principal
+from loragate.gateway.usage_meter import UsageMeter
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +44,38 @@ class GatewayService:
         self,
         settings: GatewaySettings,
         engine: AsyncLLMEngine,
-        registry: AdapterRegistry | None = None,
+        store: RegistryStore | None = None,
     ):
         self.settings = settings
         self.engine = engine
-        self.registry = registry if registry is not None else InMemoryAdapterRegistry()
+        self.store = store if store is not None else build_store(settings)
+        self.health = StoreHealth(store_location(self.store))
         self.admission = Admission(
             engine.engine.config.max_num_seqs, settings.max_queue, settings.retry_after_seconds
         )
         self.usage = AdapterUsage()
         self.metrics = GatewayMetrics()
         self.adapters = AdapterManager(
-            engine, self.registry, self.usage, settings.adapter_root, self.model_name
+            engine, self.store, self.health, self.usage, settings.adapter_root, self.model_name
+        )
+        self.auth = Authenticator(
+            settings.admin_key, self.store, self.health, settings.auth_cache_seconds
+        )
+        self.quotas = QuotaKeeper(self.store, self.health, settings.quota_lease_seconds)
+        self.usage_meter = UsageMeter(self.store, self.health)
+        self.sync = RegistrySync(
+            self.store,
+            self.health,
+            self.adapters.catalog,
+            self.auth,
+            self.usage_meter,
+            settings.registry_resync_seconds,
         )
         self.started_at = int(time.time())
         self._ids = count()
         self._prefix = uuid4().hex[:8]
+        self._background: set[asyncio.Task] = set()
+        self._lease_keeper: asyncio.Task | None = None
 
     # ---- what the routes read -----------------------------------------------------------
     @property
@@ -66,11 +93,14 @@ class GatewayService:
     def new_request_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}{next(self._ids):06d}"
 
-    async def resolve_model(self, name: str | None, param: str = "model") -> LoRARequest | None:
-        """None for the base model; the adapter's LoRARequest; NotFoundError (404) otherwise."""
+    async def resolve_model(
+        self, name: str | None, param: str = "model", caller: Principal = OPERATOR
+    ) -> LoRARequest | None:
+        """None for the base model; the adapter's LoRARequest if `caller` may use it;
+        NotFoundError (404) otherwise, the same whether it is missing or another tenant's."""
         if name is None or name == "" or name == self.model_name:
             return None
-        return (await self.adapters.lookup(name, param)).lora_request
+        return (await self.adapters.lookup(name, param, caller)).lora_request
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         try:
@@ -79,6 +109,30 @@ class GatewayService:
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
     # ---- running requests ---------------------------------------------------------------
+    async def begin(self, caller: Principal, lora: LoRARequest | None) -> MeteredRequest:
+        """The caller's quotas admit one HTTP request (QuotaExceededError, 429, if not)."""
+        lease = await self.quotas.admit(caller)
+
+        def account(counts: UsageCounts) -> asyncio.Task:
+            task = asyncio.create_task(self._account(caller, lora, lease, counts))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return task
+
+        return MeteredRequest(self.start, account, caller, lora)
+
+    async def _account(
+        self,
+        caller: Principal,
+        lora: LoRARequest | None,
+        lease: str | None,
+        counts: UsageCounts,
+    ) -> None:
+        await self.quotas.finish(caller, lease, counts.prompt_tokens + counts.completion_tokens)
+        if counts.requests:
+            adapter = lora.lora_name if lora is not None else None
+            await self.usage_meter.record(caller.usage_name, adapter, counts)
+
     def start(
         self,
         prompt,
@@ -88,8 +142,12 @@ class GatewayService:
         request_id: str,
         field_names: dict[str, str],
         adapter_param: str = "model",
+        cache_salt: str | None = None,
     ) -> Generation:
-        """Admit one engine request (429 if the queue is full); call `prime()` next."""
+        """Admit one engine request (429 if the queue is full); call `prime()` next.
+
+        `cache_salt` (the tenant) keeps prefix-cache blocks from being shared across tenants.
+        """
         if not self.engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {self.engine.dead_error}")
         num_seqs = max(params.n, params.best_of or 1)
@@ -111,7 +169,9 @@ class GatewayService:
                 e2e = (gen.finished_at or gen.started) - gen.started
                 self.metrics.observe_request(ttft, e2e, gen.num_output_tokens, finish)
 
-        outputs = self.engine.generate(prompt, params, request_id, lora_request=lora)
+        outputs = self.engine.generate(
+            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt
+        )
         return Generation(
             outputs,
             request_id,
@@ -123,10 +183,23 @@ class GatewayService:
 
     # ---- lifecycle and observability ----------------------------------------------------
     async def startup(self) -> None:
+        await self.sync.start()
         if self.settings.preload_adapters and self.engine.engine.adapters is not None:
             names = await self.adapters.preload_root()
             if names:
                 log.info("preloaded %d adapters from %s", len(names), self.settings.adapter_root)
+        self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
+
+    async def shutdown(self) -> None:
+        """Stop the loops; let accounting already under way finish (briefly), then close."""
+        await self.sync.stop()
+        if self._lease_keeper is not None:
+            self._lease_keeper.cancel()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5)
+        await self.usage_meter.flush()
+        await self.adapters.close()
+        await self.store.close()
 
     async def metrics_text(self) -> bytes:
         snapshot = None
@@ -139,10 +212,25 @@ class GatewayService:
             in_flight=self.admission.in_flight,
             queued=self.admission.waiting,
             queue_capacity=self.admission.capacity,
-            registered_adapters=len(await self.registry.list()),
+            registered_adapters=len(await self.adapters.catalog.list(OPERATOR)),
             engine_up=self.engine.is_running,
+            registry_reachable=self.health.reachable,
+            usage_pending=self.usage_meter.pending,
         )
         return self.metrics.render(snapshot, gauges)
+
+
+def build_store(settings: GatewaySettings) -> RegistryStore:
+    """The in-memory store, or the Redis one (under its namespace) with --redis-url."""
+    options = {"lease_ttl_s": settings.quota_lease_seconds}
+    if settings.redis_url is not None:
+        options["namespace"] = settings.redis_namespace
+    return make_registry_store(settings.redis_url, **options)
+
+
+def store_location(store: RegistryStore) -> str:
+    """Where the store lives, without credentials: fit for logs and /health."""
+    return getattr(store, "where", "memory")
 
 
 # How route handlers ask Litestar for the service (injected by name from app state).

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from loragate.engine import EngineConfig
+
+MIN_ADMIN_KEY_LENGTH = 16
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -14,6 +19,11 @@ class GatewaySettings:
 
     `max_queue` bounds the requests admitted beyond the engine's `max_num_seqs`: past it
     the gateway answers 429 instead of letting latency grow without bound.
+
+    `redis_url` shares adapters, tenants, quotas and usage with every replica on that Redis
+    (under `redis_namespace`); without it they live in this process. `admin_key` turns on
+    tenancy: every request then needs a bearer key (the admin's or a tenant's). It is kept
+    out of the repr so that it never reaches a log.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -25,6 +35,12 @@ class GatewaySettings:
     max_body_bytes: int = 2 * 1024 * 1024
     shutdown_timeout: float = 30.0
     retry_after_seconds: int = 1
+    redis_url: str | None = field(default=None, repr=False)
+    redis_namespace: str = "loragate"
+    admin_key: str | None = field(default=None, repr=False)
+    registry_resync_seconds: float = 2.0
+    auth_cache_seconds: float = 30.0
+    quota_lease_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -45,6 +61,32 @@ class GatewaySettings:
             raise ValueError(
                 f"retry_after_seconds must be an integer >= 1, got {self.retry_after_seconds!r}"
             )
+        if self.redis_url is not None and (
+            not isinstance(self.redis_url, str)
+            or urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix")
+        ):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        if not isinstance(self.redis_namespace, str) or not _NAMESPACE.fullmatch(
+            self.redis_namespace
+        ):
+            raise ValueError(
+                "redis_namespace must be 1-64 letters, digits, '.', '_', ':' or '-', starting "
+                f"with a letter or digit; got {self.redis_namespace!r}"
+            )
+        if self.admin_key is not None and (
+            not isinstance(self.admin_key, str)
+            or len(self.admin_key) < MIN_ADMIN_KEY_LENGTH
+            or not self.admin_key.isprintable()
+            or any(c.isspace() for c in self.admin_key)
+        ):
+            raise ValueError(
+                f"admin_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
+                "without spaces"
+            )
+        for name in ("registry_resync_seconds", "auth_cache_seconds", "quota_lease_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
         if self.adapter_root is not None:
             root = Path(self.adapter_root).expanduser()
             if not root.is_dir():

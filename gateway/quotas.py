@@ -1,0 +1,90 @@
+"""Tenant quotas, counted in the registry store so that they hold across replicas.
+
+A tenant's request takes a lease (its place among `max_concurrent_requests`, and one
+request in the per-minute window) before it reaches the engine, and gives it back when it
+ends, whichever way. The store expires a lease that is never given back (a replica that
+crashed), so a long stream has its lease refreshed here while it runs.
+
+Fail open: while the store is unreachable, requests are admitted without a lease, so the
+tenants and adapters already known keep being served; the replica's own queue bound still
+holds. Their tokens are not counted against tokens/minute; their usage is (see usage_meter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from loragate.adapters.registry_store import RegistryStore, RegistryUnavailable
+from loragate.gateway.errors import QuotaExceededError
+from loragate.gateway.store_health import StoreHealth
+from loragate.gateway.tenancy import Principal
+
+log = logging.getLogger(__name__)
+
+_WHAT = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute",
+    "max_concurrent_requests": "concurrent requests",
+}
+
+
+class QuotaKeeper:
+    def __init__(self, store: RegistryStore, health: StoreHealth, lease_seconds: float):
+        self._store = store
+        self._health = health
+        self.refresh_every = lease_seconds / 3
+        self._leases: dict[str, str] = {}  # lease -> tenant, while its request runs
+
+    async def admit(self, caller: Principal) -> str | None:
+        """A lease for the caller's request, None when none is needed (or the store is down);
+        QuotaExceededError (429 with Retry-After) when a quota refuses it."""
+        if caller.tenant is None or caller.quota is None or self._health.down:
+            return None
+        try:
+            with self._health.noting():
+                admission = await self._store.try_acquire_request(caller.tenant, caller.quota)
+        except RegistryUnavailable:
+            return None
+        if not admission.ok:
+            what = _WHAT.get(admission.reason, admission.reason)
+            raise QuotaExceededError(
+                f"quota exceeded: this tenant's limit of {what} is reached; retry after "
+                f"{admission.retry_after} s",
+                code=admission.reason,
+                headers={"Retry-After": str(admission.retry_after)},
+            )
+        self._leases[admission.lease] = caller.tenant
+        return admission.lease
+
+    async def finish(self, caller: Principal, lease: str | None, tokens: int) -> None:
+        """Give the lease back and count the tokens against tokens/minute."""
+        if lease is not None:
+            self._leases.pop(lease, None)
+        if caller.tenant is None or self._health.down:
+            return
+        try:
+            with self._health.noting():
+                if lease is not None:
+                    await self._store.release_request(caller.tenant, lease)
+                if tokens:
+                    await self._store.add_tokens(caller.tenant, tokens)
+        except RegistryUnavailable:
+            pass  # the lease expires by itself; the tokens go uncounted (fail open)
+
+    async def keep_leases_alive(self) -> None:
+        """Runs for the server's life: restart the TTL of every running request's lease."""
+        while True:
+            await asyncio.sleep(self.refresh_every)
+            for lease, tenant in list(self._leases.items()):
+                if self._health.down:
+                    break
+                try:
+                    with self._health.noting():
+                        await self._store.refresh_request(tenant, lease)
+                except RegistryUnavailable:
+                    break
+
+    @property
+    def running(self) -> int:
+        return len(self._leases)

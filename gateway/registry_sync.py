@@ -1,0 +1,146 @@
+"""Keeps this replica's copies (adapters, remembered tenant keys) in step with the store.
+
+Two loops, for the server's life:
+- watch: subscribed to the store's change events, it re-reads each changed adapter (so a
+  registration or deletion on any replica shows here within a second) and forgets the
+  keys of each changed tenant. Whenever it (re)subscribes, events may have been missed, so
+  it resyncs everything first. If the subscription fails it subscribes again.
+- monitor: every `resync_seconds` (faster while the store is down) it pings the store,
+  notices a store that lost its data (`check_reset`), resyncs when the store's version
+  moved (the safety net for a lost event), and writes usage counts that waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from loragate.adapters.registry_store import (
+    ChangeEvent,
+    ChangeKind,
+    RegistryStore,
+    RegistryUnavailable,
+)
+from loragate.gateway.adapter_catalog import AdapterCatalog
+from loragate.gateway.auth import Authenticator
+from loragate.gateway.store_health import StoreHealth
+from loragate.gateway.usage_meter import UsageMeter
+
+log = logging.getLogger(__name__)
+
+_ADAPTER_EVENTS = (
+    ChangeKind.ADAPTER_REGISTERED,
+    ChangeKind.ADAPTER_UPDATED,
+    ChangeKind.ADAPTER_DELETED,
+)
+
+
+class RegistrySync:
+    def __init__(
+        self,
+        store: RegistryStore,
+        health: StoreHealth,
+        catalog: AdapterCatalog,
+        auth: Authenticator,
+        usage: UsageMeter,
+        resync_seconds: float,
+        retry_seconds: float = 0.25,
+    ):
+        self.store = store
+        self.health = health
+        self.catalog = catalog
+        self.auth = auth
+        self.usage = usage
+        self.resync_seconds = resync_seconds
+        self.retry_seconds = min(retry_seconds, resync_seconds)
+        self.resets_seen = 0
+        self._version: int | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._first_attempt = asyncio.Event()
+
+    async def start(self) -> None:
+        """Read the store once and subscribe to its changes (if it answers; else keep trying
+        in the background), so a server that has started misses no change."""
+        try:
+            with self.health.noting():
+                if await self.store.open():
+                    log.info("registry store at %s holds no data yet", self.health.where)
+            await self.resync(force=True)
+        except RegistryUnavailable:
+            log.error("starting without the registry store; retrying in the background")
+        self._tasks = [
+            asyncio.create_task(self._watch(), name="registry-watch"),
+            asyncio.create_task(self._monitor(), name="registry-monitor"),
+        ]
+        await self._first_attempt.wait()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def resync(self, force: bool = False) -> None:
+        """Match the store's adapters (if its version moved, or `force`)."""
+        async with self.catalog.lock:
+            with self.health.noting():
+                reset = await self.store.check_reset()
+            if reset:
+                self.resets_seen += 1
+                adapters = await self.catalog.orphan_everything()
+                tenants = self.auth.orphan_everything()
+                log.error(
+                    "registry store at %s LOST ITS DATA (restarted empty?): still serving the "
+                    "%d adapters and %d tenants known here until they are registered again",
+                    self.health.where,
+                    adapters,
+                    tenants,
+                )
+                force = True
+            with self.health.noting():
+                version = await self.store.version()
+                if not force and version == self._version:
+                    return
+                metas = await self.store.list_adapters()
+            await self.catalog.reconcile(metas)
+            self._version = version
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async with self.store.watch() as events:
+                    self.auth.recheck_all()  # events may have been missed while not watching
+                    await self.resync(force=True)
+                    self.health.watching = True
+                    self._first_attempt.set()
+                    async for event in events:
+                        await self._apply(event)
+            except RegistryUnavailable as exc:
+                self.health.failed(exc)
+            except Exception:
+                log.exception("registry watch failed; subscribing again")
+            self.health.watching = False
+            self._first_attempt.set()
+            await asyncio.sleep(self.retry_seconds)
+
+    async def _apply(self, event: ChangeEvent) -> None:
+        if event.kind in _ADAPTER_EVENTS:
+            async with self.catalog.lock:
+                with self.health.noting():
+                    meta = await self.store.get_adapter(event.name)
+                await self.catalog.refresh(event.name, meta)
+        else:
+            self.auth.forget_tenant(event.name)
+
+    async def _monitor(self) -> None:
+        while True:
+            healthy = self.health.reachable
+            await asyncio.sleep(self.resync_seconds if healthy else self.retry_seconds)
+            try:
+                with self.health.noting():
+                    await self.store.ping()
+                await self.resync()
+                await self.usage.flush()
+            except RegistryUnavailable:
+                pass
+            except Exception:
+                log.exception("registry resync failed; trying again")
