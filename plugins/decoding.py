@@ -7,8 +7,7 @@ log-probabilities, and answers with plain data:
 - ``state = strategy.start(params, eos_token_ids, max_tokens)``: ``params`` is the
   request's SamplingParams as a dict, ``eos_token_ids`` a set of ids that finish a
   hypothesis (empty with ``ignore_eos``), ``max_tokens`` the most tokens to generate.
-  ``state.num_running`` says how many running sequences the next step expects (1 at the
-  start: the prompt).
+  There is one running sequence at first: the prompt.
 - ``decision = strategy.step(state, logprobs)``: ``logprobs`` is ``[num_running, vocab]``,
   row i the log-probabilities of running sequence i. The engine then makes the new running
   sequences: new sequence j = old sequence ``decision.parents[j]`` + ``decision.tokens[j]``
