@@ -75,8 +75,11 @@ class PluginManager:
                 manager.register(load_reference(item), name=item, source=f"--plugin {item}")
             else:
                 manager.register(item, source="explicit")
-        manager.samplers()
-        manager.decoding_strategies()
+        try:  # collected once, now: a broken sampler or strategy hook stops start-up
+            manager.samplers()
+            manager.decoding_strategies()
+        except PluginError as exc:
+            raise PluginLoadError(exc.plugin_name, str(exc)) from exc
         return manager
 
     # -- registration -------------------------------------------------------------------
@@ -344,7 +347,7 @@ def _checked_tokens(tokens, logits: torch.Tensor, plugin_name: str, where: str) 
         bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
         problem = f"returned token id {bad}, outside the vocabulary [0, {vocab})"
     else:
-        return tokens.to(dtype=torch.long)
+        return tokens.to(device=logits.device, dtype=torch.long)
     raise PluginError(plugin_name, f"{where} {problem}")
 
 

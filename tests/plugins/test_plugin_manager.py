@@ -162,6 +162,35 @@ def test_invalid_plugins_are_refused_by_name(plugin, message):
     assert type(plugin).__name__ in caught.value.plugin_name
 
 
+class SamplersHookRaises:
+    from loragate.plugins import hookimpl
+
+    @hookimpl
+    def loragate_samplers(self):
+        raise RuntimeError("config file missing")
+
+
+class StrategyWithoutStep:
+    from loragate.plugins import hookimpl
+
+    @hookimpl
+    def loragate_decoding_strategies(self):
+        return {"half": object()}
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        (SamplersHookRaises(), "failed in loragate_samplers: RuntimeError: config file missing"),
+        (StrategyWithoutStep(), r"decoding strategy 'half' lacks method\(s\) \['start', 'step'"),
+    ],
+)
+def test_broken_sampler_or_strategy_hooks_stop_startup_naming_the_plugin(plugin, message):
+    with pytest.raises(PluginLoadError, match=message) as caught:
+        manager(plugin)
+    assert caught.value.plugin_name == f"test_plugin_manager:{type(plugin).__qualname__}"
+
+
 def test_plugins_must_be_a_list():
     with pytest.raises(ValueError, match="plugins must be a list"):
         PluginManager.create(plugins="plugins_testlib:LastTokenSamplers")
