@@ -51,16 +51,37 @@ class SampleDispatcher:
         return results
 
     def _plugin_sample(self, name, seqs, idx, raw, processed, results) -> None:
-        args = [dict(seqs[i].request.params.sampler_args or {}) for i in idx]
+        args = [_sampler_args(seqs[i]) for i in idx]
         try:
             tokens = self.plugins.call_sampler(name, processed[idx], args).tolist()
         except PluginError as exc:
-            for i in idx:
-                results[i] = exc
+            if len(idx) == 1:
+                results[idx[0]] = exc
+                return
+            # One row's input may be what broke it: retry row by row so only that one fails.
+            for i, row_args in zip(idx, args, strict=True):
+                self._plugin_sample_one(name, seqs[i], i, raw, processed, row_args, results)
             return
         logprobs = torch.log_softmax(raw[idx].float(), dim=-1)
         for row, (i, token) in enumerate(zip(idx, tokens, strict=True)):
             results[i] = _result(token, logprobs[row], seqs[i].request.params.logprobs)
+
+    def _plugin_sample_one(self, name, seq, i, raw, processed, args, results) -> None:
+        try:
+            token = self.plugins.call_sampler(name, processed[i : i + 1], [args]).item()
+        except PluginError as exc:
+            results[i] = exc
+            return
+        logprobs = torch.log_softmax(raw[i].float(), dim=-1)
+        results[i] = _result(token, logprobs, seq.request.params.logprobs)
+
+
+def _sampler_args(seq: Sequence) -> dict:
+    """The request's sampler_args, plus `step` (tokens generated so far) for stateless
+    seeded samplers."""
+    args = dict(seq.request.params.sampler_args or {})
+    args.setdefault("step", len(seq.output_token_ids))
+    return args
 
 
 def _row(seq: Sequence) -> SamplingRow:

@@ -216,3 +216,41 @@ def test_adapter_eviction_policy_plugin_changes_the_victim(tiny_model_dir, tmp_p
     # "small" is least recently used; LRU evicts it, the plugin evicts the largest instead.
     assert resident_after_order(["small", "big", "mid"], []) == {"big", "mid"}
     assert resident_after_order(["small", "big", "mid"], [LargestFirst()]) == {"small", "mid"}
+
+
+class PicksArg:
+    """Returns args['token'] per row; raises if any row asks for a negative token."""
+
+    @hookimpl
+    def loragate_samplers(self):
+        def pick(logits, args):
+            if any(a["token"] < 0 for a in args):
+                raise ValueError("negative token")
+            return torch.tensor([a["token"] for a in args], dtype=torch.long)
+
+        return {"pick": pick}
+
+
+def test_a_row_that_breaks_a_shared_plugin_sampler_fails_alone(tiny_dir, make_llm):
+    llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=32, plugins=[PicksArg()])
+    params = [
+        SamplingParams(sampler="pick", sampler_args={"token": t}, max_tokens=3, ignore_eos=True)
+        for t in (5, -1, 6)
+    ]
+    outs = llm.generate([PROMPT] * 3, params, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == [5, 5, 5]
+    assert outs[1].outputs[0].finish_reason == "error" and "negative token" in outs[1].error
+    assert outs[2].outputs[0].token_ids == [6, 6, 6]
+
+
+def test_seeded_random_plugin_sampler_varies_by_step(tiny_dir, make_llm):
+    llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=32)
+    params = SamplingParams(
+        sampler="random",
+        sampler_args={"seed": 3, "temperature": 5.0},
+        max_tokens=8,
+        ignore_eos=True,
+    )
+    first = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids
+    again = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert first == again and len(set(first)) > 1
