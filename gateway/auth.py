@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -76,6 +76,8 @@ class Authenticator:
         self._tenants: dict[str, TenantRecord] = {}
         self._changes = 0
         self.orphans: set[str] = set()
+        # Set by the service: makes sure a store that lost its data has been noticed.
+        self.check_for_reset: Callable[[], Awaitable[None]] | None = None
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an Authorization header; AuthenticationError (401) otherwise."""
@@ -111,9 +113,17 @@ class Authenticator:
             if known is not None:
                 return known.tenant
             raise _cannot_verify() from exc
+        if record is None and known is not None and self.check_for_reset is not None:
+            # A key that was valid is unknown now: revoked (with its event missed), or the
+            # store lost its data. Let the store's reset marker tell, before refusing.
+            try:
+                await self.check_for_reset()
+            except RegistryUnavailable:
+                return known.tenant
         if record is None:
             if known is not None and known.tenant in self.orphans:
-                return known.tenant  # the store lost its data; keep serving who we knew
+                known.at = now  # the store lost its data; keep serving who we knew
+                return known.tenant
             self._keys.pop(digest, None)
             raise AuthenticationError(_INVALID, code="invalid_api_key")
         if changes == self._changes:  # no change event arrived while we asked the store

@@ -1,7 +1,9 @@
-"""The `loragate` command: `serve`, and adapter helpers (`adapters make-random`, `train-demo`)."""
+"""The `loragate` command: `serve`, `plugins` (what is loaded), and adapter helpers
+(`adapters make-random`, `train-demo`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -163,6 +165,49 @@ def main() -> None:
     help="On SIGTERM, seconds running requests get to finish before they are cancelled.",
 )
 @click.option(
+    "--redis-url",
+    default=None,
+    envvar="LORAGATE_REDIS_URL",
+    show_envvar=True,
+    help="Share adapters, tenants, quotas and usage with every replica on this Redis "
+    "(redis://host:port/db). Default: kept in this process.",
+)
+@click.option(
+    "--redis-namespace",
+    default="loragate",
+    help="Prefix of every Redis key: replicas of one deployment share it.",
+)
+@click.option(
+    "--admin-key",
+    default=None,
+    envvar="LORAGATE_ADMIN_KEY",
+    show_envvar=True,
+    help="Turn on tenancy: every request needs `Authorization: Bearer <key>` (this admin key "
+    "or a tenant's). Prefer the environment variable, which `ps` does not show. "
+    "Default: open, single-tenant.",
+)
+@click.option(
+    "--registry-resync-seconds",
+    default=2.0,
+    type=float,
+    help="How often the registry store is re-read in full when it changed (the safety net "
+    "under its change events), and probed while it is down.",
+)
+@click.option(
+    "--auth-cache-seconds",
+    default=30.0,
+    type=float,
+    help="How long a verified tenant key is trusted before it is checked again "
+    "(while the registry store is down, known keys keep working).",
+)
+@click.option(
+    "--quota-lease-seconds",
+    default=300.0,
+    type=float,
+    help="A running request's hold on its tenant's concurrency quota expires after this "
+    "unless renewed (it is, while the request runs): a crashed replica leaks nothing.",
+)
+@click.option(
     "--log-level",
     default="info",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -181,19 +226,54 @@ def serve(**options) -> None:
 def _settings(options: dict) -> GatewaySettings:
     gateway_keys = (
         "host", "port", "adapter_root", "preload_adapters", "max_queue", "max_body_bytes",
-        "shutdown_timeout",
+        "shutdown_timeout", "redis_url", "redis_namespace", "admin_key",
+        "registry_resync_seconds", "auth_cache_seconds", "quota_lease_seconds",
     )  # fmt: skip
     gateway = {key: options.pop(key) for key in gateway_keys}
-    options["plugins"] = tuple(options.pop("plugins"))
-    for flag in ("plugins",):
-        for spec in options[flag]:
-            if ":" not in spec:
-                raise click.BadParameter(f"{spec!r} is not MODULE:OBJECT", param_hint="--plugin")
+    options["plugins"] = _plugin_specs(options.pop("plugins"))
     try:
         engine = EngineConfig(**options)
         return GatewaySettings(engine=engine, **gateway)
     except (ValueError, FileNotFoundError) as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def _plugin_specs(specs) -> tuple[str, ...]:
+    for spec in specs:
+        if ":" not in spec:
+            raise click.BadParameter(f"{spec!r} is not MODULE:OBJECT", param_hint="--plugin")
+    return tuple(specs)
+
+
+@main.command()
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="MODULE:OBJECT",
+    help="Also load this plugin, as `serve --plugin` would (repeatable).",
+)
+@click.option(
+    "--entry-points/--no-entry-points",
+    default=True,
+    help="Load plugins from the `loragate.plugins` entry points (LORAGATE_PLUGINS limits them).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def plugins(plugins, entry_points, as_json) -> None:
+    """List the plugins `serve` would load, where each comes from, and the hooks it implements."""
+    from loragate.plugins import PluginManager
+
+    try:
+        manager = PluginManager.create(_plugin_specs(plugins), load_entrypoints=entry_points)
+    except ValueError as exc:  # PluginLoadError included
+        raise click.UsageError(str(exc)) from exc
+    described = manager.describe()
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+        return
+    for plugin in described:
+        click.echo(f"{plugin['name']}  ({plugin['source']})")
+        click.echo(f"    hooks: {', '.join(plugin['hooks']) or '-'}")
 
 
 @main.group()

@@ -112,6 +112,7 @@ class RegistrySync:
                     await self.resync(force=True)
                     self.health.watching = True
                     self._first_attempt.set()
+                    await self.usage.flush()
                     async for event in events:
                         await self._apply(event)
             except RegistryUnavailable as exc:

@@ -68,6 +68,11 @@ def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None
             f"{registry.orphaned_adapters} adapters and {registry.orphaned_tenants} tenants "
             "known here until they are registered again"
         )
+    elif registry.pending_usage_records:
+        problem = (
+            f"{registry.pending_usage_records} usage counts wait to be written to the registry "
+            f"store at {health.where}"
+        )
     else:
         problem = None
     return registry, problem

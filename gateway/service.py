@@ -71,6 +71,7 @@ class GatewayService:
             self.usage_meter,
             settings.registry_resync_seconds,
         )
+        self.auth.check_for_reset = self.sync.resync
         self.started_at = int(time.time())
         self._ids = count()
         self._prefix = uuid4().hex[:8]

@@ -41,7 +41,7 @@ class StoreHealth:
 
     def failed(self, exc: BaseException) -> None:
         if self.reachable:
-            log.error("registry store at %s is unreachable: %s", self.where, exc)
+            log.error("%s (serving what this replica knows; retrying)", exc)
             self.down_since = time.time()
         self.reachable = False
         self.watching = False

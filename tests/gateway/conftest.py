@@ -1,10 +1,14 @@
 """Gateway fixtures: a tiny random Llama on disk, four real PEFT adapters, and real servers
-(uvicorn on 127.0.0.1, a free port, in a background thread) that the tests reach over HTTP."""
+(uvicorn on 127.0.0.1, a free port, in a background thread) that the tests reach over HTTP.
+Replicas: several such servers, each with its own app and engine, on one Redis namespace."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, make_tiny_model_dir
+from tenancy_testlib import ADMIN_KEY, flush_namespace, require_redis
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
@@ -78,3 +82,59 @@ def url(server):
 def offline(tiny_dir):
     """The offline engine on the same model and settings: the reference for served tokens."""
     return LLM(str(tiny_dir), **ENGINE)
+
+
+# Adapters of the tenancy tests: the operator's at the top of the root (preloaded), and each
+# tenant's under <root>/<tenant>/, the only place that tenant may register from.
+TENANT_ADAPTERS = {"house": 21, "acme/sql": 22, "acme/tone": 23, "globex/sql": 24}
+
+
+@pytest.fixture(scope="session")
+def tenant_root(tmp_path_factory, tiny_hf):
+    root = tmp_path_factory.mktemp("tenant-root")
+    for path, seed in TENANT_ADAPTERS.items():
+        make_random_adapter(
+            tiny_hf, root / path, rank=4, targets=TARGETS, seed=seed, init_scale=0.5
+        )
+    return root
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    return require_redis()
+
+
+@pytest.fixture
+def redis_namespace(redis_url):
+    namespace = f"test-gateway-{uuid.uuid4().hex}"
+    yield namespace
+    flush_namespace(redis_url, namespace)
+
+
+@pytest.fixture
+def replicas(tiny_dir, tenant_root, redis_url, redis_namespace):
+    """replicas(n, engine=dict(...), **gateway) -> n servers with the admin key, on one Redis
+    namespace (this test's own). Each has its own app, engine and registry store, and the
+    slow_greedy sampler, for requests that must stay in flight a while."""
+    started: list[BackgroundServer] = []
+
+    def start(n: int = 2, engine: dict | None = None, **gateway) -> list[BackgroundServer]:
+        engine = {"plugins": ("gateway_test_plugin:SlowPlugin",), **(engine or {})}
+        config = EngineConfig(model=str(tiny_dir), **{**ENGINE, **engine})
+        options = {
+            "adapter_root": tenant_root,
+            "redis_url": redis_url,
+            "redis_namespace": redis_namespace,
+            "admin_key": ADMIN_KEY,
+            **gateway,
+        }
+        servers = []
+        for _ in range(n):
+            server = BackgroundServer(GatewaySettings(engine=config, port=0, **options)).start()
+            started.append(server)
+            servers.append(server)
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,6 +1,9 @@
-"""A third-party plugin for the gateway tests: a sampler that picks the runner-up token."""
+"""Third-party plugins for the gateway tests: samplers that pick the runner-up token, that
+fail, and that are slow."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -15,3 +18,28 @@ class RunnerUpPlugin:
     @hookimpl
     def loragate_samplers(self):
         return {"runner_up": runner_up}
+
+
+def explode(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+    raise RuntimeError("the explode sampler always fails")
+
+
+class ExplodingPlugin:
+    """A sampler that raises: the request that names it fails alone."""
+
+    @hookimpl
+    def loragate_samplers(self):
+        return {"explode": explode}
+
+
+def slow_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+    time.sleep(0.05)
+    return torch.argmax(logits, dim=-1)
+
+
+class SlowPlugin:
+    """Greedy, but each step takes at least 50 ms: a request that stays in flight a while."""
+
+    @hookimpl
+    def loragate_samplers(self):
+        return {"slow_greedy": slow_greedy}

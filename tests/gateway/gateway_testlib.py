@@ -61,9 +61,9 @@ def make_tiny_model_dir(out: Path, tokenizer_dir: Path) -> Path:
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
-def metrics(url: str) -> dict[str, float]:
+def metrics(url: str, headers: dict | None = None) -> dict[str, float]:
     """Every sample of GET /metrics: 'name{labels}' -> value."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
     found = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)

@@ -1,0 +1,384 @@
+"""Tenancy with --admin-key, on two replicas sharing Redis: 401 for any bad key, another
+tenant's adapter a 404 indistinguishable from a missing one in every endpoint, admin-only
+routes, public adapters, quotas (429 with Retry-After, counted across replicas), a
+prefix cache never shared across tenants, and keys that never reach logs or metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+from gateway_testlib import metrics, wait_until
+from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
+
+SECRET = "hidden-one"  # acme's adapter: nothing in its name says whose it is
+MISSING = "never-registered"
+
+
+@pytest.fixture
+def pair(replicas):
+    return tuple(Api(s.url, ADMIN_KEY) for s in replicas(2))
+
+
+@pytest.fixture
+def tenants(pair):
+    """acme (owning SECRET, registered on replica a) and globex, each with a key."""
+    a, b = pair
+    acme_key, globex_key = a.create_tenant("acme"), a.create_tenant("globex")
+    assert a.as_key(acme_key).register(SECRET, "sql").status_code == 201
+    wait_until(lambda: b.get(f"/v1/adapters/{SECRET}").status_code == 200, "b sees it", 5)
+    return {"acme": acme_key, "globex": globex_key}
+
+
+# ---- 401 ---------------------------------------------------------------------------------
+
+
+def assert_401(response, message: str | None = None) -> str:
+    assert response.status_code == 401, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+    assert response.headers["www-authenticate"] == "Bearer"
+    if message is not None:
+        assert error["message"] == message, "every refusal must read the same"
+    return error["message"]
+
+
+PROTECTED = [
+    ("GET", "/v1/models", None),
+    ("GET", "/v1/models/x", None),
+    ("POST", "/v1/completions", {"model": "x", "prompt": "hi"}),
+    ("POST", "/v1/chat/completions", {"model": "x", "messages": []}),
+    ("GET", "/v1/adapters", None),
+    ("POST", "/v1/adapters", {"name": "x", "path": "sql"}),
+    ("DELETE", "/v1/adapters/x", None),
+    ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "sql"}),
+    ("POST", "/generate", {"inputs": "hi"}),
+    ("POST", "/", {"inputs": "hi"}),
+    ("GET", "/info", None),
+    ("GET", "/v1/usage", None),
+    ("GET", "/v1/tenants", None),
+    ("POST", "/v1/tenants", {"name": "evil"}),
+    ("GET", "/metrics", None),
+    ("GET", "/schema/openapi.json", None),
+]
+
+
+def test_every_route_but_health_needs_a_valid_key(pair, tenants):
+    a, b = pair
+    rotated_out = a.create_tenant("rotating")
+    assert a.post("/v1/tenants/rotating/keys").status_code == 201
+    deleted = a.create_tenant("leaving")
+    assert a.delete("/v1/tenants/leaving").status_code == 200
+    bad_headers = [
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Bearer not-a-key"},
+        {"Authorization": f"Basic {ADMIN_KEY}"},
+        {"Authorization": ADMIN_KEY},
+        {"Authorization": f"Bearer {ADMIN_KEY}x"},
+        {"Authorization": f"Bearer {ADMIN_KEY[:-1]}"},
+        {"Authorization": f"Bearer lg-{'0' * 16}-{'A' * 43}"},
+        {"Authorization": f"Bearer {tenants['acme'][:-1]}B"},
+        {"Authorization": f"Bearer {rotated_out}"},
+        {"Authorization": f"Bearer {deleted}"},
+    ]
+    message = None
+    for server in (a, b):
+        anonymous = server.as_key(None)
+        for method, path, body in PROTECTED:
+            for headers in bad_headers:
+                got = anonymous.request(method, path, json=body, headers=headers)
+                message = assert_401(got, message)
+        assert anonymous.get("/health").status_code == 200
+    assert "Bearer" in message
+    for key in (ADMIN_KEY, tenants["acme"], tenants["globex"]):
+        assert b.as_key(key).get("/v1/models").status_code == 200
+    # Lower-case scheme, as some clients send it.
+    assert b.get("/v1/models", headers={"Authorization": f"bearer {ADMIN_KEY}"}).status_code == 200
+
+
+def test_rotation_and_deletion_reach_the_other_replica_within_a_second(pair, tenants):
+    a, b = pair
+    old = tenants["globex"]
+    assert b.as_key(old).get("/v1/models").status_code == 200  # remembered by b now
+    rotated = a.post("/v1/tenants/globex/keys")
+    assert rotated.status_code == 201
+    new = rotated.json()["api_key"]
+    assert new != old and rotated.json()["tenant"]["name"] == "globex"
+    wait_until(
+        lambda: b.as_key(old).get("/v1/models").status_code == 401, "old key refused", VISIBILITY_S
+    )
+    assert b.as_key(new).get("/v1/models").status_code == 200
+
+    acme = b.as_key(tenants["acme"])
+    assert acme.complete(SECRET).status_code == 200
+    assert a.delete("/v1/tenants/acme").status_code == 200
+    wait_until(lambda: acme.get("/v1/models").status_code == 401, "key refused", VISIBILITY_S)
+    wait_until(
+        lambda: b.get(f"/v1/adapters/{SECRET}").status_code == 404, "adapter gone", VISIBILITY_S
+    )
+    assert a.get("/v1/tenants/acme").status_code == 404
+
+
+# ---- 404: another tenant's adapter does not exist ---------------------------------------
+
+
+def _attempts(api: Api, name: str) -> dict[str, httpx.Response]:
+    """Every way of naming an adapter, as `api`."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tgi = {"inputs": "hi", "parameters": {"adapter_id": name, "max_new_tokens": 2}}
+    return {
+        "completion": api.complete(name),
+        "completion stream": api.complete(name, stream=True),
+        "chat": api.post("/v1/chat/completions", {"model": name, **chat}),
+        "chat stream": api.post("/v1/chat/completions", {"model": name, "stream": True, **chat}),
+        "tgi generate": api.post("/generate", tgi),
+        "tgi stream": api.post("/generate_stream", tgi),
+        "tgi compat": api.post("/", tgi),
+        "model card": api.get(f"/v1/models/{name}"),
+        "adapter info": api.get(f"/v1/adapters/{name}"),
+        "adapter delete": api.delete(f"/v1/adapters/{name}"),
+        "adapter patch": api.patch(f"/v1/adapters/{name}", {"public": True}),
+        "vllm unload": api.post("/v1/unload_lora_adapter", {"lora_name": name}),
+    }
+
+
+def test_another_tenants_adapter_is_a_404_like_a_missing_one_everywhere(pair, tenants):
+    a, b = pair
+    for server in (a, b):
+        globex = server.as_key(tenants["globex"])
+        foreign, missing = _attempts(globex, SECRET), _attempts(globex, MISSING)
+        for what, got in foreign.items():
+            assert got.status_code == 404, (what, got.text)
+            assert got.headers.get("content-type") == missing[what].headers.get("content-type")
+            unnamed = missing[what].text.replace(MISSING, "NAME")
+            assert got.text.replace(SECRET, "NAME") == unnamed, what
+            assert "acme" not in got.text
+        listings = [
+            [m["id"] for m in globex.get("/v1/models").json()["data"]],
+            [m["name"] for m in globex.get("/v1/adapters").json()["data"]],
+        ]
+        for names in listings:
+            assert SECRET not in names and "house" not in names  # the operator's is private
+
+    acme = b.as_key(tenants["acme"])
+    assert acme.complete(SECRET).status_code == 200, "the owner still uses it"
+    assert SECRET in [m["id"] for m in acme.get("/v1/models").json()["data"]]
+    own = acme.get(f"/v1/adapters/{SECRET}").json()
+    assert own["owner"] == "acme" and own["public"] is False and own["path"] == "acme/sql"
+    assert a.get(f"/v1/adapters/{SECRET}").json()["owner"] == "acme"  # the admin sees all
+
+
+def test_names_are_global_and_a_clash_does_not_say_whose(pair, tenants, tenant_root):
+    a, b = pair
+    globex = b.as_key(tenants["globex"])
+    for got in (
+        globex.register(SECRET, "sql"),
+        globex.post("/v1/load_lora_adapter", {"lora_name": SECRET, "lora_path": "sql"}),
+        a.register(SECRET, "house"),  # not even the admin takes a tenant's name
+    ):
+        assert got.status_code == 409, got.text
+        error = got.json()["error"]
+        assert error["code"] == "name_taken" and error["param"] == "name"
+        assert "acme" not in got.text
+    # A tenant registers from its own folder only.
+    for path in ("../acme/sql", "../house", str(tenant_root / "acme" / "sql")):
+        refused = globex.register("escape", path)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "path", path
+    acme = a.as_key(tenants["acme"])
+    assert acme.complete(SECRET).status_code == 200
+
+
+# ---- admin-only routes and public adapters ----------------------------------------------
+
+
+def test_admin_only_routes_refuse_tenants(pair, tenants):
+    a, _ = pair
+    acme = a.as_key(tenants["acme"])
+    for method, path, body in [
+        ("GET", "/v1/tenants", None),
+        ("POST", "/v1/tenants", {"name": "sneaky"}),
+        ("GET", "/v1/tenants/acme", None),
+        ("PATCH", "/v1/tenants/acme", {"quota": {"requests_per_minute": 1000}}),
+        ("DELETE", "/v1/tenants/globex", None),
+        ("POST", "/v1/tenants/globex/keys", None),
+        ("PATCH", f"/v1/adapters/{SECRET}", {"public": True}),
+    ]:
+        got = acme.request(method, path, json=body)
+        assert got.status_code == 403, (path, got.text)
+        assert got.json()["error"]["type"] == "permission_error"
+    refused = acme.register("public-try", "tone", public=True)
+    assert refused.status_code == 403 and refused.json()["error"]["param"] == "public"
+    assert a.get("/v1/tenants/globex").json()["name"] == "globex"
+    listed = [t["name"] for t in a.get("/v1/tenants").json()["data"]]
+    assert listed == ["acme", "globex"]
+    assert "api_key" not in a.get("/v1/tenants").text
+    assert a.post("/v1/tenants", {"name": "acme"}).status_code == 409
+    for bad in ("default", "bad/name", ""):
+        assert a.post("/v1/tenants", {"name": bad}).status_code == 400, bad
+
+
+def test_public_adapters_are_usable_by_every_tenant_but_owned_by_one(pair, tenants):
+    a, b = pair
+    acme, globex = a.as_key(tenants["acme"]), b.as_key(tenants["globex"])
+    expected = acme.complete(SECRET).json()["choices"][0]["text"]
+    shared = a.patch(f"/v1/adapters/{SECRET}", {"public": True})
+    assert shared.status_code == 200 and shared.json()["public"] is True
+    wait_until(lambda: globex.complete(SECRET).status_code == 200, "b shares it", VISIBILITY_S)
+    assert globex.complete(SECRET).json()["choices"][0]["text"] == expected
+    info = globex.get(f"/v1/adapters/{SECRET}").json()
+    assert info["public"] is True and info["owner"] is None, "the owner of a public adapter"
+    assert SECRET in [m["id"] for m in globex.get("/v1/models").json()["data"]]
+    denied = globex.delete(f"/v1/adapters/{SECRET}")
+    assert denied.status_code == 403 and denied.json()["error"]["code"] == "not_owner"
+    # The operator's preloaded adapter, made public, is everyone's to use.
+    assert globex.complete("house").status_code == 404
+    assert b.patch("/v1/adapters/house", {"public": True}).status_code == 200
+    wait_until(lambda: a.as_key(tenants["globex"]).complete("house").status_code == 200, "", 5)
+    # Sharing is undone as easily; the owner deletes it.
+    assert a.patch(f"/v1/adapters/{SECRET}", {"public": False}).status_code == 200
+    wait_until(lambda: globex.complete(SECRET).status_code == 404, "unshared", VISIBILITY_S)
+    assert acme.delete(f"/v1/adapters/{SECRET}").status_code == 200
+
+
+def test_an_open_server_has_no_tenants(url):
+    open_api = Api(url)
+    refused = open_api.post("/v1/tenants", {"name": "acme"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "tenancy_disabled"
+    assert open_api.complete(open_api.base_model()).status_code == 200
+    usage = wait_until(lambda: open_api.usage().get("default"), "usage of the open server", 10)
+    assert usage["total"]["requests"] >= 1
+    assert open_api.health()["registry"]["backend"] == "memory"
+
+
+# ---- quotas ------------------------------------------------------------------------------
+
+
+def assert_429(response, code: str) -> None:
+    assert response.status_code == 429, response.text
+    retry_after = int(response.headers["retry-after"])
+    assert 1 <= retry_after <= 60
+    if "error" in response.json() and isinstance(response.json()["error"], dict):
+        error = response.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == code
+        assert "quota" in error["message"] or "maximum" in error["message"]
+    else:  # TGI's shape
+        assert response.json()["error_type"] == "overloaded"
+
+
+def test_quotas_are_429_with_retry_after_and_hold_across_replicas(pair):
+    a, b = pair
+    base = a.base_model()
+    limited = a.create_tenant("limited", requests_per_minute=3)
+    one, other = a.as_key(limited), b.as_key(limited)
+    assert one.complete(base).status_code == 200
+    assert other.complete(base).status_code == 200
+    assert one.complete(base).status_code == 200
+    assert_429(other.complete(base), "requests_per_minute")
+    assert_429(one.post("/generate", {"inputs": "hi"}), "requests_per_minute")
+    assert_429(other.complete(base, stream=True), "requests_per_minute")
+
+    thrifty = b.as_key(a.create_tenant("thrifty", tokens_per_minute=10))
+    got = thrifty.complete(base, "one two three", max_tokens=8, ignore_eos=True)
+    assert got.status_code == 200 and got.json()["usage"]["total_tokens"] >= 10
+    assert_429(thrifty.complete(base), "tokens_per_minute")
+
+    acme = b.as_key(a.create_tenant("acme", max_adapters=1))
+    assert acme.register("acme-1", "sql").status_code == 201
+    assert acme.register("acme-1", "tone").status_code == 201, "replacing stays within it"
+    assert_429(acme.register("acme-2", "tone"), "max_adapters")
+    assert a.patch("/v1/tenants/acme", {"quota": {"max_adapters": 2}}).status_code == 200
+    assert acme.register("acme-2", "tone").status_code == 201
+
+
+def test_a_lease_is_given_back_whichever_way_a_request_ends(pair):
+    a, b = pair
+    base = a.base_model()
+    solo = a.as_key(a.create_tenant("solo", max_concurrent_requests=1))
+    for _ in range(3):  # one at a time: each gives its place back as it ends
+        assert solo.complete(base).status_code == 200
+    assert solo.post("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}).is_success
+    refused = solo.complete(base, "x " * 600)  # admitted, then refused by the engine: too long
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+    assert solo.complete(base).status_code == 200
+    body = {
+        "model": base, "prompt": "Go", "max_tokens": 200, "ignore_eos": True, "stream": True,
+        "sampler": "slow_greedy",
+    }  # fmt: skip
+    with httpx.stream("POST", f"{a.url}/v1/completions", json=body, headers=solo.headers) as r:
+        lines = r.iter_lines()  # kept: dropping the iterator would close the connection
+        next(line for line in lines if line.startswith("data:"))
+        assert_429(b.as_key(solo.key).complete(base), "max_concurrent_requests")
+    # The client hung up mid-stream: its place comes back (not after the 300 s lease TTL).
+    wait_until(lambda: solo.complete(base).status_code == 200, "place given back", 10)
+
+
+def test_a_long_stream_keeps_its_concurrency_lease(replicas):
+    (server,) = replicas(1, quota_lease_seconds=0.6)
+    admin = Api(server.url, ADMIN_KEY)
+    solo = admin.as_key(admin.create_tenant("solo", max_concurrent_requests=1))
+    base = admin.base_model()
+    body = {
+        "model": base, "prompt": "Go", "max_tokens": 40, "ignore_eos": True, "stream": True,
+        "sampler": "slow_greedy",
+    }  # fmt: skip
+    refusals, lines = [], []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=solo.headers) as r:
+        for line in r.iter_lines():  # 40 steps of >= 50 ms: several lease lifetimes
+            lines.append(line)
+            if len(lines) % 8 == 4:
+                refusals.append(solo.complete(base).status_code)
+    assert "data: [DONE]" in lines
+    assert len(refusals) >= 5 and set(refusals) == {429}, refusals
+    wait_until(lambda: solo.complete(base).status_code == 200, "place given back", 10)
+
+
+# ---- prefix cache, keys in logs ----------------------------------------------------------
+
+
+def test_the_prefix_cache_is_never_shared_across_tenants(replicas):
+    (server,) = replicas(1)
+    admin = Api(server.url, ADMIN_KEY)
+    first, second = (admin.as_key(admin.create_tenant(n)) for n in ("first", "second"))
+    base = admin.base_model()
+    prompt = " ".join(f"word{i}" for i in range(60))  # several full KV blocks
+
+    def hits_after(api: Api) -> float:
+        before = metrics_of(admin)["loragate_prefix_cache_hit_tokens_total"]
+        assert api.complete(base, prompt, max_tokens=1).status_code == 200
+        return metrics_of(admin)["loragate_prefix_cache_hit_tokens_total"] - before
+
+    assert hits_after(first) == 0
+    assert hits_after(first) > 0, "the same tenant reuses its cached prefix"
+    assert hits_after(second) == 0, "another tenant never hits the first tenant's blocks"
+    assert hits_after(second) > 0
+    assert hits_after(admin) == 0
+
+
+def metrics_of(admin: Api) -> dict[str, float]:
+    return metrics(admin.url, headers=admin.headers)
+
+
+def test_keys_never_reach_logs_or_metrics(replicas, caplog):
+    caplog.set_level(logging.DEBUG)
+    a, b = (Api(s.url, ADMIN_KEY) for s in replicas(2))
+    key = a.create_tenant("acme")
+    rotated = a.post("/v1/tenants/acme/keys").json()["api_key"]
+    acme = b.as_key(rotated)
+    assert acme.register("acme-sql", "sql").status_code == 201
+    assert acme.complete("acme-sql").status_code == 200
+    assert b.as_key(key).complete("acme-sql").status_code == 401
+    scraped = b.get("/metrics").text + a.get("/metrics").text
+    server_logs = "\n".join(
+        f"{r.getMessage()} {r.args!r} {getattr(r, 'exc_text', '')}"
+        for r in caplog.records
+        if r.name.split(".")[0] in ("loragate", "uvicorn", "litestar")
+    )
+    assert '"POST /v1/completions" 200' in server_logs  # the access log was captured
+    for secret in (ADMIN_KEY, key, rotated, key.split("-")[-1], rotated.split("-")[-1]):
+        assert secret not in server_logs
+        assert secret not in scraped
+    assert json.dumps(a.health()).count("lg-") == 0
