@@ -13,14 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from loragate.adapters.request import LoRARequest
+from loragate.plugins.builtin.eviction import lru_victim
+
+__all__ = ["ChooseVictim", "lru_victim", "request_key", "resolve_victim"]
 
 ChooseVictim = Callable[[list[dict], str], object]
-
-
-def lru_victim(candidates: list[dict], tier: str) -> tuple:
-    """Least recently used, skipping pinned adapters while any unpinned one is left."""
-    unpinned = [c for c in candidates if not c["pinned"]] or candidates
-    return min(unpinned, key=lambda c: c["last_used"])["key"]
 
 
 def request_key(request: LoRARequest) -> tuple[str, int, str]:
