@@ -24,7 +24,7 @@ def make_random_adapter(
     alpha: float | None = None,
     use_rslora: bool = False,
     seed: int = 0,
-    init_scale: float = 0.05,
+    init_scale: float = 0.1,
     base_model_name: str | None = None,
     **lora_config,
 ) -> Path:
@@ -32,7 +32,9 @@ def make_random_adapter(
 
     ``alpha`` defaults to ``rank``. ``init_scale`` sets the size of each adapted
     projection's change relative to its input: per output feature, ``scale * B @ A @ x``
-    has about ``init_scale * rms(x)`` spread. ``base_model_name`` overrides the
+    has about ``init_scale * rms(x)`` spread. The default 0.1 moves SmolLM2-135M's logits
+    by about 14% (rank 8 on every projection; a quarter of greedy argmaxes change) while
+    keeping them in the base model's range. ``base_model_name`` overrides the
     base_model_name_or_path PEFT records; extra keywords go to ``LoraConfig`` (tests use
     them to build adapters loragate must refuse). ``base_model`` is left untouched.
     """

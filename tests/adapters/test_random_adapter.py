@@ -89,7 +89,7 @@ def test_init_scale_sets_each_projections_relative_change(base_model, spec, tmp_
     x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
     delta = adapter.scale * (x @ a.T) @ b.T
     ratio = delta.pow(2).mean().sqrt() / x.pow(2).mean().sqrt()
-    assert ratio == pytest.approx(0.05, rel=0.3)
+    assert ratio == pytest.approx(0.1, rel=0.3)
 
 
 @pytest.mark.parametrize(
