@@ -94,12 +94,6 @@ def load_adapter(
         tensors = load_safetensors(data)
     except Exception as exc:  # safetensors raises several types for bad bytes
         raise CorruptWeightsError(f"cannot parse safetensors: {exc}", path=weights_path) from exc
-    if config.scale == 0 and config.alpha_pattern:
-        raise UnsupportedAdapterError(
-            "field 'lora_alpha' is 0 while 'alpha_pattern' is set",
-            path=config_path,
-            field="lora_alpha",
-        )
     weights = _lora_weights(tensors, config, spec, weights_path)
     return LoRAAdapter(
         path=root,

@@ -141,6 +141,12 @@ def read_lora_config(
             path=path,
             field="base_model_name_or_path",
         )
+    alpha_pattern = _read_pattern(raw, "alpha_pattern", path, None)
+    if alpha == 0 and alpha_pattern:
+        # Per-module alphas are folded into B relative to lora_alpha, which must not be 0.
+        raise UnsupportedAdapterError(
+            "field 'lora_alpha' is 0 while 'alpha_pattern' is set", path=path, field="lora_alpha"
+        )
     return LoraConfigFields(
         path=path,
         r=r,
@@ -149,7 +155,7 @@ def read_lora_config(
         fan_in_fan_out=flags["fan_in_fan_out"],
         target_modules=_read_target_modules(raw, path, supported_modules),
         rank_pattern=_read_pattern(raw, "rank_pattern", path, max_lora_rank),
-        alpha_pattern=_read_pattern(raw, "alpha_pattern", path, None),
+        alpha_pattern=alpha_pattern,
         base_model_name_or_path=base_name,
     )
 

@@ -305,3 +305,15 @@ def test_tiny_name_is_accepted_silently(spec, make_adapter):
         assert load_adapter(make_adapter(), spec, max_lora_rank=8).base_model_name_or_path == (
             TINY_NAME
         )
+
+
+def test_zero_alpha_with_alpha_pattern(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, lora_alpha=0, alpha_pattern={"q_proj": 4})
+    _refused(path, spec, UnsupportedAdapterError, "lora_alpha", "alpha_pattern")
+
+
+def test_invalid_regex_in_a_pattern(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, rank_pattern={"q_proj(": 2})
+    _refused(path, spec, AdapterConfigError, "rank_pattern", "invalid regex")
