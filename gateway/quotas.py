@@ -35,6 +35,7 @@ class QuotaKeeper:
         self._health = health
         self.refresh_every = lease_seconds / 3
         self._leases: dict[str, str] = {}  # lease -> tenant, while its request runs
+        self._stopped = False
 
     async def admit(self, caller: Principal) -> str | None:
         """A lease for the caller's request, None when none is needed (or the store is down);
@@ -74,7 +75,7 @@ class QuotaKeeper:
 
     async def keep_leases_alive(self) -> None:
         """Runs for the server's life: restart the TTL of every running request's lease."""
-        while True:
+        while not self._stopped:
             await asyncio.sleep(self.refresh_every)
             for lease, tenant in list(self._leases.items()):
                 if self._health.down:
@@ -84,6 +85,10 @@ class QuotaKeeper:
                         await self._store.refresh_request(tenant, lease)
                 except RegistryUnavailable:
                     break
+
+    def stop(self) -> None:
+        """Ends keep_leases_alive at its next turn, even if a cancellation got lost."""
+        self._stopped = True
 
     @property
     def running(self) -> int:

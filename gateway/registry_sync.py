@@ -57,6 +57,7 @@ class RegistrySync:
         self._version: int | None = None
         self._tasks: list[asyncio.Task] = []
         self._first_attempt = asyncio.Event()
+        self._stopping = False
 
     async def start(self) -> None:
         """Read the store once and subscribe to its changes (if it answers; else keep trying
@@ -75,9 +76,13 @@ class RegistrySync:
         await self._first_attempt.wait()
 
     async def stop(self) -> None:
+        """Cancel both loops. They also check `_stopping`: a client library may turn a
+        cancellation that lands in a store call into an error, which the loops survive."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
 
     async def resync(self, force: bool = False) -> None:
         """Match the store's adapters (if its version moved, or `force`)."""
@@ -105,7 +110,7 @@ class RegistrySync:
             self._version = version
 
     async def _watch(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async with self.store.watch() as events:
                     self.auth.recheck_all()  # events may have been missed while not watching
@@ -114,6 +119,8 @@ class RegistrySync:
                     self._first_attempt.set()
                     await self.usage.flush()
                     async for event in events:
+                        if self._stopping:
+                            return
                         await self._apply(event)
             except RegistryUnavailable as exc:
                 self.health.failed(exc)
@@ -133,7 +140,7 @@ class RegistrySync:
             self.auth.forget_tenant(event.name)
 
     async def _monitor(self) -> None:
-        while True:
+        while not self._stopping:
             healthy = self.health.reachable
             await asyncio.sleep(self.resync_seconds if healthy else self.retry_seconds)
             try:

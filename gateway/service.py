@@ -194,6 +194,7 @@ class GatewayService:
     async def shutdown(self) -> None:
         """Stop the loops; let accounting already under way finish (briefly), then close."""
         await self.sync.stop()
+        self.quotas.stop()
         if self._lease_keeper is not None:
             self._lease_keeper.cancel()
         if self._background:

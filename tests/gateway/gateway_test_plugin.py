@@ -20,16 +20,28 @@ class RunnerUpPlugin:
         return {"runner_up": runner_up}
 
 
+EXPLODING_SEED = 666  # a request with this seed gets the failing logits processor
+
+
 def explode(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
     raise RuntimeError("the explode sampler always fails")
 
 
+def explode_logits(output_token_ids, logits):
+    raise RuntimeError("the explode logits processor always fails")
+
+
 class ExplodingPlugin:
-    """A sampler that raises: the request that names it fails alone."""
+    """A sampler, and a logits processor (for seed 666), that raise: the request that uses
+    one fails alone."""
 
     @hookimpl
     def loragate_samplers(self):
         return {"explode": explode}
+
+    @hookimpl
+    def loragate_logits_processors(self, params):
+        return [explode_logits] if params.get("seed") == EXPLODING_SEED else []
 
 
 def slow_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:

@@ -13,6 +13,7 @@ import threading
 import httpx
 import pytest
 from click.testing import CliRunner
+from tenancy_testlib import flush_namespace
 
 from loragate.gateway.cli import main
 
@@ -21,6 +22,8 @@ SERVE_FLAGS = [
     "--max-num-seqs", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--max-queue",
     "--plugin", "--max-num-batched-tokens", "--block-size", "--kv-cache-memory-gb",
     "--num-kv-blocks", "--dtype", "--device", "--seed", "--shutdown-timeout", "--max-body-bytes",
+    "--redis-url", "--redis-namespace", "--admin-key", "--registry-resync-seconds",
+    "--auth-cache-seconds", "--quota-lease-seconds",
 ]  # fmt: skip
 
 
@@ -30,7 +33,7 @@ def test_help_documents_every_flag():
     for flag in SERVE_FLAGS:
         assert flag in result.output, flag
     top = CliRunner().invoke(main, ["--help"])
-    assert "serve" in top.output and "adapters" in top.output
+    assert "serve" in top.output and "adapters" in top.output and "plugins" in top.output
     sub = CliRunner().invoke(main, ["adapters", "--help"])
     assert "make-random" in sub.output and "train-demo" in sub.output
 
@@ -43,6 +46,10 @@ def test_help_documents_every_flag():
         (["--port", "70000"], "port"),
         (["--max-loras", "9", "--max-cpu-loras", "2"], "max_cpu_loras"),
         (["--plugin", "nocolon"], "MODULE:OBJECT"),
+        (["--admin-key", "short"], "admin_key"),
+        (["--redis-url", "http://127.0.0.1:6379"], "redis_url"),
+        (["--redis-namespace", "bad space"], "redis_namespace"),
+        (["--registry-resync-seconds", "0"], "registry_resync_seconds"),
     ],
 )
 def test_bad_settings_exit_with_the_field_named(args, named, tiny_dir):
@@ -77,8 +84,8 @@ def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root
 class ServeProcess:
     """`python -m loragate.gateway.cli serve ...` with its output collected on threads."""
 
-    def __init__(self, *args):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def __init__(self, *args, env: dict | None = None):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -92,7 +99,7 @@ class ServeProcess:
         threading.Thread(
             target=self._read, args=(self.proc.stderr, self.stderr), daemon=True
         ).start()
-        if not self.listening.wait(300) or self.proc.poll() is not None:
+        if not self.listening.wait(300) or not any("listening on" in x for x in self.stdout):
             self.proc.kill()
             raise AssertionError("server did not start:\n" + "".join(self.stderr[-30:]))
         line = next(line for line in self.stdout if "listening on" in line)
@@ -103,6 +110,7 @@ class ServeProcess:
             into.append(line)
             if "listening on" in line:
                 self.listening.set()
+        self.listening.set()  # the process ended: stop waiting for it to listen
 
     def stop(self):
         if self.proc.poll() is None:
@@ -182,3 +190,51 @@ def test_train_demo_writes_adapters_the_server_accepts(tiny_dir, adapter_root, u
         )
         assert got.status_code == 201, got.text
         assert httpx.delete(f"{url}/v1/adapters/demo-{name}", timeout=60).status_code == 200
+
+
+SLOW = "gateway_test_plugin:SlowPlugin"
+
+
+def test_plugins_lists_what_serve_would_load():
+    result = CliRunner().invoke(main, ["plugins", "--plugin", SLOW])
+    assert result.exit_code == 0, result.output
+    assert "builtin.samplers  (builtin)" in result.output
+    assert "gateway_test_plugin:SlowPlugin  (--plugin gateway_test_plugin:SlowPlugin)" in (
+        result.output
+    )
+    described = json.loads(CliRunner().invoke(main, ["plugins", "--json", "--plugin", SLOW]).output)
+    mine = [p for p in described if p["name"] == "gateway_test_plugin:SlowPlugin"]
+    assert mine == [
+        {
+            "name": "gateway_test_plugin:SlowPlugin",
+            "source": "--plugin gateway_test_plugin:SlowPlugin",
+            "hooks": ["loragate_samplers"],
+        }
+    ]
+    assert {"builtin.samplers", "builtin.beam_search"} <= {p["name"] for p in described}
+    for bad, says in (("no_such_module:X", "No module named"), ("nocolon", "MODULE:OBJECT")):
+        failed = CliRunner().invoke(main, ["plugins", "--plugin", bad])
+        assert failed.exit_code == 2 and says in failed.output
+
+
+def test_serve_process_with_redis_and_admin_key_from_the_environment(tiny_dir, redis_url):
+    namespace = f"test-cli-{os.getpid()}-{threading.get_ident()}"
+    admin = "cli-admin-key-" + "z" * 16
+    server = ServeProcess("--model", str(tiny_dir), "--redis-url", redis_url,
+                          "--redis-namespace", namespace, "--max-model-len", "1024",
+                          "--num-kv-blocks", "128",
+                          env={"LORAGATE_ADMIN_KEY": admin})  # fmt: skip
+    try:
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        headers = {"Authorization": f"Bearer {admin}"}
+        created = httpx.post(f"{server.url}/v1/tenants", json={"name": "cli"}, headers=headers)
+        assert created.status_code == 201
+        tenant = {"Authorization": f"Bearer {created.json()['api_key']}"}
+        assert httpx.get(f"{server.url}/v1/models", headers=tenant).status_code == 200
+        health = httpx.get(f"{server.url}/health").json()
+        assert health["status"] == "ok" and health["registry"]["backend"] == redis_url
+    finally:
+        server.stop()
+        flush_namespace(redis_url, namespace)
+    log = "".join(server.stderr)
+    assert admin not in log and created.json()["api_key"] not in log

@@ -35,6 +35,11 @@ def tenants(pair):
 # ---- 401 ---------------------------------------------------------------------------------
 
 
+def other_key(key: str) -> str:
+    """`key` with its last character changed: well-formed, but not the key."""
+    return key[:-1] + ("B" if key[-1] == "A" else "A")
+
+
 def assert_401(response, message: str | None = None) -> str:
     assert response.status_code == 401, response.text
     error = response.json()["error"]
@@ -81,7 +86,7 @@ def test_every_route_but_health_needs_a_valid_key(pair, tenants):
         {"Authorization": f"Bearer {ADMIN_KEY}x"},
         {"Authorization": f"Bearer {ADMIN_KEY[:-1]}"},
         {"Authorization": f"Bearer lg-{'0' * 16}-{'A' * 43}"},
-        {"Authorization": f"Bearer {tenants['acme'][:-1]}B"},
+        {"Authorization": f"Bearer {other_key(tenants['acme'])}"},
         {"Authorization": f"Bearer {rotated_out}"},
         {"Authorization": f"Bearer {deleted}"},
     ]

@@ -1,0 +1,265 @@
+"""The tenancy parts on their own, on the in-memory store (with a switch that makes it
+unreachable): key checks and their cache, quota admission, usage buffering, the local
+adapter catalog, and the settings that turn tenancy on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from loragate.adapters import LoRARequest
+from loragate.adapters.registry_memory import MemoryRegistryStore
+from loragate.adapters.registry_store import (
+    AdapterMetadata,
+    RegistryUnavailable,
+    TenantQuota,
+    UsageCounts,
+)
+from loragate.engine import EngineConfig
+from loragate.gateway.adapter_catalog import AdapterCatalog
+from loragate.gateway.auth import Authenticator, bearer_token
+from loragate.gateway.errors import AuthenticationError, QuotaExceededError, RegistryDownError
+from loragate.gateway.quotas import QuotaKeeper
+from loragate.gateway.registry import AdapterRecord
+from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.store_health import StoreHealth
+from loragate.gateway.tenancy import OPERATOR, Principal
+from loragate.gateway.usage_meter import UsageMeter
+
+ADMIN = "the-admin-key-for-tests"
+
+
+class Switchable:
+    """A store that raises RegistryUnavailable from every call while `down`."""
+
+    def __init__(self, inner: MemoryRegistryStore):
+        self.inner = inner
+        self.down = False
+        self.calls = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args, **kwargs):
+            self.calls += 1
+            if self.down:
+                raise RegistryUnavailable("registry store at test is unreachable: switched off")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def other_key(key: str) -> str:
+    """`key` with its last character changed: well-formed, but not the key."""
+    return key[:-1] + ("B" if key[-1] == "A" else "A")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bearer_tokens_are_parsed_strictly():
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    for bad in (None, "", "Bearer", "Bearer ", "Basic abc", "abc", "Token abc"):
+        assert bearer_token(bad) is None, bad
+
+
+def test_admin_key_tenant_keys_and_one_refusal_for_everything():
+    async def scenario():
+        store = MemoryRegistryStore()
+        auth = Authenticator(ADMIN, store, StoreHealth("memory"), cache_seconds=30)
+        issued = await store.create_tenant("acme", TenantQuota(requests_per_minute=5))
+        assert await auth.authenticate(f"Bearer {ADMIN}") is OPERATOR
+        caller = await auth.authenticate(f"Bearer {issued.api_key}")
+        assert caller.tenant == "acme" and caller.quota.requests_per_minute == 5
+        assert caller.cache_salt.startswith("acme@")
+        messages = set()
+        for header in (None, "Bearer x", f"Bearer {ADMIN}!", f"Bearer {other_key(issued.api_key)}"):
+            with pytest.raises(AuthenticationError) as refused:
+                await auth.authenticate(header)
+            messages.add(refused.value.message)
+        assert len(messages) == 1
+        open_server = Authenticator(None, store, StoreHealth("memory"), cache_seconds=30)
+        assert await open_server.authenticate(None) is OPERATOR
+
+    asyncio.run(scenario())
+
+
+def test_verified_keys_are_remembered_for_a_while_and_forgotten_on_change():
+    async def scenario():
+        store, clock = Switchable(MemoryRegistryStore()), Clock()
+        auth = Authenticator(ADMIN, store, StoreHealth("memory"), 30, clock=clock)
+        issued = await store.inner.create_tenant("acme")
+        header = f"Bearer {issued.api_key}"
+        await auth.authenticate(header)
+        calls = store.calls
+        await auth.authenticate(header)
+        assert store.calls == calls, "a remembered key costs no store call"
+        await store.inner.rotate_tenant_key("acme")  # without telling `auth`
+        assert (await auth.authenticate(header)).tenant == "acme"  # still within the TTL
+        clock.now += 31
+        with pytest.raises(AuthenticationError):
+            await auth.authenticate(header)
+        fresh = await store.inner.rotate_tenant_key("acme")
+        await auth.authenticate(f"Bearer {fresh.api_key}")
+        await store.inner.delete_tenant("acme")
+        auth.forget_tenant("acme")  # what the change event does
+        with pytest.raises(AuthenticationError):
+            await auth.authenticate(f"Bearer {fresh.api_key}")
+
+    asyncio.run(scenario())
+
+
+def test_known_keys_work_while_the_store_is_down_and_unknown_ones_get_503():
+    async def scenario():
+        store, clock, health = Switchable(MemoryRegistryStore()), Clock(), StoreHealth("test")
+        auth = Authenticator(ADMIN, store, health, 30, clock=clock)
+        known = await store.inner.create_tenant("acme")
+        unknown = await store.inner.create_tenant("globex")
+        await auth.authenticate(f"Bearer {known.api_key}")
+        store.down = True
+        clock.now += 3600  # long past the TTL: re-checking fails, so the known key stands
+        assert (await auth.authenticate(f"Bearer {known.api_key}")).tenant == "acme"
+        assert health.down
+        with pytest.raises(RegistryDownError):
+            await auth.authenticate(f"Bearer {unknown.api_key}")
+        assert await auth.authenticate(f"Bearer {ADMIN}") is OPERATOR  # needs no store
+
+    asyncio.run(scenario())
+
+
+def test_after_the_store_lost_its_data_known_tenants_stay_until_recreated():
+    async def scenario():
+        store, clock = MemoryRegistryStore(), Clock()
+        auth = Authenticator(ADMIN, store, StoreHealth("memory"), 30, clock=clock)
+        issued = await store.create_tenant("acme")
+        await auth.authenticate(f"Bearer {issued.api_key}")
+        await store.delete_tenant("acme")  # as if the store had been wiped
+        assert auth.orphan_everything() == 1
+        clock.now += 60
+        assert (await auth.authenticate(f"Bearer {issued.api_key}")).tenant == "acme"
+        auth.forget_tenant("acme")  # the tenant is created again (with a new key)
+        with pytest.raises(AuthenticationError):
+            await auth.authenticate(f"Bearer {issued.api_key}")
+
+    asyncio.run(scenario())
+
+
+def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
+    async def scenario():
+        store, health = Switchable(MemoryRegistryStore()), StoreHealth("test")
+        keeper = QuotaKeeper(store, health, lease_seconds=30)
+        caller = Principal("acme", TenantQuota(max_concurrent_requests=1))
+        assert await keeper.admit(OPERATOR) is None, "the operator has no quota"
+        lease = await keeper.admit(caller)
+        assert lease is not None and keeper.running == 1
+        with pytest.raises(QuotaExceededError) as refused:
+            await keeper.admit(caller)
+        assert refused.value.code == "max_concurrent_requests"
+        assert refused.value.headers == {"Retry-After": "1"}
+        await keeper.finish(caller, lease, tokens=12)
+        assert keeper.running == 0 and await store.inner.in_flight("acme") == 0
+        store.down = True
+        assert await keeper.admit(caller) is None  # admitted without a lease
+        assert health.down
+        await keeper.finish(caller, None, tokens=5)  # nothing to give back; no error
+
+    asyncio.run(scenario())
+
+
+def test_usage_waits_while_the_store_is_down_and_is_written_exactly_once():
+    async def scenario():
+        store, health = Switchable(MemoryRegistryStore()), StoreHealth("test")
+        meter = UsageMeter(store, health)
+        await meter.record("acme", "sql", UsageCounts(3, 4, 1))
+        store.down = True
+        await meter.record("acme", "sql", UsageCounts(5, 6, 1))
+        await meter.record("acme", "sql", UsageCounts(1, 1, 1))
+        await meter.record("acme", None, UsageCounts(2, 2, 1))
+        assert meter.pending == 2
+        assert await meter.flush() is False  # known to be down: nothing tried
+        store.down = False
+        health.succeeded()
+        assert await meter.flush() is True and meter.pending == 0
+        assert await meter.flush() is True
+        report = await store.inner.get_usage("acme")
+        assert report.total == UsageCounts(11, 13, 4)
+        assert report.by_adapter == {"sql": UsageCounts(9, 11, 3)}
+
+    asyncio.run(scenario())
+
+
+def _meta(name: str, lora_int_id: int, tenant: str | None = None, **kw) -> AdapterMetadata:
+    fields = dict(
+        name=name, tenant=tenant, base_model="tiny", rank=4, alpha=8.0,
+        target_modules=("q_proj",), sha256="ab" * 32, size_bytes=10, path=name,
+        lora_int_id=lora_int_id, created_at=time.time(),
+    )  # fmt: skip
+    return AdapterMetadata(**{**fields, **kw})
+
+
+def test_the_catalog_follows_the_store_and_keeps_orphans(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    retired: list[AdapterRecord] = []
+
+    async def retire(record):
+        retired.append(record)
+
+    async def scenario():
+        catalog = AdapterCatalog(tmp_path, retire)
+        async with catalog.lock:
+            await catalog.reconcile([_meta("a", 1), _meta("b", 2, tenant="acme")])
+        first = await catalog.get("a")
+        assert first.lora_request == LoRARequest("a", 1, str(tmp_path / "a"))
+        acme, globex = Principal("acme"), Principal("globex")
+        assert [r.name for r in await catalog.list(acme)] == ["b"]
+        assert await catalog.visible(globex, "b") is None
+        async with catalog.lock:
+            await catalog.apply(_meta("b", 2, tenant="acme", public=True))
+            await catalog.apply(_meta("a", 5))  # re-registered: new id, old one retired
+            await catalog.refresh("c", _meta("c", 6, path="../outside"))  # not servable here
+        assert (await catalog.visible(globex, "b")).public
+        assert (await catalog.get("a")).lora_request.lora_int_id == 5
+        assert await catalog.get("c") is None
+        await asyncio.sleep(0)
+        assert [r.lora_request.lora_int_id for r in retired] == [1]
+        async with catalog.lock:
+            assert await catalog.orphan_everything() == 2
+            await catalog.reconcile([])  # the store came back empty
+            assert {r.name for r in await catalog.list(OPERATOR)} == {"a", "b"}
+            await catalog.reconcile([_meta("a", 9)])  # registered again: the store wins
+            assert catalog.orphans == {"b"}
+            await catalog.refresh("b", None)  # orphans survive a refresh too
+            assert await catalog.get("b") is not None
+            await catalog.drop_owned_by("acme")
+            assert await catalog.get("b") is None and not catalog.orphans
+
+    asyncio.run(scenario())
+
+
+def test_tenancy_settings_are_checked_and_the_admin_key_never_printed():
+    settings = GatewaySettings(
+        engine=EngineConfig(), admin_key=ADMIN, redis_url="redis://user:pw@host:6379/0"
+    )
+    assert ADMIN not in repr(settings) and "pw" not in repr(settings)
+    for bad in (
+        {"admin_key": "short"},
+        {"admin_key": "has a space in it, long enough"},
+        {"redis_url": "http://host:6379"},
+        {"redis_namespace": ""},
+        {"auth_cache_seconds": 0},
+        {"quota_lease_seconds": -1},
+        {"registry_resync_seconds": True},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GatewaySettings(**bad)
