@@ -1,4 +1,5 @@
-"""loragate.gateway: the HTTP API (Litestar + msgspec), adapter registry, CLI and server start."""
+"""loragate.gateway: the HTTP API (Litestar + msgspec), tenants and quotas, the replica-local
+adapter copy of the registry store, CLI and server start (see TENANCY.md)."""
 
 from loragate.gateway.app import create_app
 from loragate.gateway.server import BackgroundServer, build_server, serve

@@ -93,8 +93,9 @@ def test_every_route_but_health_needs_a_valid_key(pair, tenants):
     message = None
     for server in (a, b):
         anonymous = server.as_key(None)
-        for method, path, body in PROTECTED:
-            for headers in bad_headers:
+        for i, (method, path, body) in enumerate(PROTECTED):
+            # Every route with a few bad headers, every bad header on a few routes.
+            for headers in bad_headers if i % 5 == 0 else bad_headers[i % 3 :: 3]:
                 got = anonymous.request(method, path, json=body, headers=headers)
                 message = assert_401(got, message)
         assert anonymous.get("/health").status_code == 200
