@@ -8,14 +8,17 @@ import threading
 
 import pytest
 import torch
+from adapters_testlib import tiny_model
 from peft import PeftModel
 
 from loragate.adapters import (
     SUPPORTED_MODULES,
     AdapterCache,
     AdapterError,
+    LoRAModelSpec,
     LoRARequest,
     load_adapter,
+    make_random_adapter,
 )
 
 ALL = list(SUPPORTED_MODULES)
@@ -328,3 +331,20 @@ def test_concurrent_preloads_respect_the_cpu_bound(spec, make_adapter):
 def test_cache_arguments_are_checked(spec, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_cache(spec, **kwargs)
+
+
+def test_uneven_layers_and_ranks_replace_a_full_adapter_cleanly(tmp_path):
+    """Layers 0 and 2 only, with a per-layer rank: the slot holds exactly that, zeros elsewhere."""
+    model = tiny_model(num_hidden_layers=3)
+    spec3 = LoRAModelSpec.from_hf_config(model.config, model_name="tiny3")
+    full = make_random_adapter(model, tmp_path / "full", rank=8, targets=ALL, seed=1)
+    sparse = make_random_adapter(
+        model, tmp_path / "sparse", rank=4, targets=["q_proj", "down_proj"], seed=2,
+        layers_to_transform=[0, 2], rank_pattern={"model.layers.2.self_attn.q_proj": 2},
+    )  # fmt: skip
+    cache = make_cache(spec3, max_loras=1)
+    cache.acquire(LoRARequest("full", 1, str(full)), set())
+    sparse_request = LoRARequest("sparse", 2, str(sparse))
+    assert cache.acquire(sparse_request, set()) == 0
+    assert_slot_holds(cache, 0, sparse_request, spec3)
+    assert load_adapter(sparse, spec3, 8).weights[(2, "q_proj")][0].shape[0] == 2
