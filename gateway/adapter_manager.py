@@ -75,6 +75,7 @@ class AdapterManager:
         self.root = adapter_root
         self.base_model = base_model
         self.catalog = AdapterCatalog(adapter_root, self.retire)
+        self.preload_waiting: set[str] = set()
 
     def scrub(self, text: str) -> str:
         """Error text with the server's adapter root replaced, so no absolute path leaks."""
@@ -254,11 +255,13 @@ class AdapterManager:
             await self.engine.call(lambda engine: _evict(engine, lora))
 
     # ---- start-up ----------------------------------------------------------------------
-    async def preload_root(self) -> list[str]:
+    async def preload_root(self, only: set[str] | None = None) -> list[str]:
         """Register every adapter directory directly under the root, named after its folder.
 
         An identical registration already in the store (same owner, path and weights, e.g.
         made by another replica) is adopted as it is, so starting a replica changes nothing.
+        Folders the store could not take (it was down) wait in `preload_waiting`, to be
+        registered when it is back.
         """
         if self.root is None:
             return []
@@ -266,12 +269,19 @@ class AdapterManager:
         for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
             if not (directory / "adapter_config.json").is_file():
                 continue
+            if only is not None and directory.name not in only:
+                continue
             try:
                 if not await self._adopt(directory):
                     await self.register(directory.name, str(directory), source="adapter_root")
+            except RegistryDownError:
+                log.warning("adapter folder %s waits for the registry store", directory.name)
+                self.preload_waiting.add(directory.name)
+                continue
             except APIError as exc:
                 log.warning("skipping adapter folder %s: %s", directory.name, exc.message)
                 continue
+            self.preload_waiting.discard(directory.name)
             names.append(directory.name)
         return names
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from loragate.adapters.registry_store import (
     ChangeEvent,
@@ -58,6 +59,8 @@ class RegistrySync:
         self._tasks: list[asyncio.Task] = []
         self._first_attempt = asyncio.Event()
         self._stopping = False
+        # Called (on the loop) each time the subscription is up and the copy resynced.
+        self.on_subscribed: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Read the store once and subscribe to its changes (if it answers; else keep trying
@@ -118,6 +121,8 @@ class RegistrySync:
                     self.health.watching = True
                     self._first_attempt.set()
                     await self.usage.flush()
+                    if self.on_subscribed is not None:
+                        self.on_subscribed()
                     async for event in events:
                         if self._stopping:
                             return

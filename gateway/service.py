@@ -186,10 +186,22 @@ class GatewayService:
     async def startup(self) -> None:
         await self.sync.start()
         if self.settings.preload_adapters and self.engine.engine.adapters is not None:
-            names = await self.adapters.preload_root()
-            if names:
-                log.info("preloaded %d adapters from %s", len(names), self.settings.adapter_root)
+            await self._preload()
+        self.sync.on_subscribed = self._preload_waiting_folders
         self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
+
+    async def _preload(self, only: set[str] | None = None) -> None:
+        names = await self.adapters.preload_root(only)
+        if names:
+            log.info("preloaded %d adapters from %s", len(names), self.settings.adapter_root)
+
+    def _preload_waiting_folders(self) -> None:
+        """The store answers again: register the folders that waited for it (once at a time)."""
+        waiting = set(self.adapters.preload_waiting)
+        if waiting and not any(t.get_name() == "preload" for t in self._background):
+            task = asyncio.create_task(self._preload(waiting), name="preload")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def shutdown(self) -> None:
         """Stop the loops; let accounting already under way finish (briefly), then close."""

@@ -172,3 +172,20 @@ def test_redis_killed_mid_traffic_and_restarted_empty(replicas, private_redis, c
     for api in (a, b):
         assert api.as_key(new_key).complete("acme-sql").status_code == 200
         assert api.as_key(key).complete("acme-sql").status_code == 401, "the old key is gone"
+
+
+def test_a_replica_started_while_redis_is_down_catches_up_when_it_comes(replicas, tmp_path_factory):
+    later = PrivateRedis(tmp_path_factory.mktemp("later-redis"))  # not started yet
+    try:
+        (server,) = replicas(1, redis_url=later.url, registry_resync_seconds=0.5)
+        admin = Api(server.url, ADMIN_KEY)
+        assert degraded(admin)
+        assert admin.complete(admin.base_model()).status_code == 200  # the base model serves
+        assert admin.complete("house").status_code == 404  # its registration waits
+        assert_registry_down(admin.register("early", "house"))
+        later.start()
+        wait_until(lambda: healthy(admin), "recovered", 30)
+        wait_until(lambda: admin.complete("house").status_code == 200, "house registered", 30)
+        assert admin.register("early", "house").status_code == 201
+    finally:
+        later.kill()
