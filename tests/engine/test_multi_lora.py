@@ -95,18 +95,12 @@ def test_mixed_batch_matches_peft_per_adapter(tiny_setup, make_llm):
         lora_request=[loras.get(n) if n else None for n in names],
         use_tqdm=False,
     )
-    base_tokens = {}
     for name, prompt, out in zip(names, prompts, outs, strict=True):
         expected = peft_greedy(peft_model, name, prompt, 24)
         assert out.outputs[0].token_ids == expected, f"adapter {name}"
-        if name is None:
-            base_tokens[tuple(prompt)] = expected
     # The adapters really change the output (otherwise this test could not fail).
-    changed = [
-        peft_greedy(peft_model, n, prompts[0], 24) != peft_greedy(peft_model, None, prompts[0], 24)
-        for n in loras
-    ]
-    assert all(changed)
+    base = peft_greedy(peft_model, None, prompts[0], 24)
+    assert all(peft_greedy(peft_model, n, prompts[0], 24) != base for n in loras)
 
 
 def test_alternating_base_and_adapters_do_not_contaminate(tiny_setup, make_llm):
