@@ -112,6 +112,26 @@ class _ScrapeCollector:
         yield _gauge(
             "loragate_kv_cache_total_blocks", "KV blocks in the cache", mem.get("total_blocks", 0)
         )
+        yield _gauge(
+            "loragate_kv_cache_cached_blocks",
+            "KV blocks named in the prefix cache (held by requests, or free and reusable)",
+            mem.get("cached_blocks", 0),
+        )
+        yield _gauge(
+            "loragate_kv_cache_swapped_blocks",
+            "KV blocks of preempted sequences held in CPU swap space",
+            mem.get("swapped_blocks", 0),
+        )
+        yield _gauge(
+            "loragate_kv_cache_internal_fragmentation",
+            "Unused slots in the last blocks of running sequences / allocated slots (0-1)",
+            mem.get("internal_fragmentation", 0.0),
+        )
+        yield _gauge(
+            "loragate_prefix_cache_hit_rate",
+            "Prompt tokens found in the prefix cache / prompt tokens looked up (0-1)",
+            mem.get("prefix_cache_hit_rate", 0.0),
+        )
         yield _counter(
             "loragate_prefix_cache_queried_tokens",
             "Prompt tokens looked up in the prefix cache",
