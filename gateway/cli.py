@@ -120,6 +120,18 @@ def main() -> None:
     help="CPU swap space for preempted sequences, in GiB.",
 )
 @click.option(
+    "--preemption-mode",
+    default=_default("preemption_mode"),
+    type=click.Choice(["auto", "recompute", "swap"]),
+    help="When KV blocks run out, a preempted sequence's KV is swapped to CPU (--swap-space) "
+    "or dropped and recomputed later; 'auto' swaps on CUDA and recomputes on CPU.",
+)
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=_default("enable_prefix_caching"),
+    help="Reuse the KV of prompt prefixes seen before (only within one adapter and tenant).",
+)
+@click.option(
     "--dtype",
     default=_default("dtype"),
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from tenancy_testlib import flush_namespace
 
+from loragate.engine import EngineConfig
 from loragate.gateway.cli import main
 
 SERVE_FLAGS = [
@@ -23,7 +24,8 @@ SERVE_FLAGS = [
     "--plugin", "--max-num-batched-tokens", "--block-size", "--kv-cache-memory-gb",
     "--num-kv-blocks", "--dtype", "--device", "--seed", "--shutdown-timeout", "--max-body-bytes",
     "--redis-url", "--redis-namespace", "--admin-key", "--registry-resync-seconds",
-    "--auth-cache-seconds", "--quota-lease-seconds",
+    "--auth-cache-seconds", "--quota-lease-seconds", "--swap-space", "--preemption-mode",
+    "--enable-prefix-caching", "--no-enable-prefix-caching",
 ]  # fmt: skip
 
 
@@ -50,12 +52,57 @@ def test_help_documents_every_flag():
         (["--redis-url", "http://127.0.0.1:6379"], "redis_url"),
         (["--redis-namespace", "bad space"], "redis_namespace"),
         (["--registry-resync-seconds", "0"], "registry_resync_seconds"),
+        (["--swap-space", "-1"], "swap_space"),
+        (["--preemption-mode", "swap", "--swap-space", "0"], "swap_space"),
+        (["--preemption-mode", "sometimes"], "'sometimes' is not one of 'auto', 'recompute'"),
+        (["--no-enable-prefix-caching=1"], "--no-enable-prefix-caching"),
     ],
 )
 def test_bad_settings_exit_with_the_field_named(args, named, tiny_dir):
     result = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir), *args])
     assert result.exit_code == 2
     assert named in result.output
+
+
+@pytest.fixture
+def served_settings(monkeypatch):
+    """`serve` builds its settings, then hands them here instead of starting a server."""
+    import loragate.gateway.server
+
+    seen = []
+    monkeypatch.setattr(
+        loragate.gateway.server, "serve", lambda settings, announce: seen.append(settings) or True
+    )
+    return seen
+
+
+def test_kv_memory_flags_reach_the_engine_config(tiny_dir, served_settings):
+    defaults = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir)])
+    assert defaults.exit_code == 0, defaults.output
+    chosen = CliRunner().invoke(
+        main,
+        ["serve", "--model", str(tiny_dir), "--no-enable-prefix-caching",
+         "--preemption-mode", "swap", "--swap-space", "0.5"],
+    )  # fmt: skip
+    assert chosen.exit_code == 0, chosen.output
+    default, engine = served_settings[0].engine, served_settings[1].engine
+    assert (default.enable_prefix_caching, default.preemption_mode, default.swap_space) == (
+        EngineConfig.enable_prefix_caching,
+        EngineConfig.preemption_mode,
+        EngineConfig.swap_space,
+    )
+    assert (engine.enable_prefix_caching, engine.preemption_mode, engine.swap_space) == (
+        False,
+        "swap",
+        0.5,
+    )
+    again = CliRunner().invoke(
+        main, ["serve", "--model", str(tiny_dir), "--enable-prefix-caching",
+               "--preemption-mode", "recompute"],
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert served_settings[2].engine.enable_prefix_caching is True
+    assert served_settings[2].engine.preemption_mode == "recompute"
 
 
 def test_missing_adapter_root_is_refused(tiny_dir, tmp_path):
