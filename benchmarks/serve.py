@@ -14,6 +14,9 @@ ITL and E2E latency (mean, p50, p99) and goodput under an SLO, as a table, a JSO
 a PNG plot (latency CDFs; written without plotting libraries).
 
     .venv/bin/python benchmarks/serve.py --num-prompts 128 --max-concurrency 64
+
+The prefix-caching workload (16 adapters, each with its own 400-token system prompt; TTFT
+and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on this file.
 """
 
 from __future__ import annotations
@@ -197,7 +200,9 @@ def engine_config(args, adapter_dir: Path) -> EngineConfig:
 class ServerProcess:
     """`loragate serve` in a subprocess, as deployed: its own interpreter and GIL."""
 
-    def __init__(self, config: EngineConfig, adapter_dir: Path, log_path: Path):
+    def __init__(
+        self, config: EngineConfig, adapter_dir: Path, log_path: Path, extra_args: tuple = ()
+    ):
         args = [
             sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0",
             "--adapter-root", str(adapter_dir), "--max-queue", "100000",
@@ -207,7 +212,7 @@ class ServerProcess:
             "--kv-cache-memory-gb", str(config.kv_cache_memory_gb),
             "--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank),
             "--max-cpu-loras", str(config.max_cpu_loras),
-        ] + (["--model", config.model] if config.model else [])  # fmt: skip
+        ] + (["--model", config.model] if config.model else []) + list(extra_args)  # fmt: skip
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.url = ""
