@@ -106,11 +106,22 @@ class AdapterCache:
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
     def lora_a(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, max_lora_rank, d_in]``: a view whose storage never moves."""
-        return self._slots.a[module][layer]
+        return self._slots.module_a(layer, module)
 
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, d_out, max_lora_rank]``: a view whose storage never moves."""
-        return self._slots.b[module][layer]
+        return self._slots.module_b(layer, module)
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Module groups sharing one stack: the spec's fused groups, other modules alone."""
+        return self._slots.groups
+
+    def group_weights(self, layer: int, group: str, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``[max_loras, rank*M, d_in]`` and B ``[max_loras, D, rank*M]`` of a module group
+        cut to ``rank``: one lora_shrink and one lora_expand apply every module of the group
+        to its columns of the fused output. Views; see adapters/slots.py for the layout."""
+        return self._slots.group_a(layer, group, rank), self._slots.group_b(layer, group, rank)
 
     @property
     def scales(self) -> torch.Tensor:

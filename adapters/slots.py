@@ -4,6 +4,13 @@ Allocated once. Loading an adapter copies into its slot in place (padding the ra
 zeros) so tensor addresses never change and the engine can hold views (and CUDA graphs)
 across loads. Each slot remembers, per module, how many rank columns its last occupant
 wrote, so a load zeroes only that much rather than the whole max-rank slot.
+
+Modules the model fuses (q/k/v, gate/up) share one stack per group, so one shrink and one
+expand serve the fused projection. Their rank axis is rank-major, module-minor: cutting it
+to the resident rank r keeps a group's A viewable as ``[S, r*M, d_in]`` and its B as
+``[S, r*M, D]`` with no copy. B is stored transposed (rank rows, output columns), the layout
+CPU grouped matmuls run fastest on, and block-diagonal: module m's output columns read only
+its own rank rows. The zero blocks cost (M-1)/M more B memory for a fused group.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ from loragate.adapters.spec import LoRAModelSpec
 
 
 class DeviceSlots:
-    """Stacked slot tensors, per module.
+    """Stacked slot tensors, per module group.
 
-    A is ``[layers, max_loras, max_rank, d_in]``, B ``[layers, max_loras, d_out, max_rank]``.
+    A group of M modules with input size d_in and fused output size D has
+    A ``[layers, max_loras, max_rank, M, d_in]`` and Bt ``[layers, max_loras, max_rank, M, D]``.
     """
 
     def __init__(self, spec: LoRAModelSpec, max_loras: int, max_rank: int, device, dtype):
@@ -25,18 +33,48 @@ class DeviceSlots:
         self.max_loras = max_loras
         self.max_rank = max_rank
         layers = spec.num_layers
-        self.a = {
-            module: torch.zeros(layers, max_loras, max_rank, d_in, device=device, dtype=dtype)
-            for module, (d_in, _) in spec.modules.items()
-        }
-        self.b = {
-            module: torch.zeros(layers, max_loras, d_out, max_rank, device=device, dtype=dtype)
-            for module, (_, d_out) in spec.modules.items()
-        }
+        self.groups = spec.groups
+        # module -> (group, index in group, first output column, d_out)
+        self._place: dict[str, tuple[str, int, int, int]] = {}
+        self.a: dict[str, torch.Tensor] = {}
+        self.bt: dict[str, torch.Tensor] = {}
+        for group, members in self.groups.items():
+            offset = 0
+            for index, module in enumerate(members):
+                d_out = spec.modules[module][1]
+                self._place[module] = (group, index, offset, d_out)
+                offset += d_out
+            d_in, m = spec.modules[members[0]][0], len(members)
+            self.a[group] = torch.zeros(
+                layers, max_loras, max_rank, m, d_in, device=device, dtype=dtype
+            )
+            self.bt[group] = torch.zeros(
+                layers, max_loras, max_rank, m, offset, device=device, dtype=dtype
+            )
         self.scales = torch.zeros(max_loras, device=device, dtype=dtype)
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
 
+    # -- views the model and the tests read ---------------------------------------------
+    def group_a(self, layer: int, group: str, rank: int) -> torch.Tensor:
+        """``[max_loras, rank*M, d_in]``: the group's A cut to ``rank``, a view."""
+        return self.a[group][layer, :, :rank].flatten(1, 2)
+
+    def group_b(self, layer: int, group: str, rank: int) -> torch.Tensor:
+        """``[max_loras, D, rank*M]``: the group's block-diagonal B cut to ``rank``, a view."""
+        return self.bt[group][layer, :, :rank].flatten(1, 2).transpose(1, 2)
+
+    def module_a(self, layer: int, module: str) -> torch.Tensor:
+        """``[max_loras, max_rank, d_in]``: one module's A, a view."""
+        group, index, _, _ = self._place[module]
+        return self.a[group][layer, :, :, index]
+
+    def module_b(self, layer: int, module: str) -> torch.Tensor:
+        """``[max_loras, d_out, max_rank]``: one module's B, a view."""
+        group, index, offset, d_out = self._place[module]
+        return self.bt[group][layer, :, :, index, offset : offset + d_out].transpose(1, 2)
+
+    # -- loading ------------------------------------------------------------------------
     def write(self, slot: int, adapter: LoRAAdapter) -> None:
         """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else."""
         by_module: dict[str, list] = {}
@@ -56,14 +94,23 @@ class DeviceSlots:
             self._zero(module, slot)
         self.scales[slot] = 0
 
+    def _views(self, module: str, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All layers of one module in one slot: A ``[L, R, d_in]``, Bt ``[L, R, d_out]``."""
+        group, index, offset, d_out = self._place[module]
+        a = self.a[group][:, slot, :, index]
+        bt = self.bt[group][:, slot, :, index, offset : offset + d_out]
+        return a, bt
+
     def _zero(self, module: str, slot: int) -> None:
         dirty = self._dirty[module][slot]
         if dirty:
-            self.a[module][:, slot, :dirty].zero_()
-            self.b[module][:, slot, :, :dirty].zero_()
+            a, bt = self._views(module, slot)
+            a[:, :dirty].zero_()
+            bt[:, :dirty].zero_()
             self._dirty[module][slot] = 0
 
     def _copy(self, module: str, slot: int, entries: list) -> None:
+        a_all, bt_all = self._views(module, slot)
         layers = [layer for layer, _, _ in entries]
         ranks = {a.shape[0] for _, a, _ in entries}
         first, last = layers[0], layers[-1]
@@ -71,9 +118,9 @@ class DeviceSlots:
             # The usual case (one rank, a run of layers): one copy per tensor.
             r = ranks.pop()
             run = slice(first, last + 1)
-            self.a[module][run, slot, :r].copy_(torch.stack([a for _, a, _ in entries]))
-            self.b[module][run, slot, :, :r].copy_(torch.stack([b for _, _, b in entries]))
+            a_all[run, :r].copy_(torch.stack([a for _, a, _ in entries]))
+            bt_all[run, :r].copy_(torch.stack([b.T for _, _, b in entries]))
             return
         for layer, a, b in entries:
-            self.a[module][layer, slot, : a.shape[0]].copy_(a)
-            self.b[module][layer, slot, :, : b.shape[1]].copy_(b)
+            a_all[layer, : a.shape[0]].copy_(a)
+            bt_all[layer, : b.shape[1]].copy_(b.T)

@@ -14,17 +14,27 @@ SUPPORTED_MODULES = (
     "down_proj",
 )
 
+# Projections a Llama-family model computes as one matmul on one input. Their adapters share
+# one shrink and one expand per layer, which at decode sizes costs little more than one module.
+LLAMA_FUSED_GROUPS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
 
 @dataclass(frozen=True)
 class LoRAModelSpec:
     """The engine's model as the adapter layer sees it; built once by the engine.
 
-    ``modules`` maps each LoRA-targetable module name to ``(d_in, d_out)``.
+    ``modules`` maps each LoRA-targetable module name to ``(d_in, d_out)``. ``fused`` names
+    groups of modules the model runs as one matmul on one input (same d_in); their output
+    columns follow the group's module order. Every other module is a group of its own.
     """
 
     model_name: str
     num_layers: int
     modules: dict[str, tuple[int, int]] = field(hash=False)
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.model_name, str):
@@ -50,6 +60,35 @@ class LoRAModelSpec:
                 raise ValueError(f"module {name!r} needs (d_in, d_out) positive ints, got {dims!r}")
             checked[name] = (int(dims[0]), int(dims[1]))
         object.__setattr__(self, "modules", checked)
+        object.__setattr__(self, "fused", self._checked_fused())
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Every module in exactly one group: the fused ones, then each other module alone."""
+        groups = dict(self.fused)
+        in_fused = {m for members in self.fused.values() for m in members}
+        groups.update((m, (m,)) for m in self.modules if m not in in_fused)
+        return groups
+
+    def _checked_fused(self) -> dict[str, tuple[str, ...]]:
+        if not isinstance(self.fused, dict):
+            raise ValueError(f"fused must map group names to module tuples, got {self.fused!r}")
+        seen: set[str] = set()
+        checked = {}
+        for name, members in self.fused.items():
+            if name in self.modules:
+                raise ValueError(f"fused group name {name!r} is also a module name")
+            members = tuple(members)
+            unknown = [m for m in members if m not in self.modules]
+            if not members or unknown:
+                raise ValueError(f"fused group {name!r} names unknown modules {unknown or members}")
+            if seen & set(members) or len(set(members)) != len(members):
+                raise ValueError(f"fused group {name!r} repeats a module of another group")
+            if len({self.modules[m][0] for m in members}) != 1:
+                raise ValueError(f"fused group {name!r} mixes modules with different d_in")
+            seen.update(members)
+            checked[name] = members
+        return checked
 
     @classmethod
     def from_hf_config(cls, config, model_name: str | None = None) -> LoRAModelSpec:
@@ -70,4 +109,9 @@ class LoRAModelSpec:
             "down_proj": (inter, hidden),
         }
         name = model_name if model_name is not None else (config.name_or_path or "")
-        return cls(model_name=name, num_layers=config.num_hidden_layers, modules=modules)
+        return cls(
+            model_name=name,
+            num_layers=config.num_hidden_layers,
+            modules=modules,
+            fused=dict(LLAMA_FUSED_GROUPS),
+        )

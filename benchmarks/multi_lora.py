@@ -117,13 +117,22 @@ def main() -> None:
     prompts, lengths = workload(llm, args.num_requests, args.seed)
     choice = [power_law_choice(rng, args.adapters, args.alpha) for _ in prompts]
     loras = [LoRARequest(f"r8-{i:03d}", i + 1, str(paths[i])) for i in range(len(paths))]
+    print(
+        f"requests {len(prompts)}, output tokens {sum(lengths)}, max_num_seqs "
+        f"{args.max_num_seqs}, {len(set(choice))} of {args.adapters} adapters drawn",
+        flush=True,
+    )
+    rows: list[tuple[str, float]] = []
+
+    def record(label: str, tps: float) -> None:
+        rows.append((label, tps))
+        print(f"{label}: {tps:.1f} tok/s", flush=True)
+
     run_engine(llm, prompts[:4], [8] * 4, [loras[0]] * 4)  # warm-up
-    rows = [("engine, base model only", run_engine(llm, prompts, lengths, None))]
-    rows.append(
-        (
-            f"engine, {args.adapters} adapters (power law {args.alpha})",
-            run_engine(llm, prompts, lengths, [loras[c] for c in choice]),
-        )
+    record("engine, base model only", run_engine(llm, prompts, lengths, None))
+    record(
+        f"engine, {args.adapters} adapters (power law {args.alpha})",
+        run_engine(llm, prompts, lengths, [loras[c] for c in choice]),
     )
     del llm
     for distinct in sweep:
@@ -131,18 +140,15 @@ def main() -> None:
         picks = [loras[i % distinct] for i in range(len(prompts))]
         run_engine(llm, prompts[:4], [8] * 4, picks[:4])
         tps = run_engine(llm, prompts, lengths, picks)
-        rows.append((f"engine, {distinct} distinct adapters (round robin)", tps))
+        record(f"engine, {distinct} distinct adapters (round robin)", tps)
         del llm
+    peft_tps = None
     if not args.skip_peft:
         names = [f"a{c}" for c in choice]
         peft_tps = run_peft(source.hf_dir, paths[: args.adapters], prompts, lengths, names, 16)
-        rows.insert(0, ("PEFT, mixed-adapter static batch 16", peft_tps))
+        record("PEFT, mixed-adapter static batch 16", peft_tps)
 
-    base_tps = rows[1 if not args.skip_peft else 0][1]
-    peft_tps = rows[0][1] if not args.skip_peft else None
-    print(
-        f"requests {len(prompts)}, output tokens {sum(lengths)}, max_num_seqs {args.max_num_seqs}"
-    )
+    base_tps = rows[0][1]
     print("| system | tokens/s | vs PEFT | vs base-only |")
     print("|---|---|---|---|")
     for label, tps in rows:

@@ -31,9 +31,9 @@ class LoRAWeights(Protocol):
 
     scales: torch.Tensor
 
-    def lora_a(self, layer: int, module: str) -> torch.Tensor: ...
-
-    def lora_b(self, layer: int, module: str) -> torch.Tensor: ...
+    def group_weights(
+        self, layer: int, group: str, rank: int
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass

@@ -310,6 +310,7 @@ class LLMEngine:
             model_name=self.model_name,
             num_layers=self.model.num_layers,
             modules=self.model.lora_module_shapes(),
+            fused=self.model.lora_fused_groups(),
         )
         return AdapterCache(
             spec,

@@ -38,13 +38,17 @@ class ModelRunner:
             self.kv_cache.data[:, :, dst] = self.kv_cache.data[:, :, src]
 
     def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
+        # Grouped by adapter slot, base-model rows last, so every LoRA call of the pass
+        # reads its rows in place instead of gathering and scattering them.
+        prefills = sorted(scheduled.prefills, key=_slot_order)
+        decodes = sorted(scheduled.decodes, key=_slot_order)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         lora_slots: list[int] = []
         sample_indices: list[int] = []
         sampled: list[Sequence] = []
-        for item in scheduled.prefills + scheduled.decodes:
+        for item in prefills + decodes:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
             input_ids += seq.token_ids[start:end]
@@ -60,8 +64,8 @@ class ModelRunner:
             input_ids=self._tensor(input_ids, torch.long),
             positions=self._tensor(positions, torch.long),
             slot_mapping=self._tensor(slots, torch.long),
-            prefill=self._prefill_attention(scheduled.prefills),
-            decode=self._decode_attention(scheduled.decodes),
+            prefill=self._prefill_attention(prefills),
+            decode=self._decode_attention(decodes),
             sample_indices=self._tensor(sample_indices, torch.long),
             lora=self._lora_batch(lora_slots),
         )
@@ -108,6 +112,11 @@ class ModelRunner:
 
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+def _slot_order(item: ScheduledSeq) -> float:
+    slot = item.seq.lora_slot
+    return slot if slot >= 0 else float("inf")
 
 
 def _aligned_rank(rank: int, max_rank: int) -> int:

@@ -24,7 +24,9 @@ class LoraIndex:
     num_active:   tokens that have an adapter.
     first_slot, last_slot: lowest and highest slot in use (-1 when none is), so the torch path
                   only visits the slots between them.
-    is_identity:  every token has a slot and they are already sorted: no gather or scatter.
+    is_sorted:    the tokens are already grouped by slot, base-only ones last: the active
+                  tokens are rows 0..num_active-1, so no gather or scatter is needed.
+    is_identity:  is_sorted and every token has a slot.
     active_rows, active_slots: order and sorted_slots cut to the num_active tokens with a slot.
     window_ends:  group_ends[first_slot : last_slot + 1].
     """
@@ -37,6 +39,7 @@ class LoraIndex:
     num_active: int
     first_slot: int
     last_slot: int
+    is_sorted: bool
     is_identity: bool
     active_rows: torch.Tensor
     active_slots: torch.Tensor
@@ -57,7 +60,7 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
 
     Reads four scalars back to the host (one sync per forward pass on a GPU, rather than one
     per LoRA call). Sorting the batch by slot beforehand, base-only tokens last, makes every
-    LoRA call skip its gather and scatter (is_identity).
+    LoRA call skip its gather and scatter (is_sorted).
     """
     require(
         slot_ids.dim() == 1, lambda: f"slot_ids must be 1-D [T], got shape {tuple(slot_ids.shape)}"
@@ -103,6 +106,7 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
         num_active=num_active,
         first_slot=first_slot,
         last_slot=last_slot,
+        is_sorted=moved == 0,
         is_identity=num_inactive == 0 and moved == 0,
         active_rows=order[:num_active],
         active_slots=sorted_slots[:num_active],

@@ -6,11 +6,13 @@ ranks 8-64, a gather + bmm (per-token weight copies) was 2-150x slower and a den
 every slot (S times the FLOPs) 1.1-10x slower; a grouped matmul still pays a few microseconds
 per slot in use, which is why the batch-level index is built once per pass. At decode sizes
 each ATen op costs microseconds, so the paths below
-skip every op they can: no gather/scatter when the batch is already grouped by slot, a plain
-matmul when one slot serves every active token, only the window of slots in use.
+skip every op they can: no gather/scatter when the batch is already grouped by slot (the
+engine sorts it so), a plain matmul when one slot serves every active token, only the window
+of slots in use.
 """
 
 import torch
+import torch.nn.functional as F
 
 from .lora_groups import LoraIndex
 
@@ -21,16 +23,11 @@ def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> tor
     active = index.num_active
     if active == 0:
         return x.new_zeros(num_tokens, rank)
-    slot = index.single_slot
-    if slot is not None and active == num_tokens:
-        return x @ lora_a[slot].T
-    if index.is_identity:
-        return _grouped_matmul(x, lora_a.transpose(1, 2), index)
-    grouped = x.index_select(0, index.active_rows)
-    if slot is not None:
-        grouped = grouped @ lora_a[slot].T
-    else:
-        grouped = _grouped_matmul(grouped, lora_a.transpose(1, 2), index)
+    if index.is_sorted:
+        # Active tokens are the first rows: work on that prefix, pad the base-only rest.
+        y = _apply(x[:active], lora_a.transpose(1, 2), index)
+        return y if active == num_tokens else F.pad(y, (0, 0, 0, num_tokens - active))
+    grouped = _apply(x.index_select(0, index.active_rows), lora_a.transpose(1, 2), index)
     return x.new_zeros(num_tokens, rank).index_copy_(0, index.active_rows, grouped)
 
 
@@ -45,23 +42,29 @@ def expand_torch(
     if active == 0:
         return
     y = y.to(lora_b.dtype)
+    rows = y[:active] if index.is_sorted else y.index_select(0, index.active_rows)
     slot = index.single_slot
     if slot is not None:
         alpha = float(scales[slot])
-        if active == y.shape[0] and out.dtype == y.dtype:
-            out.addmm_(y, lora_b[slot].T, alpha=alpha)
+        if index.is_sorted and out.dtype == y.dtype:
+            out[:active].addmm_(rows, lora_b[slot].T, alpha=alpha)
             return
-        delta = y.index_select(0, index.active_rows) @ lora_b[slot].T
-        out.index_add_(0, index.active_rows, delta.to(out.dtype), alpha=alpha)
-        return
-    grouped = y if index.is_identity else y.index_select(0, index.active_rows)
-    # Scaling the rank-r side costs r/d_out of scaling the output.
-    grouped = grouped * scales.to(y.dtype).index_select(0, index.active_slots).unsqueeze(1)
-    delta = _grouped_matmul(grouped, lora_b.transpose(1, 2), index).to(out.dtype)
-    if index.is_identity:
-        out.add_(delta)
+        delta = rows @ lora_b[slot].T
     else:
-        out.index_add_(0, index.active_rows, delta)
+        # Scaling the rank-r side costs r/d_out of scaling the output.
+        rows = rows * scales.to(y.dtype).index_select(0, index.active_slots).unsqueeze(1)
+        delta = _grouped_matmul(rows, lora_b.transpose(1, 2), index)
+        alpha = 1.0
+    if index.is_sorted:
+        out[:active].add_(delta.to(out.dtype), alpha=alpha)
+    else:
+        out.index_add_(0, index.active_rows, delta.to(out.dtype), alpha=alpha)
+
+
+def _apply(rows: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:
+    """rows [active, K] grouped by slot times w[slot] [K, N]: one matmul for a single slot."""
+    slot = index.single_slot
+    return rows @ w[slot] if slot is not None else _grouped_matmul(rows, w, index)
 
 
 def _grouped_matmul(a: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:

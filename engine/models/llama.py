@@ -1,7 +1,8 @@
 """The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM) over a paged KV cache.
 
-One flat batch of tokens per forward pass. q/k/v and gate/up run as fused matmuls; each
-LoRA-targeted projection adds its batched adapter delta into its slice of the fused output.
+One flat batch of tokens per forward pass. q/k/v and gate/up run as fused matmuls, and so do
+their LoRA deltas: one batched shrink and one expand per fused projection add every module's
+delta into its columns of the fused output.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from loragate import kernels
+from loragate.adapters.spec import LLAMA_FUSED_GROUPS
 from loragate.engine.forward_batch import ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 
@@ -55,6 +57,10 @@ class LlamaForCausalLM:
             "up_proj": (h, i),
             "down_proj": (i, h),
         }
+
+    def lora_fused_groups(self) -> dict[str, tuple[str, ...]]:
+        """LoRA modules computed as one matmul here: q/k/v and gate/up, in column order."""
+        return dict(LLAMA_FUSED_GROUPS)
 
     # ---- loading ------------------------------------------------------------------------
     def load_weights(self, weights: dict[str, torch.Tensor], max_positions: int) -> None:
@@ -113,10 +119,7 @@ class LlamaForCausalLM:
         x = _rms_norm(h, layer["input_norm"], self.eps)
         qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
         if batch.lora is not None:
-            q_end, k_end = self.q_size, self.q_size + self.kv_size
-            _add_lora(batch.lora, i, "q_proj", x, qkv[:, :q_end])
-            _add_lora(batch.lora, i, "k_proj", x, qkv[:, q_end:k_end])
-            _add_lora(batch.lora, i, "v_proj", x, qkv[:, k_end:])
+            _add_lora(batch.lora, i, "qkv_proj", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = _rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
         k = _rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
@@ -131,9 +134,7 @@ class LlamaForCausalLM:
         x = _rms_norm(h, layer["post_norm"], self.eps)
         gate_up = F.linear(x, layer["gate_up"])
         if batch.lora is not None:
-            n = self.intermediate_size
-            _add_lora(batch.lora, i, "gate_proj", x, gate_up[:, :n])
-            _add_lora(batch.lora, i, "up_proj", x, gate_up[:, n:])
+            _add_lora(batch.lora, i, "gate_up_proj", x, gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.silu(gate) * up
         down = F.linear(act, layer["down"])
@@ -167,9 +168,9 @@ class LlamaForCausalLM:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _add_lora(lora: LoRABatch, layer: int, module: str, x: torch.Tensor, out: torch.Tensor):
-    a = lora.weights.lora_a(layer, module)[:, : lora.rank]
-    b = lora.weights.lora_b(layer, module)[:, :, : lora.rank]
+def _add_lora(lora: LoRABatch, layer: int, group: str, x: torch.Tensor, out: torch.Tensor):
+    """One shrink and one expand per module group (a fused projection or a single one)."""
+    a, b = lora.weights.group_weights(layer, group, lora.rank)
     y = kernels.lora_shrink(x, a, lora.slot_ids, index=lora.index)
     kernels.lora_expand(y, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
 

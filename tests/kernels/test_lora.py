@@ -37,10 +37,22 @@ def slot_pattern(name: str, num_slots: int) -> torch.Tensor:
         return torch.tensor([2, -1, 2, 2, -1, 2, -1] * 3)
     if name == "sorted":  # already grouped by slot: the identity fast path
         return torch.arange(num_slots).repeat_interleave(torch.tensor([4, 1, 7, 18, 3]))
+    if name == "sorted_then_base":  # as the engine orders a batch: base-model rows last
+        return torch.cat([slot_pattern("sorted", num_slots), torch.full((6,), -1)])
+    if name == "single_then_base":
+        return torch.tensor([1] * 9 + [-1] * 4)
     raise AssertionError(name)
 
 
-PATTERNS = ["mixed", "none", "single", "single_and_none", "sorted"]
+PATTERNS = [
+    "mixed",
+    "none",
+    "single",
+    "single_and_none",
+    "sorted",
+    "sorted_then_base",
+    "single_then_base",
+]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -111,8 +123,12 @@ def test_lora_index_groups_tokens_by_slot():
     assert index.group_ends.tolist() == [2, 2, 5, 5]
     assert (index.num_active, index.first_slot, index.last_slot) == (5, 0, 2)
     assert not index.is_identity and index.single_slot is None
+    assert not index.is_sorted
     sorted_index = kernels.lora_index(torch.tensor([1, 1, 3]), 4)
-    assert sorted_index.is_identity
+    assert sorted_index.is_identity and sorted_index.is_sorted
+    base_last = kernels.lora_index(torch.tensor([0, 2, 2, -1, -1]), 4)
+    assert base_last.is_sorted and not base_last.is_identity
+    assert not kernels.lora_index(torch.tensor([0, -1, 2]), 4).is_sorted
     assert kernels.lora_index(torch.tensor([3, -1, 3]), 4).single_slot == 3
     empty = kernels.lora_index(torch.tensor([-1, -1]), 4)
     assert (empty.num_active, empty.first_slot, empty.single_slot) == (0, -1, None)

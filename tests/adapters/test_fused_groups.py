@@ -1,0 +1,88 @@
+"""Fused module groups: one shrink and one expand apply q/k/v (or gate/up) adapters at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loragate import kernels
+from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest, load_adapter
+
+
+def per_module_reference(adapters, slots, layer, members, spec, x):
+    """float64: each token's adapter applied module by module, outputs side by side."""
+    columns = []
+    for module in members:
+        d_out = spec.modules[module][1]
+        out = torch.zeros(x.shape[0], d_out, dtype=torch.float64)
+        for row, slot in enumerate(slots.tolist()):
+            adapter = adapters.get(slot)
+            if adapter is None or (layer, module) not in adapter.weights:
+                continue
+            a, b = adapter.weights[(layer, module)]
+            out[row] = adapter.scale * (x[row].double() @ a.double().T) @ b.double().T
+        columns.append(out)
+    return torch.cat(columns, dim=1)
+
+
+def test_group_weights_apply_every_module_to_its_own_columns(spec, make_adapter):
+    made = {
+        "qv": dict(rank=4, targets=["q_proj", "v_proj", "up_proj"]),
+        "all": dict(rank=8, targets=list(spec.modules)),
+        "k_gate": dict(rank=6, targets=["k_proj", "gate_proj"], use_rslora=True),
+    }
+    requests = [
+        LoRARequest(name, i + 1, str(make_adapter(name, seed=i, **kw)))
+        for i, (name, kw) in enumerate(made.items())
+    ]
+    cache = AdapterCache(spec, max_loras=3, max_lora_rank=16, max_cpu_loras=3)
+    adapters = {}
+    for request in requests:
+        slot = cache.acquire(request, set())
+        adapters[slot] = load_adapter(request.lora_path, spec, 16)
+    assert cache.groups["qkv_proj"] == ("q_proj", "k_proj", "v_proj")
+    assert cache.groups["gate_up_proj"] == ("gate_proj", "up_proj")
+    assert cache.groups["o_proj"] == ("o_proj",)
+
+    slots = torch.tensor([0, 0, 1, 2, 2, 1, -1, 0, -1])
+    index = kernels.lora_index(slots, 3)
+    rank = cache.effective_rank
+    for layer in range(spec.num_layers):
+        for group, members in cache.groups.items():
+            d_in = spec.modules[members[0]][0]
+            a, b = cache.group_weights(layer, group, rank)
+            assert a.shape == (3, rank * len(members), d_in)
+            x = torch.randn(slots.shape[0], d_in)
+            out = torch.zeros(slots.shape[0], b.shape[1])
+            y = kernels.lora_shrink(x, a, slots, index=index)
+            kernels.lora_expand(y, b, slots, cache.scales, out, index=index)
+            expected = per_module_reference(adapters, slots, layer, members, spec, x)
+            assert torch.allclose(out.double(), expected, atol=1e-5), (layer, group)
+
+
+def test_group_weights_are_views_of_the_slot_stacks(spec, make_adapter):
+    cache = AdapterCache(spec, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
+    a, b = cache.group_weights(0, "qkv_proj", 4)
+    cache.acquire(LoRARequest("x", 1, str(make_adapter("x", rank=4, targets=["k_proj"]))), set())
+    k_out = slice(spec.modules["q_proj"][1], spec.modules["q_proj"][1] + spec.modules["k_proj"][1])
+    # Rank-major, module-minor: k is module 1 of 3, so its rank rows are 1, 4, 7, 10.
+    k_rows = [1, 4, 7, 10]
+    assert a[0, k_rows].any() and not a[0, [0, 2, 3, 5]].any()
+    assert b[0, k_out][:, k_rows].any()
+    other = [c for c in range(b.shape[1]) if not k_out.start <= c < k_out.stop]
+    assert not b[0, other].any(), "output columns of q and v must not read k's rank rows"
+
+
+@pytest.mark.parametrize(
+    "fused, message",
+    [
+        ({"qk": ("q_proj", "nope_proj")}, "unknown modules"),
+        ({"qd": ("q_proj", "down_proj")}, "different d_in"),
+        ({"a": ("q_proj",), "b": ("q_proj", "k_proj")}, "repeats a module"),
+        ({"o_proj": ("q_proj", "k_proj")}, "also a module name"),
+        ({"empty": ()}, "unknown modules"),
+    ],
+)
+def test_spec_refuses_bad_fused_groups(spec, fused, message):
+    with pytest.raises(ValueError, match=message):
+        LoRAModelSpec(model_name="m", num_layers=1, modules=spec.modules, fused=fused)
