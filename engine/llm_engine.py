@@ -327,14 +327,23 @@ class LLMEngine:
     def get_memory_stats(self) -> dict:
         stats = self.block_manager.stats().as_dict()
         allocated_slots = stats["allocated_blocks"] * self.config.block_size
-        wasted = sum(
-            len(s.block_table) * self.config.block_size - s.num_computed_tokens
-            for s in self.scheduler.running
-        )
+        wasted = self._unused_tail_slots()
         stats["swapped_blocks"] = self.swapper.num_swapped_blocks if self.swapper else 0
         stats["internal_fragmentation"] = wasted / allocated_slots if allocated_slots else 0.0
         stats["num_preemptions"] = self.scheduler.num_preemptions
         return stats
+
+    def _unused_tail_slots(self) -> int:
+        """Slots past the end of each running sequence's last block, each block counted once
+        (forks share theirs), against the same physical blocks the allocation counts. The
+        slot of a token sampled but not yet run through the model is in use, not waste."""
+        bs = self.config.block_size
+        unused: dict[int, int] = {}
+        for seq in self.scheduler.running:
+            if seq.block_table:
+                used = min(seq.num_tokens, len(seq.block_table) * bs)
+                unused[seq.block_table[-1]] = len(seq.block_table) * bs - used
+        return sum(unused.values())
 
     def check_integrity(self) -> None:
         """Every KV block free, cached or owned, with consistent reference counts."""

@@ -56,7 +56,13 @@ def swap_blocks(config: EngineConfig, kv_cache: KVCache) -> int:
     if mode == "recompute" or (mode == "auto" and kv_cache.data.device.type != "cuda"):
         return 0
     per_block = kv_cache.data[:, :, 0].numel() * kv_cache.data.element_size()
-    return int(config.swap_space * (1 << 30) // per_block)
+    blocks = int(config.swap_space * (1 << 30) // per_block)
+    if mode == "swap" and blocks == 0:
+        raise ValueError(
+            f"preemption_mode='swap' but swap_space={config.swap_space} GiB holds no KV block "
+            f"of {per_block} bytes: raise swap_space or use preemption_mode='recompute'"
+        )
+    return blocks
 
 
 def eos_token_ids(hf_dir: Path, tokenizer) -> set[int]:

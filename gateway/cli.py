@@ -143,12 +143,12 @@ def main() -> None:
 )
 @click.option(
     "--enable-chunked-prefill/--disable-chunked-prefill",
-    default=True,
+    default=_default("enable_chunked_prefill"),
     help="Split long prompts across engine steps.",
 )
 @click.option(
     "--strict-lora-base-model/--no-strict-lora-base-model",
-    default=False,
+    default=_default("strict_lora_base_model"),
     help="Refuse adapters trained for another base model.",
 )
 @click.option("--tokenizer", default=None, help="Tokenizer directory. Default: the model's.")

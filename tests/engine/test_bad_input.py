@@ -113,3 +113,14 @@ def test_bad_engine_config(kwargs, match):
 def test_kv_cache_too_small_for_max_model_len(tiny_model_dir):
     with pytest.raises(ValueError, match="needs 8"):
         LLM(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=4)
+
+
+def test_swap_mode_with_swap_space_for_no_block_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="swap_space=1e-09 GiB holds no KV block"):
+        LLM(
+            model=str(tiny_model_dir("llama")),
+            max_model_len=128,
+            num_kv_blocks=16,
+            preemption_mode="swap",
+            swap_space=1e-9,
+        )

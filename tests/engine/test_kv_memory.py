@@ -196,6 +196,20 @@ def test_memory_stats_report_fragmentation(tiny_dir, make_llm):
     engine.step()
     stats = engine.get_memory_stats()
     assert stats["allocated_blocks"] == 2
-    assert stats["internal_fragmentation"] == pytest.approx((32 - 17) / 32)
+    # 17 prompt tokens and the sampled 18th, whose slot is reserved: 14 of 32 slots unused.
+    assert stats["internal_fragmentation"] == pytest.approx((32 - 18) / 32)
     assert {"swapped_blocks", "cached_blocks", "prefix_cache_hit_rate"} <= set(stats)
+    engine.abort_request("x")
+
+
+def test_fragmentation_counts_a_shared_last_block_once(tiny_dir, make_llm):
+    engine = make_llm(model=tiny_dir, max_model_len=128, num_kv_blocks=64).engine
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=8)
+    engine.add_request("x", {"prompt_token_ids": list(range(1, 18))}, params)
+    engine.step()
+    seqs = engine.requests["x"].seqs
+    assert len({s.block_table[-1] for s in seqs}) == 1, "forks share the prompt's last block"
+    stats = engine.get_memory_stats()
+    assert stats["allocated_blocks"] == 2
+    assert stats["internal_fragmentation"] == pytest.approx((32 - 18) / 32)
     engine.abort_request("x")
