@@ -121,7 +121,7 @@ class AdapterCache:
         """A ``[max_loras, rank*M, d_in]`` and B ``[max_loras, D, rank*M]`` of a module group
         cut to ``rank``: one lora_shrink and one lora_expand apply every module of the group
         to its columns of the fused output. Views; see adapters/slots.py for the layout."""
-        return self._slots.group_a(layer, group, rank), self._slots.group_b(layer, group, rank)
+        return self._slots.group_weights(layer, group, rank)
 
     @property
     def scales(self) -> torch.Tensor:

@@ -52,17 +52,22 @@ class DeviceSlots:
                 layers, max_loras, max_rank, m, offset, device=device, dtype=dtype
             )
         self.scales = torch.zeros(max_loras, device=device, dtype=dtype)
+        self._group_views: dict[tuple[int, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
 
     # -- views the model and the tests read ---------------------------------------------
-    def group_a(self, layer: int, group: str, rank: int) -> torch.Tensor:
-        """``[max_loras, rank*M, d_in]``: the group's A cut to ``rank``, a view."""
-        return self.a[group][layer, :, :rank].flatten(1, 2)
-
-    def group_b(self, layer: int, group: str, rank: int) -> torch.Tensor:
-        """``[max_loras, D, rank*M]``: the group's block-diagonal B cut to ``rank``, a view."""
-        return self.bt[group][layer, :, :rank].flatten(1, 2).transpose(1, 2)
+    def group_weights(self, layer: int, group: str, rank: int):
+        """A ``[max_loras, rank*M, d_in]`` and block-diagonal B ``[max_loras, D, rank*M]`` of a
+        group cut to ``rank``: views, made once (the engine asks for them every layer of every
+        step, and the storage never moves)."""
+        key = (layer, group, rank)
+        views = self._group_views.get(key)
+        if views is None:
+            a = self.a[group][layer, :, :rank].flatten(1, 2)
+            b = self.bt[group][layer, :, :rank].flatten(1, 2).transpose(1, 2)
+            views = self._group_views[key] = (a, b)
+        return views
 
     def module_a(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, max_rank, d_in]``: one module's A, a view."""

@@ -7,7 +7,7 @@ Every op has a Triton kernel and a torch version with the same signature and res
 
 from .decode_attention import paged_decode_attention
 from .kv_cache import write_kv
-from .lora import lora_expand, lora_shrink
+from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index
 from .norm import add_rms_norm, rms_norm
 from .prefill_attention import paged_prefill_attention
@@ -17,6 +17,7 @@ __all__ = [
     "LoraIndex",
     "add_rms_norm",
     "apply_rope",
+    "lora_apply",
     "lora_expand",
     "lora_index",
     "lora_shrink",

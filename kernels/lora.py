@@ -8,7 +8,7 @@ import torch
 
 from ._backend import require, resolve_backend
 from .lora_groups import LoraIndex, lora_index
-from .lora_torch import expand_torch, shrink_torch
+from .lora_torch import apply_torch, expand_torch, shrink_torch
 
 
 def lora_shrink(
@@ -78,6 +78,53 @@ def lora_expand(
         expand_triton(y, lora_b, scales, out, index)
     else:
         expand_torch(y, lora_b, scales, out, index)
+
+
+def lora_apply(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    slot_ids: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    backend: str | None = None,
+    index: LoraIndex | None = None,
+) -> None:
+    """out[t] += scales[s] * (x[t] @ lora_a[s]^T) @ lora_b[s]^T: lora_shrink then lora_expand.
+
+    What a LoRA-targeted linear layer adds, in one call: the engine makes one per module group
+    and layer, so checking the shapes once and, on the CPU, running both halves in one native
+    call keep the per-call cost small. Shapes as for lora_shrink and lora_expand.
+    """
+    require(x.dim() == 2, lambda: f"x must be [T, d_in], got shape {tuple(x.shape)}")
+    require(
+        lora_a.dim() == 3 and lora_b.dim() == 3,
+        lambda: f"lora_a and lora_b must be 3-D, got {tuple(lora_a.shape)} {tuple(lora_b.shape)}",
+    )
+    num_slots, rank = lora_a.shape[0], lora_a.shape[1]
+    require(
+        lora_a.shape[2] == x.shape[1],
+        lambda: f"lora_a d_in {lora_a.shape[2]} != x d_in {x.shape[1]}",
+    )
+    require(
+        lora_b.shape[0] == num_slots and lora_b.shape[2] == rank,
+        lambda: f"lora_b {tuple(lora_b.shape)} does not match lora_a {tuple(lora_a.shape)}",
+    )
+    require(
+        out.dim() == 2 and out.shape == (x.shape[0], lora_b.shape[1]),
+        lambda: f"out must be [T={x.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
+    )
+    require(
+        scales.shape == (num_slots,),
+        lambda: f"scales must be [S={num_slots}], got {tuple(scales.shape)}",
+    )
+    index = _checked_index(index, slot_ids, x.shape[0], num_slots)
+    if resolve_backend(backend, x) == "triton":
+        from .lora_triton import expand_triton, shrink_triton
+
+        expand_triton(shrink_triton(x, lora_a, index), lora_b, scales, out, index)
+    else:
+        apply_torch(x, lora_a, lora_b, scales, out, index)
 
 
 def _checked_index(

@@ -1,4 +1,6 @@
-"""Torch backend of batched LoRA: tokens grouped by slot, one grouped matmul per call.
+"""Torch backend of batched LoRA: tokens grouped by slot, one grouped matmul per call, or
+for decode-sized float32 batches over several slots the native per-token kernels
+(lora_cpu.py), which pay nothing per slot.
 
 No Python loop over slots and no per-token copy of adapter weights: each adapter's weights are
 read once per call. Measured on this project's 2-core CPU over T 1-256 tokens, 1-16 slots and
@@ -14,7 +16,21 @@ of slots in use.
 import torch
 import torch.nn.functional as F
 
+from .lora_cpu import NativeLoRA, native_lora
 from .lora_groups import LoraIndex
+
+# Above this many tokens (long prefills) the grouped matmul's BLAS calls win.
+NATIVE_MAX_TOKENS = 512
+
+
+def _native(index: LoraIndex, *tensors: torch.Tensor) -> NativeLoRA | None:
+    """The native per-token kernels, where they serve this call better than a grouped matmul:
+    several slots in use, decode-sized batches, float32 tensors with contiguous rows."""
+    if index.single_slot is not None or index.num_tokens > NATIVE_MAX_TOKENS:
+        return None
+    if not (NativeLoRA.fits(*tensors) and index.slot_ids.is_contiguous()):
+        return None
+    return native_lora()
 
 
 def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> torch.Tensor:
@@ -23,6 +39,9 @@ def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> tor
     active = index.num_active
     if active == 0:
         return x.new_zeros(num_tokens, rank)
+    native = _native(index, x, lora_a)
+    if native is not None:
+        return native.shrink(x, lora_a, index.slot_ids)
     if index.is_sorted:
         # Active tokens are the first rows: work on that prefix, pad the base-only rest.
         y = _apply(x[:active], lora_a.transpose(1, 2), index)
@@ -42,6 +61,10 @@ def expand_torch(
     if active == 0:
         return
     y = y.to(lora_b.dtype)
+    native = _native(index, y, lora_b.transpose(1, 2), scales, out)
+    if native is not None:
+        native.expand(y, lora_b.transpose(1, 2), scales, out, index.slot_ids)
+        return
     rows = y[:active] if index.is_sorted else y.index_select(0, index.active_rows)
     slot = index.single_slot
     if slot is not None:
@@ -65,6 +88,24 @@ def _apply(rows: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tenso
     """rows [active, K] grouped by slot times w[slot] [K, N]: one matmul for a single slot."""
     slot = index.single_slot
     return rows @ w[slot] if slot is not None else _grouped_matmul(rows, w, index)
+
+
+def apply_torch(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    index: LoraIndex,
+) -> None:
+    """shrink then expand; one native call where the native kernels serve the batch."""
+    if index.num_active == 0:
+        return
+    native = _native(index, x, lora_a, lora_b.transpose(1, 2), scales, out)
+    if native is not None:
+        native.apply(x, lora_a, lora_b.transpose(1, 2), scales, out, index.slot_ids)
+        return
+    expand_torch(shrink_torch(x, lora_a, index), lora_b, scales, out, index)
 
 
 def _grouped_matmul(a: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:

@@ -171,8 +171,7 @@ class LlamaForCausalLM:
 def _add_lora(lora: LoRABatch, layer: int, group: str, x: torch.Tensor, out: torch.Tensor):
     """One shrink and one expand per module group (a fused projection or a single one)."""
     a, b = lora.weights.group_weights(layer, group, lora.rank)
-    y = kernels.lora_shrink(x, a, lora.slot_ids, index=lora.index)
-    kernels.lora_expand(y, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
+    kernels.lora_apply(x, a, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -178,3 +178,34 @@ def test_odd_ranks_and_unaligned_views_fall_back_correctly():
         if s >= 0:
             expected[t] = x[t].double() @ a[s].double().T @ b[s].double().T
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_lora_apply_is_shrink_then_expand(backend, pattern):
+    lora_a, lora_b = padded_stack(RANKS, 64, D_IN, D_OUT)
+    # Also the engine's layout: B stored transposed, handed out as a [S, d_out, r] view.
+    lora_bt_view = lora_b.transpose(1, 2).contiguous().transpose(1, 2)
+    slots = slot_pattern(pattern, len(RANKS))
+    x = torch.randn(slots.shape[0], D_IN)
+    scales = torch.rand(len(RANKS)) + 0.5
+    expected_y = lora_shrink_reference(x, lora_a, slots)
+    for b in (lora_b, lora_bt_view):
+        out = torch.randn(slots.shape[0], D_OUT)
+        before = out.clone()
+        kernels.lora_apply(x, lora_a, b, slots, scales, out, backend=backend)
+        expected = lora_expand_reference(expected_y, lora_b, slots, scales, before)
+        assert rel_error(out, expected) < 1e-4
+
+
+def test_lora_apply_rejects_mismatched_shapes():
+    lora_a, lora_b = padded_stack([4, 4], 4, 8, 6)
+    x, scales, slots = torch.randn(3, 8), torch.ones(2), torch.tensor([0, 1, -1])
+    with pytest.raises(ValueError, match="does not match lora_a"):
+        kernels.lora_apply(x, lora_a, lora_b[:, :, :3], slots, scales, torch.zeros(3, 6))
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.lora_apply(x, lora_a, lora_b, slots, scales, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="d_in"):
+        kernels.lora_apply(torch.randn(3, 9), lora_a, lora_b, slots, scales, torch.zeros(3, 6))
+    with pytest.raises(ValueError, match="slot id"):
+        kernels.lora_apply(x, lora_a, lora_b, torch.tensor([0, 2, 0]), scales, torch.zeros(3, 6))

@@ -1,0 +1,113 @@
+"""The native CPU LoRA kernels (kernels/lora_cpu.c) against the float64 per-token reference.
+
+They serve decode-sized batches over several adapters, with the engine's slot layout (B
+stored transposed); the shapes here also cover the tails of their vector loops: d_in not a
+multiple of 16, ranks not a multiple of 4, d_out not a multiple of 64 and over one 256-column
+chunk, output rows that are a column slice of a wider fused output.
+"""
+
+import pytest
+import torch
+from kernel_reference import lora_expand_reference, lora_shrink_reference, rel_error
+
+from loragate import kernels
+from loragate.kernels import lora_cpu, lora_torch
+
+
+@pytest.fixture(scope="module")
+def native():
+    loaded = lora_cpu.native_lora()
+    assert loaded is not None, f"native LoRA kernels did not build: {lora_cpu.native_lora_error()}"
+    return loaded
+
+
+def engine_layout(num_slots, rank, d_in, d_out):
+    """A [S, r, d_in] and Bt [S, r, d_out], each slot a random adapter (slot 2 left zero)."""
+    a = torch.randn(num_slots, rank, d_in)
+    bt = torch.randn(num_slots, rank, d_out)
+    a[2], bt[2] = 0, 0
+    return a, bt
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "rank, d_in, d_out", [(8, 576, 960), (6, 72, 300), (3, 16, 64), (24, 1536, 576), (1, 5, 7)]
+)
+def test_native_shrink_and_expand_match_reference(native, threads, rank, d_in, d_out):
+    torch.manual_seed(rank * 1000 + d_in)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, bt = engine_layout(5, rank, d_in, d_out)
+        slots = torch.tensor([3, -1, 0, 0, 4, 2, -1, 1, 3, 3, 0, 4, -1])
+        x = torch.randn(slots.shape[0], d_in)
+        y = native.shrink(x, a, slots)
+        assert rel_error(y, lora_shrink_reference(x, a, slots)) < 1e-5
+        assert not y[slots < 0].any(), "rows without an adapter must shrink to zeros"
+
+        fused = torch.randn(slots.shape[0], d_out + 40)  # out is a column slice of it
+        out = fused[:, 20 : 20 + d_out]
+        before, untouched = out.clone(), fused[:, :20].clone()
+        scales = torch.rand(5) + 0.5
+        native.expand(y, bt, scales, out, slots)
+        expected = lora_expand_reference(y, bt.transpose(1, 2), slots, scales, before)
+        assert rel_error(out, expected) < 1e-5
+        assert torch.equal(out[slots < 0], before[slots < 0])
+        assert torch.equal(fused[:, :20], untouched), "columns outside out must not change"
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_engine_calls_take_the_native_path_and_agree_with_the_grouped_one(native, monkeypatch):
+    """lora_shrink / lora_expand on the engine's layout, several slots, decode-sized: native.
+    Forcing the grouped matmul gives the same numbers."""
+    a, bt = engine_layout(4, 8, 64, 96)
+    lora_b = bt.transpose(1, 2)  # [S, d_out, r] view, as the adapter cache hands it out
+    slots = torch.tensor([0, 0, 1, 3, 3, 3, -1])
+    x, scales = torch.randn(7, 64), torch.rand(4)
+    index = kernels.lora_index(slots, 4)
+
+    calls = []
+    for name in ("shrink", "expand"):
+        real = getattr(lora_cpu.NativeLoRA, name)
+        monkeypatch.setattr(
+            lora_cpu.NativeLoRA,
+            name,
+            lambda self, *args, _real=real, _name=name: calls.append(_name) or _real(self, *args),
+        )
+    out = torch.randn(7, 96)
+    grouped_out = out.clone()
+    y = kernels.lora_shrink(x, a, slots, index=index)
+    kernels.lora_expand(y, lora_b, slots, scales, out, index=index)
+    assert calls == ["shrink", "expand"]
+
+    monkeypatch.setattr(lora_torch, "native_lora", lambda: None)
+    grouped_y = kernels.lora_shrink(x, a, slots, index=index)
+    kernels.lora_expand(grouped_y, lora_b, slots, scales, grouped_out, index=index)
+    assert calls == ["shrink", "expand"], "the grouped path must not call the native kernels"
+    assert torch.allclose(y, grouped_y, atol=1e-5) and torch.allclose(out, grouped_out, atol=1e-5)
+
+
+def test_a_failed_build_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(lora_cpu, "_state", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    assert lora_cpu.native_lora() is None
+    assert "no-such-compiler" in lora_cpu.native_lora_error()
+    a, bt = engine_layout(3, 4, 16, 20)
+    slots = torch.tensor([0, 1, -1, 2])
+    x = torch.randn(4, 16)
+    y = kernels.lora_shrink(x, a, slots)
+    assert rel_error(y, lora_shrink_reference(x, a, slots)) < 1e-5
+
+
+def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(lora_cpu, "_state", {})
+    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    assert lora_cpu.native_lora() is not None
+    built = list((tmp_path / "kernels").glob("lora_cpu-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(lora_cpu, "_state", {})
+    assert lora_cpu.native_lora() is not None
+    assert built[0].stat().st_mtime_ns == stamp, "a second load must reuse the built library"
