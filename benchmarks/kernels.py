@@ -148,8 +148,9 @@ def bench_write_kv(bench: Bench) -> None:
 def bench_lora(bench: Bench) -> None:
     d_in, d_out = (4096, 4096) if bench.cuda else (576, 1536)
     print(
-        f"\n### lora_shrink + lora_expand, d_in {d_in}, d_out {d_out}, rank 16, "
-        "stack of 64 slots padded to rank 64, passed as [:, :16] views\n"
+        f"\n### lora_apply (shrink + expand), d_in {d_in}, d_out {d_out}, rank 16, "
+        "stack of 64 slots padded to rank 64, passed as [:, :16] views in the engine's layout "
+        "(B stored transposed)\n"
         "(floor: the same FLOPs as ONE dense x @ A^T and y @ B^T matmul pair, timed here; "
         "'base' is x @ W^T of the full projection; 'sorted': the batch already grouped by slot)\n"
     )
@@ -160,7 +161,8 @@ def bench_lora(bench: Bench) -> None:
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     slots, rank = 64, 16
     lora_a = torch.randn(slots, 64, d_in, dtype=bench.dtype, device=bench.device)[:, :rank]
-    lora_b = torch.randn(slots, d_out, 64, dtype=bench.dtype, device=bench.device)[:, :, :rank]
+    lora_bt = torch.randn(slots, 64, d_out, dtype=bench.dtype, device=bench.device)
+    lora_b = lora_bt[:, :rank].transpose(1, 2)
     scales = torch.rand(slots, device=bench.device)
     weight = torch.randn(d_out, d_in, dtype=bench.dtype, device=bench.device)
     token_counts = [1, 16, 64, 256] if bench.cuda else [1, 16, 64, 256]
@@ -178,11 +180,9 @@ def bench_lora(bench: Bench) -> None:
             sorted_index = kernels.lora_index(sorted_ids, slots)
 
             def run(backend, x=x, out=out, slot_ids=slot_ids, index=index):
-                def step():
-                    y = kernels.lora_shrink(x, lora_a, slot_ids, backend, index=index)
-                    kernels.lora_expand(y, lora_b, slot_ids, scales, out, backend, index=index)
-
-                return step
+                return lambda: kernels.lora_apply(
+                    x, lora_a, lora_b, slot_ids, scales, out, backend, index=index
+                )
 
             a_dense, b_dense = lora_a[0].contiguous(), lora_b[0].contiguous()
             dense = bench.time_us(lambda x=x, a=a_dense, b=b_dense: (x @ a.T) @ b.T)
