@@ -63,14 +63,7 @@ def lora_expand(
         lora_b.shape[2] == y.shape[1],
         lambda: f"lora_b rank {lora_b.shape[2]} != y rank {y.shape[1]}",
     )
-    require(
-        out.dim() == 2 and out.shape == (y.shape[0], lora_b.shape[1]),
-        lambda: f"out must be [T={y.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
-    )
-    require(
-        scales.shape == (lora_b.shape[0],),
-        lambda: f"scales must be [S={lora_b.shape[0]}], got {tuple(scales.shape)}",
-    )
+    _require_output(out, scales, lora_b, y.shape[0])
     index = _checked_index(index, slot_ids, y.shape[0], lora_b.shape[0])
     if resolve_backend(backend, y) == "triton":
         from .lora_triton import expand_triton
@@ -110,14 +103,7 @@ def lora_apply(
         lora_b.shape[0] == num_slots and lora_b.shape[2] == rank,
         lambda: f"lora_b {tuple(lora_b.shape)} does not match lora_a {tuple(lora_a.shape)}",
     )
-    require(
-        out.dim() == 2 and out.shape == (x.shape[0], lora_b.shape[1]),
-        lambda: f"out must be [T={x.shape[0]}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
-    )
-    require(
-        scales.shape == (num_slots,),
-        lambda: f"scales must be [S={num_slots}], got {tuple(scales.shape)}",
-    )
+    _require_output(out, scales, lora_b, x.shape[0])
     index = _checked_index(index, slot_ids, x.shape[0], num_slots)
     if resolve_backend(backend, x) == "triton":
         from .lora_triton import expand_triton, shrink_triton
@@ -125,6 +111,20 @@ def lora_apply(
         expand_triton(shrink_triton(x, lora_a, index), lora_b, scales, out, index)
     else:
         apply_torch(x, lora_a, lora_b, scales, out, index)
+
+
+def _require_output(
+    out: torch.Tensor, scales: torch.Tensor, lora_b: torch.Tensor, num_tokens: int
+) -> None:
+    """The expand side's contract: out [T, d_out] and one scale per slot of lora_b."""
+    require(
+        out.dim() == 2 and out.shape == (num_tokens, lora_b.shape[1]),
+        lambda: f"out must be [T={num_tokens}, d_out={lora_b.shape[1]}], got {tuple(out.shape)}",
+    )
+    require(
+        scales.shape == (lora_b.shape[0],),
+        lambda: f"scales must be [S={lora_b.shape[0]}], got {tuple(scales.shape)}",
+    )
 
 
 def _checked_index(

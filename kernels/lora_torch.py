@@ -7,10 +7,9 @@ read once per call. Measured on this project's 2-core CPU over T 1-256 tokens, 1
 ranks 8-64, a gather + bmm (per-token weight copies) was 2-150x slower and a dense product over
 every slot (S times the FLOPs) 1.1-10x slower; a grouped matmul still pays a few microseconds
 per slot in use, which is why the batch-level index is built once per pass. At decode sizes
-each ATen op costs microseconds, so the paths below
-skip every op they can: no gather/scatter when the batch is already grouped by slot (the
-engine sorts it so), a plain matmul when one slot serves every active token, only the window
-of slots in use.
+each ATen op costs microseconds, so the paths below skip every op they can: no
+gather/scatter when the batch is already grouped by slot (the engine sorts it so), a plain
+matmul when one slot serves every active token, only the window of slots in use.
 """
 
 import torch
@@ -44,9 +43,9 @@ def shrink_torch(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> tor
         return native.shrink(x, lora_a, index.slot_ids)
     if index.is_sorted:
         # Active tokens are the first rows: work on that prefix, pad the base-only rest.
-        y = _apply(x[:active], lora_a.transpose(1, 2), index)
+        y = _slot_matmul(x[:active], lora_a.transpose(1, 2), index)
         return y if active == num_tokens else F.pad(y, (0, 0, 0, num_tokens - active))
-    grouped = _apply(x.index_select(0, index.active_rows), lora_a.transpose(1, 2), index)
+    grouped = _slot_matmul(x.index_select(0, index.active_rows), lora_a.transpose(1, 2), index)
     return x.new_zeros(num_tokens, rank).index_copy_(0, index.active_rows, grouped)
 
 
@@ -84,7 +83,7 @@ def expand_torch(
         out.index_add_(0, index.active_rows, delta.to(out.dtype), alpha=alpha)
 
 
-def _apply(rows: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:
+def _slot_matmul(rows: torch.Tensor, w: torch.Tensor, index: LoraIndex) -> torch.Tensor:
     """rows [active, K] grouped by slot times w[slot] [K, N]: one matmul for a single slot."""
     slot = index.single_slot
     return rows @ w[slot] if slot is not None else _grouped_matmul(rows, w, index)
