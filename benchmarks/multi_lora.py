@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
 from loragate.engine import LLM, SamplingParams
+from loragate.engine.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.model_loader import resolve_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -33,7 +34,9 @@ def power_law_choice(rng: random.Random, n: int, alpha: float) -> int:
 
 
 def make_adapters(hf_dir: Path, count: int, name: str) -> list[Path]:
-    paths = [ROOT / f"r8-{i:03d}" for i in range(count)]
+    """Rank-8 adapters for this model, made once and kept under results/ (one folder a model)."""
+    folder = ROOT if name == DEFAULT_MODEL_NAME else ROOT / _slug(name)
+    paths = [folder / f"r8-{i:03d}" for i in range(count)]
     missing = [p for p in paths if not (p / "adapter_config.json").exists()]
     if missing:
         base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
@@ -41,6 +44,10 @@ def make_adapters(hf_dir: Path, count: int, name: str) -> list[Path]:
             seed = int(p.name.split("-")[1])
             make_random_adapter(base, p, rank=8, targets=TARGETS, seed=seed, base_model_name=name)
     return paths
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def workload(llm: LLM, n: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -63,8 +70,8 @@ def run_engine(llm, prompts, lengths, loras) -> float:
     return sum(lengths) / (time.perf_counter() - start)
 
 
-def run_peft(hf_dir, paths, prompts, lengths, names, batch: int) -> float:
-    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+def run_peft(hf_dir, paths, prompts, lengths, names, batch: int, device, dtype) -> float:
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device).eval()
     model = PeftModel.from_pretrained(base, paths[0], adapter_name="a0")
     for i, p in enumerate(paths[1:], start=1):
         model.load_adapter(p, adapter_name=f"a{i}")
@@ -72,8 +79,8 @@ def run_peft(hf_dir, paths, prompts, lengths, names, batch: int) -> float:
     for i in range(0, len(prompts), batch):
         chunk, want = prompts[i : i + batch], lengths[i : i + batch]
         width = max(map(len, chunk))
-        ids = torch.tensor([[2] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[2] * (width - len(p)) + p for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
         with torch.inference_mode():
             model.generate(
                 input_ids=ids,
@@ -96,15 +103,21 @@ def main() -> None:
     ap.add_argument("--sweep", default="1,16,64,256", help="distinct adapter counts to sweep")
     ap.add_argument("--skip-peft", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
+    ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
     args = ap.parse_args()
 
-    source = resolve_model(None)
+    source = resolve_model(args.model)
     sweep = [int(x) for x in args.sweep.split(",") if x]
     paths = make_adapters(source.hf_dir, max([args.adapters, *sweep]), source.name)
     rng = random.Random(args.seed)
 
     def engine_for(distinct: int) -> LLM:
         return LLM(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
             max_model_len=1024,
             enable_lora=True,
@@ -114,12 +127,14 @@ def main() -> None:
         )
 
     llm = engine_for(args.adapters)
+    device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
     prompts, lengths = workload(llm, args.num_requests, args.seed)
     choice = [power_law_choice(rng, args.adapters, args.alpha) for _ in prompts]
     loras = [LoRARequest(f"r8-{i:03d}", i + 1, str(paths[i])) for i in range(len(paths))]
     print(
         f"requests {len(prompts)}, output tokens {sum(lengths)}, max_num_seqs "
-        f"{args.max_num_seqs}, {len(set(choice))} of {args.adapters} adapters drawn",
+        f"{args.max_num_seqs}, {len(set(choice))} of {args.adapters} adapters drawn; "
+        f"{source.name} on {device} in {str(dtype).split('.')[-1]}",
         flush=True,
     )
     rows: list[tuple[str, float]] = []
@@ -147,7 +162,9 @@ def main() -> None:
     peft_tps = None
     if not args.skip_peft:
         names = [f"a{c}" for c in choice]
-        peft_tps = run_peft(source.hf_dir, paths[: args.adapters], prompts, lengths, names, 16)
+        peft_tps = run_peft(
+            source.hf_dir, paths[: args.adapters], prompts, lengths, names, 16, device, dtype
+        )
         record("PEFT, mixed-adapter static batch 16", peft_tps)
 
     base_tps = rows[0][1]

@@ -44,13 +44,23 @@ def make_requests(n: int, seed: int) -> list[tuple[list[dict], int]]:
     return requests
 
 
-def matmul_gflops(size: int = 2048, reps: int = 5) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_gflops(device: torch.device, dtype: torch.dtype, reps: int = 5) -> float:
+    """The measured matmul rate in the engine's dtype: the roofline's compute ceiling."""
+    size = 8192 if device.type == "cuda" else 2048
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
+    _sync(device)
     start = time.perf_counter()
     for _ in range(reps):
         a @ b
+    _sync(device)
     return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def flops_per_token(model) -> float:
@@ -79,8 +89,10 @@ def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int, pad_
     for i in range(0, len(prompts), batch):
         chunk, want = prompts[i : i + batch], lengths[i : i + batch]
         width = max(map(len, chunk))
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk], device=model.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device
+        )
         with torch.inference_mode():
             model.generate(
                 ids,
@@ -101,9 +113,18 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
     args = ap.parse_args()
 
-    llm = LLM(model=args.model, max_num_seqs=args.max_num_seqs, max_model_len=1024)
+    llm = LLM(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=1024,
+    )
+    device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
     requests = make_requests(args.num_requests, args.seed)
     prompts = [llm.apply_chat_template(messages) for messages, _ in requests]
     lengths = [n for _, n in requests]
@@ -117,19 +138,21 @@ def main() -> None:
     decode_s = run_engine(llm, [prompts[0][:16]] * decode_n, [128] * decode_n)
     decode_tps = decode_n * 128 / decode_s
 
-    peak = matmul_gflops()
-    hf_model = AutoModelForCausalLM.from_pretrained(llm.engine.hf_dir, dtype=torch.float32).eval()
+    peak = matmul_gflops(device, dtype)
+    hf_model = AutoModelForCausalLM.from_pretrained(llm.engine.hf_dir, dtype=dtype)
+    hf_model = hf_model.to(device).eval()
     per_token = flops_per_token(hf_model)
     hf_tps = None
     if not args.skip_hf:
         hf_s = run_hf(hf_model, prompts, lengths, args.hf_batch, pad_id=2)
         hf_tps = total / hf_s
 
-    print(
-        f"machine: {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}"
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     )
+    print(f"machine: {where}, torch {torch.__version__}, dtype {str(dtype).split('.')[-1]}")
     print(
         f"requests: {args.num_requests}, output tokens: {total}, "
         f"prompt tokens: {sum(map(len, prompts))}, max_num_seqs: {args.max_num_seqs}"
@@ -146,7 +169,7 @@ def main() -> None:
         if hf_tps
         else ""
     )
-    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s; decode FLOPs/token: {per_token / 1e6:.1f} M")
+    print(f"matmul peak: {peak:.1f} GFLOP/s; decode FLOPs/token: {per_token / 1e6:.1f} M")
     print(
         f"decode roofline share: {decode_tps * per_token / 1e9 / peak:.1%} "
         f"(bound ~{peak * 1e9 / per_token:.0f} tok/s)"

@@ -18,9 +18,8 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def context_rows(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` cached rows of one sequence, [length, H_kv, D], by plain indexing."""
     block_size = cache.shape[1]
-    return torch.stack(
-        [cache[int(table_row[p // block_size]), p % block_size] for p in range(length)]
-    )
+    positions = torch.arange(length, device=table_row.device)
+    return cache[table_row[positions // block_size].long(), positions % block_size]
 
 
 def attention_reference(q, keys, values, scale, q_positions):

@@ -102,3 +102,71 @@ def test_write_kv_and_lora_half_precision(dtype):
     expected = lora_expand_reference(y, lora_b, slot_ids, scales, before)
     assert rel_error(out - before, expected - before.double().cpu()) < 2e-2
     assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype == torch.float32 else 2e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_at_engine_scale(dtype):
+    """64 sequences, contexts up to 8k tokens, 1B-class head layout (32 over 8 heads of 64)."""
+    torch.manual_seed(1)
+    lens = torch.randint(1, 8192, (64,)).tolist()
+    lens[:3] = [1, 8191, 4096]
+    heads, heads_kv, head_dim = 32, 8, 64
+    k_cache, v_cache, tables = build_paged_cache(lens, heads_kv, head_dim, 16, dtype, "cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    scale = 1 / math.sqrt(head_dim)
+    q = torch.randn(len(lens), heads, head_dim, dtype=dtype, device="cuda")
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
+    for b, n in enumerate(lens):
+        keys, values = context_rows(k_cache, tables[b], n), context_rows(v_cache, tables[b], n)
+        expected = attention_reference(q[b : b + 1], keys, values, scale, [n - 1])
+        assert rel_error(out[b : b + 1], expected) < _tolerance(dtype), f"sequence {b}"
+    # Chunked prefill: the last q_len tokens of each of 8 long contexts.
+    picks = [0, 1, 2, 5, 9, 17, 33, 63]
+    q_lens = [
+        min(lens[b], ql) for b, ql in zip(picks, [1, 2048, 512, 64, 7, 300, 1000, 16], strict=True)
+    ]
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(q_lens), heads, head_dim, dtype=dtype, device="cuda")
+    out = kernels.paged_prefill_attention(
+        q, k_cache, v_cache, tables[picks], seq_lens[picks], starts.cuda(), scale
+    )
+    for i, (b, q_len) in enumerate(zip(picks, q_lens, strict=True)):
+        n = lens[b]
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        keys, values = context_rows(k_cache, tables[b], n), context_rows(v_cache, tables[b], n)
+        expected = attention_reference(q[rows], keys, values, scale, list(range(n - q_len, n)))
+        assert rel_error(out[rows], expected) < _tolerance(dtype), f"sequence {b}"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_lora_at_engine_scale(dtype, tokens):
+    """64 adapters of ranks 8-64 on a 1B-class projection (2048 -> 8192), base rows mixed in."""
+    torch.manual_seed(tokens)
+    ranks = [8, 16, 32, 64] * 16
+    d_in, d_out, max_rank = 2048, 8192, 64
+    lora_a = torch.zeros(len(ranks), max_rank, d_in, dtype=dtype, device="cuda")
+    lora_b = torch.zeros(len(ranks), d_out, max_rank, dtype=dtype, device="cuda")
+    for slot, rank in enumerate(ranks):
+        lora_a[slot, :rank] = torch.randn(rank, d_in, dtype=dtype, device="cuda") / 45
+        lora_b[slot, :, :rank] = torch.randn(d_out, rank, dtype=dtype, device="cuda") / 8
+    slot_ids = torch.randint(-1, len(ranks), (tokens,), device="cuda")
+    x = torch.randn(tokens, d_in, dtype=dtype, device="cuda")
+    scales = torch.rand(len(ranks), device="cuda")
+    y = kernels.lora_shrink(x, lora_a, slot_ids)
+    assert rel_error(y, lora_shrink_reference(x, lora_a, slot_ids)) < _tolerance(dtype)
+    out = torch.randn(tokens, d_out, dtype=dtype, device="cuda")
+    before = out.clone()
+    kernels.lora_expand(y, lora_b, slot_ids, scales, out)
+    expected = lora_expand_reference(y, lora_b, slot_ids, scales, before)
+    if (slot_ids >= 0).any():
+        assert rel_error(out - before, expected - before.double().cpu()) < _tolerance(dtype)
+    assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])

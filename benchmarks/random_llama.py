@@ -1,0 +1,61 @@
+"""A Llama of a given size class with random weights, saved as an HF directory.
+
+Speed does not depend on the weights' values, so benchmarks of larger models need no
+download: the shapes come from a published config, the vocabulary and tokenizer from the
+default model (so its chat template and token ids work unchanged).
+
+    .venv/bin/python benchmarks/random_llama.py --size 1b --out /tmp/llama-1b
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from loragate.engine.model_loader import resolve_model
+
+# Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 query / 8 KV heads, SwiGLU 8192), with the
+# default model's 49,152-token vocabulary in place of Llama 3's 128,256.
+SIZES = {
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def make_random_llama(size: str, out: Path, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Save the model to `out`; return its parameter count."""
+    default_dir = resolve_model(None).hf_dir
+    config = LlamaConfig(
+        **SIZES[size], vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (default_dir / name).exists():
+            shutil.copy(default_dir / name, out / name)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1b", choices=sorted(SIZES))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    params = make_random_llama(args.size, args.out)
+    print(f"{args.out}: {params / 1e9:.2f}B parameters")
+
+
+if __name__ == "__main__":
+    main()
