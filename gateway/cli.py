@@ -99,7 +99,7 @@ def main() -> None:
     "--kv-cache-memory-gb",
     default=_default("kv_cache_memory_gb"),
     type=float,
-    help="KV cache budget on CPU, in GiB.",
+    help="KV cache budget in GiB (default: 2 on CPU; on CUDA, from --gpu-memory-utilization).",
 )
 @click.option(
     "--gpu-memory-utilization",

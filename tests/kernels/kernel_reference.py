@@ -29,8 +29,8 @@ def attention_reference(q, keys, values, scale, q_positions):
     keys = keys.repeat_interleave(group, dim=1)
     values = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q, keys) * scale
-    positions = torch.arange(keys.shape[0])
-    visible = positions[None, :] <= torch.as_tensor(q_positions)[:, None]
+    positions = torch.arange(keys.shape[0], device=keys.device)
+    visible = positions[None, :] <= torch.as_tensor(q_positions, device=keys.device)[:, None]
     scores = scores.masked_fill(~visible[None], float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
 
