@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
     ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
+    ap.add_argument("--kv-cache-memory-gb", type=float, default=None)
     args = ap.parse_args()
 
     source = resolve_model(args.model)
@@ -118,6 +119,7 @@ def main() -> None:
             model=args.model,
             device=args.device,
             dtype=args.dtype,
+            kv_cache_memory_gb=args.kv_cache_memory_gb,
             max_num_seqs=args.max_num_seqs,
             max_model_len=1024,
             enable_lora=True,

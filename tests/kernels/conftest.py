@@ -24,10 +24,8 @@ def triton_tensors_on_cuda(request):
     """Without a GPU the Triton kernels run under the interpreter on CPU tensors; with one,
     the same tests run them compiled, on CUDA tensors (the default device while they run)."""
     params = getattr(request.node, "callspec", None)
-    if not (CUDA and params is not None and params.params.get("backend") == "triton"):
-        yield
-        return
-    torch.set_default_device("cuda")
+    if CUDA and params is not None and params.params.get("backend") == "triton":
+        torch.set_default_device("cuda")
     try:
         yield
     finally:

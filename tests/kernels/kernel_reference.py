@@ -35,26 +35,31 @@ def attention_reference(q, keys, values, scale, q_positions):
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
 
 
-def build_paged_cache(seq_lens, heads_kv, head_dim, block_size, dtype=torch.float32, device="cpu"):
+def build_paged_cache(seq_lens, heads_kv, head_dim, block_size, dtype=torch.float32, device=None):
     """Random caches holding each sequence's context in shuffled blocks; every other slot NaN.
 
     Returns k_cache, v_cache, block_tables (unused entries hold an out-of-range block id).
+    `device=None` is torch's default device (CUDA while a Triton-backend test runs on a GPU).
     """
+    device = device or torch.get_default_device()
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3
     shape = (num_blocks, block_size, heads_kv, head_dim)
     k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
     v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
     width = max(blocks_per_seq) + 2
-    block_tables = torch.full((len(seq_lens), width), num_blocks + 1000, dtype=torch.int32)
-    free = torch.randperm(num_blocks).tolist()
+    block_tables = torch.full(
+        (len(seq_lens), width), num_blocks + 1000, dtype=torch.int32, device="cpu"
+    )
+    free = torch.randperm(num_blocks, device="cpu").tolist()
     for b, (n, count) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
         for i in range(count):
             block = free.pop()
             block_tables[b, i] = block
             filled = min(block_size, n - i * block_size)
-            k_cache[block, :filled] = torch.randn(filled, heads_kv, head_dim, dtype=dtype)
-            v_cache[block, :filled] = torch.randn(filled, heads_kv, head_dim, dtype=dtype)
+            shape = (filled, heads_kv, head_dim)
+            k_cache[block, :filled] = torch.randn(shape, dtype=dtype, device=device)
+            v_cache[block, :filled] = torch.randn(shape, dtype=dtype, device=device)
     return k_cache, v_cache, block_tables.to(device)
 
 

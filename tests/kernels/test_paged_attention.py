@@ -10,6 +10,7 @@ import pytest
 import torch
 from kernel_reference import (
     BACKENDS,
+    CUDA,
     attention_reference,
     build_paged_cache,
     context_rows,
@@ -100,12 +101,13 @@ def test_attention_rejects_bad_inputs():
         kernels.paged_decode_attention(
             torch.randn(1, 4, 64), k_cache, v_cache, tables, seq_lens, 1, backend="cuda"
         )
-    too_many = torch.tensor([0, 6], dtype=torch.int32)
     for backend in BACKENDS:
+        device = "cuda" if CUDA and backend == "triton" else "cpu"
+        caches = [t.to(device) for t in (k_cache, v_cache, tables, seq_lens)]
+        too_many = torch.tensor([0, 6], dtype=torch.int32, device=device)
+        q = torch.randn(6, 4, 64, device=device)
         with pytest.raises(ValueError, match="6 new tokens but a context of only 5"):
-            kernels.paged_prefill_attention(
-                torch.randn(6, 4, 64), k_cache, v_cache, tables, seq_lens, too_many, 1, backend
-            )
+            kernels.paged_prefill_attention(q, *caches, too_many, 1, backend)
     with pytest.raises(ValueError, match="query_start_loc must be"):
         kernels.paged_prefill_attention(
             torch.randn(5, 4, 64), k_cache, v_cache, tables, seq_lens, torch.tensor([0]), 1
@@ -138,6 +140,7 @@ def test_triton_decode_split_context_matches_reference(partition_size):
     partitions that lie wholly past a short sequence's end."""
     from loragate.kernels.decode_attention_triton import decode_triton
 
+    torch.set_default_device("cuda" if CUDA else "cpu")  # the fixture resets it
     lens = [1, 31, 32, 33, 100]
     k_cache, v_cache, tables = build_paged_cache(lens, 2, 64, 16)
     q = torch.randn(len(lens), 6, 64)
