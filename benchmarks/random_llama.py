@@ -45,6 +45,8 @@ def make_random_llama(size: str, out: Path, dtype: torch.dtype = torch.bfloat16)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (default_dir / name).exists():
             shutil.copy(default_dir / name, out / name)
+    for template in default_dir.glob("chat_template.*"):
+        shutil.copy(template, out / template.name)
     return sum(p.numel() for p in model.parameters())
 
 
