@@ -103,11 +103,19 @@ class GatewayService:
             return None
         return (await self.adapters.lookup(name, param, caller)).lora_request
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+    ) -> list[int]:
         try:
-            return self.engine.engine.apply_chat_template(messages, add_generation_prompt)
+            return self.engine.engine.apply_chat_template(
+                messages, add_generation_prompt, add_special_tokens
+            )
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
+
+    def encode(self, text: str) -> list[int]:
+        """A text prompt's token ids as the engine makes them (the model's BOS rule)."""
+        return self.engine.engine.encode(text)
 
     # ---- running requests ---------------------------------------------------------------
     async def begin(self, caller: Principal, lora: LoRARequest | None) -> MeteredRequest:
