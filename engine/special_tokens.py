@@ -71,7 +71,10 @@ def follow_gguf_rule(tokenizer, rule: dict) -> None:
     want_suffix = _wanted(suffix, rule["add_eos_token"], rule["eos_token_id"], "EOS", rule)
     if (want_prefix, want_suffix) == (prefix, suffix):
         return
-    if hasattr(tokenizer, "_add_bos_token"):  # Llama-style: tokenizer_config records them
+    # Llama-style tokenizers save these flags to tokenizer_config.json and rebuild their
+    # post-processor from them when loaded; their public setters would rebuild it here from
+    # `bos_token`, which need not be the id the file names, so the template is built below.
+    if hasattr(tokenizer, "_add_bos_token"):
         tokenizer._add_bos_token = bool(want_prefix)
         tokenizer._add_eos_token = bool(want_suffix)
     backend = tokenizer.backend_tokenizer

@@ -113,9 +113,10 @@ class GatewayService:
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
-    def encode(self, text: str) -> list[int]:
-        """A text prompt's token ids as the engine makes them (the model's BOS rule)."""
-        return self.engine.engine.encode(text)
+    async def encode(self, text: str) -> list[int]:
+        """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
+        engine thread, which is the tokenizer's only user."""
+        return await self.engine.call(lambda engine: engine.encode(text))
 
     # ---- running requests ---------------------------------------------------------------
     async def begin(self, caller: Principal, lora: LoRARequest | None) -> MeteredRequest:

@@ -38,13 +38,10 @@ def post(url: str, path: str, body: dict) -> dict:
     return got.json()
 
 
-def generate_prefill(url: str, text: str) -> tuple[list[int], int]:
+def generate_prefill(url: str, text: str, **parameters) -> tuple[list[int], int]:
     """The prompt ids /generate ran on, and the prompt_tokens it reported."""
-    details = post(
-        url, "/generate",
-        {"inputs": text, "parameters": {"max_new_tokens": 1, "details": True,
-                                        "decoder_input_details": True}},
-    )["details"]  # fmt: skip
+    parameters |= {"max_new_tokens": 1, "details": True, "decoder_input_details": True}
+    details = post(url, "/generate", {"inputs": text, "parameters": parameters})["details"]
     return [t["id"] for t in details["prefill"]], details["prompt_tokens"]
 
 
@@ -59,6 +56,12 @@ def test_generate_prompt_has_no_bos(default_url, saved_tokenizer):
     assert ids[0] != BOS
     assert ids == saved_tokenizer.encode(TEXT)
     assert count == len(saved_tokenizer(TEXT)["input_ids"])
+
+
+def test_generate_truncate_keeps_the_last_tokens(default_url, saved_tokenizer):
+    ids, count = generate_prefill(default_url, TEXT, truncate=3)
+    assert ids == saved_tokenizer.encode(TEXT)[-3:]
+    assert count == 3
 
 
 def test_completions_prompt_tokens_match_the_saved_tokenizer(default_url, saved_tokenizer):
