@@ -1,24 +1,38 @@
-"""Prompts in every accepted shape become checked token ids, before any KV block is touched."""
+"""Prompts in every accepted shape become checked token ids, before any KV block is touched.
+
+A text gets the special tokens of the model's own rule (`SpecialTokenRule`), never a second
+copy of a BOS it already starts with; `add_special_tokens=False` (vLLM's field) gives none.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from loragate.engine.special_tokens import SpecialTokenRule
+
 PromptInput = str | dict[str, Any]
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int):
+    def __init__(self, tokenizer, rule: SpecialTokenRule, vocab_size: int, max_model_len: int):
         self.tokenizer = tokenizer
+        self.rule = rule
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
 
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """Token ids of a text: the model's special tokens unless `add_special_tokens` is
+        False (None and True both mean the model's rule, as True does in vLLM)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self.rule.apply(ids) if _flag(add_special_tokens, True) else ids
+
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        """(text, token ids) for a string, {"prompt": ...} or {"prompt_token_ids": [...]}."""
+        """(text, token ids) for a string, {"prompt": ..., "add_special_tokens": ...} or
+        {"prompt_token_ids": [...]} (ids are taken as they are)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+            return prompt, self.encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
@@ -28,7 +42,12 @@ class InputProcessor:
                     raise ValueError("prompt_token_ids must be a list of integers")
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt:
-                return self.tokenize(prompt["prompt"])
+                text = prompt["prompt"]
+                if not isinstance(text, str):
+                    raise ValueError(f"prompt must be a string, got {type(text).__name__}")
+                if not text:
+                    raise ValueError("prompt is empty")
+                return text, self.encode(text, prompt.get("add_special_tokens"))
         raise ValueError(
             "prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', "
             f"got {type(prompt).__name__}"
@@ -48,14 +67,27 @@ class InputProcessor:
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        """Prompt token ids for a conversation, through the model's chat template."""
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
+    ) -> list[int]:
+        """Prompt token ids for a conversation, through the model's chat template. The
+        template writes its own special tokens, so the rule's are added only if asked."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        add = _flag(add_special_tokens, False)
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True
         )
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return self.rule.apply(ids) if add else ids
+
+
+def _flag(value, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"add_special_tokens must be true or false, got {value!r}")
+    return value

@@ -33,11 +33,17 @@ class LLM:
         *,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
+        add_special_tokens: bool | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+        """Run every prompt to completion; outputs come back in input order.
+
+        Text prompts get the model's special tokens (its BOS rule) unless
+        `add_special_tokens=False`; token-id prompts are taken as they are."""
         if not isinstance(prompts, list | tuple):
             prompts = [prompts]
         prompts = list(prompts)
+        if add_special_tokens is not None:
+            prompts = [_with_special_tokens_flag(p, add_special_tokens) for p in prompts]
         params = _aligned(sampling_params or SamplingParams(), len(prompts), "sampling_params")
         loras = _aligned(lora_request, len(prompts), "lora_request")
         ids = []
@@ -86,6 +92,14 @@ class LLM:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[i] for i in ids]
+
+
+def _with_special_tokens_flag(prompt: PromptInput, add_special_tokens: bool) -> PromptInput:
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "add_special_tokens": add_special_tokens}
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        return {"add_special_tokens": add_special_tokens, **prompt}
+    return prompt
 
 
 def _aligned(value, n: int, name: str) -> list:

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import asdict, replace
 from itertools import count
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,7 @@ from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.stopping import StopDecision, check_stop
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginError, PluginManager
@@ -49,9 +51,10 @@ class LLMEngine:
         self.model_name = config.served_model_name or source.name
         self.hf_dir = source.hf_dir
         self.model_config = load_config(source.hf_dir)
-        self.tokenizer = load_tokenizer(
-            source.hf_dir if config.tokenizer is None else config.tokenizer
-        )
+        tokenizer_dir = Path(source.hf_dir if config.tokenizer is None else config.tokenizer)
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.special_token_rule = special_token_rule(self.tokenizer, tokenizer_dir)
+        log.info("tokenizer: %s", self.special_token_rule.describe(self.tokenizer))
         self.max_model_len = sizing.resolve_max_model_len(config, self.model_config)
         self.model = LlamaForCausalLM(self.model_config, device, dtype)
         self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
@@ -88,7 +91,9 @@ class LLMEngine:
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
         )
         self.dispatcher = SampleDispatcher(sampler, self.plugins)
-        self.inputs = InputProcessor(self.tokenizer, self.model.vocab_size, self.max_model_len)
+        self.inputs = InputProcessor(
+            self.tokenizer, self.special_token_rule, self.model.vocab_size, self.max_model_len
+        )
         self.beams = beam_search.BeamSearchDriver(
             self.scheduler,
             self.block_manager,
@@ -282,8 +287,14 @@ class LLMEngine:
             self.plugins.request_finished(request_info(request))
         return request_output(request, self.tokenizer, self.eos_token_ids)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        return self.inputs.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
+    ) -> list[int]:
+        return self.inputs.apply_chat_template(messages, add_generation_prompt, add_special_tokens)
+
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """A text's prompt token ids, with the model's special tokens unless told not to."""
+        return self.inputs.encode(text, add_special_tokens)
 
     # ---- checks -------------------------------------------------------------------------
     def _validate(self, token_ids, params: SamplingParams, lora_request) -> str:

@@ -1,7 +1,9 @@
 """Turn a model path (HF directory or GGUF file) into a config, weights and a tokenizer.
 
 GGUF files are dequantized once through transformers and cached on disk as an HF
-directory (config + safetensors + tokenizer), so later starts only read safetensors.
+directory (config + safetensors + tokenizer), so later starts only read safetensors. The
+tokenizer saved there adds the special tokens the GGUF metadata asks for, not the BOS that
+transformers' GGUF tokenizer adds regardless (see special_tokens.py).
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.special_tokens import (
+    SOURCE_RECORD,
+    follow_gguf_rule,
+    read_gguf_rule,
+    recorded_gguf_rule,
+)
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# Part of the cache key: bump it whenever a conversion writes something different, so an
+# older cached directory is never read as a current one. 2: the tokenizer follows the
+# GGUF's add_bos_token / add_eos_token and SOURCE_RECORD records them.
+CONVERSION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,12 @@ def load_config(hf_dir: Path) -> PretrainedConfig:
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(path)
+    """The directory's tokenizer; a converted GGUF's follows the rule recorded from the file."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    gguf_rule = recorded_gguf_rule(Path(path))
+    if gguf_rule is not None:
+        follow_gguf_rule(tokenizer, gguf_rule)
+    return tokenizer
 
 
 def load_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -87,7 +104,8 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     """The converted directory is named after the model, so adapters trained on it record
     a base_model_name_or_path whose basename is the served model's name."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v{CONVERSION_VERSION}"
+    key = hashlib.sha256(identity.encode())
     root = Path(cache_dir or os.environ.get("LORAGATE_CACHE", "~/.cache/loragate")).expanduser()
     target = root / "models" / key.hexdigest()[:16] / name
     if (target / "config.json").is_file():
@@ -100,14 +118,17 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        gguf_rule = read_gguf_rule(gguf)
     except Exception as exc:  # transformers raises many types for a bad file
         raise ValueError(f"cannot read GGUF model {gguf}: {exc}") from exc
+    follow_gguf_rule(tokenizer, gguf_rule)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "loragate_source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+        record = {"gguf": str(gguf.resolve()), "special_tokens": gguf_rule}
+        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
         tmp.rename(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

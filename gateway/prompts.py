@@ -10,19 +10,24 @@ from loragate.gateway.schemas_openai import ChatMessage
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
-def completion_prompts(prompt: str | list[Any]) -> list[str | dict]:
-    """One engine prompt per entry of the OpenAI `prompt` field."""
+def completion_prompts(prompt: str | list[Any], add_special_tokens: bool = True) -> list[dict]:
+    """One engine prompt per entry of the OpenAI `prompt` field; texts carry vLLM's
+    `add_special_tokens` (token ids are taken as they are)."""
     if isinstance(prompt, str):
-        return [prompt]
+        return [_text(prompt, add_special_tokens)]
     if not prompt:
         raise InvalidRequestError("prompt must not be an empty list", param="prompt")
     if all(isinstance(p, str) for p in prompt):
-        return list(prompt)
+        return [_text(p, add_special_tokens) for p in prompt]
     if all(_is_token(t) for t in prompt):
         return [{"prompt_token_ids": list(prompt)}]
     if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
         return [{"prompt_token_ids": list(p)} for p in prompt]
     raise InvalidRequestError(f"prompt must be {_PROMPT_FORMS}", param="prompt")
+
+
+def _text(prompt: str, add_special_tokens: bool) -> dict:
+    return {"prompt": prompt, "add_special_tokens": add_special_tokens}
 
 
 def _is_token(value) -> bool:

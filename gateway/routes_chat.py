@@ -44,7 +44,7 @@ class ChatController(Controller):
         params = chat_params(data, service.engine.engine.config.max_num_seqs)
         lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
-            chat_messages(data.messages), data.add_generation_prompt
+            chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens
         )
         request_id = service.new_request_id("chatcmpl")
         metered = await service.begin(caller, lora)

@@ -35,7 +35,7 @@ class CompletionsController(Controller):
     ) -> CompletionResponse | Stream:
         params = completion_params(data, service.engine.engine.config.max_num_seqs)
         lora = await service.resolve_model(data.model, caller=caller)
-        prompts = completion_prompts(data.prompt)
+        prompts = completion_prompts(data.prompt, data.add_special_tokens)
         request_id = service.new_request_id("cmpl")
         metered = await service.begin(caller, lora)
         gens = metered.generations

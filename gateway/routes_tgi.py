@@ -85,7 +85,7 @@ async def _start(
     if p.truncate is not None:
         if p.truncate < 1:
             raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
-        ids = service.tokenizer.encode(data.inputs, add_special_tokens=True)
+        ids = await service.encode(data.inputs)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
     metered = await service.begin(caller, lora)
     try:

@@ -55,6 +55,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    # vLLM's field: text prompts get the model's own special tokens (its BOS rule) unless false.
+    add_special_tokens: bool = True
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -77,6 +79,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's field: the chat template writes its own special tokens; true adds the model's
+    # rule on top (never a second BOS).
+    add_special_tokens: bool = False
 
 
 class UsageInfo(msgspec.Struct, kw_only=True):

@@ -103,11 +103,20 @@ class GatewayService:
             return None
         return (await self.adapters.lookup(name, param, caller)).lora_request
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+    ) -> list[int]:
         try:
-            return self.engine.engine.apply_chat_template(messages, add_generation_prompt)
+            return self.engine.engine.apply_chat_template(
+                messages, add_generation_prompt, add_special_tokens
+            )
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
+
+    async def encode(self, text: str) -> list[int]:
+        """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
+        engine thread, which is the tokenizer's only user."""
+        return await self.engine.call(lambda engine: engine.encode(text))
 
     # ---- running requests ---------------------------------------------------------------
     async def begin(self, caller: Principal, lora: LoRARequest | None) -> MeteredRequest:

@@ -26,6 +26,9 @@ def _still_serves(llm):
         ({"prompt_token_ids": [1, 10**9]}, "outside the vocabulary"),
         ({"prompt_token_ids": "abc"}, "list of integers"),
         (123, "prompt must be a string"),
+        ({"prompt": "hi", "add_special_tokens": "yes"}, "add_special_tokens must be true or"),
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": ["hi"]}, "prompt must be a string, got list"),
     ],
 )
 def test_bad_prompts(tiny, prompt, match):
