@@ -319,11 +319,11 @@ class AdapterCache:
         usage.size_bytes = adapter.size_bytes
 
     def _may_leave_cpu(self, identity: WeightsIdentity) -> bool:
-        """No admitted request needs these weights, or their files still hold them (so a
-        later miss reads them back)."""
+        """No admitted request needs these weights, or a stat proves their files still hold
+        them (so a later miss reads them back)."""
         if not self._holds.get(identity):
             return True
-        return self._book.last(self._usage[identity].request.lora_path) == identity
+        return self._book.known(self._usage[identity].request.lora_path) == identity
 
     # -- both tiers -------------------------------------------------------------------
     def remove(self, request: LoRARequest, busy_slots=frozenset()) -> bool:
