@@ -47,6 +47,7 @@ class LLMEngine:
         device, dtype = config.torch_device, config.torch_dtype
         source = resolve_model(config.model, config.weights_cache_dir)
         self.model_name = config.served_model_name or source.name
+        self.base_model_name = source.name  # what adapters trained on these weights record
         self.hf_dir = source.hf_dir
         self.model_config = load_config(source.hf_dir)
         self.tokenizer = load_tokenizer(
@@ -316,7 +317,7 @@ class LLMEngine:
 
     def _make_adapter_cache(self) -> AdapterCache:
         spec = LoRAModelSpec(
-            model_name=self.model_name,
+            model_name=self.base_model_name,
             num_layers=self.model.num_layers,
             modules=self.model.lora_module_shapes(),
             fused=self.model.lora_fused_groups(),
