@@ -25,6 +25,7 @@ Counters (``stats()``):
   slot_load_seconds time spent copying into device slots
   resident_adapters adapters in device slots now
   cpu_adapters     adapters in the CPU tier now
+  held_weights     weight sets that admitted, unfinished requests were admitted under
 """
 
 from __future__ import annotations
@@ -382,6 +383,7 @@ class AdapterCache:
                 **self._seconds,
                 "resident_adapters": len(self._slot_of),
                 "cpu_adapters": len(self._cpu),
+                "held_weights": len(self._holds),
             }
 
     # -- helpers ----------------------------------------------------------------------

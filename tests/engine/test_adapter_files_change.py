@@ -160,7 +160,8 @@ def test_a_waiting_request_runs_with_the_weights_it_was_admitted_under(setup, ma
     assert outputs[0].outputs[0].token_ids == expected["A"]
     assert request.adapter_identity.sha256 == _weights_sha(paths, "A")
     assert run(llm, lora) == expected["B"]
-    assert llm.engine.adapters.stats()["cpu_adapters"] == 1  # A aged out once unneeded
+    stats = llm.engine.adapters.stats()
+    assert stats["cpu_adapters"] == 1 and stats["held_weights"] == 0  # A aged out once unneeded
 
 
 def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, monkeypatch):
@@ -191,3 +192,18 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
 
 def _weights_sha(paths, name) -> str:
     return hashlib.sha256((paths[name] / WEIGHTS_FILE).read_bytes()).hexdigest()
+
+
+def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
+    model_dir, paths, _ = setup
+    llm = engine(make_llm, model_dir)
+    lora = LoRARequest("a", 1, str(paths["A"]))
+    for request_id in ("kept", "aborted"):
+        llm.engine.add_request(request_id, {"prompt_token_ids": PROMPT}, PARAMS, lora)
+    assert llm.engine.adapters.stats()["held_weights"] == 1
+    llm.engine.step()
+    assert llm.engine.abort_request("aborted")
+    assert llm.engine.adapters.stats()["held_weights"] == 1
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert llm.engine.adapters.stats()["held_weights"] == 0
