@@ -243,8 +243,8 @@ class AdapterManager:
                 adapter.sha256,
             )
             return
-        log.warning(
-            "adapter %s: its files changed in place; serving and recording sha256 %s (was %s)",
+        log.info(
+            "adapter %s: its files changed in place; registry now records sha256 %s (was %s)",
             record.name,
             adapter.sha256,
             record.sha256,
