@@ -2,6 +2,7 @@
 
 from loragate.adapters.cache import AdapterCache
 from loragate.adapters.errors import (
+    AdapterChangedError,
     AdapterConfigError,
     AdapterError,
     AdapterNotFoundError,
@@ -15,6 +16,7 @@ from loragate.adapters.errors import (
     UnsupportedTargetModuleError,
 )
 from loragate.adapters.eviction import lru_victim
+from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.random_adapter import make_random_adapter
 from loragate.adapters.request import LoRARequest
@@ -23,6 +25,7 @@ from loragate.adapters.spec import SUPPORTED_MODULES, LoRAModelSpec
 __all__ = [
     "SUPPORTED_MODULES",
     "AdapterCache",
+    "AdapterChangedError",
     "AdapterConfigError",
     "AdapterError",
     "AdapterNotFoundError",
@@ -37,6 +40,7 @@ __all__ = [
     "PickleWeightsError",
     "UnsupportedAdapterError",
     "UnsupportedTargetModuleError",
+    "WeightsIdentity",
     "load_adapter",
     "lru_victim",
     "make_random_adapter",

@@ -1,8 +1,16 @@
 """The tiered adapter cache: disk -> CPU memory (LRU) -> device slots.
 
-The engine calls ``acquire`` once per scheduled request (never per token) to get the
-slot its adapter occupies; the gateway calls ``preload`` when an adapter is registered
-so a bad directory is refused before the client hears 201.
+Both tiers are keyed by the weights' content (``WeightsIdentity``, adapters/identity.py),
+never by a request's name, id or path: files that change are new entries everywhere, and
+two names (or two int ids) with the same files share one entry. The engine calls
+``preload`` when it admits a request (a stat when the files are unchanged) and runs the
+request under that ``identity``: ``acquire`` (once per scheduled request, never per token)
+returns the slot holding exactly those weights. The gateway calls ``preload`` when an
+adapter is registered so a bad directory is refused before the client hears 201.
+
+Old weights age out by LRU. Weights an admitted request still needs and that its files no
+longer hold are never dropped from the CPU tier (``hold``/``release``), even past
+max_cpu_loras, until those requests end; slots running sequences use are never evicted.
 
 Counters (``stats()``):
   device_hits      acquire found the adapter already in a slot
@@ -10,23 +18,28 @@ Counters (``stats()``):
   device_evictions resident adapters replaced to free a slot
   acquire_waits    acquire calls that returned None (every slot busy)
   cpu_hits         the CPU tier had the adapter (acquire miss or preload)
-  disk_loads       adapters read and validated from disk (CPU tier misses)
+  disk_loads       adapters read and validated from disk into the CPU tier (misses)
+  file_reads       adapter directories read and hashed (a stat could not vouch for them)
   cpu_evictions    adapters dropped from the CPU tier to respect max_cpu_loras
   load_seconds     time spent in disk loads
   slot_load_seconds time spent copying into device slots
   resident_adapters adapters in device slots now
   cpu_adapters     adapters in the CPU tier now
+  held_weights     weight sets that admitted, unfinished requests were admitted under
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
-from loragate.adapters.eviction import ChooseVictim, lru_victim, request_key, resolve_victim
+from loragate.adapters.errors import AdapterChangedError
+from loragate.adapters.eviction import ChooseVictim, lru_victim, resolve_victim
+from loragate.adapters.identity import IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.slots import DeviceSlots
@@ -35,9 +48,11 @@ from loragate.adapters.spec import LoRAModelSpec
 
 @dataclass
 class _Usage:
-    """Shared by both tiers: one adapter's recency and how often requests used it."""
+    """Shared by both tiers: one set of weights' recency, how often requests used it, and
+    the request that used it last (what eviction plugins and ``resident()`` see)."""
 
     last_used: int
+    request: LoRARequest
     uses: int = 0
     size_bytes: int = 0
 
@@ -82,11 +97,13 @@ class AdapterCache:
         self.strict_base_model = strict_base_model
         self._choose_victim = choose_victim or lru_victim
         self._slots = DeviceSlots(spec, max_loras, max_lora_rank, torch.device(device), dtype)
-        self._slot_owner: list[LoRARequest | None] = [None] * max_loras
+        self._slot_owner: list[WeightsIdentity | None] = [None] * max_loras
         self._slot_rank = [0] * max_loras
-        self._slot_of: dict[LoRARequest, int] = {}
-        self._cpu: dict[LoRARequest, LoRAAdapter] = {}
-        self._usage: dict[LoRARequest, _Usage] = {}
+        self._slot_of: dict[WeightsIdentity, int] = {}
+        self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
+        self._usage: dict[WeightsIdentity, _Usage] = {}
+        self._holds: Counter[WeightsIdentity] = Counter()
+        self._book = IdentityBook()
         self._clock = 0
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(
@@ -97,6 +114,7 @@ class AdapterCache:
                 "acquire_waits",
                 "cpu_hits",
                 "disk_loads",
+                "file_reads",
                 "cpu_evictions",
             ),
             0,
@@ -134,22 +152,61 @@ class AdapterCache:
         with self._lock:
             return max(self._slot_rank)
 
+    # -- admission ----------------------------------------------------------------------
+    def preload(self, request: LoRARequest) -> LoRAAdapter:
+        """The adapter ``request``'s files hold now, validated and in the CPU tier.
+
+        Its ``identity`` is what a request is admitted under. Unchanged files cost one stat
+        (no read, no hash); changed files are read, hashed and cached as a new entry, the
+        old one left to age out. An AdapterError leaves the cache exactly as it was.
+        """
+        identity, fresh, seconds = self._resolve(request)
+        with self._lock:
+            adapter = self._cpu_entry(request, identity, fresh, seconds)
+            self._touch(identity, request, used=False)
+            return adapter
+
+    def hold(self, identity: WeightsIdentity) -> None:
+        """A request was admitted under ``identity``: keep weights no file gives any more."""
+        with self._lock:
+            self._holds[identity] += 1
+
+    def release(self, identity: WeightsIdentity) -> None:
+        """A request admitted under ``identity`` ended."""
+        with self._lock:
+            self._holds[identity] -= 1
+            if self._holds[identity] <= 0:
+                del self._holds[identity]
+
     # -- device tier ------------------------------------------------------------------
     def slot_of(self, request: LoRARequest) -> int | None:
+        """The slot holding the weights ``request``'s files had when last hashed, if any."""
         with self._lock:
-            return self._slot_of.get(request)
+            return self._slot_of.get(self._book.last(request.lora_path))
 
-    def acquire(self, request: LoRARequest, busy_slots=frozenset()) -> int | None:
-        """The slot holding ``request``'s adapter, loading it if needed; None if all slots are busy.
+    def acquire(
+        self,
+        request: LoRARequest,
+        busy_slots=frozenset(),
+        identity: WeightsIdentity | None = None,
+    ) -> int | None:
+        """The slot holding the weights ``identity`` names, loading them if needed; None if
+        all slots are busy.
 
-        ``busy_slots`` are the slots running sequences use: they are never evicted. Raises
-        an AdapterError if the adapter cannot be loaded, leaving the cache unchanged.
+        ``identity`` is what the request was admitted under (``preload(...).identity``);
+        without one, the files as they are now. ``busy_slots`` are the slots running
+        sequences use: they are never evicted. Raises an AdapterError if the weights cannot
+        be loaded (AdapterChangedError if the files changed since admission and the admitted
+        weights left memory), leaving the cache unchanged.
         """
+        fresh, seconds = None, 0.0
+        if identity is None:
+            identity, fresh, seconds = self._resolve(request)
         with self._lock:
-            slot = self._slot_of.get(request)
+            slot = self._slot_of.get(identity)
             if slot is not None:
                 self._counters["device_hits"] += 1
-                self._touch(request, used=True)
+                self._touch(identity, request, used=True)
                 return slot
             slot = self._free_slot()
             victim = None
@@ -159,7 +216,7 @@ class AdapterCache:
                     self._counters["acquire_waits"] += 1
                     return None
                 slot = self._slot_of[victim]
-            adapter = self._cpu_get(request)
+            adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
             if victim is not None:
                 del self._slot_of[victim]
                 self._forget_usage_if_gone(victim)
@@ -168,10 +225,10 @@ class AdapterCache:
             self._slots.write(slot, adapter)
             self._seconds["slot_load_seconds"] += time.perf_counter() - started
             self._counters["slot_loads"] += 1
-            self._slot_owner[slot] = request
+            self._slot_owner[slot] = identity
             self._slot_rank[slot] = adapter.rank
-            self._slot_of[request] = slot
-            self._touch(request, used=True)
+            self._slot_of[identity] = slot
+            self._touch(identity, request, used=True)
             return slot
 
     def _free_slot(self) -> int | None:
@@ -180,7 +237,7 @@ class AdapterCache:
                 return slot
         return None
 
-    def _device_victim(self, busy_slots) -> LoRARequest | None:
+    def _device_victim(self, busy_slots) -> WeightsIdentity | None:
         candidates = [
             self._candidate(owner, slot)
             for slot, owner in enumerate(self._slot_owner)
@@ -189,90 +246,135 @@ class AdapterCache:
         if not candidates:
             return None
         key = resolve_victim(self._choose_victim(candidates, "device"), candidates, "device")
-        return next(owner for owner in self._slot_of if request_key(owner) == key)
+        return next(owner for owner in self._slot_of if self._key(owner) == key)
 
     # -- CPU tier ---------------------------------------------------------------------
-    def preload(self, request: LoRARequest) -> LoRAAdapter:
-        """Validate and load ``request``'s adapter into the CPU tier.
-
-        An AdapterError leaves the cache exactly as it was.
-        """
-        with self._lock:
-            adapter = self._cpu.get(request)
-            if adapter is not None:
-                self._counters["cpu_hits"] += 1
-                self._touch(request, used=False)
-                return adapter
+    def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
+        """The identity of ``request``'s files now: from a stat when they are unchanged since
+        hashed, otherwise by reading them (the adapter read is returned too). No lock held."""
+        identity = self._book.known(request.lora_path)
+        if identity is not None:
+            return identity, None, 0.0
         adapter, seconds = self._read(request)
-        with self._lock:
-            if request in self._cpu:  # another thread loaded it meanwhile
-                self._counters["cpu_hits"] += 1
-                return self._cpu[request]
-            self._insert_cpu(request, adapter, seconds)
-            self._touch(request, used=False)
-            return adapter
+        return adapter.identity, adapter, seconds
 
-    def _cpu_get(self, request: LoRARequest) -> LoRAAdapter:
-        adapter = self._cpu.get(request)
+    def _cpu_entry(
+        self,
+        request: LoRARequest,
+        identity: WeightsIdentity,
+        fresh: LoRAAdapter | None,
+        seconds: float,
+        admitted: bool = False,
+    ) -> LoRAAdapter:
+        """The CPU tier's copy of ``identity``, read from disk (or taken from ``fresh``, just
+        read) on a miss. With ``admitted``, ``identity`` is fixed: files that now hold other
+        weights raise AdapterChangedError instead of being served."""
+        adapter = self._cpu.get(identity)
         if adapter is not None:
             self._counters["cpu_hits"] += 1
             return adapter
-        adapter, seconds = self._read(request)
-        self._insert_cpu(request, adapter, seconds)
-        return adapter
+        if fresh is None:
+            fresh, seconds = self._read(request)
+        if fresh.identity != identity:
+            if admitted:
+                raise AdapterChangedError(
+                    f"adapter {request.lora_name!r}: the files changed after this request "
+                    f"was admitted ({identity} -> {fresh.identity}) and the weights it was "
+                    "admitted with are no longer in memory; send the request again",
+                    path=request.lora_path,
+                )
+            identity = fresh.identity
+            if identity in self._cpu:
+                self._counters["cpu_hits"] += 1
+                return self._cpu[identity]
+        self._insert_cpu(identity, request, fresh, seconds)
+        return fresh
 
     def _read(self, request: LoRARequest) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
         adapter = load_adapter(
             request.lora_path, self.spec, self.max_lora_rank, self.strict_base_model
         )
+        self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
+        with self._lock:
+            self._counters["file_reads"] += 1
         return adapter, time.perf_counter() - started
 
-    def _insert_cpu(self, request: LoRARequest, adapter: LoRAAdapter, seconds: float) -> None:
+    def _insert_cpu(
+        self, identity: WeightsIdentity, request: LoRARequest, adapter: LoRAAdapter, seconds: float
+    ) -> None:
         self._counters["disk_loads"] += 1
         self._seconds["load_seconds"] += seconds
         while len(self._cpu) >= self.max_cpu_loras:
-            candidates = [self._candidate(req, self._slot_of.get(req)) for req in self._cpu]
+            droppable = [held for held in self._cpu if self._may_leave_cpu(held)]
+            if not droppable:
+                break  # all needed by admitted requests and no longer on disk: kept until done
+            candidates = [self._candidate(held, self._slot_of.get(held)) for held in droppable]
             key = resolve_victim(self._choose_victim(candidates, "cpu"), candidates, "cpu")
-            victim = next(req for req in self._cpu if request_key(req) == key)
+            victim = next(held for held in droppable if self._key(held) == key)
             del self._cpu[victim]
             self._forget_usage_if_gone(victim)
             self._counters["cpu_evictions"] += 1
-        self._cpu[request] = adapter
-        usage = self._usage.setdefault(request, _Usage(last_used=0))
+        self._cpu[identity] = adapter
+        usage = self._usage.setdefault(identity, _Usage(last_used=0, request=request))
         usage.size_bytes = adapter.size_bytes
+
+    def _may_leave_cpu(self, identity: WeightsIdentity) -> bool:
+        """No admitted request needs these weights, or a stat proves their files still hold
+        them (so a later miss reads them back)."""
+        if not self._holds.get(identity):
+            return True
+        return self._book.known(self._usage[identity].request.lora_path) == identity
 
     # -- both tiers -------------------------------------------------------------------
     def remove(self, request: LoRARequest, busy_slots=frozenset()) -> bool:
-        """Forget ``request`` in every tier (its slot is zeroed); True if it was cached.
+        """Forget the weights ``request`` used in every tier (their slots are zeroed); True if
+        any were cached. Weights an admitted request still needs stay in the CPU tier.
 
-        Raises ValueError, changing nothing, if its slot is in ``busy_slots``.
+        Raises ValueError, changing nothing, if one of their slots is in ``busy_slots``.
         """
         with self._lock:
-            slot = self._slot_of.get(request)
-            if slot is not None and slot in busy_slots:
-                raise ValueError(
-                    f"adapter {request.lora_name!r} is in slot {slot}, which running sequences use"
-                )
-            found = self._cpu.pop(request, None) is not None
-            if slot is not None:
-                del self._slot_of[request]
-                self._slot_owner[slot] = None
-                self._slot_rank[slot] = 0
-                self._slots.clear(slot)
-                found = True
-            self._usage.pop(request, None)
+            current = self._book.last(request.lora_path)
+            identities = {i for i, u in self._usage.items() if u.request == request}
+            if current is not None and (current in self._cpu or current in self._slot_of):
+                identities.add(current)
+            for identity in identities:
+                slot = self._slot_of.get(identity)
+                if slot is not None and slot in busy_slots:
+                    raise ValueError(
+                        f"adapter {request.lora_name!r} is in slot {slot}, which running "
+                        "sequences use"
+                    )
+            found = False
+            for identity in identities:
+                if not self._holds.get(identity):
+                    found |= self._cpu.pop(identity, None) is not None
+                slot = self._slot_of.pop(identity, None)
+                if slot is not None:
+                    self._slot_owner[slot] = None
+                    self._slot_rank[slot] = 0
+                    self._slots.clear(slot)
+                    found = True
+                self._forget_usage_if_gone(identity)
             return found
 
     def resident(self) -> dict[int, LoRARequest]:
-        """Slot -> adapter for every occupied device slot."""
+        """Slot -> the request that last used the weights in it, for every occupied slot."""
         with self._lock:
-            return {s: r for s, r in enumerate(self._slot_owner) if r is not None}
+            return {
+                s: self._usage[i].request for s, i in enumerate(self._slot_owner) if i is not None
+            }
+
+    def resident_identities(self) -> dict[int, WeightsIdentity]:
+        """Slot -> the weights in it, for every occupied slot."""
+        with self._lock:
+            return {s: i for s, i in enumerate(self._slot_owner) if i is not None}
 
     def cpu_resident(self) -> list[LoRARequest]:
-        """Adapters in the CPU tier, least recently used first."""
+        """The request that last used each CPU-tier entry, least recently used first."""
         with self._lock:
-            return sorted(self._cpu, key=lambda req: self._usage[req].last_used)
+            ordered = sorted(self._cpu, key=lambda i: self._usage[i].last_used)
+            return [self._usage[i].request for i in ordered]
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -281,6 +383,7 @@ class AdapterCache:
                 **self._seconds,
                 "resident_adapters": len(self._slot_of),
                 "cpu_adapters": len(self._cpu),
+                "held_weights": len(self._holds),
             }
 
     # -- helpers ----------------------------------------------------------------------
@@ -288,22 +391,29 @@ class AdapterCache:
         self._clock += 1
         return self._clock
 
-    def _touch(self, request: LoRARequest, *, used: bool) -> None:
-        usage = self._usage.setdefault(request, _Usage(last_used=0))
+    def _touch(self, identity: WeightsIdentity, request: LoRARequest, *, used: bool) -> None:
+        usage = self._usage.setdefault(identity, _Usage(last_used=0, request=request))
         usage.last_used = self._tick()
         usage.uses += int(used)
+        usage.request = request
 
-    def _forget_usage_if_gone(self, request: LoRARequest) -> None:
-        if request not in self._cpu and request not in self._slot_of:
-            self._usage.pop(request, None)
+    def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
+        if identity not in self._cpu and identity not in self._slot_of:
+            self._usage.pop(identity, None)
 
-    def _candidate(self, request: LoRARequest, slot: int | None) -> dict:
-        usage = self._usage[request]
+    def _key(self, identity: WeightsIdentity) -> tuple[str, int, str, str]:
+        request = self._usage[identity].request
+        return (request.lora_name, request.lora_int_id, request.lora_path, identity.key)
+
+    def _candidate(self, identity: WeightsIdentity, slot: int | None) -> dict:
+        usage = self._usage[identity]
+        request = usage.request
         return {
-            "key": request_key(request),
+            "key": self._key(identity),
             "name": request.lora_name,
             "lora_int_id": request.lora_int_id,
             "path": request.lora_path,
+            "sha256": identity.sha256,
             "tenant": None,
             "last_used": usage.last_used,
             "uses": usage.uses,

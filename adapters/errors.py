@@ -59,3 +59,8 @@ class BaseModelMismatchError(AdapterError):
 
 class BaseModelMismatchWarning(UserWarning):
     """The adapter names a different base model; served anyway because strict mode is off."""
+
+
+class AdapterChangedError(AdapterError):
+    """A request's adapter files changed after it was admitted, and the weights it was admitted
+    with are no longer in memory: it cannot run with them, and never runs with others."""

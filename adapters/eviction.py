@@ -2,8 +2,10 @@
 
 The choice is a plain function of plain data, ``choose_victim(candidates, tier)``, so a
 plugin (issue 7) can replace least-recently-used without knowing the cache's internals.
-Each candidate is a dict: key (name, int id, path), name, lora_int_id, path, tenant,
-last_used (a logical clock: larger is more recent), uses, size_bytes, pinned, slot.
+Each candidate is one set of weights (the tiers are keyed by content): key (name, int id,
+path of the request that used it last, then its weights identity), name, lora_int_id,
+path, sha256, tenant, last_used (a logical clock: larger is more recent), uses,
+size_bytes, pinned, slot.
 ``tier`` is "device" or "cpu". The function returns a candidate's key, or its name when
 that name is unique among the candidates.
 """
@@ -12,16 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loragate.adapters.request import LoRARequest
 from loragate.plugins.builtin.eviction import lru_victim
 
-__all__ = ["ChooseVictim", "lru_victim", "request_key", "resolve_victim"]
+__all__ = ["ChooseVictim", "lru_victim", "resolve_victim"]
 
 ChooseVictim = Callable[[list[dict], str], object]
-
-
-def request_key(request: LoRARequest) -> tuple[str, int, str]:
-    return (request.lora_name, request.lora_int_id, request.lora_path)
 
 
 def resolve_victim(choice, candidates: list[dict], tier: str) -> tuple:

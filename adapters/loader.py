@@ -1,7 +1,10 @@
 """Reading a PEFT LoRA directory into plain float32 CPU tensors, or refusing it.
 
-The weights file is read once: the same bytes are hashed (sha256, for the registry)
-and parsed by safetensors, which never runs code. Pickle formats are refused outright.
+The weights file is read once: the same bytes are hashed (sha256, for the registry and
+every cache tier) and parsed by safetensors, which never runs code. The config file is
+hashed too, and both files are stat'ed before and after the read: a directory rewritten
+mid-read is read again, so the hashes always describe the tensors. Pickle formats are
+refused outright.
 """
 
 from __future__ import annotations
@@ -26,11 +29,18 @@ from loragate.adapters.errors import (
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
 )
+from loragate.adapters.identity import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    FilesStamp,
+    WeightsIdentity,
+    stamp_files,
+)
 from loragate.adapters.peft_config import LoraConfigFields, read_lora_config
 from loragate.adapters.spec import LoRAModelSpec
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+# Reads of a directory that keeps changing under them before giving up.
+READ_ATTEMPTS = 3
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
@@ -53,6 +63,12 @@ class LoRAAdapter:
     sha256: str
     size_bytes: int
     base_model_name_or_path: str | None
+    config_sha256: str = ""
+    stamp: FilesStamp | None = None  # the files as stat'ed before they were read
+
+    @property
+    def identity(self) -> WeightsIdentity:
+        return WeightsIdentity(self.sha256, self.config_sha256)
 
     @property
     def num_params(self) -> int:
@@ -84,10 +100,34 @@ def load_adapter(
             )
         raise AdapterNotFoundError(f"{WEIGHTS_FILE} is missing", path=weights_path)
 
+    for _ in range(READ_ATTEMPTS):
+        stamp = stamp_files(root)
+        if stamp is None:
+            raise AdapterNotFoundError("adapter files vanished while being read", path=root)
+        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp)
+        if stamp.same_files(stamp_files(root) or stamp):
+            return adapter
+    raise AdapterError(
+        f"the files kept changing while being read ({READ_ATTEMPTS} tries); "
+        "write adapters elsewhere and rename the directory into place",
+        path=root,
+    )
+
+
+def sha256_hex(data: bytes) -> str:
+    """The content hash of one file's bytes (a function so tests can count hashes)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(
+    root: Path, spec: LoRAModelSpec, max_lora_rank: int, strict: bool, stamp: FilesStamp
+) -> LoRAAdapter:
+    config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
+    config_sha256 = sha256_hex(config_path.read_bytes())
     config = read_lora_config(
         config_path, max_lora_rank=max_lora_rank, supported_modules=frozenset(spec.modules)
     )
-    _check_base_model(config, spec, strict_base_model)
+    _check_base_model(config, spec, strict)
 
     data = weights_path.read_bytes()
     try:
@@ -103,9 +143,11 @@ def load_adapter(
         use_rslora=config.use_rslora,
         target_modules=frozenset(module for _, module in weights),
         weights=weights,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256_hex(data),
         size_bytes=len(data),
         base_model_name_or_path=config.base_model_name_or_path,
+        config_sha256=config_sha256,
+        stamp=stamp,
     )
 
 
@@ -134,7 +176,7 @@ def _check_base_model(config: LoraConfigFields, spec: LoRAModelSpec, strict: boo
     )
     if strict:
         raise BaseModelMismatchError(message, path=config.path, field="base_model_name_or_path")
-    warnings.warn(f"{config.path}: {message}", BaseModelMismatchWarning, stacklevel=3)
+    warnings.warn(f"{config.path}: {message}", BaseModelMismatchWarning, stacklevel=4)
 
 
 def _parse_lora_key(key: str) -> tuple[str, int | None, str, str] | None:

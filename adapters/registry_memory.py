@@ -22,6 +22,7 @@ from loragate.adapters.registry_store import (
     AdapterNameTaken,
     AdapterQuotaExceeded,
     AdapterSpec,
+    AdapterWeights,
     Admission,
     ChangeEvent,
     ChangeKind,
@@ -35,6 +36,7 @@ from loragate.adapters.registry_store import (
     TenantRecord,
     UsageCounts,
     UsageReport,
+    adapter_changes,
     check_adapter_name,
     check_count,
     check_lease_ttl,
@@ -177,11 +179,12 @@ class MemoryRegistryStore(RegistryStore):
         status: str | None = None,
         public: bool | None = None,
         lora_int_id: int | None = None,
+        weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
         old = self._adapters.get(check_adapter_name(name))
         if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
             return None
-        changes = {k: v for k, v in (("status", status), ("public", public)) if v is not None}
+        changes = adapter_changes(status, public, weights)
         new = msgspec.structs.replace(old, **changes)
         self._adapters[name] = new
         self._changed(ChangeKind.ADAPTER_UPDATED, name)

@@ -45,6 +45,7 @@ from loragate.adapters.registry_store import (
     AdapterNameTaken,
     AdapterQuotaExceeded,
     AdapterSpec,
+    AdapterWeights,
     Admission,
     ChangeEvent,
     ChangeKind,
@@ -59,6 +60,7 @@ from loragate.adapters.registry_store import (
     TenantRecord,
     UsageCounts,
     UsageReport,
+    adapter_changes,
     check_adapter_name,
     check_count,
     check_lease_ttl,
@@ -382,9 +384,10 @@ class RedisRegistryStore(RegistryStore):
         status: str | None = None,
         public: bool | None = None,
         lora_int_id: int | None = None,
+        weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
         check_adapter_name(name)
-        changes = {k: v for k, v in (("status", status), ("public", public)) if v is not None}
+        changes = adapter_changes(status, public, weights)
 
         async def body(pipe) -> AdapterMetadata | None:
             old = _decode_adapter(await pipe.hget(self._keys.adapters, name))

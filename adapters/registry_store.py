@@ -183,6 +183,17 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"status must be one of {ADAPTER_STATUSES}, got {self.status!r}")
 
 
+class AdapterWeights(msgspec.Struct, frozen=True, kw_only=True):
+    """What an adapter's files say about it; a registration takes new ones when its files
+    change in place (checked as AdapterSpec checks them, when applied)."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    sha256: str
+    size_bytes: int
+
+
 class AdapterMetadata(AdapterSpec, frozen=True, kw_only=True):
     """One registration. A new registration of the same name is a new lora_int_id."""
 
@@ -247,6 +258,16 @@ class ChangeEvent(msgspec.Struct, frozen=True):
 
     kind: ChangeKind
     name: str
+
+
+def adapter_changes(
+    status: str | None, public: bool | None, weights: AdapterWeights | None
+) -> dict:
+    """The fields update_adapter sets."""
+    changes = {k: v for k, v in (("status", status), ("public", public)) if v is not None}
+    if weights is not None:
+        changes.update(msgspec.structs.asdict(weights))
+    return changes
 
 
 def check_quota(quota: object) -> TenantQuota:
@@ -319,8 +340,10 @@ class RegistryStore(ABC):
         status: str | None = None,
         public: bool | None = None,
         lora_int_id: int | None = None,
+        weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
-        """Change status and/or public; None when absent (or not that lora_int_id)."""
+        """Change status, public and/or the weights' description; None when absent (or not
+        that lora_int_id). Bad weights fields raise ValueError, changing nothing."""
 
     @abstractmethod
     async def delete_adapter(

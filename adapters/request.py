@@ -8,10 +8,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LoRARequest:
-    """Which adapter a request runs with.
+    """Which adapter a request runs with: a name, vLLM's int id, and the directory.
 
-    The whole triple is the adapter's identity: re-registering a name with a new path
-    or int id makes a different adapter, so no cache can hand back stale weights.
+    It names where the weights are, not which weights they are: every cache tier and the
+    prefix cache are keyed by the files' content hash (``WeightsIdentity``), taken when a
+    request is admitted. A request runs with exactly the weights its files held then, so
+    files changed in place, or one int id given other files, can never serve stale weights
+    or stale KV; as in vLLM, an int id should still name one adapter.
     """
 
     lora_name: str

@@ -1,8 +1,9 @@
 """Physical KV blocks: a free list, per-sequence block tables, reference counts, prefix cache.
 
 With prefix caching, every full block is named by a chained hash of (parent hash, its token
-ids, the request's cache key). The cache key carries the adapter identity and the tenant,
-so KV is only ever shared within one adapter's weights and one tenant. Freed blocks keep
+ids, the request's cache key). The cache key carries the content hash of the adapter weights
+the request was admitted under (never its name or int id) and the tenant, so KV is only ever
+shared within one set of weights and one tenant. Freed blocks keep
 their hash and stay reusable until a new block is needed; the least recently freed go first.
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest
+from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest, WeightsIdentity
 from loragate.engine import beam_search, sizing
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
@@ -49,6 +49,7 @@ class LLMEngine:
         device, dtype = config.torch_device, config.torch_dtype
         source = resolve_model(config.model, config.weights_cache_dir)
         self.model_name = config.served_model_name or source.name
+        self.base_model_name = source.name  # what adapters trained on these weights record
         self.hf_dir = source.hf_dir
         self.model_config = load_config(source.hf_dir)
         tokenizer_dir = Path(source.hf_dir if config.tokenizer is None else config.tokenizer)
@@ -137,13 +138,15 @@ class LLMEngine:
             _, strategy = self.plugins.decoding_strategy("beam")
             beam_search.start(request, strategy, self.eos_token_ids, max_tokens)
         self.requests[request_id] = request
+        if adapter_identity is not None:  # its weights stay loadable until it ends
+            self.adapters.hold(adapter_identity)
         self.num_prompt_tokens += len(token_ids)
         self.plugins.request_started(request_info(request))
         return request
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request at once and free its blocks; False if it is unknown or done."""
-        request = self.requests.pop(request_id, None)
+        request = self._forget(request_id)
         if request is None:
             return False
         for seq in request.seqs:
@@ -151,6 +154,13 @@ class LLMEngine:
                 self._finish(seq, "abort", None)
         self.plugins.request_finished(request_info(request))
         return True
+
+    def _forget(self, request_id: str) -> Request | None:
+        """Drop a request from the engine's books; its adapter weights may then age out."""
+        request = self.requests.pop(request_id, None)
+        if request is not None and request.adapter_identity is not None:
+            self.adapters.release(request.adapter_identity)
+        return request
 
     def _choose_preemption_victim(self, running: list[Sequence]) -> Sequence:
         """Ask the plugins which request to preempt; its newest running sequence goes."""
@@ -283,7 +293,7 @@ class LLMEngine:
         if request.beam is not None and not finished:
             return None  # beam search answers once, at the end
         if finished:
-            self.requests.pop(request.request_id, None)
+            self._forget(request.request_id)
             self.plugins.request_finished(request_info(request))
         return request_output(request, self.tokenizer, self.eos_token_ids)
 
@@ -297,8 +307,9 @@ class LLMEngine:
         return self.inputs.encode(text, add_special_tokens)
 
     # ---- checks -------------------------------------------------------------------------
-    def _validate(self, token_ids, params: SamplingParams, lora_request) -> str:
-        """Raise for anything wrong; return the adapter identity that scopes its KV."""
+    def _validate(self, token_ids, params: SamplingParams, lora_request) -> WeightsIdentity | None:
+        """Raise for anything wrong; return the weights the request is admitted under (the
+        adapter files' content now), which it runs with and which scope its KV."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         self.inputs.check(token_ids)
@@ -312,13 +323,12 @@ class LLMEngine:
                     f"request names LoRA adapter {lora_request.lora_name!r} "
                     "but the engine was started without enable_lora=True"
                 )
-            adapter = self.adapters.preload(lora_request)
-            return f"{lora_request.lora_int_id}:{adapter.sha256}"
-        return ""
+            return self.adapters.preload(lora_request).identity
+        return None
 
     def _make_adapter_cache(self) -> AdapterCache:
         spec = LoRAModelSpec(
-            model_name=self.model_name,
+            model_name=self.base_model_name,
             num_layers=self.model.num_layers,
             modules=self.model.lora_module_shapes(),
             fused=self.model.lora_fused_groups(),

@@ -25,6 +25,7 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         outputs=outputs,
         finished=finished,
         lora_request=request.lora_request,
+        lora_sha256=request.adapter_identity.sha256 if request.adapter_identity else None,
         error=request.error,
         metrics=RequestMetrics(
             request.arrival_time,

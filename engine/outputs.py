@@ -37,5 +37,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     lora_request: LoRARequest | None = None
+    # sha256 of the adapter weights file as it was when the request was admitted: the
+    # weights it runs with, whatever the files hold by now.
+    lora_sha256: str | None = None
     error: str | None = None  # a plugin failed this request alone (finish_reason "error")
     metrics: RequestMetrics | None = field(default=None, repr=False)

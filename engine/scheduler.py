@@ -13,14 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loragate.adapters import LoRARequest
+from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.sequence import Sequence, SequenceStatus
 from loragate.engine.swap import KVSwapper
 
 
 class AdapterSlots(Protocol):
-    def acquire(self, request: LoRARequest, busy_slots: set[int]) -> int | None: ...
+    def acquire(
+        self, request: LoRARequest, busy_slots: set[int], identity: WeightsIdentity | None
+    ) -> int | None: ...
 
 
 @dataclass
@@ -206,7 +208,8 @@ class Scheduler:
         if self.adapter_slots is None:
             raise ValueError("a LoRA request was scheduled but LoRA is not enabled")
         busy = {s.lora_slot for s in self.running if s.lora_slot >= 0}
-        return self.adapter_slots.acquire(seq.lora_request, busy)
+        # The weights it was admitted under, whatever its files hold by now.
+        return self.adapter_slots.acquire(seq.lora_request, busy, seq.request.adapter_identity)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Swap the victim's KV to CPU when a swapper has room; otherwise drop and recompute."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from loragate.adapters import LoRARequest
+from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.engine.sampling_params import SamplingParams
 
 
@@ -85,8 +85,9 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     lora_request: LoRARequest | None = None
-    # What KV may be shared with: the adapter's identity (id + weights hash) and the tenant.
-    adapter_identity: str = ""
+    # The weights it was admitted under (None: the base model). With the tenant, it scopes
+    # which cached KV the request may reuse.
+    adapter_identity: WeightsIdentity | None = None
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -102,5 +103,6 @@ class Request:
 
     @cached_property
     def cache_key(self) -> bytes:
-        key = f"{self.adapter_identity}|{self.cache_salt or ''}"
+        weights = self.adapter_identity.key if self.adapter_identity is not None else ""
+        key = f"{weights}|{self.cache_salt or ''}"
         return hashlib.blake2b(key.encode(), digest_size=16).digest()

@@ -63,10 +63,20 @@ class AdapterCatalog:
             await self._drop(meta.name)
             return None
         if current is not None and current.lora_request.lora_int_id == meta.lora_int_id:
-            if (current.tenant, current.public) != (meta.tenant, meta.public):
-                current = replace(current, tenant=meta.tenant, public=meta.public)
-                await self._local.put(current)
-            return current
+            # The same registration: its sharing may have changed, or its files (in place).
+            updated = replace(
+                current,
+                tenant=meta.tenant,
+                public=meta.public,
+                rank=meta.rank,
+                alpha=meta.alpha,
+                target_modules=tuple(meta.target_modules),
+                sha256=meta.sha256,
+                size_bytes=meta.size_bytes,
+            )
+            if updated != current:
+                await self._local.put(updated)
+            return updated
         record = self._record(meta, source, lora)
         if record is None:
             await self._drop(meta.name)

@@ -1,18 +1,19 @@
 """One admitted engine request, as the routes see it.
 
 `prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
-400 before any byte of a streamed answer is sent. An output carrying `error` (a plugin
-failed this request alone) raises PluginFailedError as it is read past `prime()`: a 500
-for a whole answer, an error event in a stream. `aclose()` is idempotent and releases
-everything the request held (queue place, adapter use, and, if unfinished, its KV blocks
-through the engine's abort), whichever way the request ends.
+400 before any byte of a streamed answer is sent; it then hands that output to
+`on_first_output` (the adapter manager checks which weights the engine admitted it under).
+An output carrying `error` (a plugin failed this request alone) raises PluginFailedError as
+it is read past `prime()`: a 500 for a whole answer, an error event in a stream. `aclose()`
+is idempotent and releases everything the request held (queue place, adapter use, and, if
+unfinished, its KV blocks through the engine's abort), whichever way the request ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from loragate.adapters import AdapterError
 from loragate.engine import RequestOutput
@@ -35,6 +36,7 @@ class Generation:
         field_names: dict[str, str],
         adapter_param: str,
         scrub: Callable[[str], str] = lambda text: text,
+        on_first_output: Callable[[RequestOutput], Awaitable[None]] | None = None,
     ):
         self.request_id = request_id
         self.latest: RequestOutput | None = None
@@ -46,6 +48,7 @@ class Generation:
         self._field_names = field_names
         self._adapter_param = adapter_param
         self._scrub = scrub
+        self._on_first_output = on_first_output
         self._closed = False
 
     @property
@@ -70,6 +73,8 @@ class Generation:
             message = self._scrub(str(exc))
             raise InvalidRequestError(message, param=field_of(message, self._field_names)) from exc
         self._seen(out)
+        if self._on_first_output is not None:
+            await self._on_first_output(out)
         return out
 
     async def rest(self) -> AsyncIterator[RequestOutput]:

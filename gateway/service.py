@@ -189,6 +189,7 @@ class GatewayService:
             field_names=field_names,
             adapter_param=adapter_param,
             scrub=self.adapters.scrub,
+            on_first_output=None if lora is None else self.adapters.note_served,
         )
 
     # ---- lifecycle and observability ----------------------------------------------------

@@ -174,7 +174,9 @@ def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters):
     assert cache.effective_rank == 2
 
 
-def test_same_name_other_path_or_id_is_another_adapter(spec, make_adapter):
+def test_same_name_other_path_is_another_adapter_same_files_are_one(spec, make_adapter):
+    """The tiers are keyed by the files' content: another path with other weights is another
+    entry; another int id for the same files shares the entry (no second disk load)."""
     old = LoRARequest("sql", 1, str(make_adapter("v1", rank=4, targets=ALL, seed=1)))
     new_path = LoRARequest("sql", 1, str(make_adapter("v2", rank=4, targets=ALL, seed=2)))
     new_id = LoRARequest("sql", 2, old.lora_path)
@@ -184,7 +186,7 @@ def test_same_name_other_path_or_id_is_another_adapter(spec, make_adapter):
     assert_slot_holds(cache, 0, new_path, spec)
     assert cache.slot_of(old) is None and cache.stats()["disk_loads"] == 2
     assert cache.acquire(new_id, set()) == 0
-    assert cache.stats()["disk_loads"] == 3 and cache.stats()["cpu_hits"] == 0
+    assert cache.stats()["disk_loads"] == 2 and cache.stats()["cpu_hits"] == 1
     assert_slot_holds(cache, 0, new_id, spec)
 
 
@@ -272,7 +274,9 @@ def test_choose_victim_gets_plain_data(spec, adapters):
     device_candidates = seen[0][1]
     assert {c["name"] for c in device_candidates} == {"a", "b"}
     first = next(c for c in device_candidates if c["name"] == "a")
-    assert first["key"] == ["a", 1, adapters["a"].lora_path]
+    sha = load_adapter(adapters["a"].lora_path, spec, 8).sha256
+    assert first["key"][:3] == ["a", 1, adapters["a"].lora_path] and sha in first["key"][3]
+    assert first["sha256"] == sha
     assert first["tenant"] is None and first["pinned"] is False and first["slot"] == 0
     assert first["uses"] == 1 and first["size_bytes"] > 0
     assert isinstance(first["last_used"], int)

@@ -23,6 +23,7 @@ from loragate.adapters.registry_store import (
     AdapterNameTaken,
     AdapterQuotaExceeded,
     AdapterSpec,
+    AdapterWeights,
     ChangeEvent,
     ChangeKind,
     RegistryStore,
@@ -305,6 +306,26 @@ async def test_preallocated_lora_int_id(store, peer):
     with pytest.raises(ValueError, match="lora_int_id"):
         await store.register_adapter(spec("chat"), lora_int_id=0)
     assert await peer.new_lora_int_id() > lora_int_id
+
+
+async def test_update_weights_of_a_registration(store, peer):
+    """Files changed in place (issue 21): the same registration takes the new description."""
+    adapter = (await store.register_adapter(spec("sql"))).adapter
+    weights = AdapterWeights(
+        rank=16, alpha=32.0, target_modules=("q_proj",), sha256="cd" * 32, size_bytes=99
+    )
+    updated = await peer.update_adapter("sql", lora_int_id=adapter.lora_int_id, weights=weights)
+    assert (updated.sha256, updated.size_bytes, updated.rank) == ("cd" * 32, 99, 16)
+    assert (updated.alpha, updated.target_modules) == (32.0, ("q_proj",))
+    assert (updated.lora_int_id, updated.created_at) == (adapter.lora_int_id, adapter.created_at)
+    assert await store.get_adapter("sql") == updated
+    with pytest.raises(ValueError, match="sha256"):
+        await store.update_adapter("sql", weights=msgspec.structs.replace(weights, sha256="x"))
+    assert await store.get_adapter("sql") == updated
+    assert (
+        await store.update_adapter("sql", lora_int_id=adapter.lora_int_id + 1, weights=weights)
+        is None
+    )
 
 
 async def test_update_and_delete_guarded_by_lora_int_id(store, peer):

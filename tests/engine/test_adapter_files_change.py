@@ -1,0 +1,209 @@
+"""An adapter is its weights (issue 21): files changed in place never serve stale weights or KV.
+
+Every case runs a long shared prompt (542 tokens, 33 full KV blocks) with prefix caching on,
+greedy, float32, and compares with PEFT for the weights on disk when the request was made.
+Adapters A and B have the same rank and targets, so their files have the same sizes: only
+the content, mtime and ctime tell them apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+import torch
+from test_multi_lora import ALL, make_adapters, peft_greedy, peft_model_with
+
+from loragate.adapters import LoRARequest
+from loragate.adapters import identity as identity_module
+from loragate.adapters import loader as loader_module
+from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE
+from loragate.engine import SamplingParams
+
+PROMPT = [
+    1,
+    *torch.randint(100, 20000, (541,), generator=torch.Generator().manual_seed(21)).tolist(),
+]
+N = 12
+PARAMS = SamplingParams(temperature=0, max_tokens=N, min_tokens=N)
+SPECS = {  # same rank and targets: same file sizes
+    "A": (8, ALL, False),
+    "B": (8, ALL, False),
+    "C": (4, ["q_proj", "v_proj"], False),
+    "D": (4, ["o_proj", "down_proj"], False),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, tmp_path_factory):
+    model_dir = tiny_model_dir("llama")
+    paths = make_adapters(model_dir, tmp_path_factory.mktemp("weights"), SPECS)
+    peft_model = peft_model_with(model_dir, paths)
+    expected = {name: peft_greedy(peft_model, name, PROMPT, N) for name in SPECS}
+    expected[None] = peft_greedy(peft_model, None, PROMPT, N)
+    assert len({tuple(expected[k]) for k in ("A", "B", None)}) == 3, "A, B, base must differ"
+    return model_dir, paths, expected
+
+
+def put(paths, weights: str, directory):
+    """Overwrite ``directory``'s files in place (same inodes) with adapter ``weights``'s."""
+    directory.mkdir(exist_ok=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        data = (paths[weights] / name).read_bytes()
+        with open(directory / name, "wb") as f:
+            f.write(data)
+
+
+def engine(make_llm, model_dir, *, prefix_caching=True, max_loras=2, max_cpu_loras=2):
+    return make_llm(
+        model=str(model_dir),
+        max_model_len=1024,
+        num_kv_blocks=256,
+        enable_lora=True,
+        max_loras=max_loras,
+        max_cpu_loras=max_cpu_loras,
+        max_lora_rank=8,
+        enable_prefix_caching=prefix_caching,
+    )
+
+
+def run(llm, lora):
+    out = llm.generate({"prompt_token_ids": PROMPT}, PARAMS, lora_request=lora, use_tqdm=False)
+    return out[0].outputs[0].token_ids
+
+
+def test_files_overwritten_in_place_serve_the_new_weights(setup, make_llm, tmp_path):
+    """Issue cases 1 and 2: id 3 served A, files become B -> B; files back to A, id 4 -> A."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir)
+    x = tmp_path / "x"
+    put(paths, "A", x)
+    assert run(llm, LoRARequest("x", 3, str(x))) == expected["A"]
+    put(paths, "B", x)
+    out = llm.generate(
+        {"prompt_token_ids": PROMPT}, PARAMS, lora_request=LoRARequest("x", 3, str(x))
+    )[0]
+    assert out.outputs[0].token_ids == expected["B"]
+    assert out.lora_sha256 == _weights_sha(paths, "B")
+    # One int id, two weight sets: two entries in the CPU tier, never one overwritten.
+    assert llm.engine.adapters.stats()["cpu_adapters"] == 2
+    put(paths, "A", x)
+    assert run(llm, LoRARequest("x", 4, str(x))) == expected["A"]
+    assert run(llm, LoRARequest("x", 3, str(x))) == expected["A"]
+
+
+def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(setup, make_llm, tmp_path):
+    """Issue cases 3 and 4: y's A still sits in a device slot, the CPU tier has dropped it, the
+    files now hold B: the request runs B. Once y's slot is gone, the cached prompt KV (computed
+    with B) is reused and still gives B, as with prefix caching off."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir, max_loras=2, max_cpu_loras=2)
+    cache = llm.engine.adapters
+    y = tmp_path / "y"
+    put(paths, "A", y)
+    lora_y = LoRARequest("y", 3, str(y))
+    assert run(llm, lora_y) == expected["A"]
+    a_identity = cache.preload(lora_y).identity
+    # Registering two other adapters (the gateway preloads them) pushes A out of the CPU tier.
+    for name in ("C", "D"):
+        cache.preload(LoRARequest(name, 10 + len(name), str(paths[name])))
+    assert a_identity in cache.resident_identities().values()
+    assert "y" not in [r.lora_name for r in cache.cpu_resident()]
+    put(paths, "B", y)
+    assert run(llm, lora_y) == expected["B"]
+    # Case 4: y's weights leave the device; the prompt's cached KV is reused.
+    for name in ("C", "D"):
+        assert run(llm, LoRARequest(name, 10 + len(name), str(paths[name]))) == expected[name]
+    assert all(r.lora_name != "y" for r in cache.resident().values())
+    hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
+    assert run(llm, lora_y) == expected["B"]
+    assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512, "KV not reused"
+    uncached = engine(make_llm, model_dir, prefix_caching=False)
+    assert run(uncached, lora_y) == expected["B"]
+
+
+def test_prefix_cache_never_returns_kv_computed_under_other_weights(setup, make_llm, tmp_path):
+    """The prompt's KV computed with A is never reused for the same name and id once the
+    files hold B (no hit at all), and the answer equals caching off and PEFT's B."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir)
+    x = tmp_path / "x"
+    put(paths, "A", x)
+    lora = LoRARequest("x", 3, str(x))
+    assert run(llm, lora) == expected["A"]
+    hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
+    assert run(llm, lora) == expected["A"]
+    assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512  # A's KV reused
+    put(paths, "B", x)
+    hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
+    assert run(llm, lora) == expected["B"]
+    assert llm.get_memory_stats()["prefix_cache_hit_tokens"] == hits, "A's KV served for B"
+    assert run(engine(make_llm, model_dir, prefix_caching=False), lora) == expected["B"]
+
+
+def test_a_waiting_request_runs_with_the_weights_it_was_admitted_under(setup, make_llm, tmp_path):
+    """Admitted under A, then the files become B and the CPU tier fills up before it is
+    scheduled: it still runs with A (the CPU tier keeps A past its bound while it is needed);
+    the next request gets B, and A then ages out."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    x = tmp_path / "x"
+    put(paths, "A", x)
+    lora = LoRARequest("x", 3, str(x))
+    request = llm.engine.add_request("early", {"prompt_token_ids": PROMPT}, PARAMS, lora)
+    put(paths, "B", x)
+    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # would evict A
+    outputs = []
+    while llm.engine.has_unfinished_requests():
+        outputs += [o for o in llm.engine.step() if o.finished]
+    assert outputs[0].outputs[0].token_ids == expected["A"]
+    assert request.adapter_identity.sha256 == _weights_sha(paths, "A")
+    assert run(llm, lora) == expected["B"]
+    stats = llm.engine.adapters.stats()
+    assert stats["cpu_adapters"] == 1 and stats["held_weights"] == 0  # A aged out once unneeded
+
+
+def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, monkeypatch):
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir)
+    lora = LoRARequest("a", 1, str(paths["A"]))
+    hashes = []
+    real = loader_module.sha256_hex
+    monkeypatch.setattr(loader_module, "sha256_hex", lambda data: hashes.append(1) or real(data))
+    assert run(llm, lora) == expected["A"]
+    # A stamp taken within RACY_NS of the files' last write is not trusted (a write in the same
+    # clock tick could hide); the files here were written at the start of this module.
+    wait = identity_module.RACY_NS / 1e9 - (time.time() - paths["A"].stat().st_ctime)
+    time.sleep(max(0.0, wait) + 0.05)
+    assert run(llm, lora) == expected["A"]
+    before, reads = len(hashes), llm.engine.adapters.stats()["file_reads"]
+    short = SamplingParams(temperature=0, max_tokens=1)
+    outs = llm.generate(
+        [{"prompt_token_ids": [1, 5, 6, i]} for i in range(100)],
+        short,
+        lora_request=lora,
+        use_tqdm=False,
+    )
+    assert len(outs) == 100
+    assert len(hashes) == before, "unchanged files were hashed again"
+    assert llm.engine.adapters.stats()["file_reads"] == reads
+
+
+def _weights_sha(paths, name) -> str:
+    return hashlib.sha256((paths[name] / WEIGHTS_FILE).read_bytes()).hexdigest()
+
+
+def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
+    model_dir, paths, _ = setup
+    llm = engine(make_llm, model_dir)
+    lora = LoRARequest("a", 1, str(paths["A"]))
+    for request_id in ("kept", "aborted"):
+        llm.engine.add_request(request_id, {"prompt_token_ids": PROMPT}, PARAMS, lora)
+    assert llm.engine.adapters.stats()["held_weights"] == 1
+    llm.engine.step()
+    assert llm.engine.abort_request("aborted")
+    assert llm.engine.adapters.stats()["held_weights"] == 1
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert llm.engine.adapters.stats()["held_weights"] == 0
