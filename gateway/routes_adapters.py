@@ -126,14 +126,23 @@ class VLLMLoRAController(Controller):
         )
 
 
+def _within_owner(record: AdapterRecord) -> str:
+    """A shared adapter's path inside its owner's folder: the folder would name the owner."""
+    prefix = f"{record.tenant}/"
+    if record.tenant is not None and record.display_path.startswith(prefix):
+        return record.display_path[len(prefix) :]
+    return record.display_path
+
+
 def adapter_info(service: GatewayService, record: AdapterRecord, caller: Principal) -> AdapterInfo:
-    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants,
-    and its name is the one the caller uses (a key, `<tenant>/<name>`, only for the admin)."""
+    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants
+    (owner and folder), and its name is the one the caller uses (a key, `<tenant>/<name>`,
+    only for the admin)."""
     return AdapterInfo(
         name=caller.name_of(record),
         id=record.lora_request.lora_int_id,
         parent=service.model_name,
-        path=record.display_path,
+        path=record.display_path if caller.owns(record) else _within_owner(record),
         rank=record.rank,
         alpha=record.alpha,
         target_modules=list(record.target_modules),
