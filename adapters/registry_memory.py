@@ -27,6 +27,7 @@ from loragate.adapters.registry_store import (
     ChangeEvent,
     ChangeKind,
     IssuedKey,
+    PublicNameTaken,
     Registration,
     RegistryStore,
     StaleAdapterId,
@@ -37,7 +38,8 @@ from loragate.adapters.registry_store import (
     UsageCounts,
     UsageReport,
     adapter_changes,
-    check_adapter_name,
+    adapter_key,
+    check_adapter_key,
     check_count,
     check_lease_ttl,
     check_quota,
@@ -78,14 +80,20 @@ class _SecondBuckets:
 
 @dataclass
 class _TenantLoad:
-    leases: dict[str, float] = field(default_factory=dict)
+    leases: dict[str, float] = field(default_factory=dict)  # lease -> expiry
+    reserved: dict[str, int] = field(default_factory=dict)  # lease -> tokens it reserved
     requests: _SecondBuckets = field(default_factory=_SecondBuckets)
     tokens: _SecondBuckets = field(default_factory=_SecondBuckets)
 
     def live_leases(self, now: float) -> dict[str, float]:
         for lease in [lease for lease, expiry in self.leases.items() if expiry <= now]:
             del self.leases[lease]
+            self.reserved.pop(lease, None)
         return self.leases
+
+    def end(self, lease: str) -> bool:
+        self.reserved.pop(lease, None)
+        return self.leases.pop(lease, None) is not None
 
 
 class MemoryRegistryStore(RegistryStore):
@@ -139,9 +147,12 @@ class MemoryRegistryStore(RegistryStore):
     ) -> Registration:
         if not isinstance(spec, AdapterSpec) or isinstance(spec, AdapterMetadata):
             raise ValueError(f"spec must be an AdapterSpec, got {type(spec).__name__}")
-        old = self._adapters.get(spec.name)
-        if old is not None and (old.tenant != spec.tenant or not replace):
-            raise AdapterNameTaken(spec.name, same_owner=old.tenant == spec.tenant)
+        key = adapter_key(spec.tenant, spec.name)
+        old = self._adapters.get(key)
+        if old is not None and not replace:
+            raise AdapterNameTaken(key)
+        if spec.public:
+            self._check_public_name(key, spec.name)
         if lora_int_id is not None:
             check_count("lora_int_id", lora_int_id, minimum=1)
             if lora_int_id > self._last_lora_int_id or (old and old.lora_int_id == lora_int_id):
@@ -162,42 +173,49 @@ class MemoryRegistryStore(RegistryStore):
         adapter = AdapterMetadata(
             **msgspec.structs.asdict(spec), lora_int_id=lora_int_id, created_at=self._clock()
         )
-        self._adapters[spec.name] = adapter
-        self._changed(ChangeKind.ADAPTER_REGISTERED, spec.name)
+        self._adapters[key] = adapter
+        self._changed(ChangeKind.ADAPTER_REGISTERED, key)
         return Registration(adapter, old)
 
-    async def get_adapter(self, name: str) -> AdapterMetadata | None:
-        return self._adapters.get(check_adapter_name(name))
+    def _check_public_name(self, key: str, name: str) -> None:
+        for other in self._adapters.values():
+            if other.public and other.name == name and other.key != key:
+                raise PublicNameTaken(name, other.key)
+
+    async def get_adapter(self, key: str) -> AdapterMetadata | None:
+        return self._adapters.get(check_adapter_key(key))
 
     async def list_adapters(self) -> list[AdapterMetadata]:
-        return sorted(self._adapters.values(), key=lambda a: a.name)
+        return sorted(self._adapters.values(), key=lambda a: a.key)
 
     async def update_adapter(
         self,
-        name: str,
+        key: str,
         *,
         status: str | None = None,
         public: bool | None = None,
         lora_int_id: int | None = None,
         weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
-        old = self._adapters.get(check_adapter_name(name))
+        old = self._adapters.get(check_adapter_key(key))
         if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
             return None
+        if public:
+            self._check_public_name(key, old.name)
         changes = adapter_changes(status, public, weights)
         new = msgspec.structs.replace(old, **changes)
-        self._adapters[name] = new
-        self._changed(ChangeKind.ADAPTER_UPDATED, name)
+        self._adapters[key] = new
+        self._changed(ChangeKind.ADAPTER_UPDATED, key)
         return new
 
     async def delete_adapter(
-        self, name: str, *, lora_int_id: int | None = None
+        self, key: str, *, lora_int_id: int | None = None
     ) -> AdapterMetadata | None:
-        old = self._adapters.get(check_adapter_name(name))
+        old = self._adapters.get(check_adapter_key(key))
         if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
             return None
-        del self._adapters[name]
-        self._changed(ChangeKind.ADAPTER_DELETED, name)
+        del self._adapters[key]
+        self._changed(ChangeKind.ADAPTER_DELETED, key)
         return old
 
     # tenants
@@ -252,7 +270,7 @@ class MemoryRegistryStore(RegistryStore):
             return None
         for key_id in tenant.key_ids:
             self._keys.pop(key_id, None)
-        owned = sorted(a.name for a in self._adapters.values() if a.tenant == name)
+        owned = sorted(a.key for a in self._adapters.values() if a.tenant == name)
         for adapter in owned:
             del self._adapters[adapter]
             self._changed(ChangeKind.ADAPTER_DELETED, adapter)
@@ -280,7 +298,7 @@ class MemoryRegistryStore(RegistryStore):
     ) -> None:
         check_tenant_name(tenant)
         if adapter is not None:
-            check_adapter_name(adapter)
+            check_adapter_key(adapter)
         add = UsageCounts(
             check_count("prompt_tokens", prompt_tokens),
             check_count("completion_tokens", completion_tokens),
@@ -303,27 +321,40 @@ class MemoryRegistryStore(RegistryStore):
     def _tenant_load(self, tenant: str) -> _TenantLoad:
         return self._load.setdefault(check_tenant_name(tenant), _TenantLoad())
 
-    async def try_acquire_request(self, tenant: str, quota: TenantQuota) -> Admission:
+    async def try_acquire_request(
+        self, tenant: str, quota: TenantQuota, *, tokens: int = 0, requests: int = 1
+    ) -> Admission:
         check_quota(quota)
+        check_count("tokens", tokens)
+        check_count("requests", requests, minimum=1)
         load, now = self._tenant_load(tenant), self._clock()
         leases = load.live_leases(now)
         limit = quota.max_concurrent_requests
         if limit is not None and len(leases) >= limit:
             return Admission(False, 1, "max_concurrent_requests")
         limit = quota.requests_per_minute
-        if limit is not None and load.requests.total(now) >= limit:
-            return Admission(False, load.requests.seconds_until_below(now, limit), _RPM)
+        if limit is not None and load.requests.total(now) + requests > limit:
+            wait = load.requests.seconds_until_below(now, limit - requests + 1)
+            return Admission(False, wait, _RPM)
         limit = quota.tokens_per_minute
-        if limit is not None and load.tokens.total(now) >= limit:
-            return Admission(False, load.tokens.seconds_until_below(now, limit), _TPM)
+        room = None if limit is None else limit - sum(load.reserved.values()) - max(tokens, 1)
+        if room is not None and load.tokens.total(now) > room:
+            # Reservations end only when their requests do: past the window, try each second.
+            wait = 1 if room < 0 else load.tokens.seconds_until_below(now, room + 1)
+            return Admission(False, wait, _TPM)
         lease = uuid.uuid4().hex
         leases[lease] = now + self._lease_ttl
-        load.requests.add(now, 1)
+        load.reserved[lease] = tokens
+        load.requests.add(now, requests)
         return Admission(True, lease=lease)
 
-    async def release_request(self, tenant: str, lease: str) -> bool:
-        load = self._tenant_load(tenant)
-        return load.live_leases(self._clock()).pop(lease, None) is not None
+    async def release_request(self, tenant: str, lease: str, *, used_tokens: int = 0) -> bool:
+        check_count("used_tokens", used_tokens)
+        load, now = self._tenant_load(tenant), self._clock()
+        load.live_leases(now)
+        if used_tokens:
+            load.tokens.add(now, used_tokens)
+        return load.end(lease)
 
     async def refresh_request(self, tenant: str, lease: str) -> bool:
         now = self._clock()

@@ -1,7 +1,9 @@
 """The registry store on Redis, so every gateway replica shares adapters, tenants and quotas.
 
 Layout, under `<namespace>:` (a random namespace isolates a test):
-  adapters        hash  name -> AdapterMetadata JSON
+  adapters        hash  adapter key -> AdapterMetadata JSON; the key is `<tenant>/<name>`
+                        for a tenant's adapter, `<name>` for the operator's (each tenant
+                        has its own namespace; see registry_redis_migrate for older data)
   owned:<tenant>  set   adapter names the tenant owns (max_adapters, delete_tenant)
   lora-int-id     int   last lora_int_id handed out; seeded from the clock in milliseconds
                         when missing, so ids handed out after Redis lost its data are still
@@ -11,6 +13,7 @@ Layout, under `<namespace>:` (a random namespace isolates a test):
   usage:<tenant>  hash  `<counter>` totals and `<counter>@<adapter>` per adapter
   usage-tenants   set   tenants with usage counters
   leases:<tenant> zset  lease -> expiry time (concurrent requests)
+  reserved:<tenant> hash lease -> tokens its request reserved (counted while the lease lives)
   rpm:<tenant>, tpm:<tenant>  hash  unix second -> requests / tokens in that second
   version         int   bumped by every adapter or tenant change
   epoch           str   random marker written at start-up: its loss means Redis lost data
@@ -40,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
 from loragate.adapters.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
+from loragate.adapters.registry_redis_migrate import move_tenant_adapters_to_their_namespaces
 from loragate.adapters.registry_store import (
     AdapterMetadata,
     AdapterNameTaken,
@@ -50,6 +54,7 @@ from loragate.adapters.registry_store import (
     ChangeEvent,
     ChangeKind,
     IssuedKey,
+    PublicNameTaken,
     Registration,
     RegistryStore,
     RegistryUnavailable,
@@ -61,7 +66,8 @@ from loragate.adapters.registry_store import (
     UsageCounts,
     UsageReport,
     adapter_changes,
-    check_adapter_name,
+    adapter_key,
+    check_adapter_key,
     check_count,
     check_lease_ttl,
     check_quota,
@@ -102,31 +108,76 @@ local function seconds_until_below(total, buckets, limit)
 end
 """
 
-# KEYS: leases, rpm, tpm. ARGV: now, lease, lease expiry, max concurrent, rpm, tpm
-# (-1: unlimited), lease key TTL in ms. Returns {admitted 0/1, retry_after, reason}.
+# Reservations of live leases only: a lease that expired (or was removed by in_flight's
+# clean-up) frees its reservation here.
+_RESERVED_LUA = """
+local function live_reservations(leases, reserved)
+  local flat = redis.call('HGETALL', reserved)
+  local total = 0
+  for i = 1, #flat, 2 do
+    if redis.call('ZSCORE', leases, flat[i]) then
+      total = total + tonumber(flat[i + 1])
+    else
+      redis.call('HDEL', reserved, flat[i])
+    end
+  end
+  return total
+end
+"""
+
+# KEYS: leases, rpm, tpm, reserved. ARGV: now, lease, lease expiry, max concurrent, rpm,
+# tpm (-1: unlimited), lease key TTL in ms, tokens to reserve, requests to count.
+# Returns {admitted 0/1, retry_after, reason}.
 _ACQUIRE_LUA = (
     _WINDOW_LUA
+    + _RESERVED_LUA
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local max_concurrent = tonumber(ARGV[4])
 if max_concurrent >= 0 and redis.call('ZCARD', KEYS[1]) >= max_concurrent then
   return {0, 1, 'max_concurrent_requests'}
 end
+local wanted_requests = tonumber(ARGV[9])
 local rpm = tonumber(ARGV[5])
 local requests, request_buckets = window(KEYS[2])
-if rpm >= 0 and requests >= rpm then
-  return {0, seconds_until_below(requests, request_buckets, rpm), 'requests_per_minute'}
+if rpm >= 0 and requests + wanted_requests > rpm then
+  local wait = seconds_until_below(requests, request_buckets, rpm - wanted_requests + 1)
+  return {0, wait, 'requests_per_minute'}
 end
+local wanted_tokens = tonumber(ARGV[8])
 local tpm = tonumber(ARGV[6])
-local tokens, token_buckets = window(KEYS[3])
-if tpm >= 0 and tokens >= tpm then
-  return {0, seconds_until_below(tokens, token_buckets, tpm), 'tokens_per_minute'}
+if tpm >= 0 then
+  local room = tpm - live_reservations(KEYS[1], KEYS[4]) - math.max(wanted_tokens, 1)
+  local tokens, token_buckets = window(KEYS[3])
+  if tokens > room then
+    if room < 0 then return {0, 1, 'tokens_per_minute'} end
+    return {0, seconds_until_below(tokens, token_buckets, room + 1), 'tokens_per_minute'}
+  end
 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
-redis.call('HINCRBY', KEYS[2], math.floor(now), 1)
+redis.call('HSET', KEYS[4], ARGV[2], wanted_tokens)
+redis.call('PEXPIRE', KEYS[4], ARGV[7])
+redis.call('HINCRBY', KEYS[2], math.floor(now), wanted_requests)
 redis.call('EXPIRE', KEYS[2], 120)
 return {1, 0, ''}
+"""
+)
+
+# KEYS: leases, reserved, tpm. ARGV: now, lease, tokens the request used.
+# Returns 1 if the lease was live.
+_RELEASE_LUA = (
+    _WINDOW_LUA
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[2])
+local used = tonumber(ARGV[3])
+if used > 0 then
+  window(KEYS[3])
+  redis.call('HINCRBY', KEYS[3], math.floor(now), used)
+  redis.call('EXPIRE', KEYS[3], 120)
+end
+return redis.call('ZREM', KEYS[1], ARGV[2])
 """
 )
 
@@ -147,13 +198,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[1]) e
 return redis.call('INCR', KEYS[1])
 """
 
-# KEYS: leases. ARGV: now, lease, new expiry or '' to release, lease key TTL in ms.
-_LEASE_LUA = """
+# KEYS: leases, reserved. ARGV: now, lease, new expiry, lease key TTL in ms.
+_REFRESH_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end
-if ARGV[3] == '' then return redis.call('ZREM', KEYS[1], ARGV[2]) end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
@@ -210,6 +261,9 @@ class _Keys:
     def leases(self, tenant: str) -> str:
         return f"{self._ns}:leases:{tenant}"
 
+    def reserved(self, tenant: str) -> str:
+        return f"{self._ns}:reserved:{tenant}"
+
     def rpm(self, tenant: str) -> str:
         return f"{self._ns}:rpm:{tenant}"
 
@@ -261,7 +315,8 @@ class RedisRegistryStore(RegistryStore):
         )
         self._acquire = self._redis.register_script(_ACQUIRE_LUA)
         self._add_tokens = self._redis.register_script(_ADD_TOKENS_LUA)
-        self._lease = self._redis.register_script(_LEASE_LUA)
+        self._release = self._redis.register_script(_RELEASE_LUA)
+        self._refresh = self._redis.register_script(_REFRESH_LUA)
         self._new_id = self._redis.register_script(_NEW_ID_LUA)
         self._epoch: str | None = None
 
@@ -300,6 +355,9 @@ class RedisRegistryStore(RegistryStore):
     @_translated
     async def open(self) -> bool:
         self._epoch, created = await self._current_epoch()
+        await move_tenant_adapters_to_their_namespaces(
+            self._redis, self._keys.adapters, self._keys.version
+        )
         return created
 
     @_translated
@@ -329,7 +387,7 @@ class RedisRegistryStore(RegistryStore):
     ) -> Registration:
         if not isinstance(spec, AdapterSpec) or isinstance(spec, AdapterMetadata):
             raise ValueError(f"spec must be an AdapterSpec, got {type(spec).__name__}")
-        keys, name, tenant = self._keys, spec.name, spec.tenant
+        keys, name, tenant = self._keys, adapter_key(spec.tenant, spec.name), spec.tenant
         if lora_int_id is None:
             lora_int_id = await self.new_lora_int_id()
         check_count("lora_int_id", lora_int_id, minimum=1)
@@ -339,8 +397,10 @@ class RedisRegistryStore(RegistryStore):
 
         async def body(pipe) -> Registration:
             old = _decode_adapter(await pipe.hget(keys.adapters, name))
-            if old is not None and (old.tenant != tenant or not replace):
-                raise AdapterNameTaken(name, same_owner=old.tenant == tenant)
+            if old is not None and not replace:
+                raise AdapterNameTaken(name)
+            if spec.public:
+                await self._check_public_name(pipe, name, spec.name)
             handed_out = int(await pipe.get(keys.lora_int_id) or 0)
             if lora_int_id > handed_out or (old is not None and old.lora_int_id == lora_int_id):
                 raise StaleAdapterId(
@@ -358,41 +418,48 @@ class RedisRegistryStore(RegistryStore):
             pipe.multi()
             pipe.hset(keys.adapters, name, msgspec.json.encode(adapter))
             if tenant is not None:
-                pipe.sadd(keys.owned(tenant), name)
+                pipe.sadd(keys.owned(tenant), spec.name)
             self._announce(pipe, ChangeKind.ADAPTER_REGISTERED, name)
             return Registration(adapter, old)
 
         watched = [keys.adapters] + ([keys.tenants, keys.owned(tenant)] if tenant else [])
         return await self._transact(watched, body)
 
+    async def _check_public_name(self, pipe, key: str, name: str) -> None:
+        """Inside a transaction watching the adapters hash: no other public `name`."""
+        for raw in (await pipe.hgetall(self._keys.adapters)).values():
+            other = _decode_adapter(raw)
+            if other.public and other.name == name and other.key != key:
+                raise PublicNameTaken(name, other.key)
+
     @_translated
-    async def get_adapter(self, name: str) -> AdapterMetadata | None:
-        return _decode_adapter(
-            await self._redis.hget(self._keys.adapters, check_adapter_name(name))
-        )
+    async def get_adapter(self, key: str) -> AdapterMetadata | None:
+        return _decode_adapter(await self._redis.hget(self._keys.adapters, check_adapter_key(key)))
 
     @_translated
     async def list_adapters(self) -> list[AdapterMetadata]:
         raw = await self._redis.hgetall(self._keys.adapters)
-        return sorted((_decode_adapter(v) for v in raw.values()), key=lambda a: a.name)
+        return sorted((_decode_adapter(v) for v in raw.values()), key=lambda a: a.key)
 
     @_translated
     async def update_adapter(
         self,
-        name: str,
+        key: str,
         *,
         status: str | None = None,
         public: bool | None = None,
         lora_int_id: int | None = None,
         weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
-        check_adapter_name(name)
+        name = check_adapter_key(key)
         changes = adapter_changes(status, public, weights)
 
         async def body(pipe) -> AdapterMetadata | None:
             old = _decode_adapter(await pipe.hget(self._keys.adapters, name))
             if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
                 return None
+            if public:
+                await self._check_public_name(pipe, name, old.name)
             new = msgspec.structs.replace(old, **changes)
             pipe.multi()
             pipe.hset(self._keys.adapters, name, msgspec.json.encode(new))
@@ -403,9 +470,9 @@ class RedisRegistryStore(RegistryStore):
 
     @_translated
     async def delete_adapter(
-        self, name: str, *, lora_int_id: int | None = None
+        self, key: str, *, lora_int_id: int | None = None
     ) -> AdapterMetadata | None:
-        check_adapter_name(name)
+        name = check_adapter_key(key)
 
         async def body(pipe) -> AdapterMetadata | None:
             old = _decode_adapter(await pipe.hget(self._keys.adapters, name))
@@ -414,7 +481,7 @@ class RedisRegistryStore(RegistryStore):
             pipe.multi()
             pipe.hdel(self._keys.adapters, name)
             if old.tenant is not None:
-                pipe.srem(self._keys.owned(old.tenant), name)
+                pipe.srem(self._keys.owned(old.tenant), old.name)
             self._announce(pipe, ChangeKind.ADAPTER_DELETED, name)
             return old
 
@@ -500,7 +567,7 @@ class RedisRegistryStore(RegistryStore):
             tenant = _decode_tenant(await pipe.hget(keys.tenants, name))
             if tenant is None:
                 return None
-            owned = sorted(await pipe.smembers(keys.owned(name)))
+            owned = sorted(adapter_key(name, a) for a in await pipe.smembers(keys.owned(name)))
             records = await pipe.hmget(keys.adapters, owned) if owned else []
             pipe.multi()
             pipe.hdel(keys.tenants, name)
@@ -541,7 +608,7 @@ class RedisRegistryStore(RegistryStore):
     ) -> None:
         check_tenant_name(tenant)
         if adapter is not None:
-            check_adapter_name(adapter)
+            check_adapter_key(adapter)
         amounts = {
             "prompt_tokens": check_count("prompt_tokens", prompt_tokens),
             "completion_tokens": check_count("completion_tokens", completion_tokens),
@@ -576,11 +643,20 @@ class RedisRegistryStore(RegistryStore):
         return int((self._lease_ttl + 60) * 1000)
 
     @_translated
-    async def try_acquire_request(self, tenant: str, quota: TenantQuota) -> Admission:
+    async def try_acquire_request(
+        self, tenant: str, quota: TenantQuota, *, tokens: int = 0, requests: int = 1
+    ) -> Admission:
         check_tenant_name(tenant)
         check_quota(quota)
+        check_count("tokens", tokens)
+        check_count("requests", requests, minimum=1)
         now, lease = self._clock(), uuid.uuid4().hex
-        keys = [self._keys.leases(tenant), self._keys.rpm(tenant), self._keys.tpm(tenant)]
+        keys = [
+            self._keys.leases(tenant),
+            self._keys.rpm(tenant),
+            self._keys.tpm(tenant),
+            self._keys.reserved(tenant),
+        ]
         args = [
             repr(now),
             lease,
@@ -589,26 +665,36 @@ class RedisRegistryStore(RegistryStore):
             _limit(quota.requests_per_minute),
             _limit(quota.tokens_per_minute),
             self._lease_key_ttl_ms(),
+            tokens,
+            requests,
         ]
         admitted, retry_after, reason = await self._acquire(keys=keys, args=args)
         if admitted:
             return Admission(True, lease=lease)
         return Admission(False, int(retry_after), reason)
 
-    async def _lease_op(self, tenant: str, lease: str, expiry: str) -> bool:
-        check_tenant_name(tenant)
+    @staticmethod
+    def _check_lease(lease: object) -> None:
         if not isinstance(lease, str) or not lease:
             raise ValueError(f"lease must be the non-empty string an Admission gave, got {lease!r}")
-        args = [repr(self._clock()), lease, expiry, self._lease_key_ttl_ms()]
-        return bool(await self._lease(keys=[self._keys.leases(tenant)], args=args))
 
     @_translated
-    async def release_request(self, tenant: str, lease: str) -> bool:
-        return await self._lease_op(tenant, lease, "")
+    async def release_request(self, tenant: str, lease: str, *, used_tokens: int = 0) -> bool:
+        check_tenant_name(tenant)
+        self._check_lease(lease)
+        check_count("used_tokens", used_tokens)
+        keys = [self._keys.leases(tenant), self._keys.reserved(tenant), self._keys.tpm(tenant)]
+        args = [repr(self._clock()), lease, used_tokens]
+        return bool(await self._release(keys=keys, args=args))
 
     @_translated
     async def refresh_request(self, tenant: str, lease: str) -> bool:
-        return await self._lease_op(tenant, lease, repr(self._clock() + self._lease_ttl))
+        check_tenant_name(tenant)
+        self._check_lease(lease)
+        now = self._clock()
+        keys = [self._keys.leases(tenant), self._keys.reserved(tenant)]
+        args = [repr(now), lease, repr(now + self._lease_ttl), self._lease_key_ttl_ms()]
+        return bool(await self._refresh(keys=keys, args=args))
 
     @_translated
     async def in_flight(self, tenant: str) -> int:

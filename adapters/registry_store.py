@@ -5,9 +5,14 @@
 The store holds plain data only (msgspec Structs): the gateway decides what to serve from it.
 
 Why the shapes below:
-- Adapter names are one global namespace, so a name owned by one tenant cannot be taken
-  by another (`AdapterNameTaken`); every registration gets a new, never reused lora_int_id,
-  so no engine cache can hand back the weights of an older registration.
+- Each owner names its adapters in its own namespace: an adapter is stored under its key,
+  `<tenant>/<name>` for a tenant's and the bare `<name>` for the operator's, so two tenants'
+  `sql` are two adapters and no answer about one tenant's names depends on another's. The
+  public names (what every tenant may use) are unique among public adapters
+  (`PublicNameTaken`). Every registration gets a new, never reused lora_int_id, so no
+  engine cache can hand back the weights of an older registration.
+- Quotas reserve a request's worst case (tokens, and the sequences it counts as) when it is
+  admitted and settle what it used when it ends, so a burst cannot overrun a quota.
 - API keys are `lg-<key_id>-<secret>`; the store keeps only a salted hash per key_id
   (see `loragate.adapters.api_keys`), so verification is one lookup and one
   constant-time comparison.
@@ -42,13 +47,20 @@ class RegistryUnavailable(RegistryError):
 
 
 class AdapterNameTaken(RegistryError):
-    """The adapter name is registered already, by another tenant or with replace=False."""
+    """The owner registered this name already and replace=False was asked."""
 
-    def __init__(self, name: str, *, same_owner: bool):
-        who = "by this owner (replace=False)" if same_owner else "by another owner"
-        super().__init__(f"adapter name {name!r} is already registered {who}")
+    def __init__(self, key: str):
+        super().__init__(f"adapter {key!r} is already registered (replace=False)")
+        self.key = key
+
+
+class PublicNameTaken(RegistryError):
+    """Another public adapter has this name: public names must be unique to resolve."""
+
+    def __init__(self, name: str, holder: str):
+        super().__init__(f"public adapter name {name!r} is already used by {holder!r}")
         self.name = name
-        self.same_owner = same_owner
+        self.holder = holder
 
 
 class AdapterQuotaExceeded(RegistryError):
@@ -84,6 +96,27 @@ def check_adapter_name(name: object) -> str:
             f"starting with a letter or digit; got {name!r}"
         )
     return name
+
+
+def adapter_key(tenant: str | None, name: str) -> str:
+    """Where an adapter lives: `<tenant>/<name>` in a tenant's namespace, `<name>` in the
+    operator's. Neither a tenant nor an adapter name holds a '/', so keys never clash."""
+    return name if tenant is None else f"{tenant}/{name}"
+
+
+def split_adapter_key(key: object) -> tuple[str | None, str]:
+    """(tenant or None, name) of a key; ValueError naming what is wrong with it."""
+    if not isinstance(key, str):
+        raise ValueError(f"adapter key must be a string, got {key!r}")
+    tenant, sep, name = key.rpartition("/")
+    if not sep:
+        return None, check_adapter_name(key)
+    return check_tenant_name(tenant), check_adapter_name(name)
+
+
+def check_adapter_key(key: object) -> str:
+    split_adapter_key(key)
+    return key
 
 
 def check_tenant_name(name: object) -> str:
@@ -204,6 +237,10 @@ class AdapterMetadata(AdapterSpec, frozen=True, kw_only=True):
         super().__post_init__()
         check_count("lora_int_id", self.lora_int_id, minimum=1)
 
+    @property
+    def key(self) -> str:
+        return adapter_key(self.tenant, self.name)
+
     def visible_to(self, tenant: str | None) -> bool:
         """The admin (None) sees every adapter; a tenant sees its own and public ones."""
         return tenant is None or self.public or self.tenant == tenant
@@ -233,9 +270,10 @@ class UsageReport(msgspec.Struct, frozen=True):
 class Admission(msgspec.Struct, frozen=True):
     """try_acquire_request's answer.
 
-    ok: admitted; then `lease` must be given back to release_request when it finishes.
-    Otherwise `reason` names the TenantQuota field that refused it and `retry_after` is
-    the whole number of seconds (>= 1) after which asking again can succeed.
+    ok: admitted; then `lease` must be given back to release_request when it finishes
+    (the tokens it reserved stay reserved until then). Otherwise `reason` names the
+    TenantQuota field that refused it and `retry_after` is the whole number of seconds
+    (>= 1) after which asking again can succeed.
     """
 
     ok: bool
@@ -254,7 +292,8 @@ class ChangeKind(StrEnum):
 
 
 class ChangeEvent(msgspec.Struct, frozen=True):
-    """Something another replica may hold in a cache changed; re-read `name`."""
+    """Something another replica may hold in a cache changed; re-read `name` (a tenant's
+    name, or an adapter's key)."""
 
     kind: ChangeKind
     name: str
@@ -318,24 +357,27 @@ class RegistryStore(ABC):
     async def register_adapter(
         self, spec: AdapterSpec, *, lora_int_id: int | None = None, replace: bool = True
     ) -> Registration:
-        """Store `spec` under its name with a new lora_int_id (or the one given).
+        """Store `spec` under its key (the owner's namespace) with a new lora_int_id (or
+        the one given); another owner's adapter of the same name is a different adapter.
 
-        A name owned by another tenant raises AdapterNameTaken, as does any existing
-        name with replace=False. A tenant-owned adapter needs the tenant to exist
-        (TenantNotFound) and, if new, to be within its max_adapters (AdapterQuotaExceeded).
+        An existing key with replace=False raises AdapterNameTaken; a public adapter whose
+        name another public adapter has, PublicNameTaken. A tenant-owned adapter needs the
+        tenant to exist (TenantNotFound) and, if new, to be within its max_adapters
+        (AdapterQuotaExceeded).
         """
 
     @abstractmethod
-    async def get_adapter(self, name: str) -> AdapterMetadata | None: ...
+    async def get_adapter(self, key: str) -> AdapterMetadata | None:
+        """The adapter stored under `key` (see adapter_key)."""
 
     @abstractmethod
     async def list_adapters(self) -> list[AdapterMetadata]:
-        """Every adapter, sorted by name."""
+        """Every adapter, sorted by key."""
 
     @abstractmethod
     async def update_adapter(
         self,
-        name: str,
+        key: str,
         *,
         status: str | None = None,
         public: bool | None = None,
@@ -343,13 +385,14 @@ class RegistryStore(ABC):
         weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
         """Change status, public and/or the weights' description; None when absent (or not
-        that lora_int_id). Bad weights fields raise ValueError, changing nothing."""
+        that lora_int_id). Bad weights fields raise ValueError, changing nothing; making it
+        public when another public adapter has its name raises PublicNameTaken."""
 
     @abstractmethod
     async def delete_adapter(
-        self, name: str, *, lora_int_id: int | None = None
+        self, key: str, *, lora_int_id: int | None = None
     ) -> AdapterMetadata | None:
-        """Forget `name` (only if it is still lora_int_id, when given); returns what it was."""
+        """Forget `key` (only if it is still lora_int_id, when given); returns what it was."""
 
     # tenants
 
@@ -392,7 +435,8 @@ class RegistryStore(ABC):
         completion_tokens: int,
         requests: int = 1,
     ) -> None:
-        """Add to the tenant's totals and, when adapter is a name, to that adapter's."""
+        """Add to the tenant's totals and, when adapter is named (a name or a key, as the
+        caller named it), to that adapter's."""
 
     @abstractmethod
     async def get_usage(self, tenant: str) -> UsageReport:
@@ -405,17 +449,27 @@ class RegistryStore(ABC):
     # quotas
 
     @abstractmethod
-    async def try_acquire_request(self, tenant: str, quota: TenantQuota) -> Admission:
-        """Admit one request against concurrency, requests/minute and tokens/minute.
+    async def try_acquire_request(
+        self, tenant: str, quota: TenantQuota, *, tokens: int = 0, requests: int = 1
+    ) -> Admission:
+        """Admit one request against concurrency, requests/minute and tokens/minute, in
+        one atomic step (across replicas too).
 
-        Minutes are sliding windows of 60 one-second buckets. An admitted request holds
-        a lease until release_request, or until the lease TTL passes (a crashed replica
-        cannot leak concurrency forever; refresh_request extends a long request's lease).
+        `tokens` is the request's worst case, reserved under its lease until it ends;
+        `requests` is what it counts as in requests/minute (its sequences). It is admitted
+        only if the tokens of the window, plus every live reservation, plus max(tokens, 1)
+        fit in tokens_per_minute, and the window's requests plus `requests` fit in
+        requests_per_minute. Minutes are sliding windows of 60 one-second buckets. An
+        admitted request holds a lease until release_request, or until the lease TTL
+        passes (a crashed replica cannot leak concurrency or reservations forever;
+        refresh_request extends a long request's lease).
         """
 
     @abstractmethod
-    async def release_request(self, tenant: str, lease: str) -> bool:
-        """Give a lease back; False if it had expired or was released already."""
+    async def release_request(self, tenant: str, lease: str, *, used_tokens: int = 0) -> bool:
+        """Give a lease back: its reservation ends and `used_tokens` (what the request
+        really used) count in this second of the tokens/minute window, even if the lease
+        had expired. False if it had expired or was released already."""
 
     @abstractmethod
     async def refresh_request(self, tenant: str, lease: str) -> bool:

@@ -14,8 +14,10 @@ targets) is brought up to date before that request is answered, so `GET
 /v1/adapters/{name}` shows what is served, on every replica.
 
 Ownership: the operator's adapters have no tenant; a tenant registers from its own folder,
-`<adapter-root>/<tenant>/`, and owns what it registers. Names are global: a name another
-owner holds is a 409 that does not say who holds it.
+`<adapter-root>/<tenant>/`, and owns what it registers. Each owner has its own namespace:
+a tenant's `sql` and another's are two adapters, so registering a name never tells a
+tenant anything about anyone else's. The operator names (and may register) a tenant's
+adapter as `<tenant>/<name>`.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from pathlib import Path
 
 from loragate.adapters import AdapterError, LoRAAdapter, LoRARequest
 from loragate.adapters.registry_store import (
-    AdapterNameTaken,
     AdapterQuotaExceeded,
     AdapterSpec,
     AdapterWeights,
+    PublicNameTaken,
     RegistryStore,
     RegistryUnavailable,
     TenantNotFound,
+    adapter_key,
+    check_tenant_name,
 )
 from loragate.engine import RequestOutput
 from loragate.gateway.adapter_catalog import AdapterCatalog
@@ -110,21 +114,21 @@ class AdapterManager:
         caller: Principal = OPERATOR,
         public: bool | None = None,
     ) -> AdapterRecord:
-        try:
-            check_adapter_name(name, self.base_model)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), param="name") from exc
+        """Register `name` in the caller's namespace (the operator may name `<tenant>/<name>`:
+        that tenant then owns it, from that tenant's folder)."""
+        owner, name = self._owner_and_name(name, caller)
         if public is not None and not caller.is_operator:
             raise PermissionDeniedError(
                 "only the admin may make an adapter public", param="public", code="admin_only"
             )
-        existing = await self.catalog.get(name)
-        if existing is not None and existing.tenant != caller.tenant:
-            raise _name_taken(name)
+        if owner is not None and caller.is_operator:
+            await self._check_tenant_exists(owner)
+        key = adapter_key(owner, name)
+        existing = await self.catalog.get(key)
         if public is None:
             public = existing.public if existing is not None else False
         try:
-            directory = resolve_adapter_dir(self._root_of(caller), path)
+            directory = resolve_adapter_dir(self._root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
         cache = self.engine.engine.adapters
@@ -138,7 +142,7 @@ class AdapterManager:
                 lora_int_id = await self.store.new_lora_int_id()
         except RegistryUnavailable as exc:
             raise registry_down("registering an adapter") from exc
-        lora = LoRARequest(name, lora_int_id, str(directory))
+        lora = LoRARequest(key, lora_int_id, str(directory))
         try:
             adapter = await asyncio.to_thread(cache.preload, lora)
         except AdapterError as exc:
@@ -147,7 +151,7 @@ class AdapterManager:
             ) from exc
         spec = AdapterSpec(
             name=name,
-            tenant=caller.tenant,
+            tenant=owner,
             public=public,
             base_model=self.base_model,
             rank=adapter.rank,
@@ -162,8 +166,40 @@ class AdapterManager:
         except Exception:
             await self._evict(lora)
             raise
-        log.info("registered adapter %s (id %d, rank %d)", name, lora_int_id, adapter.rank)
+        log.info("registered adapter %s (id %d, rank %d)", key, lora_int_id, adapter.rank)
         return record
+
+    async def _check_tenant_exists(self, tenant: str) -> None:
+        """The operator named `<tenant>/<name>`: 400 before any work if there is no tenant."""
+        try:
+            with self.health.noting():
+                record = await self.store.get_tenant(tenant)
+        except RegistryUnavailable as exc:
+            raise registry_down("registering an adapter") from exc
+        if record is None:
+            raise InvalidRequestError(
+                f"tenant {tenant!r} does not exist, so it has no adapter namespace",
+                param="name",
+                code="tenant_not_found",
+            )
+
+    def _owner_and_name(self, name: object, caller: Principal) -> tuple[str | None, str]:
+        """Whose namespace `name` is in, and the name there; 400 for a name none can have.
+
+        A tenant's names never hold a '/' (the refusal is the same whatever the prefix, so
+        it says nothing of other tenants)."""
+        owner, bare = caller.tenant, name
+        if isinstance(name, str) and "/" in name and caller.is_operator:
+            owner, _, bare = name.partition("/")
+            try:
+                check_tenant_name(owner)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc), param="name") from exc
+        try:
+            check_adapter_name(bare, self.base_model)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param="name") from exc
+        return owner, bare
 
     async def _store_registration(
         self, spec: AdapterSpec, lora: LoRARequest, source: str
@@ -177,8 +213,8 @@ class AdapterManager:
                 record = await self.catalog.apply(registration.adapter, source, lora)
         except RegistryUnavailable as exc:
             raise registry_down("registering an adapter") from exc
-        except AdapterNameTaken as exc:
-            raise _name_taken(spec.name) from exc
+        except PublicNameTaken as exc:
+            raise _public_name_taken(exc) from exc
         except AdapterQuotaExceeded as exc:
             raise QuotaExceededError(
                 f"this tenant already owns its maximum of {exc.limit} adapters; delete one "
@@ -189,15 +225,15 @@ class AdapterManager:
             ) from exc
         except TenantNotFound as exc:
             raise PermissionDeniedError(
-                "this tenant no longer exists in the registry", code="tenant_not_found"
+                f"tenant {exc.name!r} does not exist in the registry", code="tenant_not_found"
             ) from exc
         assert record is not None, "a ready registration made here is always servable here"
         return record
 
-    def _root_of(self, caller: Principal) -> Path | None:
-        if self.root is None or caller.tenant is None:
+    def _root_of(self, owner: str | None) -> Path | None:
+        if self.root is None or owner is None:
             return self.root
-        return self.root / caller.tenant
+        return self.root / owner
 
     # ---- files changed in place ---------------------------------------------------------
     async def note_served(self, out: RequestOutput) -> None:
@@ -229,7 +265,7 @@ class AdapterManager:
             async with self.catalog.lock:
                 with self.health.noting():
                     meta = await self.store.update_adapter(
-                        record.name,
+                        record.key,
                         lora_int_id=record.lora_request.lora_int_id,
                         weights=_weights_of(adapter),
                     )
@@ -252,18 +288,21 @@ class AdapterManager:
 
     # ---- changing and removing ---------------------------------------------------------
     async def set_public(self, name: str, public: bool) -> AdapterRecord:
-        """Operator only (the route checks): let every tenant use `name`, or stop that."""
-        await self.lookup(name, "name")
+        """Operator only (the route checks): let every tenant use `name`, or stop that.
+        Public names are unique: 409 if another public adapter has this one's name."""
+        key = (await self.lookup(name, "name")).key
         try:
             async with self.catalog.lock:
                 with self.health.noting():
-                    meta = await self.store.update_adapter(name, public=public)
+                    meta = await self.store.update_adapter(key, public=public)
                 if meta is not None:
                     record = await self.catalog.apply(meta)
                     if record is not None:
                         return record
         except RegistryUnavailable as exc:
             raise registry_down("changing an adapter") from exc
+        except PublicNameTaken as exc:
+            raise _public_name_taken(exc) from exc
         raise NotFoundError(
             f"adapter {name!r} does not exist", param="name", code="adapter_not_found"
         )
@@ -281,16 +320,16 @@ class AdapterManager:
                 param="name",
                 code="not_owner",
             )
-        lora_int_id = record.lora_request.lora_int_id
+        key, lora_int_id = record.key, record.lora_request.lora_int_id
         try:
             async with self.catalog.lock:
                 with self.health.noting():
-                    deleted = await self.store.delete_adapter(name, lora_int_id=lora_int_id)
-                current = await self.catalog.get(name)
+                    deleted = await self.store.delete_adapter(key, lora_int_id=lora_int_id)
+                current = await self.catalog.get(key)
                 mine = current is not None and current.lora_request.lora_int_id == lora_int_id
                 removed = None
-                if mine and (deleted is not None or name in self.catalog.orphans):
-                    removed = await self.catalog.remove(name)
+                if mine and (deleted is not None or key in self.catalog.orphans):
+                    removed = await self.catalog.remove(key)
         except RegistryUnavailable as exc:
             raise registry_down("deleting an adapter") from exc
         if removed is None:  # replaced or deleted meanwhile, by another replica
@@ -298,7 +337,7 @@ class AdapterManager:
                 f"adapter {name!r} does not exist", param="name", code="adapter_not_found"
             )
         await self.retire(removed)
-        log.info("removed adapter %s", name)
+        log.info("removed adapter %s", key)
         return removed
 
     async def drop_tenant(self, tenant: str) -> None:
@@ -375,11 +414,13 @@ def _weights_of(adapter: LoRAAdapter) -> AdapterWeights:
     )
 
 
-def _name_taken(name: str) -> ConflictError:
+def _public_name_taken(exc: PublicNameTaken) -> ConflictError:
+    """Only the admin makes adapters public, so naming the holder tells a tenant nothing."""
     return ConflictError(
-        f"the adapter name {name!r} is not available; choose another name",
+        f"another public adapter ({exc.holder!r}) is already called {exc.name!r}: every "
+        "tenant names public adapters by their bare name, so those names must be unique",
         param="name",
-        code="name_taken",
+        code="public_name_taken",
     )
 
 

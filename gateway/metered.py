@@ -1,10 +1,12 @@
 """One HTTP request's engine work, with the tenant's quota lease and its usage.
 
-A route opens one with `await service.begin(caller, lora)` (which may refuse it with 429),
-starts its generations through it, and calls `end()` exactly where the request ends: in
-its `finally`, or in a stream's cleanup. `end()` closes every generation, gives the lease
-back and records the usage: the prompt and completion tokens the engine reported (the same
-numbers as the response's `usage`), and one request if any generation reached the engine.
+A route opens one with `await service.begin(caller, lora, cost)` (which may refuse it with
+429, or 400 for a worst case no quota could ever admit), starts its generations through it,
+and calls `end()` exactly where the request ends: in its `finally`, or in a stream's
+cleanup. `end()` closes every generation, gives the lease back (with its reservation,
+keeping only the tokens used) and records the usage: the prompt and completion tokens the
+engine reported (the same numbers as the response's `usage`), and one request if any
+generation reached the engine.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Tenant quotas, counted in the registry store so that they hold across replicas.
 
-A tenant's request takes a lease (its place among `max_concurrent_requests`, and one
-request in the per-minute window) before it reaches the engine, and gives it back when it
-ends, whichever way. The store expires a lease that is never given back (a replica that
-crashed), so a long stream has its lease refreshed here while it runs.
+A tenant's request takes a lease (its place among `max_concurrent_requests`, its
+sequences in the requests/minute window, and its worst case in tokens reserved against
+tokens/minute: see request_cost) before it reaches the engine, and gives it back when it
+ends, whichever way (finished, refused by the engine, aborted, client gone): then only the
+tokens it used stay counted. So no burst can be served more tokens than the quota allows.
+A request whose worst case alone exceeds a quota could never be admitted: it is a 400
+naming the field to lower, not a 429 to retry forever. The store expires a lease that is
+never given back (a replica that crashed), so a long stream has its lease refreshed here
+while it runs.
 
 Fail open: while the store is unreachable, requests are admitted without a lease, so the
 tenants and adapters already known keep being served; the replica's own queue bound still
@@ -16,7 +21,8 @@ import asyncio
 import logging
 
 from loragate.adapters.registry_store import RegistryStore, RegistryUnavailable
-from loragate.gateway.errors import QuotaExceededError
+from loragate.gateway.errors import InvalidRequestError, QuotaExceededError
+from loragate.gateway.request_cost import RequestCost
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import Principal
 
@@ -37,14 +43,20 @@ class QuotaKeeper:
         self._leases: dict[str, str] = {}  # lease -> tenant, while its request runs
         self._stopped = False
 
-    async def admit(self, caller: Principal) -> str | None:
+    async def admit(self, caller: Principal, cost: RequestCost) -> str | None:
         """A lease for the caller's request, None when none is needed (or the store is down);
-        QuotaExceededError (429 with Retry-After) when a quota refuses it."""
-        if caller.tenant is None or caller.quota is None or self._health.down:
+        QuotaExceededError (429 with Retry-After) when a quota refuses it now, and
+        InvalidRequestError (400) when it would refuse it always."""
+        if caller.tenant is None or caller.quota is None:
+            return None
+        _refuse_what_never_fits(caller.quota, cost)
+        if self._health.down:
             return None
         try:
             with self._health.noting():
-                admission = await self._store.try_acquire_request(caller.tenant, caller.quota)
+                admission = await self._store.try_acquire_request(
+                    caller.tenant, caller.quota, tokens=cost.tokens, requests=cost.sequences
+                )
         except RegistryUnavailable:
             return None
         if not admission.ok:
@@ -59,7 +71,8 @@ class QuotaKeeper:
         return admission.lease
 
     async def finish(self, caller: Principal, lease: str | None, tokens: int) -> None:
-        """Give the lease back and count the tokens against tokens/minute."""
+        """Give the lease back: its reservation ends and the tokens it used count against
+        tokens/minute."""
         if lease is not None:
             self._leases.pop(lease, None)
         if caller.tenant is None or self._health.down:
@@ -67,8 +80,8 @@ class QuotaKeeper:
         try:
             with self._health.noting():
                 if lease is not None:
-                    await self._store.release_request(caller.tenant, lease)
-                if tokens:
+                    await self._store.release_request(caller.tenant, lease, used_tokens=tokens)
+                elif tokens:
                     await self._store.add_tokens(caller.tenant, tokens)
         except RegistryUnavailable:
             pass  # the lease expires by itself; the tokens go uncounted (fail open)
@@ -93,3 +106,30 @@ class QuotaKeeper:
     @property
     def running(self) -> int:
         return len(self._leases)
+
+
+def _refuse_what_never_fits(quota, cost: RequestCost) -> None:
+    limit = quota.tokens_per_minute
+    if limit is not None and cost.tokens > limit:
+        room = limit - cost.prompt_tokens
+        hint = (
+            f"lower {cost.max_tokens_param} (with this prompt, at most {room} tokens fit "
+            "across its sequences)"
+            if room > 0
+            else "shorten the prompt"
+        )
+        raise InvalidRequestError(
+            f"this request may use up to {cost.tokens} tokens (its prompt, plus "
+            f"{cost.max_tokens_param} for each sequence; without it, the rest of the "
+            f"context), more than this tenant's quota of {limit} tokens per minute: {hint}",
+            param=cost.max_tokens_param,
+            code="exceeds_tokens_per_minute",
+        )
+    limit = quota.requests_per_minute
+    if limit is not None and cost.sequences > limit:
+        raise InvalidRequestError(
+            f"this request counts as {cost.sequences} requests (one per prompt and "
+            f"sequence), more than this tenant's quota of {limit} requests per minute",
+            param=cost.sequences_param,
+            code="exceeds_requests_per_minute",
+        )

@@ -1,6 +1,7 @@
 """Adapter management: register, list, describe, share and delete, plus vLLM's load/unload
 aliases. Each caller sees and changes only what it may: another tenant's adapter is a 404 in
-every one of these routes, exactly like a missing one."""
+every one of these routes, exactly like a missing one. A tenant names adapters in its own
+namespace (`/v1/adapters/sql`); the admin names a tenant's as `/v1/adapters/acme/sql`."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ class AdaptersController(Controller):
     ) -> AdapterInfo:
         return adapter_info(service, await service.adapters.lookup(name, "name", caller), caller)
 
+    @get("/{tenant:str}/{name:str}", summary="Admin: describe a tenant's adapter")
+    async def get_tenant_adapter(
+        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+    ) -> AdapterInfo:
+        return await self.get_adapter.fn(self, f"{tenant}/{name}", caller, service)
+
     @patch("/{name:str}", summary="Admin only: share an adapter with every tenant, or stop")
     async def patch_adapter(
         self,
@@ -62,6 +69,17 @@ class AdaptersController(Controller):
         record = await service.adapters.set_public(name, data.public)
         return adapter_info(service, record, caller)
 
+    @patch("/{tenant:str}/{name:str}", summary="Admin only: share a tenant's adapter, or stop")
+    async def patch_tenant_adapter(
+        self,
+        tenant: FromPath[str],
+        name: FromPath[str],
+        data: JSONBody[PatchAdapterRequest],
+        caller: Caller,
+        service: Service,
+    ) -> AdapterInfo:
+        return await self.patch_adapter.fn(self, f"{tenant}/{name}", data, caller, service)
+
     @delete(
         "/{name:str}",
         status_code=200,
@@ -72,6 +90,12 @@ class AdaptersController(Controller):
     ) -> DeletedAdapter:
         await service.adapters.unregister(name, caller)
         return DeletedAdapter(name=name)
+
+    @delete("/{tenant:str}/{name:str}", status_code=200, summary="Admin: delete a tenant's adapter")
+    async def delete_tenant_adapter(
+        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+    ) -> DeletedAdapter:
+        return await self.delete_adapter.fn(self, f"{tenant}/{name}", caller, service)
 
 
 class VLLMLoRAController(Controller):
@@ -102,13 +126,23 @@ class VLLMLoRAController(Controller):
         )
 
 
+def _within_owner(record: AdapterRecord) -> str:
+    """A shared adapter's path inside its owner's folder: the folder would name the owner."""
+    prefix = f"{record.tenant}/"
+    if record.tenant is not None and record.display_path.startswith(prefix):
+        return record.display_path[len(prefix) :]
+    return record.display_path
+
+
 def adapter_info(service: GatewayService, record: AdapterRecord, caller: Principal) -> AdapterInfo:
-    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants."""
+    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants
+    (owner and folder), and its name is the one the caller uses (a key, `<tenant>/<name>`,
+    only for the admin)."""
     return AdapterInfo(
-        name=record.name,
+        name=caller.name_of(record),
         id=record.lora_request.lora_int_id,
         parent=service.model_name,
-        path=record.display_path,
+        path=record.display_path if caller.owns(record) else _within_owner(record),
         rank=record.rank,
         alpha=record.alpha,
         target_modules=list(record.target_modules),

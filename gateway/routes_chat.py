@@ -46,15 +46,16 @@ class ChatController(Controller):
         prompt_ids = service.apply_chat_template(
             chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens
         )
+        fields = chat_fields(data)
+        (prompt,), cost = await service.measure(
+            caller, [{"prompt_token_ids": prompt_ids}], params, fields
+        )
         request_id = service.new_request_id("chatcmpl")
-        metered = await service.begin(caller, lora)
+        metered = await service.begin(caller, lora, cost)
         gens = metered.generations
         streaming = False
         try:
-            metered.start(
-                {"prompt_token_ids": prompt_ids}, params, request_id=request_id,
-                field_names=chat_fields(data),
-            )  # fmt: skip
+            metered.start(prompt, params, request_id=request_id, field_names=fields)
             await until_disconnect(request.receive, prime_all(gens))
             created = int(time.time())
             if data.stream:

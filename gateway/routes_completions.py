@@ -35,9 +35,14 @@ class CompletionsController(Controller):
     ) -> CompletionResponse | Stream:
         params = completion_params(data, service.engine.engine.config.max_num_seqs)
         lora = await service.resolve_model(data.model, caller=caller)
-        prompts = completion_prompts(data.prompt, data.add_special_tokens)
+        prompts, cost = await service.measure(
+            caller,
+            completion_prompts(data.prompt, data.add_special_tokens),
+            params,
+            COMPLETION_FIELDS,
+        )
         request_id = service.new_request_id("cmpl")
-        metered = await service.begin(caller, lora)
+        metered = await service.begin(caller, lora, cost)
         gens = metered.generations
         streaming = False
         try:

@@ -19,7 +19,15 @@ class ModelsController(Controller):
     @get("/", summary="List models and adapters")
     async def list_models(self, caller: Caller, service: Service) -> ModelList:
         adapters = await service.adapters.catalog.list(caller)
-        return ModelList(data=[_base_card(service)] + [_adapter_card(service, r) for r in adapters])
+        cards = [_adapter_card(service, caller.name_of(r), r) for r in adapters]
+        return ModelList(data=[_base_card(service)] + cards)
+
+    @get("/{tenant:str}/{name:str}", summary="Admin: describe a tenant's adapter")
+    async def get_tenant_model(
+        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+    ) -> ModelCard:
+        """The admin names a tenant's adapter `<tenant>/<name>`: two path segments."""
+        return await self.get_model.fn(self, f"{tenant}/{name}", caller, service)
 
     @get("/{model_id:str}", summary="Describe one model or adapter")
     async def get_model(
@@ -32,7 +40,7 @@ class ModelsController(Controller):
             raise NotFoundError(
                 f"the model {model_id!r} does not exist", param="model", code="model_not_found"
             )
-        return _adapter_card(service, record)
+        return _adapter_card(service, caller.name_of(record), record)
 
 
 def _base_card(service: GatewayService) -> ModelCard:
@@ -42,12 +50,12 @@ def _base_card(service: GatewayService) -> ModelCard:
     )
 
 
-def _adapter_card(service: GatewayService, record: AdapterRecord) -> ModelCard:
-    # `root` is the adapter's own name: file paths are never shown here.
+def _adapter_card(service: GatewayService, name: str, record: AdapterRecord) -> ModelCard:
+    # `root` is the adapter's name as the caller uses it: file paths are never shown here.
     return ModelCard(
-        id=record.name,
+        id=name,
         created=record.created,
-        root=record.name,
+        root=name,
         parent=service.model_name,
         max_model_len=service.max_model_len,
     )

@@ -87,7 +87,8 @@ async def _start(
             raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
         ids = await service.encode(data.inputs)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
-    metered = await service.begin(caller, lora)
+    (prompt,), cost = await service.measure(caller, [prompt], params, TGI_FIELDS)
+    metered = await service.begin(caller, lora, cost)
     try:
         gen = metered.start(
             prompt, params, request_id=service.new_request_id("tgi"),

@@ -36,8 +36,11 @@ class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
 
 
 class AdapterInfo(msgspec.Struct, kw_only=True):
-    """A registered adapter. `path` is relative to the adapter root, never absolute.
+    """A registered adapter. `path` is relative to the adapter root, never absolute (for an
+    adapter shared with a tenant that does not own it, relative to its owner's folder).
 
+    `name` is the name the caller uses: bare for a tenant (its own namespace, then the
+    public one), and `<tenant>/<name>` for a tenant's adapter seen by the admin.
     `owner` is the owning tenant (null: the operator); a tenant sees it only for its own
     adapters, never the owner of a public one."""
 

@@ -18,7 +18,12 @@ from uuid import uuid4
 from litestar.di import NamedDependency
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_store import RegistryStore, UsageCounts, make_registry_store
+from loragate.adapters.registry_store import (
+    RegistryStore,
+    UsageCounts,
+    make_registry_store,
+    split_adapter_key,
+)
 from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from loragate.gateway.adapter_manager import AdapterManager
@@ -31,6 +36,7 @@ from loragate.gateway.metered import MeteredRequest
 from loragate.gateway.metrics import GatewayGauges, GatewayMetrics, read_engine_snapshot
 from loragate.gateway.quotas import QuotaKeeper
 from loragate.gateway.registry_sync import RegistrySync
+from loragate.gateway.request_cost import NO_COST, RequestCost, request_cost
 from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import OPERATOR, Principal
@@ -113,15 +119,53 @@ class GatewayService:
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
-    async def encode(self, text: str) -> list[int]:
+    async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
         engine thread, which is the tokenizer's only user."""
-        return await self.engine.call(lambda engine: engine.encode(text))
+        return await self.engine.call(lambda engine: engine.encode(text, add_special_tokens))
+
+    async def measure(
+        self, caller: Principal, prompts: list, params: SamplingParams, field_names: dict
+    ) -> tuple[list, RequestCost]:
+        """The prompts as the engine will get them, and what the request costs the caller's
+        quotas (see request_cost).
+
+        Only a tokens/minute quota needs prompt lengths: then each text prompt is tokenized
+        here, as the engine would, and handed to the engine as token ids (tokenized once).
+        """
+        quota = caller.quota
+        if quota is not None and quota.tokens_per_minute is not None:
+            prompts = [await self._tokenized(p) for p in prompts]
+        lengths = [_prompt_length(p) for p in prompts]
+        widest = "best_of" if (params.best_of or 1) > params.n else "n"
+        if max(params.n, params.best_of or 1) == 1:
+            widest = "prompt"
+        cost = request_cost(
+            lengths,
+            params,
+            self.max_model_len,
+            max_tokens_param=field_names.get("max_tokens", "max_tokens"),
+            sequences_param=field_names.get(widest, widest),
+        )
+        return prompts, cost
+
+    async def _tokenized(self, prompt):
+        """A text prompt (a string or {"prompt", "add_special_tokens"}) as token ids."""
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        if not isinstance(prompt, dict) or "prompt_token_ids" in prompt or not prompt["prompt"]:
+            return prompt  # token ids already, or empty: the engine refuses that itself
+        text, special = prompt["prompt"], prompt.get("add_special_tokens")
+        ids = await self.encode(text, special)
+        return {"prompt": text, "prompt_token_ids": ids}
 
     # ---- running requests ---------------------------------------------------------------
-    async def begin(self, caller: Principal, lora: LoRARequest | None) -> MeteredRequest:
-        """The caller's quotas admit one HTTP request (QuotaExceededError, 429, if not)."""
-        lease = await self.quotas.admit(caller)
+    async def begin(
+        self, caller: Principal, lora: LoRARequest | None, cost: RequestCost = NO_COST
+    ) -> MeteredRequest:
+        """The caller's quotas admit one HTTP request of this worst-case `cost` (429 if not
+        now, 400 if never)."""
+        lease = await self.quotas.admit(caller, cost)
 
         def account(counts: UsageCounts) -> asyncio.Task:
             task = asyncio.create_task(self._account(caller, lora, lease, counts))
@@ -140,7 +184,7 @@ class GatewayService:
     ) -> None:
         await self.quotas.finish(caller, lease, counts.prompt_tokens + counts.completion_tokens)
         if counts.requests:
-            adapter = lora.lora_name if lora is not None else None
+            adapter = None if lora is None else usage_adapter_name(caller, lora)
             await self.usage_meter.record(caller.usage_name, adapter, counts)
 
     def start(
@@ -242,6 +286,19 @@ class GatewayService:
             usage_pending=self.usage_meter.pending,
         )
         return self.metrics.render(snapshot, gauges)
+
+
+def _prompt_length(prompt) -> int:
+    """Tokens of an engine prompt; 0 for text not tokenized here (no tokens quota asks)."""
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt_token_ids"), list):
+        return len(prompt["prompt_token_ids"])
+    return 0
+
+
+def usage_adapter_name(caller: Principal, lora: LoRARequest) -> str:
+    """The adapter as the caller names it in its usage: the operator by key; a tenant by the
+    bare name, so a public adapter's owner never shows in a tenant's usage."""
+    return lora.lora_name if caller.is_operator else split_adapter_key(lora.lora_name)[1]
 
 
 def build_store(settings: GatewaySettings) -> RegistryStore:

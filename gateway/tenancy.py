@@ -2,6 +2,10 @@
 
 Every route receives a `Caller`; what it may see and do follows from it alone, so the
 rules (a tenant sees its own adapters plus public ones, and nothing else) live here once.
+
+Names: each tenant names its adapters in its own namespace. A tenant calls an adapter by
+its bare name (its own first, then a public one); the operator calls its own adapters by
+bare name and a tenant's as `<tenant>/<name>` (the adapter's key).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class Principal:
 
     def can_see(self, record: AdapterRecord) -> bool:
         return self.tenant is None or record.public or record.tenant == self.tenant
+
+    def name_of(self, record: AdapterRecord) -> str:
+        """What this caller calls `record`: a tenant never sees another owner's name."""
+        return record.key if self.tenant is None else record.name
 
     def owns(self, record: AdapterRecord) -> bool:
         return self.tenant is None or record.tenant == self.tenant

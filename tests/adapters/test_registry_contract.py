@@ -20,12 +20,14 @@ import redis
 from loragate.adapters.registry_memory import MemoryRegistryStore
 from loragate.adapters.registry_redis import RedisRegistryStore
 from loragate.adapters.registry_store import (
+    AdapterMetadata,
     AdapterNameTaken,
     AdapterQuotaExceeded,
     AdapterSpec,
     AdapterWeights,
     ChangeEvent,
     ChangeKind,
+    PublicNameTaken,
     RegistryStore,
     StaleAdapterId,
     TenantExists,
@@ -234,36 +236,59 @@ async def test_concurrent_registrations_get_distinct_ids(store, peer):
     assert len(await store.list_adapters()) == 20
 
 
-async def test_a_name_owned_by_another_tenant_is_taken(store, peer):
+async def test_each_owner_names_its_adapters_in_its_own_namespace(store, peer):
     await store.create_tenant("acme")
     await store.create_tenant("globex")
-    await store.register_adapter(spec("sql", "acme"))
+    acme = (await store.register_adapter(spec("sql", "acme"))).adapter
+    globex = await peer.register_adapter(spec("sql", "globex", path="globex/sql"))
+    operator = await peer.register_adapter(spec("sql", None))
+    assert globex.replaced is None and operator.replaced is None, "three different adapters"
+    assert (acme.key, globex.adapter.key, operator.adapter.key) == ("acme/sql", "globex/sql", "sql")
+    assert len({acme.lora_int_id, globex.adapter.lora_int_id, operator.adapter.lora_int_id}) == 3
+    assert (await store.get_adapter("globex/sql")).path == "globex/sql"
+    assert (await store.get_adapter("acme/sql")).tenant == "acme"
+    assert [a.key for a in await peer.list_adapters()] == ["acme/sql", "globex/sql", "sql"]
 
-    with pytest.raises(AdapterNameTaken) as taken:
-        await peer.register_adapter(spec("sql", "globex"))
-    assert taken.value.name == "sql" and taken.value.same_owner is False
-    with pytest.raises(AdapterNameTaken):  # the admin cannot take it either
-        await peer.register_adapter(spec("sql", None))
     with pytest.raises(AdapterNameTaken) as same:
         await peer.register_adapter(spec("sql", "acme"), replace=False)
-    assert same.value.same_owner is True
-    assert (await store.get_adapter("sql")).tenant == "acme"
+    assert same.value.key == "acme/sql"
     again = await peer.register_adapter(spec("sql", "acme"))
-    assert again.replaced is not None, "the owner may replace its own adapter"
+    assert again.replaced == acme, "the owner may replace its own adapter"
+    assert await store.delete_adapter("globex/sql") is not None
+    assert (await store.get_adapter("acme/sql")) == again.adapter, "another's delete is not mine"
+    for bad in ("acme/", "/sql", "a/b/sql", "acme sql/x"):
+        with pytest.raises(ValueError):
+            await store.get_adapter(bad)
 
 
-async def test_two_tenants_racing_for_one_name_one_wins(store, peer):
+async def test_two_tenants_racing_for_one_name_both_get_it(store, peer):
     await store.create_tenant("acme")
     await store.create_tenant("globex")
     results = await asyncio.gather(
         store.register_adapter(spec("sql", "acme")),
         peer.register_adapter(spec("sql", "globex")),
-        return_exceptions=True,
     )
-    taken = [r for r in results if isinstance(r, AdapterNameTaken)]
-    won = [r for r in results if not isinstance(r, Exception)]
-    assert len(taken) == 1 and len(won) == 1, results
-    assert (await store.get_adapter("sql")).tenant == won[0].adapter.tenant
+    assert {r.adapter.key for r in results} == {"acme/sql", "globex/sql"}
+    assert all(r.replaced is None for r in results)
+
+
+async def test_public_names_are_unique_among_public_adapters(store, peer):
+    await store.create_tenant("acme")
+    await store.create_tenant("globex")
+    await store.register_adapter(spec("sql", "acme"))
+    await store.register_adapter(spec("sql", "globex"))
+    assert (await peer.update_adapter("acme/sql", public=True)).public
+    with pytest.raises(PublicNameTaken) as taken:
+        await store.update_adapter("globex/sql", public=True)
+    assert (taken.value.name, taken.value.holder) == ("sql", "acme/sql")
+    with pytest.raises(PublicNameTaken):
+        await peer.register_adapter(spec("sql", None, public=True))
+    assert not (await store.get_adapter("globex/sql")).public
+    assert await store.get_adapter("sql") is None
+    assert (await store.update_adapter("acme/sql", public=True)).public, "itself is no clash"
+    await peer.register_adapter(spec("sql", "acme", public=True))  # re-registering it neither
+    await store.update_adapter("acme/sql", public=False)
+    assert (await peer.update_adapter("globex/sql", public=True)).public
 
 
 async def test_tenant_adapters_need_the_tenant_and_respect_max_adapters(store, peer):
@@ -277,7 +302,8 @@ async def test_tenant_adapters_need_the_tenant_and_respect_max_adapters(store, p
     assert (exceeded.value.tenant, exceeded.value.limit) == ("acme", 2)
     await store.register_adapter(spec("b", "acme", rank=4))  # replacing one is not a new one
     await peer.register_adapter(spec("admin-owned"))  # the admin has no adapter quota
-    await store.delete_adapter("a")
+    await peer.register_adapter(spec("a"))  # the operator's "a" is not acme's
+    await store.delete_adapter("acme/a")
     await peer.register_adapter(spec("c", "acme"))
     owned = [a.name for a in await store.list_adapters() if a.tenant == "acme"]
     assert owned == ["b", "c"]
@@ -334,21 +360,23 @@ async def test_update_and_delete_guarded_by_lora_int_id(store, peer):
     assert not adapter.public and adapter.visible_to("acme") and adapter.visible_to(None)
     assert not adapter.visible_to("globex")
 
-    public = await peer.update_adapter("sql", public=True)
+    key = "acme/sql"
+    public = await peer.update_adapter(key, public=True)
     assert public.public and public.visible_to("globex")
     assert public.lora_int_id == adapter.lora_int_id and public.created_at == adapter.created_at
-    deleting = await store.update_adapter("sql", status="deleting", lora_int_id=adapter.lora_int_id)
+    deleting = await store.update_adapter(key, status="deleting", lora_int_id=adapter.lora_int_id)
     assert deleting.status == "deleting" and deleting.public
-    assert await store.get_adapter("sql") == deleting
+    assert await store.get_adapter(key) == deleting
     with pytest.raises(ValueError, match="status"):
-        await store.update_adapter("sql", status="gone")
+        await store.update_adapter(key, status="gone")
     assert await store.update_adapter("nope", public=True) is None
+    assert await store.update_adapter("sql", public=True) is None, "the operator has no sql"
 
     newer = (await peer.register_adapter(spec("sql", "acme"))).adapter
-    assert await store.update_adapter("sql", public=False, lora_int_id=adapter.lora_int_id) is None
-    assert await store.delete_adapter("sql", lora_int_id=adapter.lora_int_id) is None
-    assert await store.get_adapter("sql") == newer
-    assert await store.delete_adapter("sql", lora_int_id=newer.lora_int_id) == newer
+    assert await store.update_adapter(key, public=False, lora_int_id=adapter.lora_int_id) is None
+    assert await store.delete_adapter(key, lora_int_id=adapter.lora_int_id) is None
+    assert await store.get_adapter(key) == newer
+    assert await store.delete_adapter(key, lora_int_id=newer.lora_int_id) == newer
 
 
 async def test_bad_names_are_refused(store):
@@ -401,8 +429,9 @@ async def test_deleting_a_tenant_removes_only_its_adapters(store, peer):
     await store.register_adapter(spec("a2", "acme"))
     await store.register_adapter(spec("g1", "globex"))
     await store.register_adapter(spec("shared"))
+    await store.register_adapter(spec("a1"))  # the operator's a1 is not acme's
     await peer.delete_tenant("acme")
-    assert [a.name for a in await store.list_adapters()] == ["g1", "shared"]
+    assert [a.key for a in await store.list_adapters()] == ["a1", "globex/g1", "shared"]
     await store.create_tenant("acme", TenantQuota(max_adapters=1))
     await store.register_adapter(spec("a3", "acme"))  # nothing of the old acme counts
 
@@ -597,6 +626,72 @@ async def test_quotas_hold_across_replicas_under_a_burst(store, peer):
     assert all(r.retry_after >= 1 for r in results if not r.ok)
 
 
+async def test_a_burst_of_reservations_never_overruns_tokens_per_minute(store, peer):
+    quota = TenantQuota(tokens_per_minute=100)
+    stores = [store, peer]
+    results = await asyncio.gather(
+        *(stores[i % 2].try_acquire_request("acme", quota, tokens=25) for i in range(16))
+    )
+    assert sum(r.ok for r in results) == 4, "4 worst cases of 25 fill 100 tokens"
+    refused = [r for r in results if not r.ok]
+    assert all((r.reason, r.retry_after) == ("tokens_per_minute", 1) for r in refused)
+
+
+async def test_a_reservation_is_refunded_down_to_what_was_used(store, peer):
+    quota = TenantQuota(tokens_per_minute=100)
+    first = await store.try_acquire_request("acme", quota, tokens=40)
+    second = await peer.try_acquire_request("acme", quota, tokens=40)
+    assert first.ok and second.ok
+    refused = await store.try_acquire_request("acme", quota, tokens=40)
+    assert (refused.ok, refused.reason, refused.retry_after) == (False, "tokens_per_minute", 1)
+    assert await peer.release_request("acme", first.lease, used_tokens=10) is True
+    third = await store.try_acquire_request("acme", quota, tokens=40)
+    assert third.ok, "10 used + 40 + 40 reserved fit in 100"
+    # 10 used this second, 80 reserved: 15 more do not fit until the 10 leave the window.
+    refused = await peer.try_acquire_request("acme", quota, tokens=15)
+    assert (refused.ok, refused.retry_after) == (False, 60)
+    assert (await peer.try_acquire_request("acme", quota, tokens=10)).ok
+    assert await store.release_request("acme", third.lease, used_tokens=40) is True
+    assert await store.release_request("acme", third.lease, used_tokens=0) is False
+    # 50 used in the window and 50 still reserved (40 + 10): not one token more.
+    refused = await store.try_acquire_request("acme", quota)
+    assert (refused.ok, refused.reason) == (False, "tokens_per_minute")
+
+
+async def test_a_reservation_too_big_for_the_quota_is_never_admitted(store):
+    quota = TenantQuota(tokens_per_minute=100)
+    too_big = await store.try_acquire_request("globex", quota, tokens=101)
+    assert (too_big.ok, too_big.reason) == (False, "tokens_per_minute")
+    assert (await store.try_acquire_request("globex", quota, tokens=100)).ok
+
+
+async def test_an_expired_lease_frees_its_reservation_but_counts_what_it_used(store, peer, clock):
+    quota = TenantQuota(tokens_per_minute=100)
+    crashed = await store.try_acquire_request("acme", quota, tokens=90)
+    assert crashed.ok
+    assert not (await peer.try_acquire_request("acme", quota, tokens=20)).ok
+    clock.advance(31)  # past the 30 s lease TTL: its replica died holding it
+    assert await peer.in_flight("acme") == 0
+    late = await peer.try_acquire_request("acme", quota, tokens=60)
+    assert late.ok, "the dead request's reservation is gone"
+    assert await store.release_request("acme", crashed.lease, used_tokens=30) is False
+    assert not (await store.try_acquire_request("acme", quota, tokens=20)).ok, "30 + 60 + 20"
+    assert (await store.try_acquire_request("acme", quota, tokens=10)).ok
+
+
+async def test_requests_per_minute_counts_every_sequence(store, peer):
+    quota = TenantQuota(requests_per_minute=10)
+    assert (await store.try_acquire_request("acme", quota, requests=4)).ok
+    assert (await peer.try_acquire_request("acme", quota, requests=4)).ok
+    refused = await store.try_acquire_request("acme", quota, requests=4)
+    assert (refused.ok, refused.reason, refused.retry_after) == (False, "requests_per_minute", 60)
+    assert (await store.try_acquire_request("acme", quota, requests=2)).ok
+    with pytest.raises(ValueError, match="requests"):
+        await store.try_acquire_request("acme", quota, requests=0)
+    with pytest.raises(ValueError, match="tokens"):
+        await store.try_acquire_request("acme", quota, tokens=-1)
+
+
 # change notification
 
 
@@ -612,19 +707,19 @@ async def test_changes_reach_a_watcher_of_another_store(store, peer):
         await store.create_tenant("acme")
         await expect((ChangeKind.TENANT_CREATED, "acme"))
         await store.register_adapter(spec("a1", "acme"))
-        await expect((ChangeKind.ADAPTER_REGISTERED, "a1"))
+        await expect((ChangeKind.ADAPTER_REGISTERED, "acme/a1"))
         with pytest.raises(AdapterNameTaken):
-            await store.register_adapter(spec("a1"))
-        await store.update_adapter("a1", public=True)
-        await expect((ChangeKind.ADAPTER_UPDATED, "a1"))
+            await store.register_adapter(spec("a1", "acme"), replace=False)
+        await store.update_adapter("acme/a1", public=True)
+        await expect((ChangeKind.ADAPTER_UPDATED, "acme/a1"))
         await store.rotate_tenant_key("acme")
         await expect((ChangeKind.TENANT_UPDATED, "acme"))
-        await store.delete_adapter("a1")
-        await expect((ChangeKind.ADAPTER_DELETED, "a1"))
+        await store.delete_adapter("acme/a1")
+        await expect((ChangeKind.ADAPTER_DELETED, "acme/a1"))
         await store.register_adapter(spec("a2", "acme"))
-        await expect((ChangeKind.ADAPTER_REGISTERED, "a2"))
+        await expect((ChangeKind.ADAPTER_REGISTERED, "acme/a2"))
         await store.delete_tenant("acme")
-        await expect((ChangeKind.ADAPTER_DELETED, "a2"), (ChangeKind.TENANT_DELETED, "acme"))
+        await expect((ChangeKind.ADAPTER_DELETED, "acme/a2"), (ChangeKind.TENANT_DELETED, "acme"))
     assert versions == sorted(set(versions)), "every change bumps the version"
 
 
@@ -657,3 +752,32 @@ async def test_redis_emptied_is_detected_by_every_replica(redis_namespace, clock
     assert after.lora_int_id > before.lora_int_id, "no engine may see an old id reused"
     await store.close()
     await peer.close()
+
+
+async def test_adapters_stored_with_global_names_move_to_their_tenants_namespace(
+    redis_namespace, clock
+):
+    """Data written before namespaces (tenant adapters under bare names) stays readable."""
+    store = RedisRegistryStore(REDIS_URL, redis_namespace, clock=clock)
+    await store.open()
+    await store.create_tenant("acme")
+    await store.close()
+    client = redis.Redis.from_url(REDIS_URL)
+    old = [spec("sql", "acme"), spec("house")]
+    for i, s in enumerate(old, start=1):
+        record = AdapterMetadata(**msgspec.structs.asdict(s), lora_int_id=i, created_at=1.0)
+        client.hset(f"{redis_namespace}:adapters", s.name, msgspec.json.encode(record))
+    client.sadd(f"{redis_namespace}:owned:acme", "sql")
+    client.set(f"{redis_namespace}:lora-int-id", 2)
+    client.close()
+
+    upgraded = RedisRegistryStore(REDIS_URL, redis_namespace, clock=clock)
+    await upgraded.open()
+    assert [a.key for a in await upgraded.list_adapters()] == ["acme/sql", "house"]
+    assert (await upgraded.get_adapter("acme/sql")).lora_int_id == 1
+    assert await upgraded.get_adapter("sql") is None
+    await upgraded.open()  # again: nothing left to move
+    assert len(await upgraded.list_adapters()) == 2
+    await upgraded.delete_tenant("acme")
+    assert [a.key for a in await upgraded.list_adapters()] == ["house"]
+    await upgraded.close()

@@ -17,12 +17,18 @@ from loragate.adapters.registry_store import (
     TenantQuota,
     UsageCounts,
 )
-from loragate.engine import EngineConfig
+from loragate.engine import EngineConfig, SamplingParams
 from loragate.gateway.adapter_catalog import AdapterCatalog
 from loragate.gateway.auth import Authenticator, bearer_token
-from loragate.gateway.errors import AuthenticationError, QuotaExceededError, RegistryDownError
+from loragate.gateway.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    QuotaExceededError,
+    RegistryDownError,
+)
 from loragate.gateway.quotas import QuotaKeeper
 from loragate.gateway.registry import AdapterRecord
+from loragate.gateway.request_cost import NO_COST, request_cost
 from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import OPERATOR, Principal
@@ -159,19 +165,52 @@ def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
         store, health = Switchable(MemoryRegistryStore()), StoreHealth("test")
         keeper = QuotaKeeper(store, health, lease_seconds=30)
         caller = Principal("acme", TenantQuota(max_concurrent_requests=1))
-        assert await keeper.admit(OPERATOR) is None, "the operator has no quota"
-        lease = await keeper.admit(caller)
+        assert await keeper.admit(OPERATOR, NO_COST) is None, "the operator has no quota"
+        lease = await keeper.admit(caller, NO_COST)
         assert lease is not None and keeper.running == 1
         with pytest.raises(QuotaExceededError) as refused:
-            await keeper.admit(caller)
+            await keeper.admit(caller, NO_COST)
         assert refused.value.code == "max_concurrent_requests"
         assert refused.value.headers == {"Retry-After": "1"}
         await keeper.finish(caller, lease, tokens=12)
         assert keeper.running == 0 and await store.inner.in_flight("acme") == 0
         store.down = True
-        assert await keeper.admit(caller) is None  # admitted without a lease
+        assert await keeper.admit(caller, NO_COST) is None  # admitted without a lease
         assert health.down
         await keeper.finish(caller, None, tokens=5)  # nothing to give back; no error
+
+    asyncio.run(scenario())
+
+
+def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
+    async def scenario():
+        store, health = MemoryRegistryStore(), StoreHealth("test")
+        keeper = QuotaKeeper(store, health, lease_seconds=30)
+        caller = Principal("acme", TenantQuota(tokens_per_minute=100, requests_per_minute=6))
+        params = SamplingParams(max_tokens=20, n=2)
+        cost = request_cost([5, 5], params, max_model_len=512, sequences_param="prompt")
+        assert (cost.tokens, cost.sequences) == (90, 4), "2 prompts x (5 + 2 x 20)"
+        lease = await keeper.admit(caller, request_cost([5], SamplingParams(max_tokens=40), 512))
+        with pytest.raises(QuotaExceededError) as refused:  # 45 reserved + 90 > 100
+            await keeper.admit(caller, cost)
+        assert refused.value.code == "tokens_per_minute"
+        await keeper.finish(caller, lease, tokens=8)  # it stopped early: 37 come back
+        second = await keeper.admit(caller, cost)
+        assert second is not None, "8 used + 90 reserved fit in 100"
+        await keeper.finish(caller, second, tokens=90)
+        never = request_cost([5], SamplingParams(max_tokens=None), 512)
+        assert never.tokens == 512, "no max_tokens: the rest of the context"
+        with pytest.raises(InvalidRequestError) as too_big:
+            await keeper.admit(caller, never)
+        assert (too_big.value.param, too_big.value.code) == (
+            "max_tokens",
+            "exceeds_tokens_per_minute",
+        )
+        assert "at most 95" in too_big.value.message
+        wide = request_cost([1] * 4, SamplingParams(max_tokens=1, n=2), 512, sequences_param="n")
+        with pytest.raises(InvalidRequestError) as too_many:
+            await keeper.admit(caller, wide)
+        assert (too_many.value.param, too_many.value.code) == ("n", "exceeds_requests_per_minute")
 
     asyncio.run(scenario())
 
@@ -223,6 +262,9 @@ def test_the_catalog_follows_the_store_and_keeps_orphans(tmp_path):
         assert first.lora_request == LoRARequest("a", 1, str(tmp_path / "a"))
         acme, globex = Principal("acme"), Principal("globex")
         assert [r.name for r in await catalog.list(acme)] == ["b"]
+        assert (await catalog.get("acme/b")).lora_request.lora_name == "acme/b"
+        assert await catalog.visible(acme, "b") is await catalog.visible(OPERATOR, "acme/b")
+        assert await catalog.visible(acme, "acme/b") is None, "tenants name no keys"
         assert await catalog.visible(globex, "b") is None
         async with catalog.lock:
             await catalog.apply(_meta("b", 2, tenant="acme", public=True))
@@ -236,13 +278,13 @@ def test_the_catalog_follows_the_store_and_keeps_orphans(tmp_path):
         async with catalog.lock:
             assert await catalog.orphan_everything() == 2
             await catalog.reconcile([])  # the store came back empty
-            assert {r.name for r in await catalog.list(OPERATOR)} == {"a", "b"}
+            assert {r.key for r in await catalog.list(OPERATOR)} == {"a", "acme/b"}
             await catalog.reconcile([_meta("a", 9)])  # registered again: the store wins
-            assert catalog.orphans == {"b"}
-            await catalog.refresh("b", None)  # orphans survive a refresh too
-            assert await catalog.get("b") is not None
+            assert catalog.orphans == {"acme/b"}
+            await catalog.refresh("acme/b", None)  # orphans survive a refresh too
+            assert await catalog.get("acme/b") is not None
             await catalog.drop_owned_by("acme")
-            assert await catalog.get("b") is None and not catalog.orphans
+            assert await catalog.get("acme/b") is None and not catalog.orphans
 
     asyncio.run(scenario())
 
