@@ -26,6 +26,7 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         finished=finished,
         lora_request=request.lora_request,
         error=request.error,
+        error_type=request.error_type,
         metrics=RequestMetrics(
             request.arrival_time,
             request.first_token_time,

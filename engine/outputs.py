@@ -37,5 +37,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     lora_request: LoRARequest | None = None
-    error: str | None = None  # a plugin failed this request alone (finish_reason "error")
+    error: str | None = None  # this request alone failed (finish_reason "error")
+    # "plugin_error" (a plugin's hook raised) or "request_failed" (anything else)
+    error_type: str | None = None
     metrics: RequestMetrics | None = field(default=None, repr=False)
