@@ -4,6 +4,7 @@ from loragate.adapters.cache import AdapterCache
 from loragate.adapters.errors import (
     AdapterConfigError,
     AdapterError,
+    AdapterLoadTimeoutError,
     AdapterNotFoundError,
     AdapterRankError,
     AdapterShapeError,
@@ -25,6 +26,7 @@ __all__ = [
     "AdapterCache",
     "AdapterConfigError",
     "AdapterError",
+    "AdapterLoadTimeoutError",
     "AdapterNotFoundError",
     "AdapterRankError",
     "AdapterShapeError",

@@ -192,6 +192,11 @@ class AdapterCache:
         return next(owner for owner in self._slot_of if request_key(owner) == key)
 
     # -- CPU tier ---------------------------------------------------------------------
+    def in_cpu(self, request: LoRARequest) -> bool:
+        """Whether ``request``'s adapter is in CPU memory (so using it reads no file)."""
+        with self._lock:
+            return request in self._cpu
+
     def preload(self, request: LoRARequest) -> LoRAAdapter:
         """Validate and load ``request``'s adapter into the CPU tier.
 

@@ -59,3 +59,7 @@ class BaseModelMismatchError(AdapterError):
 
 class BaseModelMismatchWarning(UserWarning):
     """The adapter names a different base model; served anyway because strict mode is off."""
+
+
+class AdapterLoadTimeoutError(AdapterError):
+    """Reading and validating the adapter's files took longer than the server allows."""
