@@ -23,7 +23,7 @@ from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.output_builder import request_output
+from loragate.engine.output_builder import failed_completions, request_output
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.plugin_data import preemption_candidates, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
@@ -334,7 +334,7 @@ class LLMEngine:
             request_id=request.request_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
-            outputs=[],
+            outputs=failed_completions(request.params.n),
             finished=True,
             lora_request=request.lora_request,
             error=request.error,
