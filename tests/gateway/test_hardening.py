@@ -346,8 +346,23 @@ def test_metrics_are_for_the_operator_only(tenants, admin):
     assert tenants["acme"].get("/v1/usage").status_code == 200
 
 
-def test_no_error_body_carries_an_absolute_path(root):
-    assert error_bodies, "the tests above collect the error bodies"
+def test_no_error_body_carries_an_absolute_path(tenants, admin, root):
+    acme = tenants["acme"]
+    (root / "acme" / "no-weights").mkdir()
+    (root / "acme" / "no-weights" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    attempts = [
+        acme.register("x", "missing"),
+        acme.register("x", "no-weights"),
+        acme.register("x", str(root / "acme" / "missing")),
+        acme.register("x", "/etc"),
+        acme.register("x", "../globex/good"),
+        acme.post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "a" * 4000}),
+        admin.register("x", str(root / "acme" / "no-weights")),
+        acme.complete("acme-good", length_penalty=1e308, use_beam_search=True, best_of=2),
+    ]
+    for got in attempts:
+        assert 400 <= got.status_code < 500, got.text
+        error_bodies.append(got.text)
     for text in error_bodies:
         assert str(root) not in text and str(root.resolve()) not in text
         assert "/tmp/" not in text and str(Path.home()) not in text
