@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from litestar import Controller, Request, Response, get
 
-from loragate.gateway.errors import APIError, PermissionDeniedError
+from loragate.gateway.errors import PermissionDeniedError
 from loragate.gateway.metrics import CONTENT_TYPE
 from loragate.gateway.schemas_admin import HealthStatus, RegistryHealth
 from loragate.gateway.service import GatewayService, Service
@@ -31,7 +31,8 @@ class HealthController(Controller):
         engine = service.engine
         registry, problem = registry_health(service)
         status = "degraded" if problem else "ok"
-        if not await _is_operator(request, service):
+        operator = service.auth.is_operator(request.headers.get("authorization"))
+        if not operator:
             registry = RegistryHealth(reachable=registry.reachable)
             problem = _public_problem(status, registry.reachable)
         if engine.is_running:
@@ -40,7 +41,9 @@ class HealthController(Controller):
                     status=status, model=service.model_name, detail=problem, registry=registry
                 )
             )
-        detail = str(engine.dead_error) if engine.dead_error is not None else "engine stopped"
+        detail = "the engine stopped"
+        if operator and engine.dead_error is not None:
+            detail = str(engine.dead_error)
         return Response(
             HealthStatus(
                 status="unavailable", model=service.model_name, detail=detail, registry=registry
@@ -57,15 +60,6 @@ class HealthController(Controller):
                 code="admin_only",
             )
         return Response(await service.metrics_text(), media_type=CONTENT_TYPE)
-
-
-async def _is_operator(request: Request, service: GatewayService) -> bool:
-    """Whether the caller of /health (which needs no key) sent the admin key, or needs none."""
-    try:
-        caller = await service.auth.authenticate(request.headers.get("authorization"))
-    except APIError:
-        return False
-    return caller.is_operator
 
 
 def _public_problem(status: str, reachable: bool) -> str | None:
