@@ -328,8 +328,9 @@ class LLMEngine:
         return request_output(request, self.tokenizer, self.eos_token_ids)
 
     def _error_output(self, request: Request) -> RequestOutput:
-        self.requests.pop(request.request_id, None)
-        self.plugins.request_finished(request_info(request))
+        """The answer of a request whose own answer could not be built."""
+        if self.requests.pop(request.request_id, None) is not None:
+            self.plugins.request_finished(request_info(request))
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,

@@ -180,3 +180,25 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
         cache.preload = preload
         engine.shutdown()
         await asyncio.sleep(1.5)  # let the abandoned load end before the leak check
+
+
+def test_building_one_answer_failing_fails_only_that_request(tiny_dir, make_llm, monkeypatch):
+    from loragate.engine import llm_engine
+
+    llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=64)
+    engine = llm.engine
+    build = llm_engine.request_output
+
+    def fragile(request, tokenizer, eos_token_ids):
+        if request.request_id == "doomed" and request.finished and request.error is None:
+            raise KeyError("a tokenizer without that token")
+        return build(request, tokenizer, eos_token_ids)
+
+    monkeypatch.setattr(llm_engine, "request_output", fragile)
+    engine.add_request("doomed", PROMPT, SamplingParams(n=2, **GREEDY))
+    engine.add_request("fine", PROMPT, SamplingParams(**GREEDY))
+    outs = _run(engine, {"doomed", "fine"})
+    assert outs["doomed"].finished and outs["doomed"].error_type == "request_failed"
+    assert [o.finish_reason for o in outs["doomed"].outputs] == ["error", "error"]
+    assert outs["fine"].error is None and len(outs["fine"].outputs[0].token_ids) == 6
+    assert not engine.has_unfinished_requests()
