@@ -249,6 +249,13 @@ class AdapterCache:
         return next(owner for owner in self._slot_of if self._key(owner) == key)
 
     # -- CPU tier ---------------------------------------------------------------------
+    def in_cpu(self, request: LoRARequest) -> bool:
+        """Whether ``request``'s files, unchanged since hashed (one stat), are in CPU memory:
+        admitting it then reads no file."""
+        identity = self._book.known(request.lora_path)
+        with self._lock:
+            return identity is not None and identity in self._cpu
+
     def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
         """The identity of ``request``'s files now: from a stat when they are unchanged since
         hashed, otherwise by reading them (the adapter read is returned too). No lock held."""

@@ -64,3 +64,7 @@ class BaseModelMismatchWarning(UserWarning):
 class AdapterChangedError(AdapterError):
     """A request's adapter files changed after it was admitted, and the weights it was admitted
     with are no longer in memory: it cannot run with them, and never runs with others."""
+
+
+class AdapterLoadTimeoutError(AdapterError):
+    """Reading and validating the adapter's files took longer than the server allows."""

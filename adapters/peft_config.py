@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,14 @@ from loragate.adapters.errors import (
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
 )
+from loragate.adapters.json_depth import MAX_JSON_DEPTH, too_deep
+from loragate.adapters.module_patterns import PatternError, compile_pattern, first_suffix_match
+
+# adapter_config.json is a few hundred bytes in practice; anything larger is refused unread.
+MAX_CONFIG_BYTES = 1 << 20
+# lora_alpha (and alpha_pattern values) must be in (0, MAX_LORA_ALPHA]: the registry
+# stores a positive alpha, and larger scales only overflow the float32 slots.
+MAX_LORA_ALPHA = 1.0e6
 
 # LoRA variants and extras that change the forward pass or the base weights; each is
 # refused when set to anything but its PEFT default (None/False/empty).
@@ -76,11 +83,9 @@ def _scaling(alpha: float, r: int, use_rslora: bool) -> float:
 
 
 def _pattern_key(patterns: dict, module_key: str) -> str | None:
-    """The first pattern that matches the end of ``module_key``, as PEFT matches them."""
-    for pattern in patterns:
-        if re.match(rf"(.*\.)?({pattern})$", module_key):
-            return pattern
-    return None
+    """The first pattern that matches the end of ``module_key``, as PEFT matches them
+    (in linear time: see module_patterns)."""
+    return first_suffix_match(patterns, module_key) if patterns else None
 
 
 def _is_int(value) -> bool:
@@ -88,19 +93,16 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)  # isfinite overflows on huge ints
 
 
 def read_lora_config(
     path: Path, *, max_lora_rank: int, supported_modules: frozenset[str]
 ) -> LoraConfigFields:
     """Parse and check ``path`` (an adapter_config.json); raise an AdapterError naming the field."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterConfigError(f"invalid JSON: {exc}", path=path) from exc
-    if not isinstance(raw, dict):
-        raise AdapterConfigError("must hold a JSON object", path=path)
+    raw = _read_json(path)
 
     peft_type = raw.get("peft_type")
     if peft_type is None:
@@ -115,15 +117,19 @@ def read_lora_config(
 
     r = raw.get("r", 8)
     if not _is_int(r) or r < 1:
-        raise AdapterConfigError(f"field 'r' must be an int >= 1, got {r!r}", path=path, field="r")
+        raise AdapterConfigError(
+            f"field 'r' must be an int >= 1, got {_shown(r)}", path=path, field="r"
+        )
     if r > max_lora_rank:
         raise AdapterRankError(
-            f"field 'r' is {r}, above max_lora_rank={max_lora_rank}", path=path, field="r"
+            f"field 'r' is {_shown(r)}, above max_lora_rank={max_lora_rank}", path=path, field="r"
         )
     alpha = raw.get("lora_alpha", 8)
     if not _is_number(alpha):
         raise AdapterConfigError(
-            f"field 'lora_alpha' must be a number, got {alpha!r}", path=path, field="lora_alpha"
+            f"field 'lora_alpha' must be a number, got {_shown(alpha)}",
+            path=path,
+            field="lora_alpha",
         )
     flags = {}
     for name in ("use_rslora", "fan_in_fan_out"):
@@ -147,6 +153,12 @@ def read_lora_config(
         raise UnsupportedAdapterError(
             "field 'lora_alpha' is 0 while 'alpha_pattern' is set", path=path, field="lora_alpha"
         )
+    if not 0 < alpha <= MAX_LORA_ALPHA:
+        raise AdapterConfigError(
+            f"field 'lora_alpha' must be in (0, {MAX_LORA_ALPHA:g}], got {_shown(alpha)}",
+            path=path,
+            field="lora_alpha",
+        )
     return LoraConfigFields(
         path=path,
         r=r,
@@ -158,6 +170,37 @@ def read_lora_config(
         alpha_pattern=alpha_pattern,
         base_model_name_or_path=base_name,
     )
+
+
+def _read_json(path: Path) -> dict:
+    """The config as a dict, refusing (without a traceback) files too large, too deeply
+    nested, or holding numbers Python will not convert."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise AdapterConfigError(f"cannot be read ({exc.strerror})", path=path) from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise AdapterConfigError(f"is larger than {MAX_CONFIG_BYTES} bytes", path=path)
+    if too_deep(data):
+        raise AdapterConfigError(f"nests deeper than {MAX_JSON_DEPTH} levels", path=path)
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterConfigError(f"invalid JSON: {exc}", path=path) from exc
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of thousands of digits
+        raise AdapterConfigError(f"invalid JSON: {exc}", path=path) from exc
+    if not isinstance(raw, dict):
+        raise AdapterConfigError("must hold a JSON object", path=path)
+    return raw
+
+
+def _shown(value) -> str:
+    """A value for an error message, cut short: a config may hold huge numbers."""
+    if _is_int(value) and value.bit_length() > 64:
+        return "an integer too large"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _refuse_unsupported_features(raw: dict, path: Path) -> None:
@@ -224,14 +267,20 @@ def _read_pattern(raw: dict, name: str, path: Path, max_rank: int | None) -> dic
         )
     for key, value in pattern.items():
         _check_regex(key, path, name)
-        ok = _is_int(value) and value >= 1 if max_rank is not None else _is_number(value)
+        if max_rank is not None:
+            ok = _is_int(value) and value >= 1
+        else:
+            ok = _is_number(value) and 0 < value <= MAX_LORA_ALPHA
         if not ok:
             raise AdapterConfigError(
-                f"field '{name}' has a bad value {value!r} for {key!r}", path=path, field=name
+                f"field '{name}' has a bad value {_shown(value)} for {_shown(key)}",
+                path=path,
+                field=name,
             )
         if max_rank is not None and value > max_rank:
             raise AdapterRankError(
-                f"field '{name}' gives {key!r} rank {value}, above max_lora_rank={max_rank}",
+                f"field '{name}' gives {_shown(key)} rank {_shown(value)}, "
+                f"above max_lora_rank={max_rank}",
                 path=path,
                 field=name,
             )
@@ -240,8 +289,6 @@ def _read_pattern(raw: dict, name: str, path: Path, max_rank: int | None) -> dic
 
 def _check_regex(pattern: str, path: Path, field: str) -> None:
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise AdapterConfigError(
-            f"field '{field}' holds an invalid regex {pattern!r}: {exc}", path=path, field=field
-        ) from exc
+        compile_pattern(pattern, anchored_suffix=field != "target_modules")
+    except PatternError as exc:
+        raise AdapterConfigError(f"field '{field}': {exc}", path=path, field=field) from exc

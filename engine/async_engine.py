@@ -2,6 +2,8 @@
 
 The event loop never waits on a forward pass. Requests and aborts reach the engine thread
 through an inbox; outputs come back with `call_soon_threadsafe` into one queue per request.
+An adapter's files are read and validated on a loader thread, within a time limit, before
+its request reaches the inbox, so neither the loop nor the engine thread reads a file.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from loragate.adapters import LoRARequest
+from loragate.adapters import AdapterLoadTimeoutError, LoRARequest
 from loragate.engine.config import EngineConfig
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
@@ -53,9 +56,17 @@ class _Call:
     done: asyncio.Future
 
 
+# How long reading and validating one adapter may take unless the caller says otherwise.
+DEFAULT_ADAPTER_LOAD_TIMEOUT_S = 60.0
+
+
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(
+        self, engine: LLMEngine, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
+    ):
         self.engine = engine
+        self.adapter_load_timeout = adapter_load_timeout
+        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loragate-loader")
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
@@ -64,8 +75,10 @@ class AsyncLLMEngine:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
-        return cls(LLMEngine(config))
+    def from_config(
+        cls, config: EngineConfig, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
+    ) -> AsyncLLMEngine:
+        return cls(LLMEngine(config), adapter_load_timeout)
 
     @property
     def is_running(self) -> bool:
@@ -92,6 +105,9 @@ class AsyncLLMEngine:
         `cache_salt` (the tenant, set by the server) keeps prefix-cache sharing in-tenant.
         """
         self._check_alive()
+        cache = self.engine.adapters
+        if lora_request is not None and cache is not None and not cache.in_cpu(lora_request):
+            await self.load_adapter(lora_request)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
@@ -111,6 +127,25 @@ class AsyncLLMEngine:
             if not finished:
                 self._inbox.put(_Abort(request_id))
 
+    async def load_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
+        """Read and validate the adapter into the CPU tier on a loader thread; its
+        LoRAAdapter. AdapterError for a bad one, AdapterLoadTimeoutError past `timeout`
+        seconds (default: adapter_load_timeout). None when LoRA is disabled (the engine
+        then refuses the request itself)."""
+        cache = self.engine.adapters
+        if cache is None:
+            return None
+        limit = self.adapter_load_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._loader, cache.preload, lora_request)
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), limit)
+        except TimeoutError as exc:
+            work.add_done_callback(_drop_result)
+            raise AdapterLoadTimeoutError(
+                f"reading and validating the adapter took longer than {limit:g} s"
+            ) from exc
+
     async def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
@@ -126,6 +161,7 @@ class AsyncLLMEngine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join(timeout)
+        self._loader.shutdown(wait=False, cancel_futures=True)
 
     # ---- engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -198,6 +234,12 @@ class AsyncLLMEngine:
     def _check_alive(self) -> None:
         if not self.is_running:
             raise EngineDeadError(f"engine is not running: {self.dead_error}")
+
+
+def _drop_result(future: asyncio.Future) -> None:
+    """A load given up on: its late result, or error, goes nowhere (and is not logged)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _resolve(loop, future: asyncio.Future, result=None, error: BaseException | None = None):

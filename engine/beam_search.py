@@ -21,19 +21,22 @@ from loragate.engine.sequence import Request, Sequence, SequenceStatus
 class BeamGroup:
     """The strategy, its state and the running beams, in the order the strategy sees them."""
 
-    def __init__(self, strategy, state, first: Sequence):
+    def __init__(self, strategy, state, first: Sequence, plugin_name: str = "beam"):
         self.strategy = strategy
+        self.plugin_name = plugin_name
         self.state = state
         self.beams: list[Sequence] = [first]
         self.done = False
         self.results: list = []
 
 
-def start(request: Request, strategy, eos_token_ids: set[int], max_tokens: int) -> None:
+def start(
+    request: Request, strategy, eos_token_ids: set[int], max_tokens: int, plugin_name: str
+) -> None:
     params = request.params
     eos = set() if params.ignore_eos else set(eos_token_ids)
     state = strategy.start(asdict(params), eos, max_tokens)
-    request.beam = BeamGroup(strategy, state, request.seqs[0])
+    request.beam = BeamGroup(strategy, state, request.seqs[0], plugin_name)
 
 
 class BeamSearchDriver:

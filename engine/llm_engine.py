@@ -24,7 +24,7 @@ from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.output_builder import request_output
+from loragate.engine.output_builder import failed_completions, request_output
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.plugin_data import preemption_candidates, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
@@ -130,13 +130,18 @@ class LLMEngine:
         width = 1 if params.use_beam_search else params.best_of
         for index in range(width):
             request.seqs.append(self._new_sequence(request, index))
+        if params.use_beam_search:  # before anything is queued: a refusal leaves no trace
+            max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
+            plugin_name, strategy = self.plugins.decoding_strategy("beam")
+            try:
+                beam_search.start(request, strategy, self.eos_token_ids, max_tokens, plugin_name)
+            except ValueError:
+                raise
+            except Exception as exc:
+                raise _strategy_error(exc, plugin_name) from exc
         # One sequence computes the prompt; the others fork from it and share its blocks.
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
-        if params.use_beam_search:
-            max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
-            _, strategy = self.plugins.decoding_strategy("beam")
-            beam_search.start(request, strategy, self.eos_token_ids, max_tokens)
         self.requests[request_id] = request
         if adapter_identity is not None:  # its weights stay loadable until it ends
             self.adapters.hold(adapter_identity)
@@ -173,10 +178,19 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
+        failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
-            return []
+            return failed
         sampled, logits = self.runner.run(scheduled)
-        return self._postprocess(scheduled, sampled, logits)
+        return failed + self._postprocess(scheduled, sampled, logits)
+
+    def _fail_unscheduled(self, scheduled) -> list[RequestOutput]:
+        """Requests whose adapter could not take a slot this step end here, alone."""
+        touched: dict[str, Request] = {}
+        for seq, error in scheduled.failed:
+            self._fail(seq.request, error)
+            touched[seq.request.request_id] = seq.request
+        return self._outputs(touched)
 
     def _postprocess(self, scheduled, sampled: list[Sequence], logits) -> list[RequestOutput]:
         for item in scheduled.prefills + scheduled.decodes:
@@ -188,18 +202,20 @@ class LLMEngine:
         results = self.dispatcher.sample(sampled, logits) if sampled else []
         now = time.monotonic()
         for seq, result in zip(sampled, results, strict=True):
-            if isinstance(result, PluginError):
+            touched[seq.request.request_id] = seq.request
+            if isinstance(result, Exception):
                 self._fail(seq.request, result)
-                touched[seq.request.request_id] = seq.request
                 continue
             if seq.finished:  # its request failed through a sibling this step
                 continue
-            self._append_token(seq, result)
+            try:
+                self._append_token(seq, result)
+            except Exception as exc:  # stopping or detokenizing failed for this request
+                self._fail(seq.request, exc)
+                continue
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
-            touched[seq.request.request_id] = seq.request
-        outputs = [self._output(r) for r in touched.values()]
-        return [o for o in outputs if o is not None]
+        return self._outputs(touched)
 
     def _beam_step(self, sampled: list[Sequence], logits: torch.Tensor, touched: dict):
         """Beam groups take their log-probs here; the rest goes on to the sampler."""
@@ -217,18 +233,47 @@ class LLMEngine:
             elif not seq.finished:
                 self.beams.record(seq, row)
         for request in {s.request.request_id: s.request for s in seqs}.values():
-            if not request.finished and self.beams.step_if_ready(request):
+            if request.finished:
+                continue
+            try:
+                if self.beams.step_if_ready(request):
+                    touched[request.request_id] = request
+            except Exception as exc:  # the strategy failed this group alone
+                self._fail(request, _strategy_error(exc, request.beam.plugin_name))
                 touched[request.request_id] = request
         rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
         return [sampled[i] for i in rest], logits[rest]
 
-    def _fail(self, request: Request, error: PluginError) -> None:
-        """A plugin failed for this request: finish it alone, with the plugin named."""
-        log.error("request %s failed: %s", request.request_id, error)
-        request.error = str(error)
+    def _fail(self, request: Request, error: Exception) -> None:
+        """Something failed for this request alone: finish it (freeing its KV blocks) and
+        say why; the engine and every other request go on. A plugin's error names the
+        plugin; anything else is logged in full and reported without internals."""
+        if isinstance(error, PluginError):
+            log.error("request %s failed: %s", request.request_id, error)
+            request.error, request.error_type = str(error), "plugin_error"
+        elif request.error is None:
+            log.error("request %s failed", request.request_id, exc_info=error)
+            request.error = (
+                f"this request failed on the engine ({type(error).__name__}); "
+                "other requests are unaffected"
+            )
+            request.error_type = "request_failed"
         for seq in request.seqs:
             if not seq.finished:
                 self._finish(seq, "error", None)
+        request.pending_forks = []
+
+    def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
+        outputs = []
+        for request in touched.values():
+            try:
+                out = self._output(request)
+            except Exception as exc:  # building this answer failed: it ends with an error
+                self._fail(request, exc)
+                out = self._error_output(request)
+            if out is not None:
+                outputs.append(out)
+        return outputs
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         params = request.params
@@ -296,6 +341,21 @@ class LLMEngine:
             self._forget(request.request_id)
             self.plugins.request_finished(request_info(request))
         return request_output(request, self.tokenizer, self.eos_token_ids)
+
+    def _error_output(self, request: Request) -> RequestOutput:
+        """The answer of a request whose own answer could not be built."""
+        if self._forget(request.request_id) is not None:
+            self.plugins.request_finished(request_info(request))
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=failed_completions(request.params.n),
+            finished=True,
+            lora_request=request.lora_request,
+            error=request.error,
+            error_type=request.error_type,
+        )
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
@@ -376,6 +436,14 @@ class LLMEngine:
                 raise AssertionError(
                     f"{self.swapper.num_swapped_blocks} CPU blocks used, {held} held"
                 )
+
+
+def _strategy_error(exc: Exception, plugin_name: str) -> PluginError:
+    """A decoding strategy (beam search included) is a plugin: its failure names it."""
+    return PluginError(
+        plugin_name,
+        f"decoding strategy of plugin {plugin_name!r} raised {type(exc).__name__}: {exc}",
+    )
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

@@ -11,7 +11,9 @@ from loragate.engine.stopping import stream_safe_len
 
 def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> RequestOutput:
     finished = request.finished
-    if request.beam is not None:
+    if request.beam is not None and request.error is not None and not request.beam.results:
+        outputs = failed_completions(request.params.n)  # it failed before any hypothesis
+    elif request.beam is not None:
         outputs = _beam_completions(request, tokenizer, eos_token_ids)
     else:
         seqs, n = request.seqs, request.params.n
@@ -27,12 +29,18 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         lora_request=request.lora_request,
         lora_sha256=request.adapter_identity.sha256 if request.adapter_identity else None,
         error=request.error,
+        error_type=request.error_type,
         metrics=RequestMetrics(
             request.arrival_time,
             request.first_token_time,
             time.monotonic() if finished else None,
         ),
     )
+
+
+def failed_completions(n: int) -> list[CompletionOutput]:
+    """What a request that failed with nothing to show answers: n empty, errored samples."""
+    return [CompletionOutput(i, "", [], None, None, finish_reason="error") for i in range(n)]
 
 
 def completion(seq: Sequence) -> CompletionOutput:

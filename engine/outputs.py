@@ -40,5 +40,7 @@ class RequestOutput:
     # sha256 of the adapter weights file as it was when the request was admitted: the
     # weights it runs with, whatever the files hold by now.
     lora_sha256: str | None = None
-    error: str | None = None  # a plugin failed this request alone (finish_reason "error")
+    error: str | None = None  # this request alone failed (finish_reason "error")
+    # "plugin_error" (a plugin's hook raised) or "request_failed" (anything else)
+    error_type: str | None = None
     metrics: RequestMetrics | None = field(default=None, repr=False)

@@ -1,7 +1,8 @@
 """Which sampler each sequence uses: the built-in one, or a plugin's by name.
 
-A plugin failure becomes that sequence's result (a PluginError), so only its request
-fails and the rest of the batch goes on.
+A failure becomes that sequence's result (a PluginError for a plugin, the exception
+itself for the built-in sampler), so only its request fails and the rest of the batch
+goes on.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class SampleDispatcher:
         return logits
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
-        """One SampleResult (or PluginError) per sequence."""
+        """One SampleResult (or the exception that failed it) per sequence."""
         results: list = [None] * len(seqs)
         processed = self.apply_logits_processors(seqs, logits, results)
         by_sampler: dict[str | None, list[int]] = {}
@@ -43,12 +44,25 @@ class SampleDispatcher:
                 by_sampler.setdefault(seq.request.params.sampler, []).append(i)
         for name, idx in by_sampler.items():
             if name is None:
-                rows = [_row(seqs[i]) for i in idx]
-                for i, result in zip(idx, self.sampler(processed[idx], rows), strict=True):
-                    results[i] = result
+                self._builtin_sample(seqs, idx, processed, results)
             else:
                 self._plugin_sample(name, seqs, idx, logits, processed, results)
         return results
+
+    def _builtin_sample(self, seqs, idx, processed, results) -> None:
+        rows = [_row(seqs[i]) for i in idx]
+        try:
+            sampled = self.sampler(processed[idx], rows)
+        except Exception:
+            # One row's values may be what broke it: row by row, so only that one fails.
+            for i, row in zip(idx, rows, strict=True):
+                try:
+                    results[i] = self.sampler(processed[i : i + 1], [row])[0]
+                except Exception as exc:
+                    results[i] = exc
+            return
+        for i, result in zip(idx, sampled, strict=True):
+            results[i] = result
 
     def _plugin_sample(self, name, seqs, idx, raw, processed, results) -> None:
         args = [_sampler_args(seqs[i]) for i in idx]

@@ -14,6 +14,12 @@ from typing import Any
 # Temperatures below this are treated as greedy (vLLM uses the same epsilon).
 GREEDY_TEMPERATURE_EPS = 1e-5
 
+# Sane bounds, so that no value can overflow float32 logits or the beam score's
+# ``length ** length_penalty`` (a Python float) for any length up to max_model_len.
+MAX_TEMPERATURE = 100.0
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+MAX_ABS_LENGTH_PENALTY = 10.0
+
 _PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -123,16 +129,21 @@ class SamplingParams:
             )
 
     def _verify_probabilities(self) -> None:
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     def _verify_penalties(self) -> None:
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(
+                f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
@@ -152,6 +163,11 @@ class SamplingParams:
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(
                 f"early_stopping must be True, False or 'never', got {self.early_stopping!r}"
+            )
+        if abs(self.length_penalty) > MAX_ABS_LENGTH_PENALTY:
+            raise ValueError(
+                f"length_penalty must be in [-{MAX_ABS_LENGTH_PENALTY:g}, "
+                f"{MAX_ABS_LENGTH_PENALTY:g}], got {self.length_penalty}"
             )
         if not self.use_beam_search:
             if self.length_penalty != 1.0:

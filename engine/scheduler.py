@@ -41,6 +41,9 @@ class SchedulerOutput:
     prefills: list[ScheduledSeq] = field(default_factory=list)
     decodes: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Sequences whose adapter could not be put in a slot (files changed or gone since it
+    # was registered): their requests fail alone, the step goes on without them.
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -154,7 +157,11 @@ class Scheduler:
             if n > budget or not self.swapper.can_swap_in(seq):
                 break
             if seq.lora_request is not None:
-                slot = self._acquire_slot(seq)
+                try:
+                    slot = self._acquire_slot(seq)
+                except Exception as exc:  # the engine fails its request; remove() frees it
+                    out.failed.append((seq, exc))
+                    break
                 if slot is None:
                     break
                 seq.lora_slot = slot
@@ -184,7 +191,13 @@ class Scheduler:
             if seq.lora_request is not None:
                 # Once one request waits for a slot, no later adapter request may take one
                 # first (FCFS among them); base-model requests need no slot and go on.
-                slot = None if blocked_on_slot else self._acquire_slot(seq)
+                try:
+                    slot = None if blocked_on_slot else self._acquire_slot(seq)
+                except Exception as exc:  # this request's adapter alone: it fails alone
+                    self._unmatch(seq)
+                    skipped.append(self.waiting.popleft())
+                    out.failed.append((seq, exc))
+                    continue
                 if slot is None:
                     blocked_on_slot = True
                     self._unmatch(seq)

@@ -94,7 +94,8 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     pending_forks: list[Sequence] = field(default_factory=list)
     logits_processors: list = field(default_factory=list)
-    error: str | None = None  # set when a plugin failed this request
+    error: str | None = None  # set when this request alone failed
+    error_type: str | None = None  # "plugin_error" or "request_failed"
     beam: Any = None  # a beam_search.BeamGroup when a decoding strategy drives it
 
     @property

@@ -22,7 +22,6 @@ adapter as `<tenant>/<name>`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -79,8 +78,10 @@ class AdapterManager:
         usage: AdapterUsage,
         adapter_root: Path | None,
         base_model: str,
+        load_timeout: float | None = None,
     ):
         self.engine = engine
+        self.load_timeout = load_timeout  # None: the engine's adapter_load_timeout
         self.store = store
         self.health = health
         self.usage = usage
@@ -144,7 +145,7 @@ class AdapterManager:
             raise registry_down("registering an adapter") from exc
         lora = LoRARequest(key, lora_int_id, str(directory))
         try:
-            adapter = await asyncio.to_thread(cache.preload, lora)
+            adapter = await self.engine.load_adapter(lora, timeout=self.load_timeout)
         except AdapterError as exc:
             raise InvalidRequestError(
                 f"invalid adapter: {self.scrub(str(exc))}", param="path", code="invalid_adapter"
@@ -392,7 +393,7 @@ class AdapterManager:
         if known.display_path != relative_to_root(self.root, directory):
             return False
         try:
-            adapter = await asyncio.to_thread(cache.preload, known.lora_request)
+            adapter = await self.engine.load_adapter(known.lora_request, timeout=self.load_timeout)
         except AdapterError:
             return False
         if adapter.sha256 == known.sha256:

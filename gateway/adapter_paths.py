@@ -3,11 +3,19 @@
 A path is resolved (every symlink followed, `..` collapsed) before it is compared with the
 root, so neither `../` nor a symlink planted inside the root can reach other files. The
 resolved path is what the engine loads, so a symlink swapped later changes nothing.
+
+Errors show the path as the client sent it (relative paths) or relative to the root,
+never the server's absolute root, and never more than a short prefix of it. Paths longer
+than `MAX_PATH_CHARS`, or with a component longer than `MAX_COMPONENT_CHARS` (the limits
+of common Linux file systems), are refused before the file system sees them.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+MAX_PATH_CHARS = 1024
+MAX_COMPONENT_CHARS = 255
 
 
 class AdapterPathError(ValueError):
@@ -24,21 +32,51 @@ def resolve_adapter_dir(root: Path | None, path: str) -> Path:
         raise AdapterPathError("path must be a non-empty directory path under the adapter root")
     if "\x00" in path:
         raise AdapterPathError("path must not contain NUL characters")
+    _check_lengths(path)
     real_root = root.resolve()
-    candidate = Path(path).expanduser()
+    shown = _shown(path, real_root, root)
+    candidate = Path(path)
     if not candidate.is_absolute():
         candidate = real_root / candidate
     try:
         resolved = candidate.resolve(strict=False)
+        is_dir = resolved.is_dir()
     except (OSError, RuntimeError) as exc:  # symlink loops, unreadable components
-        raise AdapterPathError(f"path {path!r} cannot be resolved: {exc}") from exc
+        reason = getattr(exc, "strerror", None) or "a symlink loop"
+        raise AdapterPathError(f"path {shown} cannot be resolved ({reason})") from exc
     if resolved == real_root or not resolved.is_relative_to(real_root):
         raise AdapterPathError(
-            f"path {path!r} resolves outside the adapter root; adapters must live under it"
+            f"path {shown} resolves outside the adapter root; adapters must live under it"
         )
-    if not resolved.is_dir():
-        raise AdapterPathError(f"path {path!r} is not a directory under the adapter root")
+    if not is_dir:
+        raise AdapterPathError(f"path {shown} is not a directory under the adapter root")
     return resolved
+
+
+def _check_lengths(path: str) -> None:
+    if len(path) > MAX_PATH_CHARS:
+        raise AdapterPathError(
+            f"path is {len(path)} characters long; at most {MAX_PATH_CHARS} are accepted"
+        )
+    longest = max((len(part) for part in PurePosixPath(path).parts), default=0)
+    if longest > MAX_COMPONENT_CHARS:
+        raise AdapterPathError(
+            f"path has a component of {longest} characters; at most {MAX_COMPONENT_CHARS} "
+            "are accepted"
+        )
+
+
+def _shown(path: str, *roots: Path) -> str:
+    """The client's path for an error message: relative to the root when it is under it,
+    '<adapter-root>' for the root itself, and cut short."""
+    text = path
+    for root in roots:
+        for prefix in {str(root), root.as_posix()}:
+            if text == prefix or text.startswith(prefix.rstrip("/") + "/"):
+                text = "<adapter-root>" + text[len(prefix.rstrip("/")) :]
+    if text.startswith("/") or text.startswith("~"):
+        text = "<absolute path>"  # outside the root: say nothing about the server's layout
+    return repr(text if len(text) <= 120 else text[:120] + "...")
 
 
 def relative_to_root(root: Path | None, path: Path) -> str:

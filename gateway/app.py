@@ -15,6 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from loragate.adapters.registry_store import RegistryStore
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.gateway.auth import AuthGate
+from loragate.gateway.body_depth import DepthCheckedRequest
 from loragate.gateway.errors import openai_error_response
 from loragate.gateway.routes_adapters import AdaptersController, VLLMLoRAController
 from loragate.gateway.routes_chat import ChatController
@@ -48,7 +49,11 @@ def create_app(
         running = engine
         if running is None:
             log.info("starting the engine for %s", settings.engine.model or "the default model")
-            running = await asyncio.to_thread(AsyncLLMEngine.from_config, settings.engine)
+            running = await asyncio.to_thread(
+                AsyncLLMEngine.from_config,
+                settings.engine,
+                settings.adapter_load_timeout_seconds,
+            )
         service = GatewayService(settings, running, store)
         app.state.service = service
         try:
@@ -79,6 +84,7 @@ def create_app(
         },
         exception_handlers={Exception: openai_error_response},
         request_max_body_size=settings.max_body_bytes,
+        request_class=DepthCheckedRequest,
         openapi_config=OpenAPIConfig(
             title="loragate",
             version=API_VERSION,

@@ -79,6 +79,14 @@ class Authenticator:
         # Set by the service: makes sure a store that lost its data has been noticed.
         self.check_for_reset: Callable[[], Awaitable[None]] | None = None
 
+    def is_operator(self, authorization: str | None) -> bool:
+        """Whether this header carries the admin key (always, on a server without tenancy).
+        Never asks the store, so a route open to anyone can use it freely."""
+        if not self.enabled:
+            return True
+        token = bearer_token(authorization)
+        return token is not None and hmac.compare_digest(_digest(token), self._admin)
+
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an Authorization header; AuthenticationError (401) otherwise."""
         if not self.enabled:

@@ -220,6 +220,37 @@ def main() -> None:
     "unless renewed (it is, while the request runs): a crashed replica leaks nothing.",
 )
 @click.option(
+    "--header-timeout-seconds",
+    default=10.0,
+    type=float,
+    help="A client must send its request line and headers within this many seconds of "
+    "connecting (or of the request's first byte on a kept-alive connection).",
+)
+@click.option(
+    "--body-timeout-seconds",
+    default=30.0,
+    type=float,
+    help="A client must send its whole request body within this many seconds of its headers.",
+)
+@click.option(
+    "--keep-alive-seconds",
+    default=30.0,
+    type=float,
+    help="An idle kept-alive connection is closed after this many seconds.",
+)
+@click.option(
+    "--max-connections",
+    default=1024,
+    type=int,
+    help="Open connections beyond this many are closed at once.",
+)
+@click.option(
+    "--adapter-load-timeout-seconds",
+    default=60.0,
+    type=float,
+    help="Reading and validating one adapter's files must finish within this many seconds.",
+)
+@click.option(
     "--log-level",
     default="info",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -240,6 +271,8 @@ def _settings(options: dict) -> GatewaySettings:
         "host", "port", "adapter_root", "preload_adapters", "max_queue", "max_body_bytes",
         "shutdown_timeout", "redis_url", "redis_namespace", "admin_key",
         "registry_resync_seconds", "auth_cache_seconds", "quota_lease_seconds",
+        "header_timeout_seconds", "body_timeout_seconds", "keep_alive_seconds",
+        "max_connections", "adapter_load_timeout_seconds",
     )  # fmt: skip
     gateway = {key: options.pop(key) for key in gateway_keys}
     options["plugins"] = _plugin_specs(options.pop("plugins"))

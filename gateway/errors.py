@@ -95,6 +95,13 @@ class PluginFailedError(APIError):
     error_type = "plugin_error"
 
 
+class RequestFailedError(APIError):
+    """Serving this request failed on the engine (the engine and other requests go on)."""
+
+    status_code = 500
+    error_type = "server_error"
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     message: str
     type: str

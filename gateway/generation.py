@@ -3,10 +3,11 @@
 `prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
 400 before any byte of a streamed answer is sent; it then hands that output to
 `on_first_output` (the adapter manager checks which weights the engine admitted it under).
-An output carrying `error` (a plugin failed this request alone) raises PluginFailedError as
-it is read past `prime()`: a 500 for a whole answer, an error event in a stream. `aclose()`
-is idempotent and releases everything the request held (queue place, adapter use, and, if
-unfinished, its KV blocks through the engine's abort), whichever way the request ends.
+An output carrying `error` (this request alone failed on the engine: a plugin, or anything
+else) raises PluginFailedError or RequestFailedError as it is read past `prime()`: a 500 for
+a whole answer, an error event in a stream; the engine and every other request go on.
+`aclose()` is idempotent and releases everything the request held (queue place, adapter use,
+and, if unfinished, its KV blocks through the engine's abort), whichever way the request ends.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from loragate.gateway.errors import (
     EngineUnavailableError,
     InvalidRequestError,
     PluginFailedError,
+    RequestFailedError,
     field_of,
 )
+from loragate.plugins import PluginError
 
 
 class Generation:
@@ -72,6 +75,8 @@ class Generation:
         except ValueError as exc:
             message = self._scrub(str(exc))
             raise InvalidRequestError(message, param=field_of(message, self._field_names)) from exc
+        except PluginError as exc:  # a plugin refused this request as it was queued
+            raise PluginFailedError(self._scrub(str(exc)), code="plugin_error") from exc
         self._seen(out)
         if self._on_first_output is not None:
             await self._on_first_output(out)
@@ -148,10 +153,13 @@ async def outputs_of(gen: Generation) -> AsyncIterator[RequestOutput]:
 
 
 def checked(out: RequestOutput) -> RequestOutput:
-    """`out`, unless a plugin failed the request: then PluginFailedError naming the plugin."""
-    if out.error is not None:
+    """`out`, unless the request failed: then PluginFailedError naming the plugin, or
+    RequestFailedError for any other per-request failure on the engine."""
+    if out.error is None:
+        return out
+    if out.error_type == "plugin_error":
         raise PluginFailedError(out.error, code="plugin_error")
-    return out
+    raise RequestFailedError(out.error, code="request_failed")
 
 
 def _raise_first(results: list) -> list:

@@ -1,17 +1,25 @@
 """GET /health (load balancers; no key needed) and GET /metrics (Prometheus).
 
 /health is 200 while the engine runs: "ok", or "degraded" while the registry store is
-unreachable (or lost its data and the replica serves what it knew), with the details
-under `registry`. It is 503 once the engine has died.
+unreachable (or lost its data and the replica serves what it knew). It is 503 once the
+engine has died. Anyone sees the status and whether the registry store is reachable; only
+the operator (the admin key, or anyone on a server without tenancy) sees where the store
+is and the rest of its state, since an unauthenticated caller must learn nothing about the
+deployment.
+
+/metrics counts the whole deployment (every tenant's adapters and traffic), so under
+tenancy it needs the admin key; a tenant reads its own usage at /v1/usage.
 """
 
 from __future__ import annotations
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 
+from loragate.gateway.errors import PermissionDeniedError
 from loragate.gateway.metrics import CONTENT_TYPE
 from loragate.gateway.schemas_admin import HealthStatus, RegistryHealth
 from loragate.gateway.service import GatewayService, Service
+from loragate.gateway.tenancy import Caller
 
 
 class HealthController(Controller):
@@ -19,17 +27,23 @@ class HealthController(Controller):
     tags = ["Operations"]
 
     @get("/health", summary="200 while the engine runs (ok or degraded), 503 once it has died")
-    async def health(self, service: Service) -> Response[HealthStatus]:
+    async def health(self, request: Request, service: Service) -> Response[HealthStatus]:
         engine = service.engine
         registry, problem = registry_health(service)
+        status = "degraded" if problem else "ok"
+        operator = service.auth.is_operator(request.headers.get("authorization"))
+        if not operator:
+            registry = RegistryHealth(reachable=registry.reachable)
+            problem = _public_problem(status, registry.reachable)
         if engine.is_running:
-            status = "degraded" if problem else "ok"
             return Response(
                 HealthStatus(
                     status=status, model=service.model_name, detail=problem, registry=registry
                 )
             )
-        detail = str(engine.dead_error) if engine.dead_error is not None else "engine stopped"
+        detail = "the engine stopped"
+        if operator and engine.dead_error is not None:
+            detail = str(engine.dead_error)
         return Response(
             HealthStatus(
                 status="unavailable", model=service.model_name, detail=detail, registry=registry
@@ -38,8 +52,23 @@ class HealthController(Controller):
         )
 
     @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
-    async def metrics(self, service: Service) -> Response[bytes]:
+    async def metrics(self, service: Service, caller: Caller) -> Response[bytes]:
+        if not caller.is_operator:
+            raise PermissionDeniedError(
+                "/metrics shows the whole deployment and needs the admin key; a tenant's own "
+                "usage is at /v1/usage",
+                code="admin_only",
+            )
         return Response(await service.metrics_text(), media_type=CONTENT_TYPE)
+
+
+def _public_problem(status: str, reachable: bool) -> str | None:
+    """What anyone may read: no address, no counts."""
+    if status == "ok":
+        return None
+    if not reachable:
+        return "the registry store is unreachable; adapters and tenants known here are served"
+    return "the registry store is reachable but not in sync yet; see /health with the admin key"
 
 
 def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None]:

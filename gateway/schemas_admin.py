@@ -71,17 +71,18 @@ class DeletedAdapter(msgspec.Struct, kw_only=True):
     deleted: bool = True
 
 
-class RegistryHealth(msgspec.Struct, kw_only=True):
-    """The registry store as this replica sees it (`backend` never carries credentials)."""
+class RegistryHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The registry store as this replica sees it. Anyone sees `reachable`; the rest only
+    the operator (`backend` never carries credentials)."""
 
-    backend: str
     reachable: bool
-    watching: bool
+    backend: str | None = None
+    watching: bool | None = None
     error: str | None = None
     down_since: float | None = None
-    orphaned_adapters: int = 0
-    orphaned_tenants: int = 0
-    pending_usage_records: int = 0
+    orphaned_adapters: int | None = None
+    orphaned_tenants: int | None = None
+    pending_usage_records: int | None = None
 
 
 class HealthStatus(msgspec.Struct, kw_only=True):

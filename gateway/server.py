@@ -17,6 +17,7 @@ from loragate.adapters.registry_store import RegistryStore
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.gateway.access_log import AccessLog
 from loragate.gateway.app import create_app
+from loragate.gateway.http_limits import timed_protocol
 from loragate.gateway.settings import GatewaySettings
 
 
@@ -33,7 +34,12 @@ def build_server(
         access_log=False,  # AccessLog writes one line per request instead
         log_config=None,  # keep the process's logging setup
         timeout_graceful_shutdown=settings.shutdown_timeout,
-        timeout_keep_alive=30,
+        timeout_keep_alive=settings.keep_alive_seconds,
+        http=timed_protocol(
+            settings.header_timeout_seconds,
+            settings.body_timeout_seconds,
+            settings.max_connections,
+        ),
     )
     return uvicorn.Server(config)
 

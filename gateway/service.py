@@ -62,7 +62,13 @@ class GatewayService:
         self.usage = AdapterUsage()
         self.metrics = GatewayMetrics()
         self.adapters = AdapterManager(
-            engine, self.store, self.health, self.usage, settings.adapter_root, self.model_name
+            engine,
+            self.store,
+            self.health,
+            self.usage,
+            settings.adapter_root,
+            self.model_name,
+            load_timeout=settings.adapter_load_timeout_seconds,
         )
         self.auth = Authenticator(
             settings.admin_key, self.store, self.health, settings.auth_cache_seconds

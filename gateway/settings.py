@@ -41,6 +41,13 @@ class GatewaySettings:
     registry_resync_seconds: float = 2.0
     auth_cache_seconds: float = 30.0
     quota_lease_seconds: float = 300.0
+    # Slow clients (gateway/http_limits.py): headers and body must arrive in time, idle
+    # kept-alive connections close, and open connections are capped.
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 30.0
+    keep_alive_seconds: float = 30.0
+    max_connections: int = 1024
+    adapter_load_timeout_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -83,7 +90,19 @@ class GatewaySettings:
                 f"admin_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
                 "without spaces"
             )
-        for name in ("registry_resync_seconds", "auth_cache_seconds", "quota_lease_seconds"):
+        if _not_int(self.max_connections) or self.max_connections < 1:
+            raise ValueError(
+                f"max_connections must be an integer >= 1, got {self.max_connections!r}"
+            )
+        for name in (
+            "registry_resync_seconds",
+            "auth_cache_seconds",
+            "quota_lease_seconds",
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+            "keep_alive_seconds",
+            "adapter_load_timeout_seconds",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")

@@ -1,5 +1,5 @@
 """Third-party plugins for the gateway tests: samplers that pick the runner-up token, that
-fail, and that are slow."""
+fail, and that are slow; a beam search that fails on one request."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from loragate.plugins.builtin.beam_search import BeamSearch
 from loragate.plugins.markers import hookimpl
 
 
@@ -55,3 +56,22 @@ class SlowPlugin:
     @hookimpl
     def loragate_samplers(self):
         return {"slow_greedy": slow_greedy}
+
+
+OVERFLOWING_LENGTH_PENALTY = 2.5  # a beam request with this length_penalty fails mid-search
+
+
+class _OverflowingBeamSearch(BeamSearch):
+    def step(self, state, logprobs):
+        if state.length_penalty == OVERFLOWING_LENGTH_PENALTY:
+            raise OverflowError("(34, 'Numerical result out of range')")
+        return super().step(state, logprobs)
+
+
+class OverflowingBeamPlugin:
+    """Beam search that raises on the engine thread, as the built-in one once did for
+    length_penalty=1e308: only the request that hits it may fail."""
+
+    @hookimpl
+    def loragate_decoding_strategies(self):
+        return {"beam": _OverflowingBeamSearch()}

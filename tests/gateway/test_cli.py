@@ -278,8 +278,11 @@ def test_serve_process_with_redis_and_admin_key_from_the_environment(tiny_dir, r
         assert created.status_code == 201
         tenant = {"Authorization": f"Bearer {created.json()['api_key']}"}
         assert httpx.get(f"{server.url}/v1/models", headers=tenant).status_code == 200
-        health = httpx.get(f"{server.url}/health").json()
-        assert health["status"] == "ok" and health["registry"]["backend"] == redis_url
+        health = httpx.get(f"{server.url}/health").json()  # anyone: no address
+        assert health["status"] == "ok" and health["registry"] == {"reachable": True}
+        assert "redis" not in json.dumps(health)
+        health = httpx.get(f"{server.url}/health", headers=headers).json()
+        assert health["registry"]["backend"] == redis_url  # the operator
     finally:
         server.stop()
         flush_namespace(redis_url, namespace)

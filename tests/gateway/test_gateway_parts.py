@@ -42,6 +42,25 @@ def test_paths_resolve_inside_the_root_only(root):
         resolve_adapter_dir(None, "a")
 
 
+def test_path_errors_never_show_the_server_root_and_long_paths_are_refused_unread(root):
+    cases = {
+        "loop": "'loop'",
+        str(root / "loop"): "'<adapter-root>/loop'",
+        str(root / "loop" / "x"): "'<adapter-root>/loop/x'",
+        str(root.parent / "elsewhere"): "<absolute path>",
+        "a" * 4000: "4000 characters",
+        "/".join(["b" * 200] * 50): "at most 1024",
+        "a/" + "c" * 300: "component of 300 characters",
+    }
+    for path, shown in cases.items():
+        with pytest.raises(AdapterPathError) as info:
+            resolve_adapter_dir(root, path)
+        message = str(info.value)
+        assert shown in message, message
+        assert str(root) not in message and str(root.parent) not in message
+        assert len(message) < 400
+
+
 def test_admission_counts_sequences_and_refuses_past_capacity():
     admission = Admission(max_running=2, max_queue=1, retry_after_seconds=3)
     admission.admit(2)
