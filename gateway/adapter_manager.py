@@ -22,6 +22,7 @@ adapter as `<tenant>/<name>`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -254,9 +255,8 @@ class AdapterManager:
         await asyncio.shield(task)
 
     async def _record_new_weights(self, record: AdapterRecord) -> None:
-        cache = self.engine.engine.adapters
         try:
-            adapter = await asyncio.to_thread(cache.preload, record.lora_request)
+            adapter = await self.engine.load_adapter(record.lora_request, timeout=self.load_timeout)
         except AdapterError as exc:  # broken since: requests sent now get the 400
             log.warning("adapter %s: its files changed and now fail to load: %s", record.name, exc)
             return
