@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from adapters_testlib import TINY_NAME, tiny_model
 from peft import LoHaConfig, get_peft_model
 from safetensors.torch import load_file, save_file
@@ -52,6 +53,17 @@ def _refused(path, spec, error_type, *words, max_lora_rank=64, **kwargs) -> Adap
     return info.value
 
 
+def _assert_loaded_as_written(adapter, path: Path, rank: int, targets) -> None:
+    """The adapter that loaded is the one on disk: rank, targets and every A and B."""
+    assert adapter.rank == rank and adapter.target_modules == frozenset(targets)
+    tensors = load_file(path / "adapter_model.safetensors")
+    assert len(adapter.weights) == len(tensors) // 2
+    for (layer, module), (a, b) in adapter.weights.items():
+        prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+        assert torch.equal(a, tensors[f"{prefix}.lora_A.weight"])
+        assert torch.equal(b, tensors[f"{prefix}.lora_B.weight"])
+
+
 class _TouchOnUnpickle:
     """Unpickling this creates a file: proof that a loader ran pickle code."""
 
@@ -77,7 +89,9 @@ def test_pickle_beside_safetensors_is_ignored(spec, make_adapter, tmp_path):
     path = make_adapter()
     sentinel = tmp_path / "unpickled"
     (path / "adapter_model.bin").write_bytes(pickle.dumps(_TouchOnUnpickle(sentinel)))
-    assert load_adapter(path, spec, max_lora_rank=8).rank == 4
+    _assert_loaded_as_written(
+        load_adapter(path, spec, max_lora_rank=8), path, 4, ["q_proj", "v_proj"]
+    )
     assert not sentinel.exists()
 
 
@@ -272,7 +286,9 @@ def test_missing_base_model_is_an_error_only_when_strict(spec, make_adapter):
     _edit_config(path, base_model_name_or_path=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_adapter(path, spec, max_lora_rank=8)
+        adapter = load_adapter(path, spec, max_lora_rank=8)
+    assert adapter.base_model_name_or_path is None
+    _assert_loaded_as_written(adapter, path, 4, ["q_proj", "v_proj"])
     _refused(path, spec, BaseModelMismatchError, "missing", strict_base_model=True)
 
 
@@ -291,7 +307,9 @@ def test_base_model_names_compare_loosely(tmp_path, recorded):
     _edit_config(path, base_model_name_or_path=recorded)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_adapter(path, spec, max_lora_rank=8, strict_base_model=True)
+        adapter = load_adapter(path, spec, max_lora_rank=8, strict_base_model=True)
+    assert adapter.base_model_name_or_path == recorded
+    _assert_loaded_as_written(adapter, path, 2, ["q_proj"])
 
 
 def test_bad_max_lora_rank(spec, make_adapter):

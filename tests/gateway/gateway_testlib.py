@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 
 import httpx
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from tiny_llama import save_tiny_model
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 # Engine settings of the test servers (and of the offline reference engine).
 ENGINE = dict(
     max_model_len=512,
@@ -37,25 +28,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def make_tiny_model_dir(out: Path, tokenizer_dir: Path) -> Path:
-    """A saved 2-layer random Llama with the default model's tokenizer and chat template."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        vocab_size=49152,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, out / name)
-    return out
+    """The shared tiny test model (tests/tiny_llama.py) with the default model's tokenizer."""
+    return save_tiny_model(out, tokenizer_dir)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")

@@ -73,8 +73,19 @@ def test_generate_route_and_return_full_text(url, offline):
     assert got.json()["generated_text"] == "Count:" + ref.outputs[0].text
 
 
-def test_sampling_is_seeded(url):
-    body = {"inputs": "Hi", "parameters": {"max_new_tokens": 8, "do_sample": True, "seed": 3}}
-    first = httpx.post(f"{url}/generate", json=body, timeout=60).json()
-    again = httpx.post(f"{url}/generate", json=body, timeout=60).json()
-    assert first["generated_text"] == again["generated_text"]
+def test_sampling_is_seeded(url, offline):
+    """A seed gives the offline engine's sampled answer for that seed; other seeds differ."""
+
+    def sampled(seed: int) -> str:
+        body = {
+            "inputs": "Hi",
+            "parameters": {"max_new_tokens": 8, "do_sample": True, "seed": seed},
+        }
+        return httpx.post(f"{url}/generate", json=body, timeout=60).json()["generated_text"]
+
+    (ref,) = offline.generate(
+        ["Hi"], SamplingParams(temperature=1.0, seed=3, max_tokens=8), use_tqdm=False
+    )
+    assert sampled(3) == ref.outputs[0].text
+    assert sampled(3) == ref.outputs[0].text
+    assert len({sampled(seed) for seed in range(3, 8)}) > 1

@@ -37,13 +37,18 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch(plugins):
     assert again.tolist() == alone.tolist()
 
 
-def test_step_gives_a_seeded_row_fresh_draws(plugins):
-    logits = torch.zeros(1, 1000)  # uniform: repeated ids across 8 steps would be a fluke
-    draws = {
-        int(plugins.call_sampler("random", logits, [{"seed": 3, "step": step}])[0])
-        for step in range(8)
-    }
-    assert len(draws) > 1
+def test_step_gives_a_seeded_row_fresh_draws_from_the_softmax(plugins):
+    """Step s of one seed is a fresh draw: over many steps the ids follow the softmax, and
+    another seed gives another sequence of ids."""
+    logits = torch.tensor([1.0, 0.0, 0.5, -1.0, 2.0, 0.0, -0.5, 1.5])
+    steps = 4000
+    rows = logits.expand(steps, -1)
+    draws = plugins.call_sampler("random", rows, [{"seed": 3, "step": s} for s in range(steps)])
+    frequencies = torch.bincount(draws, minlength=8) / steps
+    # 4000 draws: one standard deviation of a frequency is at most 0.008.
+    assert torch.allclose(frequencies, torch.softmax(logits, -1), atol=0.04), frequencies
+    other = plugins.call_sampler("random", rows[:64], [{"seed": 4, "step": s} for s in range(64)])
+    assert other.tolist() != draws[:64].tolist()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -62,11 +67,14 @@ def test_random_draws_follow_the_tempered_softmax(plugins, temperature):
     assert torch.allclose(frequencies, expected, atol=0.04), (frequencies, expected)
 
 
-def test_unseeded_rows_still_sample(plugins):
+def test_unseeded_rows_sample_the_tempered_softmax(plugins):
+    """Rows without a seed draw from the global generator, each row its own draw."""
     torch.manual_seed(0)
-    logits = torch.zeros(1, 1000)
-    draws = {int(plugins.call_sampler("random", logits, [{}])[0]) for _ in range(5)}
-    assert len(draws) > 1
+    logits = torch.tensor([0.5, -1.0, 1.0, 0.0, 2.0])
+    rows = logits.expand(4000, -1)
+    draws = plugins.call_sampler("random", rows, [{"temperature": 2.0}] * 4000)
+    frequencies = torch.bincount(draws, minlength=5) / 4000
+    assert torch.allclose(frequencies, torch.softmax(logits / 2.0, -1), atol=0.04), frequencies
 
 
 @pytest.mark.parametrize(

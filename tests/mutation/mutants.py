@@ -1,0 +1,209 @@
+"""Small targeted engine bugs, applied at run time by rewriting one snippet of one function.
+
+Each mutant is a bug class that speed work on the engine can introduce. Its snippet must
+occur exactly once in the current source, or the mutant is stale and the run fails: when
+the engine changes, the mutant is updated with it, never silently dropped.
+"""
+
+from __future__ import annotations
+import __future__
+
+import importlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+
+class StaleMutant(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str
+    function: str  # "Class.method" or "function"
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    patches: tuple[Patch, ...]
+
+
+RUNNER = "loragate.engine.model_runner"
+SWAP = "loragate.engine.swap"
+BLOCKS = "loragate.engine.block_manager"
+SWAP_COPY = "self.kv_cache.data[:, :, dst] = self.cpu[:, :, seq.swapped_blocks].to(dst.device)"
+SLOTS = "slots += [table[p // bs] * bs + p % bs for p in pos]"
+RETURN_BATCH = "    return batch, sampled\n"
+MAKE_BATCH = "    batch = ForwardBatch(\n"
+
+MUTANTS = [
+    Mutant(
+        "swap_in_skips_copy",
+        "swap-in takes fresh blocks but never copies the KV back (stale blocks)",
+        (Patch(SWAP, "KVSwapper.swap_in", SWAP_COPY, "pass"),),
+    ),
+    Mutant(
+        "swap_in_reversed_blocks",
+        "swapped blocks are restored in reversed order",
+        (
+            Patch(
+                SWAP, "KVSwapper.swap_in", "seq.swapped_blocks].to", "seq.swapped_blocks[::-1]].to"
+            ),
+        ),
+    ),
+    Mutant(
+        "swap_in_random_kv",
+        "swap-in fills the restored blocks with noise",
+        (
+            Patch(
+                SWAP,
+                "KVSwapper.swap_in",
+                SWAP_COPY,
+                "self.kv_cache.data[:, :, dst] = torch.randn_like(self.kv_cache.data[:, :, dst])",
+            ),
+        ),
+    ),
+    Mutant(
+        "decode_context_cut_in_mixed_steps",
+        "decodes lose their last 8 context tokens, only in steps that also prefill",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner.prepare",
+                RETURN_BATCH,
+                "    if batch.prefill is not None and batch.decode is not None:\n"
+                "        batch.decode.seq_lens = (batch.decode.seq_lens - 8).clamp(min=1)\n"
+                + RETURN_BATCH,
+            ),
+        ),
+    ),
+    Mutant(
+        "decode_attends_one_token",
+        "decode attention reads one token of context",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner._decode_attention",
+                "[i.seq.num_computed_tokens + 1 for i in items]",
+                "[1 for i in items]",
+            ),
+        ),
+    ),
+    Mutant(
+        "lora_skipped_in_decode",
+        "decode tokens run on the base model (adapter slot -1)",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner.prepare",
+                "lora_slots += [seq.lora_slot] * item.num_new_tokens",
+                "lora_slots += [seq.lora_slot if item in prefills else -1] * item.num_new_tokens",
+            ),
+        ),
+    ),
+    Mutant(
+        "copy_on_write_skipped",
+        "a shared, partly filled block is written in place (no copy on write)",
+        (Patch(RUNNER, "ModelRunner._copy_on_write", "if copies:", "if False:"),),
+    ),
+    Mutant(
+        "slot_mapping_off_by_one",
+        "single-token steps write their K/V one slot further on",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner.prepare",
+                SLOTS,
+                SLOTS.replace("p % bs", "(p + (end - start == 1)) % bs"),
+            ),
+        ),
+    ),
+    Mutant(
+        "last_partial_block_wrong",
+        "K/V of a sequence's last, partly filled block is written into the block before it",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner.prepare",
+                SLOTS,
+                "last = len(table) - 1 - (len(table) > 1 and end % bs != 0)\n"
+                "        slots += [table[min(p // bs, last)] * bs + p % bs for p in pos]",
+            ),
+        ),
+    ),
+    Mutant(
+        "adapter_slot_mixup",
+        "two requests with different adapters run with each other's weights",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner.prepare",
+                MAKE_BATCH,
+                "    pair = sorted({s for s in lora_slots if s >= 0})[:2]\n"
+                "    if len(pair) == 2:\n"
+                "        swap = {pair[0]: pair[1], pair[1]: pair[0]}\n"
+                "        lora_slots = [swap.get(s, s) for s in lora_slots]\n" + MAKE_BATCH,
+            ),
+        ),
+    ),
+    Mutant(
+        "lora_scale_ignored",
+        "LoRA output is not scaled by lora_alpha / r",
+        (
+            Patch(
+                "loragate.engine.models.llama",
+                "_add_lora",
+                "lora.weights.scales,",
+                "torch.ones_like(lora.weights.scales),",
+            ),
+        ),
+    ),
+    Mutant(
+        "stale_prefix_cache_after_eviction",
+        "a cached block handed out again keeps its prefix-cache entry",
+        (
+            Patch(
+                BLOCKS,
+                "BlockManager.take_free_block",
+                "h = self.hash_of_block.pop(block, None)",
+                "h = None",
+            ),
+        ),
+    ),
+    Mutant(
+        "chunk_ignores_earlier_context",
+        "a prefill chunk (or prefix-cache hit) attends only to its own new tokens",
+        (
+            Patch(
+                RUNNER,
+                "ModelRunner._prefill_attention",
+                "[i.seq.num_computed_tokens + i.num_new_tokens for i in items]",
+                "[i.num_new_tokens for i in items]",
+            ),
+        ),
+    ),
+]
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def apply(mutant: Mutant) -> None:
+    """Replace each patched function by its mutated source, compiled in its own module."""
+    for patch in mutant.patches:
+        module = importlib.import_module(patch.module)
+        owner_name, _, name = patch.function.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        source = textwrap.dedent(inspect.getsource(getattr(owner, name)))
+        if source.count(patch.old) != 1:
+            raise StaleMutant(f"{mutant.name}: {patch.old!r} not found once in {patch.function}")
+        flags = __future__.annotations.compiler_flag
+        code = compile(
+            source.replace(patch.old, patch.new), f"<mutant {mutant.name}>", "exec", flags
+        )
+        scope: dict = {}
+        exec(code, module.__dict__, scope)  # our own source, one snippet changed
+        setattr(owner, name, scope[name])
