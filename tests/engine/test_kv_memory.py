@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from tiny_llama import hf_greedy
+from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
 from loragate.engine import SamplingParams
@@ -186,8 +188,15 @@ def test_chunked_prefill_keeps_decodes_flowing(tiny_dir, make_llm):
         if long_seq.num_computed_tokens >= 2000:
             break
     assert steps_to_fill >= 2000 // 256
-    for request_id in list(engine.requests):
-        engine.abort_request(request_id)
+    # The tokens are right too: every request, decodes and the chunked prompt, gives HF's.
+    outputs = {}
+    while engine.has_unfinished_requests():
+        outputs.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    long_prompt = [1] + [3000 + i % 700 for i in range(1999)]
+    assert outputs["long"] == hf_greedy(hf, long_prompt, 4)
+    for i in range(16):
+        assert outputs[f"d{i}"] == hf_greedy(hf, [1, 100 + i, 7], 200), f"d{i}"
 
 
 def test_memory_stats_report_fragmentation(tiny_dir, make_llm):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from tiny_llama import hf_greedy
+from transformers import AutoModelForCausalLM
+
 from loragate.engine import SamplingParams
 
 PROMPTS = [
@@ -40,21 +43,28 @@ def test_default_model_preemption_matches_unconstrained(default_llm, make_llm):
 
 
 def test_new_requests_join_running_decodes(tiny_model_dir, make_llm):
-    """A request added mid-flight is prefilled in the same step other sequences decode."""
-    llm = make_llm(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    """A request added mid-flight is prefilled in the same step other sequences decode, and
+    both give HF's greedy tokens."""
+    model_dir = tiny_model_dir("llama")
+    llm = make_llm(model=str(model_dir), max_model_len=128, num_kv_blocks=64)
     engine = llm.engine
-    engine.add_request("a", {"prompt_token_ids": [1, 2, 3]}, PARAMS)
+    prompts = {"a": [1, 2, 3], "b": [4, 5, 6, 7]}
+    engine.add_request("a", {"prompt_token_ids": prompts["a"]}, PARAMS)
     engine.step()
     engine.step()
-    engine.add_request("b", {"prompt_token_ids": [4, 5, 6, 7]}, PARAMS)
+    engine.add_request("b", {"prompt_token_ids": prompts["b"]}, PARAMS)
     scheduled = engine.scheduler.schedule()
     assert [s.seq.request.request_id for s in scheduled.decodes] == ["a"]
     assert [s.seq.request.request_id for s in scheduled.prefills] == ["b"]
     # Run the scheduled step through, then drain.
     sampled, logits = engine.runner.run(scheduled)
-    engine._postprocess(scheduled, sampled, logits)
+    outputs = engine._postprocess(scheduled, sampled, logits)
     while engine.has_unfinished_requests():
-        engine.step()
+        outputs += engine.step()
+    tokens = {o.request_id: o.outputs[0].token_ids for o in outputs if o.finished}
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for request_id, prompt in prompts.items():
+        assert tokens[request_id] == hf_greedy(hf, prompt, PARAMS.max_tokens), request_id
 
 
 def test_finished_sequences_free_blocks_at_once(tiny_model_dir, make_llm):

@@ -1,0 +1,94 @@
+"""The hard paths on the real model (SmolLM2-135M): requests joining running decodes,
+chunked prefill, preemption by swap and by recompute, and mixed adapters with
+lora_alpha != r, each equal to HF / PEFT greedy in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import PeftModel
+from staggered_testlib import drive, greedy, record_steps
+from tiny_llama import hf_greedy
+from transformers import AutoModelForCausalLM
+
+from loragate.adapters import LoRARequest, make_random_adapter
+
+pytestmark = pytest.mark.slow
+N = 16
+CHATS = [
+    "Name three colours.",
+    "Write two sentences about the moon and why it shows phases to people on Earth.",
+    "Why do cats purr?",
+    "List four rivers in Europe and the countries each one flows through, briefly.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(default_llm):
+    return [default_llm.apply_chat_template([{"role": "user", "content": c}]) for c in CHATS]
+
+
+@pytest.mark.parametrize(("budget", "mode"), [(16, "recompute"), (64, "swap")])
+def test_staggered_chunked_preempted_match_hf(prompts, hf_default_model, make_llm, budget, mode):
+    # 9 blocks of 16: four chat prompts of 30-50 tokens plus 16 new each need about 16, so
+    # they fit only through preemptions.
+    engine = make_llm(
+        max_model_len=256,
+        num_kv_blocks=9,
+        max_num_batched_tokens=budget,
+        max_num_seqs=4,
+        preemption_mode=mode,
+        swap_space=0.05,
+    ).engine
+    log = record_steps(engine)
+    arrivals = [(3 * i, f"c{i}", p, None) for i, p in enumerate(prompts)]
+    outputs = drive(engine, arrivals, greedy(N))
+    assert log.partial_chunks >= 2 and log.mixed_steps >= 2
+    assert engine.scheduler.num_preemptions >= 1
+    if mode == "swap":
+        assert engine.swapper.num_swap_ins >= 1
+    for _, request_id, ids, _ in arrivals:
+        assert outputs[request_id] == hf_greedy(hf_default_model, ids, N), request_id
+
+
+def test_mixed_adapters_with_alpha_joining_mid_batch_match_peft(
+    prompts, default_hf_dir, tmp_path, make_llm
+):
+    base = AutoModelForCausalLM.from_pretrained(default_hf_dir, dtype=torch.float32).eval()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    specs = {"r8-a32": (8, 32), "r4-a2": (4, 2)}
+    paths = {
+        name: make_random_adapter(
+            base, tmp_path / name, rank=r, alpha=a, targets=targets, seed=i, init_scale=0.5
+        )
+        for i, (name, (r, a)) in enumerate(specs.items())
+    }
+    peft = PeftModel.from_pretrained(base, paths["r8-a32"], adapter_name="r8-a32")
+    peft.load_adapter(paths["r4-a2"], adapter_name="r4-a2")
+    peft.eval()
+    loras = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
+    names = ["r8-a32", None, "r4-a2", "r8-a32"]
+    arrivals = [
+        (2 * i, f"m{i}", p, loras.get(n))
+        for i, (p, n) in enumerate(zip(prompts, names, strict=True))
+    ]
+    engine = make_llm(
+        max_model_len=256,
+        num_kv_blocks=64,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+    ).engine
+    log = record_steps(engine)
+    outputs = drive(engine, arrivals, greedy(N))
+    assert log.mixed_steps >= 2 and log.mixed_adapter_steps >= 2
+    for (_, request_id, ids, _), name in zip(arrivals, names, strict=True):
+        if name is None:
+            with peft.disable_adapter():
+                expected = hf_greedy(peft, ids, N)
+        else:
+            peft.set_adapter(name)
+            expected = hf_greedy(peft, ids, N)
+        assert outputs[request_id] == expected, f"{request_id} ({name})"
