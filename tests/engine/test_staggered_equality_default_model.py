@@ -20,6 +20,9 @@ CHATS = [
     "Write two sentences about the moon and why it shows phases to people on Earth.",
     "Why do cats purr?",
     "List four rivers in Europe and the countries each one flows through, briefly.",
+    "You help a small bakery. A customer asks which breads are gluten free, whether you "
+    "deliver on Sundays, how long a sourdough loaf keeps, and if you bake to order for a "
+    "wedding of eighty guests next month. Answer all four questions politely and briefly.",
 ]
 
 
@@ -30,10 +33,10 @@ def prompts(default_llm):
 
 @pytest.mark.parametrize(("budget", "mode"), [(16, "recompute"), (64, "swap")])
 def test_staggered_chunked_preempted_match_hf(prompts, hf_default_model, make_llm, budget, mode):
-    # 9 blocks of 16: four chat prompts of 30-50 tokens plus 16 new each need about 16, so
-    # they fit only through preemptions.
+    # 9 blocks of 16: five chat prompts of 30-100 tokens plus 16 new each need about 22, so
+    # they fit only through preemptions; the longest is chunked at either budget.
     engine = make_llm(
-        max_model_len=256,
+        max_model_len=128,
         num_kv_blocks=9,
         max_num_batched_tokens=budget,
         max_num_seqs=4,
@@ -67,7 +70,7 @@ def test_mixed_adapters_with_alpha_joining_mid_batch_match_peft(
     peft.load_adapter(paths["r4-a2"], adapter_name="r4-a2")
     peft.eval()
     loras = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
-    names = ["r8-a32", None, "r4-a2", "r8-a32"]
+    names = ["r8-a32", None, "r4-a2", "r8-a32", "r4-a2"]
     arrivals = [
         (2 * i, f"m{i}", p, loras.get(n))
         for i, (p, n) in enumerate(zip(prompts, names, strict=True))
