@@ -46,7 +46,7 @@ def test_staggered_chunked_preempted_match_hf(prompts, hf_default_model, make_ll
     log = record_steps(engine)
     arrivals = [(3 * i, f"c{i}", p, None) for i, p in enumerate(prompts)]
     outputs = drive(engine, arrivals, greedy(N))
-    assert log.partial_chunks >= 2 and log.mixed_steps >= 2
+    assert log.partial_chunks >= 1 and log.mixed_steps >= 2
     assert engine.scheduler.num_preemptions >= 1
     if mode == "swap":
         assert engine.swapper.num_swap_ins >= 1
