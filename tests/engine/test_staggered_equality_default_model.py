@@ -31,8 +31,10 @@ def prompts(default_llm):
     return [default_llm.apply_chat_template([{"role": "user", "content": c}]) for c in CHATS]
 
 
-@pytest.mark.parametrize(("budget", "mode"), [(16, "recompute"), (64, "swap")])
-def test_staggered_chunked_preempted_match_hf(prompts, hf_default_model, make_llm, budget, mode):
+@pytest.mark.parametrize(("budget", "mode", "gap"), [(16, "recompute", 2), (64, "swap", 1)])
+def test_staggered_chunked_preempted_match_hf(
+    prompts, hf_default_model, make_llm, budget, mode, gap
+):
     # 9 blocks of 16: five chat prompts of 30-100 tokens plus 16 new each need about 22, so
     # they fit only through preemptions; the longest is chunked at either budget.
     engine = make_llm(
@@ -44,12 +46,12 @@ def test_staggered_chunked_preempted_match_hf(prompts, hf_default_model, make_ll
         swap_space=0.05,
     ).engine
     log = record_steps(engine)
-    arrivals = [(3 * i, f"c{i}", p, None) for i, p in enumerate(prompts)]
+    arrivals = [(gap * i, f"c{i}", p, None) for i, p in enumerate(prompts)]
     outputs = drive(engine, arrivals, greedy(N))
     assert log.partial_chunks >= 1 and log.mixed_steps >= 2
-    assert engine.scheduler.num_preemptions >= 1
+    assert engine.scheduler.num_preemptions >= 2
     if mode == "swap":
-        assert engine.swapper.num_swap_ins >= 1
+        assert engine.swapper.num_swap_ins >= 2
     for _, request_id, ids, _ in arrivals:
         assert outputs[request_id] == hf_greedy(hf_default_model, ids, N), request_id
 
