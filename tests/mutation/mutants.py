@@ -31,6 +31,7 @@ class Mutant:
     name: str
     bug: str
     patches: tuple[Patch, ...]
+    first: str = ""  # the test expected to catch it, run first to keep the check short
 
 
 RUNNER = "loragate.engine.model_runner"
@@ -41,11 +42,20 @@ SLOTS = "slots += [table[p // bs] * bs + p % bs for p in pos]"
 RETURN_BATCH = "    return batch, sampled\n"
 MAKE_BATCH = "    batch = ForwardBatch(\n"
 
+STAGGERED = "tests/engine/test_staggered_equality.py::"
+PREEMPT_SWAP = STAGGERED + "test_preemption_under_tight_kv_matches_hf[swap]"
+JOINING = STAGGERED + "test_requests_joining_running_decodes_match_hf"
+EVICTED = STAGGERED + "test_prefix_cache_evicted_blocks_are_not_reused_stale"
+CHUNKED = STAGGERED + "test_chunked_prefill_matches_unchunked_and_hf"
+LORA = "tests/engine/test_staggered_lora.py"
+FORKS = "tests/engine/test_sequence_sharing.py"
+
 MUTANTS = [
     Mutant(
         "swap_in_skips_copy",
         "swap-in takes fresh blocks but never copies the KV back (stale blocks)",
         (Patch(SWAP, "KVSwapper.swap_in", SWAP_COPY, "pass"),),
+        first=PREEMPT_SWAP,
     ),
     Mutant(
         "swap_in_reversed_blocks",
@@ -55,6 +65,7 @@ MUTANTS = [
                 SWAP, "KVSwapper.swap_in", "seq.swapped_blocks].to", "seq.swapped_blocks[::-1]].to"
             ),
         ),
+        first=PREEMPT_SWAP,
     ),
     Mutant(
         "swap_in_random_kv",
@@ -67,6 +78,7 @@ MUTANTS = [
                 "self.kv_cache.data[:, :, dst] = torch.randn_like(self.kv_cache.data[:, :, dst])",
             ),
         ),
+        first=PREEMPT_SWAP,
     ),
     Mutant(
         "decode_context_cut_in_mixed_steps",
@@ -81,6 +93,7 @@ MUTANTS = [
                 + RETURN_BATCH,
             ),
         ),
+        first=JOINING,
     ),
     Mutant(
         "decode_attends_one_token",
@@ -93,6 +106,7 @@ MUTANTS = [
                 "[1 for i in items]",
             ),
         ),
+        first=JOINING,
     ),
     Mutant(
         "lora_skipped_in_decode",
@@ -105,11 +119,13 @@ MUTANTS = [
                 "lora_slots += [seq.lora_slot if item in prefills else -1] * item.num_new_tokens",
             ),
         ),
+        first=LORA,
     ),
     Mutant(
         "copy_on_write_skipped",
         "a shared, partly filled block is written in place (no copy on write)",
         (Patch(RUNNER, "ModelRunner._copy_on_write", "if copies:", "if False:"),),
+        first=FORKS,
     ),
     Mutant(
         "slot_mapping_off_by_one",
@@ -122,6 +138,7 @@ MUTANTS = [
                 SLOTS.replace("p % bs", "(p + (end - start == 1)) % bs"),
             ),
         ),
+        first=JOINING,
     ),
     Mutant(
         "last_partial_block_wrong",
@@ -135,6 +152,7 @@ MUTANTS = [
                 "        slots += [table[min(p // bs, last)] * bs + p % bs for p in pos]",
             ),
         ),
+        first=JOINING,
     ),
     Mutant(
         "adapter_slot_mixup",
@@ -150,6 +168,7 @@ MUTANTS = [
                 "        lora_slots = [swap.get(s, s) for s in lora_slots]\n" + MAKE_BATCH,
             ),
         ),
+        first=LORA,
     ),
     Mutant(
         "lora_scale_ignored",
@@ -162,6 +181,7 @@ MUTANTS = [
                 "torch.ones_like(lora.weights.scales),",
             ),
         ),
+        first=LORA,
     ),
     Mutant(
         "stale_prefix_cache_after_eviction",
@@ -174,6 +194,7 @@ MUTANTS = [
                 "h = None",
             ),
         ),
+        first=EVICTED,
     ),
     Mutant(
         "chunk_ignores_earlier_context",
@@ -186,6 +207,7 @@ MUTANTS = [
                 "[i.num_new_tokens for i in items]",
             ),
         ),
+        first=CHUNKED,
     ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}
