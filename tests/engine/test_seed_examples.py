@@ -1,9 +1,9 @@
 """Every file in examples/seed/ (the seed tutorial's examples, only the import and model
 changed) runs with the default model and prints a result.
 
-Each runs in its own subprocess with LORAGATE_EXAMPLE_MAX_TOKENS=8, two at a time (most of
-each run is imports and loading the model, which one core does), so all of them take
-about as long as four run one after another.
+Each runs in its own subprocess with LORAGATE_EXAMPLE_MAX_TOKENS=8, two at a time, each
+on one thread (OMP_NUM_THREADS=1): two torch processes of two threads each on two cores
+spin against each other and run several times slower.
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ NOT_GENERATED = ("as expected:", "{", "during:", "after:")
 
 
 def run_example(name: str, adapter: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LORAGATE_EXAMPLE_MAX_TOKENS="8", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        LORAGATE_EXAMPLE_MAX_TOKENS="8",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     return subprocess.run(
         [sys.executable, str(EXAMPLES / name), str(adapter)],
         capture_output=True,
