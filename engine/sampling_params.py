@@ -41,6 +41,8 @@ class SamplingParams:
     ``top_k`` of 0 or -1 disables top-k; ``max_tokens=None`` means "until the model's
     context is full" (the engine enforces max_model_len); ``logprobs=N`` returns the N
     most likely tokens of every step plus the chosen one (0: only the chosen one).
+    With ``use_beam_search``, ``temperature`` scales the beam scores (see
+    ``beam_temperature``) and ``top_k`` is ignored with a one-time warning.
     """
 
     n: int = 1
