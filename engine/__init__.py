@@ -1,7 +1,14 @@
 """loragate.engine: the offline LLM API, async engine, scheduler, KV blocks, model and sampler."""
 
 from loragate.adapters import LoRARequest
+from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.beam_search_params import (
+    BeamSearchOutput,
+    BeamSearchParams,
+    BeamSearchSequence,
+)
 from loragate.engine.config import EngineConfig
+from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
 from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine
 from loragate.engine.outputs import CompletionOutput, RequestOutput
@@ -9,6 +16,12 @@ from loragate.engine.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",
+    "AsyncEngineArgs",
+    "AsyncLLMEngine",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
+    "EngineArgs",
     "CompletionOutput",
     "EngineConfig",
     "LLMEngine",

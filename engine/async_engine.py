@@ -12,13 +12,14 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest
 from loragate.engine.config import EngineConfig
+from loragate.engine.engine_args import engine_config_from
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
@@ -32,7 +33,7 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _Add:
-    request_id: str
+    request_id: Hashable
     prompt: PromptInput
     params: SamplingParams
     lora_request: LoRARequest | None
@@ -44,7 +45,7 @@ class _Add:
 
 @dataclass
 class _Abort:
-    request_id: str
+    request_id: Hashable
 
 
 @dataclass
@@ -80,6 +81,13 @@ class AsyncLLMEngine:
     ) -> AsyncLLMEngine:
         return cls(LLMEngine(config), adapter_load_timeout)
 
+    @classmethod
+    def from_engine_args(
+        cls, engine_args, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
+    ) -> AsyncLLMEngine:
+        """vLLM's constructor: an engine from AsyncEngineArgs (or EngineArgs)."""
+        return cls.from_config(engine_config_from(engine_args), adapter_load_timeout)
+
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and self.dead_error is None
@@ -95,15 +103,19 @@ class AsyncLLMEngine:
     async def generate(
         self,
         prompt: PromptInput,
-        params: SamplingParams,
-        request_id: str,
+        sampling_params: SamplingParams,
+        request_id: Hashable,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs until the request finishes. Leaving early aborts it.
 
-        `cache_salt` (the tenant, set by the server) keeps prefix-cache sharing in-tenant.
+        vLLM's call shape: `request_id` may be any hashable value (the seed passes 1); it
+        comes back as each output's `request_id`. `cache_salt` (the tenant, set by the
+        server) keeps prefix-cache sharing in-tenant.
         """
+        _check_request_id(request_id)
+        params = sampling_params
         self._check_alive()
         cache = self.engine.adapters
         if lora_request is not None and cache is not None and not cache.in_cpu(lora_request):
@@ -146,7 +158,7 @@ class AsyncLLMEngine:
                 f"reading and validating the adapter took longer than {limit:g} s"
             ) from exc
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: Hashable) -> None:
         self._inbox.put(_Abort(request_id))
 
     async def call(self, fn):
@@ -234,6 +246,17 @@ class AsyncLLMEngine:
     def _check_alive(self) -> None:
         if not self.is_running:
             raise EngineDeadError(f"engine is not running: {self.dead_error}")
+
+
+def _check_request_id(request_id) -> None:
+    try:
+        hash(request_id)
+    except TypeError:
+        ok = False
+    else:
+        ok = request_id is not None
+    if not ok:
+        raise TypeError(f"request_id must be hashable (a str or int, say), got {request_id!r}")
 
 
 def _drop_result(future: asyncio.Future) -> None:

@@ -66,9 +66,19 @@ class BlockManager:
         self.queried_tokens = 0
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
 
+    # The counts vLLM code reads (`llm.llm_engine.scheduler.block_manager.num_*_blocks`),
+    # computed from the free list each time, so they are always true and read-only.
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_ids)
+
+    @property
+    def num_allocated_blocks(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.num_blocks
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         total = seq.num_computed_tokens + num_new_tokens
@@ -191,8 +201,7 @@ class BlockManager:
 
     # ---- introspection ------------------------------------------------------------------
     def stats(self) -> MemoryStats:
-        free = self.num_free_blocks
-        allocated = self.num_blocks - free
+        free, allocated = self.num_free_blocks, self.num_allocated_blocks
         return MemoryStats(
             allocated_blocks=allocated,
             free_blocks=free,

@@ -18,6 +18,13 @@ class EngineConfig:
     force preemption). `kv_cache_memory_gb` is the KV budget: unset, it is 2 GiB on the CPU
     and, on CUDA, what `gpu_memory_utilization` leaves after the weights; set, it holds on
     both (so several engines can share one GPU, as vLLM's `kv_cache_memory_bytes`).
+    `gpu_memory_utilization` only sizes the KV cache on CUDA; on the CPU it is checked and
+    otherwise unused.
+
+    vLLM's `tensor_parallel_size` is accepted so vLLM code runs unchanged: 1 is the one
+    engine on one device; more is refused (no tensor parallelism yet: scale out with
+    replicas, one engine each). `enforce_eager=True` forbids CUDA graphs; False allows them
+    where the engine has any. It has none yet, so today every forward pass runs eagerly.
     """
 
     model: str | None = None
@@ -44,8 +51,13 @@ class EngineConfig:
     strict_lora_base_model: bool = False
     weights_cache_dir: str | None = None
     plugins: tuple = field(default_factory=tuple)
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
+        _check_parallelism(self.tensor_parallel_size)
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(
                 f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}"
@@ -101,6 +113,19 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+
+def _check_parallelism(tensor_parallel_size: int) -> None:
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
+        raise ValueError(f"tensor_parallel_size must be an integer, got {tensor_parallel_size!r}")
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    if tensor_parallel_size > 1:
+        raise ValueError(
+            f"tensor_parallel_size={tensor_parallel_size}: tensor parallelism is not supported "
+            "yet; one engine runs on one device. To use more devices, run replicas (one "
+            "engine each, tensor_parallel_size=1) behind the gateway"
+        )
 
 
 def _positive(name: str, value: float) -> None:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from itertools import count
 
 from tqdm.auto import tqdm
 
 from loragate.adapters import LoRARequest
+from loragate.engine.beam_search_params import (
+    BeamSearchOutput,
+    BeamSearchParams,
+    beam_search_output,
+)
 from loragate.engine.config import EngineConfig
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
@@ -19,8 +25,14 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, plugins=(), **kwargs):
         """`plugins`: plugin objects or "module:object" strings, besides entry points."""
+        _check_engine_keywords(kwargs)
         self.engine = LLMEngine(EngineConfig(model=model, plugins=tuple(plugins), **kwargs))
         self._ids = count()
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine behind this LLM (`llm.llm_engine.scheduler...`)."""
+        return self.engine
 
     @property
     def tokenizer(self):
@@ -75,6 +87,21 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params, lora_request=lora_request, use_tqdm=use_tqdm)
 
+    def beam_search(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search API: per prompt, `beam_width` sequences, best first."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        outs = self.generate(
+            prompts, params.sampling_params(), lora_request=lora_request, use_tqdm=use_tqdm
+        )
+        return [beam_search_output(out) for out in outs]
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
         return self.engine.apply_chat_template(messages, add_generation_prompt)
 
@@ -92,6 +119,18 @@ class LLM:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[i] for i in ids]
+
+
+_ENGINE_KEYWORDS = {f.name for f in fields(EngineConfig)}
+
+
+def _check_engine_keywords(kwargs: dict) -> None:
+    unknown = sorted(set(kwargs) - _ENGINE_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"LLM() got an unexpected keyword argument {unknown[0]!r}: engine arguments are "
+            "the fields of loragate.engine.EngineConfig"
+        )
 
 
 def _with_special_tokens_flag(prompt: PromptInput, add_special_tokens: bool) -> PromptInput:

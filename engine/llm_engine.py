@@ -19,6 +19,7 @@ from loragate.engine import beam_search, sizing
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
 from loragate.engine.detokenizer import IncrementalDetokenizer
+from loragate.engine.engine_args import engine_config_from
 from loragate.engine.input_processor import InputProcessor, PromptInput
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
@@ -105,6 +106,11 @@ class LLMEngine:
         self._seq_ids = count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+
+    @classmethod
+    def from_engine_args(cls, engine_args) -> LLMEngine:
+        """vLLM's constructor: an engine from EngineArgs."""
+        return cls(engine_config_from(engine_args))
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(
@@ -225,6 +231,10 @@ class LLMEngine:
         seqs = [sampled[i] for i in beam_rows]
         errors: list = [None] * len(seqs)
         processed = self.dispatcher.apply_logits_processors(seqs, logits[beam_rows], errors)
+        temperatures = [s.request.params.beam_temperature for s in seqs]
+        if any(t != 1.0 for t in temperatures):  # scores as vLLM's LLM.beam_search scales them
+            scale = torch.tensor(temperatures, device=processed.device)
+            processed = processed.float() / scale[:, None]
         logprobs = torch.log_softmax(processed.float(), dim=-1)
         for seq, row, error in zip(seqs, logprobs, errors, strict=True):
             if error is not None:

@@ -7,6 +7,7 @@ Every value is checked where the object is built, so a bad request fails with a
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_TEMPERATURE = 100.0
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_ABS_LENGTH_PENALTY = 10.0
+
+log = logging.getLogger(__name__)
 
 _PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
@@ -38,6 +41,8 @@ class SamplingParams:
     ``top_k`` of 0 or -1 disables top-k; ``max_tokens=None`` means "until the model's
     context is full" (the engine enforces max_model_len); ``logprobs=N`` returns the N
     most likely tokens of every step plus the chosen one (0: only the chosen one).
+    With ``use_beam_search``, ``temperature`` scales the beam scores (see
+    ``beam_temperature``) and ``top_k`` is ignored with a one-time warning.
     """
 
     n: int = 1
@@ -179,12 +184,10 @@ class SamplingParams:
             raise ValueError(
                 f"best_of (the beam width) must be >= 2 for beam search, got {self.best_of}"
             )
-        if self.temperature > GREEDY_TEMPERATURE_EPS:
-            raise ValueError("temperature must be 0 for beam search")
         if self.top_p < 1.0:
             raise ValueError("top_p must be 1 for beam search")
         if self.top_k not in (0, -1):
-            raise ValueError("top_k must be disabled (0 or -1) for beam search")
+            _warn_top_k_ignored_once(self.top_k)
         if self.min_p > 0.0:
             raise ValueError("min_p must be 0 for beam search")
 
@@ -204,6 +207,12 @@ class SamplingParams:
     # -- derived -------------------------------------------------------------------
 
     @property
+    def beam_temperature(self) -> float:
+        """What beam search divides the logits by before log_softmax, as vLLM's
+        `LLM.beam_search` does: the temperature, with 0 (greedy) meaning 1 (unscaled)."""
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE_EPS else self.temperature
+
+    @property
     def greedy(self) -> bool:
         """True when the choice is the argmax: zero temperature, or top_k == 1."""
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
@@ -219,3 +228,18 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A deep copy, so per-sequence changes never leak into the caller's object."""
         return copy.deepcopy(self)
+
+
+_top_k_warned = False
+
+
+def _warn_top_k_ignored_once(top_k: int) -> None:
+    """vLLM code (the seed's included) passes top_k with beam search; it runs, once told."""
+    global _top_k_warned
+    if not _top_k_warned:
+        _top_k_warned = True
+        log.warning(
+            "top_k=%d is ignored with use_beam_search=True: beam search ranks every token "
+            "by its log-probability (this warning is shown once)",
+            top_k,
+        )

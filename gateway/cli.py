@@ -151,6 +151,17 @@ def main() -> None:
     default=_default("strict_lora_base_model"),
     help="Refuse adapters trained for another base model.",
 )
+@click.option(
+    "--tensor-parallel-size",
+    default=_default("tensor_parallel_size"),
+    type=int,
+    help="vLLM's flag; only 1 for now (no tensor parallelism yet: run replicas instead).",
+)
+@click.option(
+    "--enforce-eager/--no-enforce-eager",
+    default=_default("enforce_eager"),
+    help="Never use CUDA graphs (the engine has none yet, so every run is eager today).",
+)
 @click.option("--tokenizer", default=None, help="Tokenizer directory. Default: the model's.")
 @click.option(
     "--weights-cache-dir",

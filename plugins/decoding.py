@@ -9,7 +9,8 @@ log-probabilities, and answers with plain data:
   hypothesis (empty with ``ignore_eos``), ``max_tokens`` the most tokens to generate.
   There is one running sequence at first: the prompt.
 - ``decision = strategy.step(state, logprobs)``: ``logprobs`` is ``[num_running, vocab]``,
-  row i the log-probabilities of running sequence i. The engine then makes the new running
+  row i the log-probabilities of running sequence i (of logits / temperature when the
+  request's temperature is neither 0 nor 1). The engine then makes the new running
   sequences: new sequence j = old sequence ``decision.parents[j]`` + ``decision.tokens[j]``
   (parents may repeat: fork, sharing blocks; old sequences no parent names are freed),
   in that order. When ``decision.done`` the group is over.
