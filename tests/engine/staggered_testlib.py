@@ -49,7 +49,7 @@ def record_steps(engine) -> StepLog:
                     1
                     for s in out.prefills
                     if s.seq.num_computed_tokens + s.num_new_tokens < s.seq.num_tokens
-                ),  # fmt: skip
+                ),
                 "slots": {s.seq.lora_slot for s in items},
             }
         )
