@@ -151,3 +151,24 @@ class PrivateRedis:
 
     def forget_snapshot(self) -> None:
         (self.dir / "dump.rdb").unlink(missing_ok=True)
+
+
+def requests_naming_an_adapter(api: Api, name: str) -> dict[str, httpx.Response]:
+    """Every route that names an adapter, called as `api` for `name`: what an isolation test
+    compares between another tenant's adapter and a missing one."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tgi = {"inputs": "hi", "parameters": {"adapter_id": name, "max_new_tokens": 2}}
+    return {
+        "completion": api.complete(name),
+        "completion stream": api.complete(name, stream=True),
+        "chat": api.post("/v1/chat/completions", {"model": name, **chat}),
+        "chat stream": api.post("/v1/chat/completions", {"model": name, "stream": True, **chat}),
+        "tgi generate": api.post("/generate", tgi),
+        "tgi stream": api.post("/generate_stream", tgi),
+        "tgi compat": api.post("/", tgi),
+        "model card": api.get(f"/v1/models/{name}"),
+        "adapter info": api.get(f"/v1/adapters/{name}"),
+        "adapter patch": api.patch(f"/v1/adapters/{name}", {"public": True}),
+        "adapter delete": api.delete(f"/v1/adapters/{name}"),
+        "vllm unload": api.post("/v1/unload_lora_adapter", {"lora_name": name}),
+    }

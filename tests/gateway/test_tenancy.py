@@ -11,7 +11,7 @@ import logging
 import httpx
 import pytest
 from gateway_testlib import metrics, wait_until
-from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
+from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api, requests_naming_an_adapter
 
 SECRET = "hidden-one"  # acme's adapter: nothing in its name says whose it is
 MISSING = "never-registered"
@@ -134,31 +134,14 @@ def test_rotation_and_deletion_reach_the_other_replica_within_a_second(pair, ten
 # ---- 404: another tenant's adapter does not exist ---------------------------------------
 
 
-def _attempts(api: Api, name: str) -> dict[str, httpx.Response]:
-    """Every way of naming an adapter, as `api`."""
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    tgi = {"inputs": "hi", "parameters": {"adapter_id": name, "max_new_tokens": 2}}
-    return {
-        "completion": api.complete(name),
-        "completion stream": api.complete(name, stream=True),
-        "chat": api.post("/v1/chat/completions", {"model": name, **chat}),
-        "chat stream": api.post("/v1/chat/completions", {"model": name, "stream": True, **chat}),
-        "tgi generate": api.post("/generate", tgi),
-        "tgi stream": api.post("/generate_stream", tgi),
-        "tgi compat": api.post("/", tgi),
-        "model card": api.get(f"/v1/models/{name}"),
-        "adapter info": api.get(f"/v1/adapters/{name}"),
-        "adapter delete": api.delete(f"/v1/adapters/{name}"),
-        "adapter patch": api.patch(f"/v1/adapters/{name}", {"public": True}),
-        "vllm unload": api.post("/v1/unload_lora_adapter", {"lora_name": name}),
-    }
-
-
 def test_another_tenants_adapter_is_a_404_like_a_missing_one_everywhere(pair, tenants):
     a, b = pair
     for server in (a, b):
         globex = server.as_key(tenants["globex"])
-        foreign, missing = _attempts(globex, SECRET), _attempts(globex, MISSING)
+        foreign, missing = (
+            requests_naming_an_adapter(globex, SECRET),
+            requests_naming_an_adapter(globex, MISSING),
+        )
         for what, got in foreign.items():
             assert got.status_code == 404, (what, got.text)
             assert got.headers.get("content-type") == missing[what].headers.get("content-type")

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from gateway_testlib import sse_payloads, wait_until
-from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
+from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api, requests_naming_an_adapter
 
 QUOTA = 100
 SECRET = "ledger-7"  # acme's adapter: what globex must not be able to detect
@@ -175,26 +175,6 @@ def tenants(pair):
     return keys
 
 
-def _probes(api: Api, name: str) -> dict[str, httpx.Response]:
-    """Every route that names an adapter, as `api`, for `name`."""
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    tgi = {"inputs": "hi", "parameters": {"adapter_id": name, "max_new_tokens": 2}}
-    return {
-        "completion": api.complete(name),
-        "completion stream": api.complete(name, stream=True),
-        "chat": api.post("/v1/chat/completions", {"model": name, **chat}),
-        "chat stream": api.post("/v1/chat/completions", {"model": name, "stream": True, **chat}),
-        "tgi generate": api.post("/generate", tgi),
-        "tgi stream": api.post("/generate_stream", tgi),
-        "tgi compat": api.post("/", tgi),
-        "model card": api.get(f"/v1/models/{name}"),
-        "adapter info": api.get(f"/v1/adapters/{name}"),
-        "adapter patch": api.patch(f"/v1/adapters/{name}", {"public": True}),
-        "adapter delete": api.delete(f"/v1/adapters/{name}"),
-        "vllm unload": api.post("/v1/unload_lora_adapter", {"lora_name": name}),
-    }
-
-
 def _same_answer(first: httpx.Response, second: httpx.Response, names: tuple[str, str]):
     """Status, content type and body alike once each names its own probe as NAME."""
     assert first.status_code == second.status_code, (first.text, second.text)
@@ -224,7 +204,10 @@ def test_tenant_b_cannot_tell_whether_tenant_as_adapter_name_exists(pair, tenant
             (f"acme/{SECRET}", f"nobody/{SECRET}"),  # a tenant that exists or not
         ]
         for names in pairs:
-            found, missing = _probes(globex, names[0]), _probes(globex, names[1])
+            found, missing = (
+                requests_naming_an_adapter(globex, names[0]),
+                requests_naming_an_adapter(globex, names[1]),
+            )
             for route, got in found.items():
                 assert got.status_code == 404, (route, names, got.text)
                 _same_answer(got, missing[route], names)
