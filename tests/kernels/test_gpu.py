@@ -85,23 +85,7 @@ def test_write_kv_and_lora_half_precision(dtype):
     flat_k = k_cache.view(64, 3, 64)
     assert torch.equal(flat_k[slots[slots >= 0]], key[slots >= 0])
 
-    ranks = [1, 8, 16, 64] * 8
-    lora_a = torch.zeros(len(ranks), 64, 576, dtype=dtype, device="cuda")
-    lora_b = torch.zeros(len(ranks), 1536, 64, dtype=dtype, device="cuda")
-    for slot, rank in enumerate(ranks):
-        lora_a[slot, :rank] = torch.randn(rank, 576, dtype=dtype, device="cuda") / 24
-        lora_b[slot, :, :rank] = torch.randn(1536, rank, dtype=dtype, device="cuda") / 8
-    slot_ids = torch.randint(-1, len(ranks), (200,), device="cuda")
-    x = torch.randn(200, 576, dtype=dtype, device="cuda")
-    scales = torch.rand(len(ranks), device="cuda")
-    y = kernels.lora_shrink(x, lora_a, slot_ids)
-    assert rel_error(y, lora_shrink_reference(x, lora_a, slot_ids)) < 2e-2
-    out = torch.randn(200, 1536, dtype=dtype, device="cuda")
-    before = out.clone()
-    kernels.lora_expand(y, lora_b, slot_ids, scales, out)
-    expected = lora_expand_reference(y, lora_b, slot_ids, scales, before)
-    assert rel_error(out - before, expected - before.double().cpu()) < 2e-2
-    assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])
+    check_lora_stack([1, 8, 16, 64] * 8, 576, 1536, 64, 200, dtype, a_scale=1 / 24, tol=2e-2)
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -151,22 +135,28 @@ def test_attention_at_engine_scale(dtype):
 def test_lora_at_engine_scale(dtype, tokens):
     """64 adapters of ranks 8-64 on a 1B-class projection (2048 -> 8192), base rows mixed in."""
     torch.manual_seed(tokens)
-    ranks = [8, 16, 32, 64] * 16
-    d_in, d_out, max_rank = 2048, 8192, 64
-    lora_a = torch.zeros(len(ranks), max_rank, d_in, dtype=dtype, device="cuda")
-    lora_b = torch.zeros(len(ranks), d_out, max_rank, dtype=dtype, device="cuda")
+    check_lora_stack(
+        [8, 16, 32, 64] * 16, 2048, 8192, 64, tokens, dtype, a_scale=1 / 45, tol=_tolerance(dtype)
+    )
+
+
+def check_lora_stack(ranks, d_in, d_out, max_rank, tokens, dtype, a_scale, tol, device="cuda"):
+    """Shrink and expand over one slot per rank in `ranks`, base rows (-1) mixed in, against
+    the float64 references; base rows' outputs stay untouched."""
+    lora_a = torch.zeros(len(ranks), max_rank, d_in, dtype=dtype, device=device)
+    lora_b = torch.zeros(len(ranks), d_out, max_rank, dtype=dtype, device=device)
     for slot, rank in enumerate(ranks):
-        lora_a[slot, :rank] = torch.randn(rank, d_in, dtype=dtype, device="cuda") / 45
-        lora_b[slot, :, :rank] = torch.randn(d_out, rank, dtype=dtype, device="cuda") / 8
-    slot_ids = torch.randint(-1, len(ranks), (tokens,), device="cuda")
-    x = torch.randn(tokens, d_in, dtype=dtype, device="cuda")
-    scales = torch.rand(len(ranks), device="cuda")
+        lora_a[slot, :rank] = torch.randn(rank, d_in, dtype=dtype, device=device) * a_scale
+        lora_b[slot, :, :rank] = torch.randn(d_out, rank, dtype=dtype, device=device) / 8
+    slot_ids = torch.randint(-1, len(ranks), (tokens,), device=device)
+    x = torch.randn(tokens, d_in, dtype=dtype, device=device)
+    scales = torch.rand(len(ranks), device=device)
     y = kernels.lora_shrink(x, lora_a, slot_ids)
-    assert rel_error(y, lora_shrink_reference(x, lora_a, slot_ids)) < _tolerance(dtype)
-    out = torch.randn(tokens, d_out, dtype=dtype, device="cuda")
+    assert rel_error(y, lora_shrink_reference(x, lora_a, slot_ids)) < tol
+    out = torch.randn(tokens, d_out, dtype=dtype, device=device)
     before = out.clone()
     kernels.lora_expand(y, lora_b, slot_ids, scales, out)
     expected = lora_expand_reference(y, lora_b, slot_ids, scales, before)
     if (slot_ids >= 0).any():
-        assert rel_error(out - before, expected - before.double().cpu()) < _tolerance(dtype)
+        assert rel_error(out - before, expected - before.double().cpu()) < tol
     assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])
