@@ -18,6 +18,7 @@ from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest, WeightsI
 from loragate.engine import beam_search, sizing
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
+from loragate.engine.cuda_graphs import DecodeGraphs
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.input_processor import InputProcessor, PromptInput
@@ -88,6 +89,15 @@ class LLMEngine:
             choose_preemption_victim=self._choose_preemption_victim,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
+        if device.type == "cuda" and not config.enforce_eager:
+            self.runner.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                self.adapters,
+                self.runner.lora_rank,
+                max_batch=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+            )
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from loragate import kernels
+from loragate.engine.cuda_graphs import DecodeGraphs
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.llama import LlamaForCausalLM
@@ -13,7 +14,14 @@ from loragate.engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager, adapters=None):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        block_manager,
+        adapters=None,
+        decode_graphs: DecodeGraphs | None = None,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -21,14 +29,29 @@ class ModelRunner:
         self.device = model.device
         self.adapters = adapters  # the AdapterCache, when LoRA is enabled
         self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
+        self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
 
     def run(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
         """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
         self._copy_on_write()
+        if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
+            return self._run_graph(sorted(scheduled.decodes, key=_slot_order))
         batch, sampled = self.prepare(scheduled)
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens
         return sampled, self.model.compute_logits(hidden)
+
+    def _run_graph(self, decodes: list[ScheduledSeq]) -> tuple[list[Sequence], torch.Tensor]:
+        logits = self.decode_graphs.run(decodes)
+        self.num_computed_tokens_total += len(decodes)
+        rows = [i for i, item in enumerate(decodes) if item.samples]
+        if len(rows) < len(decodes):
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return [decodes[i].seq for i in rows], logits
+
+    def lora_rank(self) -> int:
+        """The rank the LoRA kernels run at: the largest resident one, aligned."""
+        return _aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank)
 
     def _copy_on_write(self) -> None:
         copies = self.block_manager.take_copies()
@@ -102,7 +125,7 @@ class ModelRunner:
             weights=self.adapters,
             slot_ids=slot_ids,
             index=kernels.lora_index(slot_ids, self.adapters.max_loras),
-            rank=_aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank),
+            rank=self.lora_rank(),
         )
 
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
