@@ -14,6 +14,7 @@ Steps with prompt tokens run eagerly, and `enforce_eager=True` turns graphs off.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,13 @@ from loragate import kernels
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+class GraphCaptureError(RuntimeError):
+    """A decode step could not be captured: the engine goes on without graphs."""
+
 
 # Batch sizes a graph is captured for (vLLM's choice): a decode step of B sequences runs the
 # smallest bucket >= B, so at most 7 rows a step are padding.
@@ -152,6 +160,12 @@ class DecodeGraphs:
         return self.model.compute_logits(self.model.forward(batch, self.kv_cache))
 
     def _capture(self, batch: ForwardBatch) -> _Captured:
+        try:
+            return self._capture_unchecked(batch)
+        except Exception as exc:
+            raise GraphCaptureError(f"CUDA graph capture failed: {exc}") from exc
+
+    def _capture_unchecked(self, batch: ForwardBatch) -> _Captured:
         # A warm-up run compiles the Triton kernels and sets cuBLAS up outside the capture.
         # It computes this very step, so the KV it writes is what the replay writes again.
         side = torch.cuda.Stream()

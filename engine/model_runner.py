@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from loragate import kernels
-from loragate.engine.cuda_graphs import DecodeGraphs
+from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
 from loragate.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -35,7 +39,13 @@ class ModelRunner:
         """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
         self._copy_on_write()
         if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
-            return self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+            try:
+                return self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+            except GraphCaptureError:
+                # The warm-up before a capture computes the step itself, so whatever KV it
+                # wrote is what the eager pass below writes again.
+                log.warning("decode steps run eagerly from now on", exc_info=True)
+                self.decode_graphs = None
         batch, sampled = self.prepare(scheduled)
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens

@@ -12,7 +12,7 @@ import pytest
 from test_multi_lora import ADAPTERS, make_adapters, peft_greedy, peft_model_with, requests_for
 
 from loragate.engine import SamplingParams
-from loragate.engine.cuda_graphs import DecodeGraphs, batch_buckets
+from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError, batch_buckets
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,29 @@ def test_padded_static_decode_batch_matches_peft(tiny_setup, make_llm):
     assert graphs.replays >= 25 and graphs.padded_rows > 0
     assert len(buckets) >= 3, graphs.keys_run
     assert 0 in ranks and max(ranks) == 64, graphs.keys_run
+
+
+def test_a_failed_capture_leaves_the_engine_eager_and_correct(tiny_setup, make_llm):
+    model_dir, paths, peft_model = tiny_setup
+    llm = make_llm(model=str(model_dir), max_model_len=128, num_kv_blocks=64, max_num_seqs=4)
+    engine = llm.llm_engine
+    graphs = DecodeGraphs(
+        engine.model, engine.kv_cache, None, None, max_batch=4, max_model_len=128, capture=False
+    )
+    calls = []
+
+    def failing_run(decodes):
+        calls.append(len(decodes))
+        raise GraphCaptureError("capture refused")
+
+    graphs.run = failing_run
+    engine.runner.decode_graphs = graphs
+    prompts = [[1] + list(range(300 + 11 * i, 310 + 13 * i)) for i in range(3)]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=12, min_tokens=12),
+        use_tqdm=False,
+    )
+    assert calls == [3] and engine.runner.decode_graphs is None
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.outputs[0].token_ids == peft_greedy(peft_model, None, prompt, 12)
