@@ -112,6 +112,13 @@ class LLMEngine:
             self._new_sequence,
             lambda seq, reason: self._finish(seq, reason, None),
         )
+        # What logits-processor plugins get to know of the model (structured output needs the
+        # tokenizer's tokens; logit_bias the vocabulary size).
+        self._model_info = {
+            "tokenizer": self.tokenizer,
+            "vocab_size": self.model.vocab_size,
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
         self.requests: dict[str, Request] = {}
         self._seq_ids = count()
         self.num_prompt_tokens = 0
@@ -142,7 +149,7 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
-        request.logits_processors = self.plugins.logits_processors(asdict(params))
+        request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
         width = 1 if params.use_beam_search else params.best_of
         for index in range(width):
             request.seqs.append(self._new_sequence(request, index))
