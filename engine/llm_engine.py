@@ -149,6 +149,8 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
         request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
         width = 1 if params.use_beam_search else params.best_of
         for index in range(width):

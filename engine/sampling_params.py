@@ -45,7 +45,9 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 disables top-k; ``max_tokens=None`` means "until the model's
     context is full" (the engine enforces max_model_len); ``logprobs=N`` returns the N
-    most likely tokens of every step plus the chosen one (0: only the chosen one).
+    most likely tokens of every step plus the chosen one (0: only the chosen one);
+    ``prompt_logprobs=N`` does the same for every prompt token after the first (such a
+    request computes its whole prompt: no prefix-cache hits).
     With ``use_beam_search``, ``temperature`` scales the beam scores (see
     ``beam_temperature``) and ``top_k`` is ignored with a one-time warning.
     ``structured_outputs`` (or vLLM's older ``guided_decoding``) constrains the output to a
@@ -70,6 +72,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     use_beam_search: bool = False
@@ -137,8 +140,10 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
