@@ -38,6 +38,20 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
     )
 
 
+def error_output(request: Request) -> RequestOutput:
+    """The answer of a request whose own answer could not be built."""
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt=request.prompt,
+        prompt_token_ids=request.prompt_token_ids,
+        outputs=failed_completions(request.params.n),
+        finished=True,
+        lora_request=request.lora_request,
+        error=request.error,
+        error_type=request.error_type,
+    )
+
+
 def failed_completions(n: int) -> list[CompletionOutput]:
     """What a request that failed with nothing to show answers: n empty, errored samples."""
     return [CompletionOutput(i, "", [], None, None, finish_reason="error") for i in range(n)]

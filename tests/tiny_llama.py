@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from loragate.engine.models.llama import lora_module_shapes
+
 SIZES = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -56,6 +58,10 @@ def tiny_config(kind: str = "llama", **overrides):
     if kind == "qwen2":
         return Qwen2Config(**sizes, tie_word_embeddings=False, use_sliding_window=False)
     raise ValueError(kind)
+
+
+# Every module the engine's model offers LoRA, as the model declares them.
+ALL_MODULES = tuple(lora_module_shapes(tiny_config()))
 
 
 def build_tiny_model(kind: str = "llama", seed: int = 0, **overrides):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from adapters_testlib import TINY_NAME, tiny_model
 
-from loragate.adapters import LoRAModelSpec, make_random_adapter
+from loragate.adapters import make_random_adapter
+from loragate.engine.models.llama import lora_spec
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +16,7 @@ def base_model():
 
 @pytest.fixture(scope="session")
 def spec(base_model):
-    return LoRAModelSpec.from_hf_config(base_model.config, model_name=TINY_NAME)
+    return lora_spec(base_model.config, TINY_NAME)
 
 
 @pytest.fixture

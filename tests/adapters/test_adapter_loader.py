@@ -12,11 +12,13 @@ import torch
 from adapters_testlib import TINY_NAME, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
+from tiny_llama import ALL_MODULES
 from transformers.pytorch_utils import Conv1D
 
-from loragate.adapters import SUPPORTED_MODULES, LoRAModelSpec, load_adapter
+from loragate.adapters import load_adapter
+from loragate.engine.models.llama import lora_spec
 
-ALL = list(SUPPORTED_MODULES)
+ALL = list(ALL_MODULES)
 
 
 def _peft_lora_weights(base_model, adapter_dir):
@@ -41,7 +43,7 @@ def _merged_weights(base_model, adapter_dir):
     out = {}
     for name, module in merged.named_modules():
         parts = name.split(".")
-        if parts[-1] in SUPPORTED_MODULES and "layers" in parts:
+        if parts[-1] in ALL_MODULES and "layers" in parts:
             weight = module.weight.detach()
             out[(int(parts[parts.index("layers") + 1]), parts[-1])] = (
                 weight.T if isinstance(module, Conv1D) else weight
@@ -198,7 +200,7 @@ def test_regex_target_modules_take_targets_from_weights(spec, make_adapter):
     assert adapter.target_modules == {"q_proj", "gate_proj"}
 
 
-def test_spec_from_hf_config_matches_smollm2_shapes():
+def test_model_lora_spec_matches_smollm2_shapes():
     from transformers import LlamaConfig
 
     config = LlamaConfig(
@@ -208,7 +210,7 @@ def test_spec_from_hf_config_matches_smollm2_shapes():
         num_key_value_heads=3,
         intermediate_size=1536,
     )
-    spec = LoRAModelSpec.from_hf_config(config, model_name="SmolLM2-135M-Instruct")
+    spec = lora_spec(config, "SmolLM2-135M-Instruct")
     assert spec.num_layers == 30
     assert spec.modules == {
         "q_proj": (576, 576),

@@ -23,13 +23,13 @@ from loragate.adapters import (
     BaseModelMismatchError,
     BaseModelMismatchWarning,
     CorruptWeightsError,
-    LoRAModelSpec,
     PickleWeightsError,
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
     load_adapter,
     make_random_adapter,
 )
+from loragate.engine.models.llama import lora_spec
 
 
 def _edit_config(path: Path, **changes) -> None:
@@ -302,7 +302,7 @@ def test_missing_base_model_is_an_error_only_when_strict(spec, make_adapter):
 )
 def test_base_model_names_compare_loosely(tmp_path, recorded):
     model = tiny_model()
-    spec = LoRAModelSpec.from_hf_config(model.config, model_name="SmolLM2-135M-Instruct")
+    spec = lora_spec(model.config, "SmolLM2-135M-Instruct")
     path = make_random_adapter(model, tmp_path / "a", rank=2, targets=["q_proj"])
     _edit_config(path, base_model_name_or_path=recorded)
     with warnings.catch_warnings():

@@ -9,10 +9,11 @@ import pytest
 import torch
 from adapters_testlib import tiny_model
 from peft import PeftModel
+from tiny_llama import ALL_MODULES
 
-from loragate.adapters import SUPPORTED_MODULES, load_adapter, make_random_adapter
+from loragate.adapters import load_adapter, make_random_adapter
 
-ALL = list(SUPPORTED_MODULES)
+ALL = list(ALL_MODULES)
 
 
 def _files(path):

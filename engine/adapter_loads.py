@@ -1,0 +1,97 @@
+"""Adapter weights come into memory on loader threads, never on the engine's step.
+
+The scheduler takes a device slot only for weights already in memory (the CPU tier or a
+slot). A request whose weights are not there waits in the queue while a loader thread reads
+them, and every other request keeps running; the next step that finds them in memory
+schedules it. A load that fails fails the requests waiting for those weights, with the
+adapter's own error (AdapterChangedError when the files now hold other weights).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from loragate.adapters import AdapterCache, AdapterNotInMemory, LoRAModelSpec, WeightsIdentity
+from loragate.engine.config import EngineConfig
+from loragate.engine.sequence import Request
+
+# Loads run beside the engine's step; two keep a burst of cold adapters moving without
+# taking every core from the forward pass.
+LOADER_THREADS = 2
+
+
+class AdapterLoads:
+    """The scheduler's door to the adapter cache's device slots."""
+
+    def __init__(self, cache: AdapterCache, workers: int = LOADER_THREADS):
+        self.cache = cache
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="loragate-adapter-load")
+        self._loads: dict[WeightsIdentity, Future] = {}
+        self._lock = threading.Lock()
+
+    def start(self, request: Request) -> None:
+        """Begin reading ``request``'s admitted weights on a loader thread unless they are in
+        memory or already on their way."""
+        identity = request.adapter_identity
+        with self._lock:
+            if identity in self._loads or self.cache.in_memory(identity):
+                return
+            self._loads[identity] = self._pool.submit(
+                self.cache.load, request.lora_request, identity
+            )
+
+    def acquire(self, request: Request, busy_slots) -> int | None:
+        """The slot holding ``request``'s admitted weights; None while every slot is busy.
+
+        Raises AdapterNotInMemory while they load, and the load's error once it failed.
+        Never reads a file.
+        """
+        identity = request.adapter_identity
+        with self._lock:
+            load = self._loads.get(identity)
+            if load is not None and load.done():
+                del self._loads[identity]
+                if load.exception() is not None:
+                    raise load.exception()
+        try:
+            return self.cache.acquire(
+                request.lora_request,
+                busy_slots,
+                identity,
+                tenant=request.tenant,
+                read_files=False,
+            )
+        except AdapterNotInMemory:
+            self.start(request)
+            raise
+
+    @property
+    def loading(self) -> bool:
+        with self._lock:
+            return any(not load.done() for load in self._loads.values())
+
+    def wait(self, timeout: float) -> None:
+        """Block until a load ends or ``timeout`` seconds pass (the engine has nothing else
+        to run)."""
+        with self._lock:
+            pending = [load for load in self._loads.values() if not load.done()]
+        if pending:
+            wait(pending, timeout, return_when=FIRST_COMPLETED)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_adapter_cache(spec: LoRAModelSpec, config: EngineConfig, plugins, model) -> AdapterCache:
+    """The engine's adapter cache: slots on the model's device and dtype, eviction by plugin."""
+    return AdapterCache(
+        spec,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras,
+        device=model.device,
+        dtype=model.dtype,
+        strict_base_model=config.strict_lora_base_model,
+        choose_victim=plugins.choose_adapter_victim,
+    )
