@@ -159,6 +159,10 @@ class AdapterCache:
         with self._lock:
             return self._cpu_entry(request, identity, fresh, seconds, admitted=True)
 
+    def in_slot(self, identity: WeightsIdentity) -> bool:
+        with self._lock:
+            return identity in self._slot_of
+
     def in_memory(self, identity: WeightsIdentity) -> bool:
         """Whether ``identity``'s weights are in the CPU tier or a device slot, so that
         ``acquire`` needs no file."""
@@ -252,11 +256,6 @@ class AdapterCache:
         return next(owner for owner in self._slot_of if self._usage.key(owner) == key)
 
     # -- CPU tier ---------------------------------------------------------------------
-    def in_cpu(self, request: LoRARequest) -> bool:
-        """Whether ``request``'s files, unchanged since hashed (one stat), are in CPU memory:
-        admitting it then reads no file."""
-        return self.identity_in_cpu(request) is not None
-
     def identity_in_cpu(self, request: LoRARequest) -> WeightsIdentity | None:
         """The identity of ``request``'s files when a stat vouches for them and their
         weights are in CPU memory (admitting it under that identity reads no file)."""

@@ -15,11 +15,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
+from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.llm_engine import LLMEngine, PromptInput
@@ -71,7 +71,7 @@ class AsyncLLMEngine:
     ):
         self.engine = engine
         self.adapter_load_timeout = adapter_load_timeout
-        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loragate-loader")
+        self._loader = loader_pool(2, "loragate-loader")
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()

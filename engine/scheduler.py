@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loragate.adapters import AdapterNotInMemory
+from loragate.engine.adapter_loads import AdapterNotReady
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.plugin_data import preemption_victim
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
@@ -24,7 +24,7 @@ from loragate.plugins.builtin.preemption import newest_first_victim
 
 class AdapterSlots(Protocol):
     def acquire(self, request: Request, busy_slots: set[int]) -> int | None:
-        """A slot, None while all are busy; AdapterNotInMemory while the weights load."""
+        """A slot, None while all are busy; AdapterNotReady while the weights load."""
 
 
 @dataclass
@@ -159,7 +159,7 @@ class Scheduler:
             if seq.lora_request is not None:
                 try:
                     slot = self._acquire_slot(seq)
-                except AdapterNotInMemory:
+                except AdapterNotReady:
                     break  # it swaps back in once a loader thread has read its weights
                 except Exception as exc:  # the engine fails its request; remove() frees it
                     out.failed.append((seq, exc))
@@ -195,7 +195,7 @@ class Scheduler:
                 # first (FCFS among them); base-model requests need no slot and go on.
                 try:
                     slot = None if blocked_on_slot else self._acquire_slot(seq)
-                except AdapterNotInMemory:  # loading off the step: the others go on
+                except AdapterNotReady:  # loading off the step: the others go on
                     self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     continue
