@@ -9,10 +9,9 @@ import math
 
 import pytest
 import torch
-from adapters_testlib import TINY_NAME, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
-from tiny_llama import ALL_MODULES
+from tiny_llama import ALL_MODULES, HF_INIT_NAME, hf_init_tiny_model
 from transformers.pytorch_utils import Conv1D
 
 from loragate.adapters import load_adapter
@@ -82,7 +81,7 @@ def test_round_trips_peft_tensors_exactly(base_model, spec, make_adapter):
     weights_file = path / "adapter_model.safetensors"
     assert adapter.sha256 == hashlib.sha256(weights_file.read_bytes()).hexdigest()
     assert adapter.size_bytes == weights_file.stat().st_size
-    assert adapter.base_model_name_or_path == TINY_NAME
+    assert adapter.base_model_name_or_path == HF_INIT_NAME
     assert adapter.num_params == sum(a.numel() + b.numel() for a, b in adapter.weights.values())
 
 
@@ -125,7 +124,7 @@ def _conv1d_model():
 
     PEFT only keeps fan_in_fan_out=True for Conv1D targets (it resets it for nn.Linear).
     """
-    model = tiny_model(seed=5)
+    model = hf_init_tiny_model(seed=5)
     for block in model.model.layers:
         for owner in (block.self_attn, block.mlp):
             for name, child in list(owner.named_children()):

@@ -15,13 +15,13 @@ import time
 
 import pytest
 import torch
-from test_multi_lora import ALL, make_adapters, peft_greedy, peft_model_with
+from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 
-COLD = {f"cold{i}": (64, ALL, False) for i in range(4)}
+COLD = {f"cold{i}": (64, ALL_MODULES, False) for i in range(4)}
 STREAM_TOKENS = 96
 COLD_TOKENS = 8
 BURST_AFTER = 12  # stream tokens before the burst of cold requests

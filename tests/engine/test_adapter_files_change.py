@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from test_multi_lora import ALL, make_adapters, peft_greedy, peft_model_with
+from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
 from loragate.adapters import identity as identity_module
@@ -28,8 +28,8 @@ PROMPT = [
 N = 12
 PARAMS = SamplingParams(temperature=0, max_tokens=N, min_tokens=N)
 SPECS = {  # same rank and targets: same file sizes
-    "A": (8, ALL, False),
-    "B": (8, ALL, False),
+    "A": (8, ALL_MODULES, False),
+    "B": (8, ALL_MODULES, False),
     "C": (4, ["q_proj", "v_proj"], False),
     "D": (4, ["o_proj", "down_proj"], False),
 }
