@@ -20,8 +20,10 @@ from loragate.engine import beam_search, engine_stats, sizing
 from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
+from loragate.engine.cuda_graphs import DecodeGraphs
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
+from loragate.engine.forks import fork_pending
 from loragate.engine.input_processor import InputProcessor, PromptInput
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
@@ -94,6 +96,15 @@ class LLMEngine:
             choose_preemption_victim=preemption_victim(self.plugins.choose_preemption_victim),
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
+        if device.type == "cuda" and not config.enforce_eager:
+            self.runner.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                self.adapters,
+                self.runner.lora_rank,
+                max_batch=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+            )
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
@@ -110,6 +121,13 @@ class LLMEngine:
             self.dispatcher.apply_logits_processors,
             self._fail,
         )
+        # What logits-processor plugins get to know of the model (structured output needs the
+        # tokenizer's tokens; logit_bias the vocabulary size).
+        self._model_info = {
+            "tokenizer": self.tokenizer,
+            "vocab_size": self.model.vocab_size,
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
         self.requests: dict[str, Request] = {}
         self._seq_ids = count()
         self.num_prompt_tokens = 0
@@ -146,7 +164,9 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt, tenant
         )
-        request.logits_processors = self.plugins.logits_processors(asdict(params))
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
         width = 1 if params.use_beam_search else params.best_of
         for index in range(width):
             request.seqs.append(self._new_sequence(request, index))
@@ -216,7 +236,7 @@ class LLMEngine:
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
-        sampled, logits = self._fork_pending(sampled, logits)
+        sampled, logits = fork_pending(sampled, logits, self.block_manager, self.scheduler)
         touched: dict[str, Request] = {}
         sampled, logits = self.beams.step(sampled, logits, touched)
         results = self.dispatcher.sample(sampled, logits) if sampled else []
@@ -278,23 +298,6 @@ class LLMEngine:
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
         return seq
-
-    def _fork_pending(self, sampled: list[Sequence], logits):
-        """Samples 2..n of a request start here, sharing the prompt's KV blocks."""
-        if not any(s.request.pending_forks for s in sampled):
-            return sampled, logits
-        rows, expanded = [], []
-        for i, seq in enumerate(sampled):
-            rows.append(i)
-            expanded.append(seq)
-            for child in seq.request.pending_forks:
-                child.num_computed_tokens = seq.num_computed_tokens
-                self.block_manager.fork(seq, child)
-                self.scheduler.add_running(child, seq.lora_slot)
-                rows.append(i)
-                expanded.append(child)
-            seq.request.pending_forks = []
-        return expanded, logits[rows]
 
     def _append_token(self, seq: Sequence, result) -> None:
         seq.token_ids.append(result.token_id)
