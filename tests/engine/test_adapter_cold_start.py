@@ -14,7 +14,6 @@ import statistics
 import time
 
 import pytest
-import torch
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
@@ -99,11 +98,10 @@ async def _run(engine, base_prompts, cold_prompts, loras):
             last = out
         return last.outputs[0].token_ids, time.monotonic()
 
-    with torch.inference_mode():
-        results = await asyncio.gather(
-            *(base(i) for i in range(len(base_prompts))),
-            *(cold(i) for i in range(len(cold_prompts))),
-        )
+    results = await asyncio.gather(
+        *(base(i) for i in range(len(base_prompts))),
+        *(cold(i) for i in range(len(cold_prompts))),
+    )
     cold = results[len(base_prompts) :]
     # Every cold request finished while the streams were still running: the window measured
     # covers the loads, the slot copies and the cold prefills.
