@@ -7,6 +7,7 @@ from loragate.adapters.errors import (
     AdapterError,
     AdapterLoadTimeoutError,
     AdapterNotFoundError,
+    AdapterNotInMemory,
     AdapterRankError,
     AdapterShapeError,
     BaseModelMismatchError,
@@ -21,15 +22,15 @@ from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.random_adapter import make_random_adapter
 from loragate.adapters.request import LoRARequest
-from loragate.adapters.spec import SUPPORTED_MODULES, LoRAModelSpec
+from loragate.adapters.spec import LoRAModelSpec
 
 __all__ = [
-    "SUPPORTED_MODULES",
     "AdapterCache",
     "AdapterChangedError",
     "AdapterConfigError",
     "AdapterError",
     "AdapterLoadTimeoutError",
+    "AdapterNotInMemory",
     "AdapterNotFoundError",
     "AdapterRankError",
     "AdapterShapeError",

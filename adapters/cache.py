@@ -5,8 +5,10 @@ never by a request's name, id or path: files that change are new entries everywh
 two names (or two int ids) with the same files share one entry. The engine calls
 ``preload`` when it admits a request (a stat when the files are unchanged) and runs the
 request under that ``identity``: ``acquire`` (once per scheduled request, never per token)
-returns the slot holding exactly those weights. The gateway calls ``preload`` when an
-adapter is registered so a bad directory is refused before the client hears 201.
+returns the slot holding exactly those weights. The engine's step acquires with
+``read_files=False``: weights in no memory tier are brought back by ``load`` on a loader
+thread while the request waits. The gateway calls ``preload`` when an adapter is registered
+so a bad directory is refused before the client hears 201.
 
 Old weights age out by LRU. Weights an admitted request still needs and that its files no
 longer hold are never dropped from the CPU tier (``hold``/``release``), even past
@@ -33,28 +35,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from loragate.adapters.errors import AdapterChangedError
+from loragate.adapters.device_tier import DeviceTier
+from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, resolve_victim
 from loragate.adapters.identity import IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.request import LoRARequest
-from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
+from loragate.adapters.usage import UsageBook
 
-
-@dataclass
-class _Usage:
-    """Shared by both tiers: one set of weights' recency, how often requests used it, and
-    the request that used it last (what eviction plugins and ``resident()`` see)."""
-
-    last_used: int
-    request: LoRARequest
-    uses: int = 0
-    size_bytes: int = 0
+_COUNTERS = (
+    "device_hits slot_loads device_evictions acquire_waits cpu_hits disk_loads file_reads "
+    "cpu_evictions"
+).split()
 
 
 def _positive_int(name: str, value) -> int:
@@ -96,29 +92,15 @@ class AdapterCache:
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
         self.strict_base_model = strict_base_model
         self._choose_victim = choose_victim or lru_victim
-        self._slots = DeviceSlots(spec, max_loras, max_lora_rank, torch.device(device), dtype)
-        self._slot_owner: list[WeightsIdentity | None] = [None] * max_loras
-        self._slot_rank = [0] * max_loras
-        self._slot_of: dict[WeightsIdentity, int] = {}
+        self._device = DeviceTier(spec, max_loras, max_lora_rank, device, dtype)
+        self._slots = self._device.tensors
+        self._slot_of = self._device.slot_of  # the same dict: identity -> slot
         self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
-        self._usage: dict[WeightsIdentity, _Usage] = {}
+        self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
         self._book = IdentityBook()
-        self._clock = 0
         self._lock = threading.RLock()
-        self._counters = dict.fromkeys(
-            (
-                "device_hits",
-                "slot_loads",
-                "device_evictions",
-                "acquire_waits",
-                "cpu_hits",
-                "disk_loads",
-                "file_reads",
-                "cpu_evictions",
-            ),
-            0,
-        )
+        self._counters = dict.fromkeys(_COUNTERS, 0)
         self._seconds = {"load_seconds": 0.0, "slot_load_seconds": 0.0}
 
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
@@ -150,7 +132,7 @@ class AdapterCache:
     def effective_rank(self) -> int:
         """Largest rank among resident adapters; columns past it are zero in every slot."""
         with self._lock:
-            return max(self._slot_rank)
+            return max(self._device.rank)
 
     # -- admission ----------------------------------------------------------------------
     def preload(self, request: LoRARequest) -> LoRAAdapter:
@@ -163,8 +145,29 @@ class AdapterCache:
         identity, fresh, seconds = self._resolve(request)
         with self._lock:
             adapter = self._cpu_entry(request, identity, fresh, seconds)
-            self._touch(identity, request, used=False)
+            self._usage.touch(identity, request, used=False)
             return adapter
+
+    def load(self, request: LoRARequest, identity: WeightsIdentity) -> LoRAAdapter:
+        """Bring the weights a request was admitted under back into the CPU tier (a loader
+        thread's job). AdapterChangedError if its files hold other weights by now."""
+        with self._lock:
+            adapter = self._cpu.get(identity)
+            if adapter is not None:
+                return adapter
+        fresh, seconds = self._read(request)  # no lock held while reading
+        with self._lock:
+            return self._cpu_entry(request, identity, fresh, seconds, admitted=True)
+
+    def in_slot(self, identity: WeightsIdentity) -> bool:
+        with self._lock:
+            return identity in self._slot_of
+
+    def in_memory(self, identity: WeightsIdentity) -> bool:
+        """Whether ``identity``'s weights are in the CPU tier or a device slot, so that
+        ``acquire`` needs no file."""
+        with self._lock:
+            return identity in self._cpu or identity in self._slot_of
 
     def hold(self, identity: WeightsIdentity) -> None:
         """A request was admitted under ``identity``: keep weights no file gives any more."""
@@ -178,6 +181,15 @@ class AdapterCache:
             if self._holds[identity] <= 0:
                 del self._holds[identity]
 
+    def pin(self, request: LoRARequest, pinned: bool = True) -> None:
+        """Mark ``request``'s adapter directory pinned (or not): eviction candidates say so,
+        and the built-in policy evicts pinned adapters last."""
+        with self._lock:
+            if pinned:
+                self._usage.pinned_paths.add(request.lora_path)
+            else:
+                self._usage.pinned_paths.discard(request.lora_path)
+
     # -- device tier ------------------------------------------------------------------
     def slot_of(self, request: LoRARequest) -> int | None:
         """The slot holding the weights ``request``'s files had when last hashed, if any."""
@@ -189,15 +201,20 @@ class AdapterCache:
         request: LoRARequest,
         busy_slots=frozenset(),
         identity: WeightsIdentity | None = None,
+        *,
+        tenant: str | None = None,
+        read_files: bool = True,
     ) -> int | None:
         """The slot holding the weights ``identity`` names, loading them if needed; None if
         all slots are busy.
 
         ``identity`` is what the request was admitted under (``preload(...).identity``);
         without one, the files as they are now. ``busy_slots`` are the slots running
-        sequences use: they are never evicted. Raises an AdapterError if the weights cannot
-        be loaded (AdapterChangedError if the files changed since admission and the admitted
-        weights left memory), leaving the cache unchanged.
+        sequences use: they are never evicted. ``tenant`` is the tenant of the request (what
+        eviction plugins see). Raises an AdapterError if the weights cannot be loaded
+        (AdapterChangedError if the files changed since admission and the admitted weights
+        left memory), leaving the cache unchanged. With ``read_files=False`` (the engine's
+        step) weights in no memory tier raise AdapterNotInMemory instead of being read.
         """
         fresh, seconds = None, 0.0
         if identity is None:
@@ -206,9 +223,11 @@ class AdapterCache:
             slot = self._slot_of.get(identity)
             if slot is not None:
                 self._counters["device_hits"] += 1
-                self._touch(identity, request, used=True)
+                self._usage.touch(identity, request, used=True, tenant=tenant)
                 return slot
-            slot = self._free_slot()
+            if not read_files and identity not in self._cpu:
+                raise AdapterNotInMemory(f"adapter {request.lora_name!r}: {identity}")
+            slot = self._device.free_slot()
             victim = None
             if slot is None:
                 victim = self._device_victim(busy_slots)
@@ -217,44 +236,32 @@ class AdapterCache:
                     return None
                 slot = self._slot_of[victim]
             adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
+            self._seconds["slot_load_seconds"] += self._device.put(slot, identity, adapter)
+            self._counters["slot_loads"] += 1
             if victim is not None:
-                del self._slot_of[victim]
                 self._forget_usage_if_gone(victim)
                 self._counters["device_evictions"] += 1
-            started = time.perf_counter()
-            self._slots.write(slot, adapter)
-            self._seconds["slot_load_seconds"] += time.perf_counter() - started
-            self._counters["slot_loads"] += 1
-            self._slot_owner[slot] = identity
-            self._slot_rank[slot] = adapter.rank
-            self._slot_of[identity] = slot
-            self._touch(identity, request, used=True)
+            self._usage.touch(identity, request, used=True, tenant=tenant)
             return slot
-
-    def _free_slot(self) -> int | None:
-        for slot, owner in enumerate(self._slot_owner):
-            if owner is None:
-                return slot
-        return None
 
     def _device_victim(self, busy_slots) -> WeightsIdentity | None:
         candidates = [
-            self._candidate(owner, slot)
-            for slot, owner in enumerate(self._slot_owner)
-            if owner is not None and slot not in busy_slots
+            self._usage.candidate(owner, slot)
+            for slot, owner in self._device.occupied().items()
+            if slot not in busy_slots
         ]
         if not candidates:
             return None
         key = resolve_victim(self._choose_victim(candidates, "device"), candidates, "device")
-        return next(owner for owner in self._slot_of if self._key(owner) == key)
+        return next(owner for owner in self._slot_of if self._usage.key(owner) == key)
 
     # -- CPU tier ---------------------------------------------------------------------
-    def in_cpu(self, request: LoRARequest) -> bool:
-        """Whether ``request``'s files, unchanged since hashed (one stat), are in CPU memory:
-        admitting it then reads no file."""
+    def identity_in_cpu(self, request: LoRARequest) -> WeightsIdentity | None:
+        """The identity of ``request``'s files when a stat vouches for them and their
+        weights are in CPU memory (admitting it under that identity reads no file)."""
         identity = self._book.known(request.lora_path)
         with self._lock:
-            return identity is not None and identity in self._cpu
+            return identity if identity is not None and identity in self._cpu else None
 
     def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
         """The identity of ``request``'s files now: from a stat when they are unchanged since
@@ -316,22 +323,23 @@ class AdapterCache:
             droppable = [held for held in self._cpu if self._may_leave_cpu(held)]
             if not droppable:
                 break  # all needed by admitted requests and no longer on disk: kept until done
-            candidates = [self._candidate(held, self._slot_of.get(held)) for held in droppable]
+            candidates = [
+                self._usage.candidate(held, self._slot_of.get(held)) for held in droppable
+            ]
             key = resolve_victim(self._choose_victim(candidates, "cpu"), candidates, "cpu")
-            victim = next(held for held in droppable if self._key(held) == key)
+            victim = next(held for held in droppable if self._usage.key(held) == key)
             del self._cpu[victim]
             self._forget_usage_if_gone(victim)
             self._counters["cpu_evictions"] += 1
         self._cpu[identity] = adapter
-        usage = self._usage.setdefault(identity, _Usage(last_used=0, request=request))
-        usage.size_bytes = adapter.size_bytes
+        self._usage.sized(identity, request, adapter.size_bytes)
 
     def _may_leave_cpu(self, identity: WeightsIdentity) -> bool:
         """No admitted request needs these weights, or a stat proves their files still hold
         them (so a later miss reads them back)."""
         if not self._holds.get(identity):
             return True
-        return self._book.known(self._usage[identity].request.lora_path) == identity
+        return self._book.known(self._usage.request_of(identity).lora_path) == identity
 
     # -- both tiers -------------------------------------------------------------------
     def remove(self, request: LoRARequest, busy_slots=frozenset()) -> bool:
@@ -342,7 +350,7 @@ class AdapterCache:
         """
         with self._lock:
             current = self._book.last(request.lora_path)
-            identities = {i for i, u in self._usage.items() if u.request == request}
+            identities = {i for i, u in self._usage.entries.items() if u.request == request}
             if current is not None and (current in self._cpu or current in self._slot_of):
                 identities.add(current)
             for identity in identities:
@@ -356,32 +364,25 @@ class AdapterCache:
             for identity in identities:
                 if not self._holds.get(identity):
                     found |= self._cpu.pop(identity, None) is not None
-                slot = self._slot_of.pop(identity, None)
-                if slot is not None:
-                    self._slot_owner[slot] = None
-                    self._slot_rank[slot] = 0
-                    self._slots.clear(slot)
-                    found = True
+                found |= self._device.clear(identity) is not None
                 self._forget_usage_if_gone(identity)
             return found
 
     def resident(self) -> dict[int, LoRARequest]:
         """Slot -> the request that last used the weights in it, for every occupied slot."""
         with self._lock:
-            return {
-                s: self._usage[i].request for s, i in enumerate(self._slot_owner) if i is not None
-            }
+            return {s: self._usage.request_of(i) for s, i in self._device.occupied().items()}
 
     def resident_identities(self) -> dict[int, WeightsIdentity]:
         """Slot -> the weights in it, for every occupied slot."""
         with self._lock:
-            return {s: i for s, i in enumerate(self._slot_owner) if i is not None}
+            return self._device.occupied()
 
     def cpu_resident(self) -> list[LoRARequest]:
         """The request that last used each CPU-tier entry, least recently used first."""
         with self._lock:
-            ordered = sorted(self._cpu, key=lambda i: self._usage[i].last_used)
-            return [self._usage[i].request for i in ordered]
+            ordered = sorted(self._cpu, key=lambda i: self._usage.entries[i].last_used)
+            return [self._usage.request_of(i) for i in ordered]
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -393,38 +394,6 @@ class AdapterCache:
                 "held_weights": len(self._holds),
             }
 
-    # -- helpers ----------------------------------------------------------------------
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
-    def _touch(self, identity: WeightsIdentity, request: LoRARequest, *, used: bool) -> None:
-        usage = self._usage.setdefault(identity, _Usage(last_used=0, request=request))
-        usage.last_used = self._tick()
-        usage.uses += int(used)
-        usage.request = request
-
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
         if identity not in self._cpu and identity not in self._slot_of:
-            self._usage.pop(identity, None)
-
-    def _key(self, identity: WeightsIdentity) -> tuple[str, int, str, str]:
-        request = self._usage[identity].request
-        return (request.lora_name, request.lora_int_id, request.lora_path, identity.key)
-
-    def _candidate(self, identity: WeightsIdentity, slot: int | None) -> dict:
-        usage = self._usage[identity]
-        request = usage.request
-        return {
-            "key": self._key(identity),
-            "name": request.lora_name,
-            "lora_int_id": request.lora_int_id,
-            "path": request.lora_path,
-            "sha256": identity.sha256,
-            "tenant": None,
-            "last_used": usage.last_used,
-            "uses": usage.uses,
-            "size_bytes": usage.size_bytes,
-            "pinned": False,
-            "slot": slot,
-        }
+            self._usage.entries.pop(identity, None)

@@ -68,3 +68,9 @@ class AdapterChangedError(AdapterError):
 
 class AdapterLoadTimeoutError(AdapterError):
     """Reading and validating the adapter's files took longer than the server allows."""
+
+
+class AdapterNotInMemory(LookupError):
+    """The weights a request was admitted under are in no memory tier yet: a loader thread
+    reads them while the request waits (the engine's step never reads a file). Not an
+    AdapterError: nothing is wrong with the adapter."""

@@ -1,25 +1,12 @@
-"""What the base model offers LoRA: which linear layers, their shapes, how many layers."""
+"""What the base model offers LoRA: which linear layers, their shapes, how many layers.
+
+The model declares it (engine/models/llama.py: ``lora_spec``) and hands it to the adapter
+layer as data; nothing here knows a model family.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-SUPPORTED_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-
-# Projections a Llama-family model computes as one matmul on one input. Their adapters share
-# one shrink and one expand per layer, which at decode sizes costs little more than one module.
-LLAMA_FUSED_GROUPS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-}
 
 
 @dataclass(frozen=True)
@@ -47,11 +34,8 @@ class LoRAModelSpec:
             raise ValueError("modules must name at least one LoRA-targetable module")
         checked = {}
         for name, dims in self.modules.items():
-            if name not in SUPPORTED_MODULES:
-                raise ValueError(
-                    f"module {name!r} is not LoRA-targetable; "
-                    f"supported: {', '.join(SUPPORTED_MODULES)}"
-                )
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"module names must be non-empty strings, got {name!r}")
             if (
                 not isinstance(dims, tuple | list)
                 or len(dims) != 2
@@ -89,29 +73,3 @@ class LoRAModelSpec:
             seen.update(members)
             checked[name] = members
         return checked
-
-    @classmethod
-    def from_hf_config(cls, config, model_name: str | None = None) -> LoRAModelSpec:
-        """The spec of a Llama-family model from its Hugging Face config."""
-        hidden = config.hidden_size
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or hidden // heads
-        inter = config.intermediate_size
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        modules = {
-            "q_proj": (hidden, q_out),
-            "k_proj": (hidden, kv_out),
-            "v_proj": (hidden, kv_out),
-            "o_proj": (q_out, hidden),
-            "gate_proj": (hidden, inter),
-            "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden),
-        }
-        name = model_name if model_name is not None else (config.name_or_path or "")
-        return cls(
-            model_name=name,
-            num_layers=config.num_hidden_layers,
-            modules=modules,
-            fused=dict(LLAMA_FUSED_GROUPS),
-        )

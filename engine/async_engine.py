@@ -3,7 +3,9 @@
 The event loop never waits on a forward pass. Requests and aborts reach the engine thread
 through an inbox; outputs come back with `call_soon_threadsafe` into one queue per request.
 An adapter's files are read and validated on a loader thread, within a time limit, before
-its request reaches the inbox, so neither the loop nor the engine thread reads a file.
+its request reaches the inbox, and the request is admitted under the weights read there; so
+neither the loop nor the engine thread reads a file (weights that leave memory before the
+request is scheduled come back on the engine's own loader threads).
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from loragate.adapters import AdapterLoadTimeoutError, LoRARequest
+from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
+from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.llm_engine import LLMEngine, PromptInput
@@ -38,6 +40,8 @@ class _Add:
     params: SamplingParams
     lora_request: LoRARequest | None
     cache_salt: str | None
+    tenant: str | None
+    adapter_identity: WeightsIdentity | None
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     outputs: asyncio.Queue
@@ -67,7 +71,7 @@ class AsyncLLMEngine:
     ):
         self.engine = engine
         self.adapter_load_timeout = adapter_load_timeout
-        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loragate-loader")
+        self._loader = loader_pool(2, "loragate-loader")
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
@@ -107,24 +111,39 @@ class AsyncLLMEngine:
         request_id: Hashable,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs until the request finishes. Leaving early aborts it.
 
         vLLM's call shape: `request_id` may be any hashable value (the seed passes 1); it
-        comes back as each output's `request_id`. `cache_salt` (the tenant, set by the
-        server) keeps prefix-cache sharing in-tenant.
+        comes back as each output's `request_id`. `cache_salt` (set by the server) keeps
+        prefix-cache sharing in-tenant; `tenant` is the tenant's name, which plugins see.
         """
         _check_request_id(request_id)
         params = sampling_params
         self._check_alive()
         cache = self.engine.adapters
-        if lora_request is not None and cache is not None and not cache.in_cpu(lora_request):
-            await self.load_adapter(lora_request)
+        identity = None
+        if lora_request is not None and cache is not None:
+            identity = cache.identity_in_cpu(lora_request)  # one stat
+            if identity is None:
+                identity = (await self.load_adapter(lora_request)).identity
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
         self._inbox.put(
-            _Add(request_id, prompt, params, lora_request, cache_salt, loop, accepted, outputs)
+            _Add(
+                request_id,
+                prompt,
+                params,
+                lora_request,
+                cache_salt,
+                tenant,
+                identity,
+                loop,
+                accepted,
+                outputs,
+            )
         )
         await accepted  # raises the engine's ValueError for bad input
         finished = False
@@ -207,7 +226,13 @@ class AsyncLLMEngine:
         if isinstance(item, _Add):
             try:
                 self.engine.add_request(
-                    item.request_id, item.prompt, item.params, item.lora_request, item.cache_salt
+                    item.request_id,
+                    item.prompt,
+                    item.params,
+                    item.lora_request,
+                    item.cache_salt,
+                    tenant=item.tenant,
+                    adapter_identity=item.adapter_identity,
                 )
             except Exception as exc:  # bad input: that request alone fails
                 _resolve(item.loop, item.accepted, error=exc)

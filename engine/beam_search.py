@@ -16,6 +16,7 @@ import torch
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.plugins import PluginError
 
 
 class BeamGroup:
@@ -46,11 +47,46 @@ class BeamSearchDriver:
         block_manager: BlockManager,
         new_sequence: Callable[[Request, int], Sequence],
         finish: Callable[[Sequence, str], None],
+        apply_logits_processors: Callable,
+        fail: Callable[[Request, Exception], None],
     ):
         self.scheduler = scheduler
         self.block_manager = block_manager
         self.new_sequence = new_sequence
         self.finish = finish
+        self.apply_logits_processors = apply_logits_processors
+        self.fail = fail
+
+    def step(self, sampled: list[Sequence], logits: torch.Tensor, touched: dict):
+        """Beam groups take their log-probs here; the rest goes on to the sampler."""
+        beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
+        if not beam_rows:
+            return sampled, logits
+        seqs = [sampled[i] for i in beam_rows]
+        errors: list = [None] * len(seqs)
+        processed = self.apply_logits_processors(seqs, logits[beam_rows], errors)
+        temperatures = [s.request.params.beam_temperature for s in seqs]
+        if any(t != 1.0 for t in temperatures):  # scores as vLLM's LLM.beam_search scales them
+            scale = torch.tensor(temperatures, device=processed.device)
+            processed = processed.float() / scale[:, None]
+        logprobs = torch.log_softmax(processed.float(), dim=-1)
+        for seq, row, error in zip(seqs, logprobs, errors, strict=True):
+            if error is not None:
+                self.fail(seq.request, error)
+                touched[seq.request.request_id] = seq.request
+            elif not seq.finished:
+                self.record(seq, row)
+        for request in {s.request.request_id: s.request for s in seqs}.values():
+            if request.finished:
+                continue
+            try:
+                if self.step_if_ready(request):
+                    touched[request.request_id] = request
+            except Exception as exc:  # the strategy failed this group alone
+                self.fail(request, strategy_error(exc, request.beam.plugin_name))
+                touched[request.request_id] = request
+        rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
+        return [sampled[i] for i in rest], logits[rest]
 
     def record(self, seq: Sequence, logprobs: torch.Tensor) -> None:
         seq.beam_logprobs = logprobs
@@ -101,3 +137,11 @@ class BeamSearchDriver:
             if p not in taken:
                 self.finish(beam, "stop")
         group.beams = new
+
+
+def strategy_error(exc: Exception, plugin_name: str) -> PluginError:
+    """A decoding strategy (beam search included) is a plugin: its failure names it."""
+    return PluginError(
+        plugin_name,
+        f"decoding strategy of plugin {plugin_name!r} raised {type(exc).__name__}: {exc}",
+    )

@@ -1,7 +1,8 @@
 """The engine: requests in, one scheduled forward pass per step, outputs back.
 
 `step()` is schedule, run, postprocess. Everything a request can get wrong is checked in
-`add_request`, before any KV block is touched.
+`add_request`, before any KV block is touched. Adapter weights not in memory are read on
+loader threads (engine/adapter_loads.py) while the step goes on without their requests.
 """
 
 from __future__ import annotations
@@ -14,21 +15,23 @@ from pathlib import Path
 
 import torch
 
-from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest, WeightsIdentity
-from loragate.engine import beam_search, sizing
+from loragate.adapters import LoRARequest, WeightsIdentity
+from loragate.engine import beam_search, engine_stats, sizing
+from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
 from loragate.engine.cuda_graphs import DecodeGraphs
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
+from loragate.engine.forks import fork_pending
 from loragate.engine.input_processor import InputProcessor, PromptInput
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.output_builder import failed_completions, request_output
+from loragate.engine.output_builder import error_output, request_output
 from loragate.engine.outputs import RequestOutput
-from loragate.engine.plugin_data import preemption_candidates, request_info
+from loragate.engine.plugin_data import preemption_victim, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
 from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
@@ -78,15 +81,19 @@ class LLMEngine:
         self.swapper = (
             KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
         )
-        self.adapters = self._make_adapter_cache() if config.enable_lora else None
+        self.adapters = None
+        if config.enable_lora:
+            spec = self.model.lora_spec(self.base_model_name)
+            self.adapters = make_adapter_cache(spec, config, self.plugins, self.model)
+        self.adapter_loads = AdapterLoads(self.adapters) if self.adapters is not None else None
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            adapter_slots=self.adapters,
+            adapter_slots=self.adapter_loads,
             swapper=self.swapper,
-            choose_preemption_victim=self._choose_preemption_victim,
+            choose_preemption_victim=preemption_victim(self.plugins.choose_preemption_victim),
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         if device.type == "cuda" and not config.enforce_eager:
@@ -111,6 +118,8 @@ class LLMEngine:
             self.block_manager,
             self._new_sequence,
             lambda seq, reason: self._finish(seq, reason, None),
+            self.dispatcher.apply_logits_processors,
+            self._fail,
         )
         # What logits-processor plugins get to know of the model (structured output needs the
         # tokenizer's tokens; logit_bias the vocabulary size).
@@ -137,17 +146,23 @@ class LLMEngine:
         params: SamplingParams | None = None,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
+        *,
+        tenant: str | None = None,
+        adapter_identity: WeightsIdentity | None = None,
     ) -> Request:
-        """Queue a request. `cache_salt` (the tenant, set by the server) scopes prefix caching."""
+        """Queue a request. `cache_salt` (set by the server) scopes prefix caching; `tenant`
+        is the tenant's name, for plugins. `adapter_identity` admits it under weights a
+        loader thread already read (AsyncLLMEngine's); without it the adapter's files are
+        checked here (one stat when unchanged since read)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self.inputs.tokenize(prompt)
-        adapter_identity = self._validate(token_ids, params, lora_request)
+        adapter_identity = self._validate(token_ids, params, lora_request, adapter_identity)
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         request = Request(
-            request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
+            request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt, tenant
         )
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
@@ -163,13 +178,14 @@ class LLMEngine:
             except ValueError:
                 raise
             except Exception as exc:
-                raise _strategy_error(exc, plugin_name) from exc
+                raise beam_search.strategy_error(exc, plugin_name) from exc
         # One sequence computes the prompt; the others fork from it and share its blocks.
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
         if adapter_identity is not None:  # its weights stay loadable until it ends
             self.adapters.hold(adapter_identity)
+            self.adapter_loads.start(request)  # unless they are in memory already
         self.num_prompt_tokens += len(token_ids)
         self.plugins.request_started(request_info(request))
         return request
@@ -192,19 +208,18 @@ class LLMEngine:
             self.adapters.release(request.adapter_identity)
         return request
 
-    def _choose_preemption_victim(self, running: list[Sequence]) -> Sequence:
-        """Ask the plugins which request to preempt; its newest running sequence goes."""
-        chosen = self.plugins.choose_preemption_victim(preemption_candidates(running))
-        return next(s for s in reversed(running) if s.request.request_id == chosen)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.adapter_loads is not None:
+            self.adapter_loads.new_step()
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
+            if not failed and self.adapter_loads is not None:
+                self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
             return failed
         sampled, logits = self.runner.run(scheduled)
         return failed + self._postprocess(scheduled, sampled, logits)
@@ -221,9 +236,9 @@ class LLMEngine:
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
-        sampled, logits = self._fork_pending(sampled, logits)
+        sampled, logits = fork_pending(sampled, logits, self.block_manager, self.scheduler)
         touched: dict[str, Request] = {}
-        sampled, logits = self._beam_step(sampled, logits, touched)
+        sampled, logits = self.beams.step(sampled, logits, touched)
         results = self.dispatcher.sample(sampled, logits) if sampled else []
         now = time.monotonic()
         for seq, result in zip(sampled, results, strict=True):
@@ -241,37 +256,6 @@ class LLMEngine:
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
         return self._outputs(touched)
-
-    def _beam_step(self, sampled: list[Sequence], logits: torch.Tensor, touched: dict):
-        """Beam groups take their log-probs here; the rest goes on to the sampler."""
-        beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
-        if not beam_rows:
-            return sampled, logits
-        seqs = [sampled[i] for i in beam_rows]
-        errors: list = [None] * len(seqs)
-        processed = self.dispatcher.apply_logits_processors(seqs, logits[beam_rows], errors)
-        temperatures = [s.request.params.beam_temperature for s in seqs]
-        if any(t != 1.0 for t in temperatures):  # scores as vLLM's LLM.beam_search scales them
-            scale = torch.tensor(temperatures, device=processed.device)
-            processed = processed.float() / scale[:, None]
-        logprobs = torch.log_softmax(processed.float(), dim=-1)
-        for seq, row, error in zip(seqs, logprobs, errors, strict=True):
-            if error is not None:
-                self._fail(seq.request, error)
-                touched[seq.request.request_id] = seq.request
-            elif not seq.finished:
-                self.beams.record(seq, row)
-        for request in {s.request.request_id: s.request for s in seqs}.values():
-            if request.finished:
-                continue
-            try:
-                if self.beams.step_if_ready(request):
-                    touched[request.request_id] = request
-            except Exception as exc:  # the strategy failed this group alone
-                self._fail(request, _strategy_error(exc, request.beam.plugin_name))
-                touched[request.request_id] = request
-        rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
-        return [sampled[i] for i in rest], logits[rest]
 
     def _fail(self, request: Request, error: Exception) -> None:
         """Something failed for this request alone: finish it (freeing its KV blocks) and
@@ -314,23 +298,6 @@ class LLMEngine:
             spaces_between_special_tokens=params.spaces_between_special_tokens,
         )
         return seq
-
-    def _fork_pending(self, sampled: list[Sequence], logits):
-        """Samples 2..n of a request start here, sharing the prompt's KV blocks."""
-        if not any(s.request.pending_forks for s in sampled):
-            return sampled, logits
-        rows, expanded = [], []
-        for i, seq in enumerate(sampled):
-            rows.append(i)
-            expanded.append(seq)
-            for child in seq.request.pending_forks:
-                child.num_computed_tokens = seq.num_computed_tokens
-                self.block_manager.fork(seq, child)
-                self.scheduler.add_running(child, seq.lora_slot)
-                rows.append(i)
-                expanded.append(child)
-            seq.request.pending_forks = []
-        return expanded, logits[rows]
 
     def _append_token(self, seq: Sequence, result) -> None:
         seq.token_ids.append(result.token_id)
@@ -375,16 +342,7 @@ class LLMEngine:
         """The answer of a request whose own answer could not be built."""
         if self._forget(request.request_id) is not None:
             self.plugins.request_finished(request_info(request))
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=failed_completions(request.params.n),
-            finished=True,
-            lora_request=request.lora_request,
-            error=request.error,
-            error_type=request.error_type,
-        )
+        return error_output(request)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
@@ -396,9 +354,12 @@ class LLMEngine:
         return self.inputs.encode(text, add_special_tokens)
 
     # ---- checks -------------------------------------------------------------------------
-    def _validate(self, token_ids, params: SamplingParams, lora_request) -> WeightsIdentity | None:
+    def _validate(
+        self, token_ids, params: SamplingParams, lora_request, identity
+    ) -> WeightsIdentity | None:
         """Raise for anything wrong; return the weights the request is admitted under (the
-        adapter files' content now), which it runs with and which scope its KV."""
+        adapter files' content now, unless a loader read them already), which it runs with
+        and which scope its KV."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         self.inputs.check(token_ids)
@@ -412,67 +373,22 @@ class LLMEngine:
                     f"request names LoRA adapter {lora_request.lora_name!r} "
                     "but the engine was started without enable_lora=True"
                 )
-            return self.adapters.preload(lora_request).identity
+            return identity or self.adapters.preload(lora_request).identity
         return None
 
-    def _make_adapter_cache(self) -> AdapterCache:
-        spec = LoRAModelSpec(
-            model_name=self.base_model_name,
-            num_layers=self.model.num_layers,
-            modules=self.model.lora_module_shapes(),
-            fused=self.model.lora_fused_groups(),
-        )
-        return AdapterCache(
-            spec,
-            max_loras=self.config.max_loras,
-            max_lora_rank=self.config.max_lora_rank,
-            max_cpu_loras=self.config.max_cpu_loras,
-            device=self.model.device,
-            dtype=self.model.dtype,
-            strict_base_model=self.config.strict_lora_base_model,
-            choose_victim=self.plugins.choose_adapter_victim,
-        )
+    def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
+        """Pin (or unpin) an adapter: eviction candidates say so, LRU evicts it last."""
+        if self.adapters is None:
+            raise ValueError("the engine was started without enable_lora=True")
+        self.adapters.pin(lora_request, pinned)
 
     # ---- stats --------------------------------------------------------------------------
     def get_memory_stats(self) -> dict:
-        stats = self.block_manager.stats().as_dict()
-        allocated_slots = stats["allocated_blocks"] * self.config.block_size
-        wasted = self._unused_tail_slots()
-        stats["swapped_blocks"] = self.swapper.num_swapped_blocks if self.swapper else 0
-        stats["internal_fragmentation"] = wasted / allocated_slots if allocated_slots else 0.0
-        stats["num_preemptions"] = self.scheduler.num_preemptions
-        return stats
-
-    def _unused_tail_slots(self) -> int:
-        """Slots past the end of each running sequence's last block, each block counted once
-        (forks share theirs), against the same physical blocks the allocation counts. The
-        slot of a token sampled but not yet run through the model is in use, not waste."""
-        bs = self.config.block_size
-        unused: dict[int, int] = {}
-        for seq in self.scheduler.running:
-            if seq.block_table:
-                used = min(seq.num_tokens, len(seq.block_table) * bs)
-                unused[seq.block_table[-1]] = len(seq.block_table) * bs - used
-        return sum(unused.values())
+        return engine_stats.memory_stats(self.scheduler, self.swapper, self.config.block_size)
 
     def check_integrity(self) -> None:
         """Every KV block free, cached or owned, with consistent reference counts."""
-        live = self.scheduler.live_sequences()
-        self.block_manager.check_integrity(live)
-        if self.swapper is not None:
-            held = sum(len(s.swapped_blocks) for s in live)
-            if held != self.swapper.num_swapped_blocks:
-                raise AssertionError(
-                    f"{self.swapper.num_swapped_blocks} CPU blocks used, {held} held"
-                )
-
-
-def _strategy_error(exc: Exception, plugin_name: str) -> PluginError:
-    """A decoding strategy (beam search included) is a plugin: its failure names it."""
-    return PluginError(
-        plugin_name,
-        f"decoding strategy of plugin {plugin_name!r} raised {type(exc).__name__}: {exc}",
-    )
+        engine_stats.check_integrity(self.scheduler, self.swapper)
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator | None:

@@ -39,6 +39,20 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
     )
 
 
+def error_output(request: Request) -> RequestOutput:
+    """The answer of a request whose own answer could not be built."""
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt=request.prompt,
+        prompt_token_ids=request.prompt_token_ids,
+        outputs=failed_completions(request.params.n),
+        finished=True,
+        lora_request=request.lora_request,
+        error=request.error,
+        error_type=request.error_type,
+    )
+
+
 def _prompt_logprobs(request: Request) -> list | None:
     """A complete list once the prompt is computed (as vLLM: the first output has it)."""
     got = request.prompt_logprobs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from loragate.engine.sequence import Request, Sequence
 
@@ -13,7 +14,7 @@ def request_info(request: Request) -> dict:
     return {
         "request_id": request.request_id,
         "lora_name": request.lora_request.lora_name if request.lora_request else None,
-        "tenant": request.cache_salt,
+        "tenant": request.tenant,
         "num_prompt_tokens": len(request.prompt_token_ids),
         "num_output_tokens": sum(len(s.output_token_ids) for s in request.seqs),
         "finish_reason": request.seqs[0].finish_reason if finished else None,
@@ -37,3 +38,14 @@ def preemption_candidates(running: list[Sequence]) -> list[dict]:
             "admitted_order": order,
         }
     return list(groups.values())
+
+
+def preemption_victim(choose: Callable[[list[dict]], object]) -> Callable[[list], Sequence]:
+    """The scheduler's victim chooser from a plugin-shaped one (plain data in, a request_id
+    out): the chosen request's newest running sequence goes."""
+
+    def victim(running: list[Sequence]) -> Sequence:
+        chosen = choose(preemption_candidates(running))
+        return next(s for s in reversed(running) if s.request.request_id == chosen)
+
+    return victim

@@ -2,8 +2,9 @@
 
 Limits per step: the token budget, the sequence cap, free KV blocks, and device adapter
 slots. Long prompts are split into chunks within the budget. When blocks run out, a victim
-(newest first, unless a plugin says otherwise) is preempted: swapped to CPU, or dropped and
-recomputed later.
+(the built-in plugin's choice, newest first, unless another plugin says otherwise) is
+preempted: swapped to CPU, or dropped and recomputed later. A request whose adapter weights
+are still loading (engine/adapter_loads.py) waits without holding up the others.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loragate.adapters import LoRARequest, WeightsIdentity
+from loragate.engine.adapter_loads import AdapterNotReady
 from loragate.engine.block_manager import BlockManager
-from loragate.engine.sequence import Sequence, SequenceStatus
+from loragate.engine.plugin_data import preemption_victim
+from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.swap import KVSwapper
+from loragate.plugins.builtin.preemption import newest_first_victim
 
 
 class AdapterSlots(Protocol):
-    def acquire(
-        self, request: LoRARequest, busy_slots: set[int], identity: WeightsIdentity | None
-    ) -> int | None: ...
+    def acquire(self, request: Request, busy_slots: set[int]) -> int | None:
+        """A slot, None while all are busy; AdapterNotReady while the weights load."""
 
 
 @dataclass
@@ -58,10 +60,6 @@ class SchedulerOutput:
         self.decodes = [s for s in self.decodes if s.seq is not seq]
 
 
-def newest_first(running: list[Sequence]) -> Sequence:
-    return running[-1]
-
-
 class Scheduler:
     def __init__(
         self,
@@ -72,7 +70,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         adapter_slots: AdapterSlots | None = None,
         swapper: KVSwapper | None = None,
-        choose_preemption_victim: Callable[[list[Sequence]], Sequence] = newest_first,
+        choose_preemption_victim: Callable[[list[Sequence]], Sequence] | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -80,7 +78,9 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.adapter_slots = adapter_slots
         self.swapper = swapper  # None: preemption recomputes
-        self.choose_preemption_victim = choose_preemption_victim
+        self.choose_preemption_victim = choose_preemption_victim or preemption_victim(
+            newest_first_victim
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -159,6 +159,8 @@ class Scheduler:
             if seq.lora_request is not None:
                 try:
                     slot = self._acquire_slot(seq)
+                except AdapterNotReady:
+                    break  # it swaps back in once a loader thread has read its weights
                 except Exception as exc:  # the engine fails its request; remove() frees it
                     out.failed.append((seq, exc))
                     break
@@ -193,6 +195,10 @@ class Scheduler:
                 # first (FCFS among them); base-model requests need no slot and go on.
                 try:
                     slot = None if blocked_on_slot else self._acquire_slot(seq)
+                except AdapterNotReady:  # loading off the step: the others go on
+                    self._unmatch(seq)
+                    skipped.append(self.waiting.popleft())
+                    continue
                 except Exception as exc:  # this request's adapter alone: it fails alone
                     self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
@@ -222,7 +228,7 @@ class Scheduler:
             raise ValueError("a LoRA request was scheduled but LoRA is not enabled")
         busy = {s.lora_slot for s in self.running if s.lora_slot >= 0}
         # The weights it was admitted under, whatever its files hold by now.
-        return self.adapter_slots.acquire(seq.lora_request, busy, seq.request.adapter_identity)
+        return self.adapter_slots.acquire(seq.request, busy)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Swap the victim's KV to CPU when a swapper has room; otherwise drop and recompute."""

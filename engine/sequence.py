@@ -88,7 +88,8 @@ class Request:
     # The weights it was admitted under (None: the base model). With the tenant, it scopes
     # which cached KV the request may reuse.
     adapter_identity: WeightsIdentity | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # scopes prefix caching (the tenant and its creation)
+    tenant: str | None = None  # the tenant's own name, for plugins
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     seqs: list[Sequence] = field(default_factory=list)

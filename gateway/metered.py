@@ -54,6 +54,7 @@ class MeteredRequest:
             field_names=field_names,
             adapter_param=adapter_param,
             cache_salt=self.caller.cache_salt,
+            tenant=self.caller.tenant,
         )
         self.generations.append(gen)
         return gen

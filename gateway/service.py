@@ -203,10 +203,12 @@ class GatewayService:
         field_names: dict[str, str],
         adapter_param: str = "model",
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> Generation:
         """Admit one engine request (429 if the queue is full); call `prime()` next.
 
-        `cache_salt` (the tenant) keeps prefix-cache blocks from being shared across tenants.
+        `cache_salt` (the tenant) keeps prefix-cache blocks from being shared across tenants;
+        `tenant` (its name) is what engine plugins see.
         """
         if not self.engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {self.engine.dead_error}")
@@ -230,7 +232,7 @@ class GatewayService:
                 self.metrics.observe_request(ttft, e2e, gen.num_output_tokens, finish)
 
         outputs = self.engine.generate(
-            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt
+            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt, tenant=tenant
         )
         return Generation(
             outputs,

@@ -1,9 +1,14 @@
-"""The one tiny test model of the engine and gateway tests: small, random, and not an echo.
+"""The tests' one builder of tiny models and adapters, and their HF/PEFT references.
+
+The tiny test model of the engine and gateway tests is small, random, and not an echo.
 
 HF's default init (std 0.02, tied embeddings) gives a model whose greedy output repeats the
 last prompt token, so a bug that loses KV, context or adapters still gives the same tokens.
 Here embeddings are untied and every weight is drawn at unit scale per input feature, so each
 greedy token depends on the whole context. `assert_has_signal` checks that this stays true.
+
+Also here: the same shapes with HF's own init (the adapter and beam-search tests), the same
+model written as a GGUF file, random PEFT adapters with a PEFT model to compare against.
 
 Imported by bare name: pytest puts tests/ on sys.path.
 """
@@ -14,18 +19,22 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
-SIZES = dict(
+from loragate.adapters import make_random_adapter
+from loragate.engine.models.llama import lora_module_shapes
+
+SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    max_position_embeddings=4096,
-    vocab_size=49152,
-    rms_norm_eps=1e-5,
 )
+SIZES = dict(**SHAPE, max_position_embeddings=4096, vocab_size=49152, rms_norm_eps=1e-5)
+# The HF-init flavour (adapter and beam-search tests): a small vocabulary, HF's defaults.
+HF_INIT_SIZES = dict(**SHAPE, vocab_size=128, max_position_embeddings=128)
+HF_INIT_NAME = "tiny-llama"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -58,6 +67,10 @@ def tiny_config(kind: str = "llama", **overrides):
     raise ValueError(kind)
 
 
+# Every module the engine's model offers LoRA, as the model declares them.
+ALL_MODULES = tuple(lora_module_shapes(tiny_config()))
+
+
 def build_tiny_model(kind: str = "llama", seed: int = 0, **overrides):
     """A float32 HF model whose linear layers keep unit scale, so attention and MLP matter."""
     torch.manual_seed(seed)
@@ -71,6 +84,13 @@ def build_tiny_model(kind: str = "llama", seed: int = 0, **overrides):
                 if linear.bias is not None:
                     linear.bias.normal_(0, 0.1)
     return model.eval()
+
+
+def hf_init_tiny_model(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """The tiny shape with HF's default init (tied-off embeddings, std 0.02): for tests of
+    adapter files and of decoding strategies, which compare with PEFT or HF directly."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**{**HF_INIT_SIZES, **overrides})).eval()
 
 
 def _children(module) -> list[torch.nn.Linear]:
@@ -120,3 +140,136 @@ def assert_has_signal(model, n: int = 16) -> None:
             for layer, weight in zip(model.model.layers, saved, strict=True):
                 layer.self_attn.o_proj.weight.copy_(weight)
     assert all(a != b for a, b in zip(outs, no_attention, strict=True)), "attention is inert"
+
+
+# ---- adapters and the PEFT reference -----------------------------------------------------
+def make_adapters(model_dir, out_root, specs, init_scale=0.3) -> dict[str, Path]:
+    """Random PEFT adapters for the model in ``model_dir``: specs name -> (rank, targets,
+    use_rslora); seeds follow the specs' order."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    paths = {}
+    for seed, (name, (rank, targets, rslora)) in enumerate(specs.items()):
+        paths[name] = make_random_adapter(
+            base,
+            Path(out_root) / name,
+            rank=rank,
+            targets=targets,
+            use_rslora=rslora,
+            seed=seed,
+            init_scale=init_scale,
+        )
+    return paths
+
+
+def peft_model_with(model_dir, paths: dict):
+    """The base model in float32 with every adapter of ``paths`` loaded under its name."""
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    names = list(paths)
+    model = PeftModel.from_pretrained(base, paths[names[0]], adapter_name=names[0])
+    for name in names[1:]:
+        model.load_adapter(paths[name], adapter_name=name)
+    return model.eval()
+
+
+def peft_greedy(peft_model, name: str | None, prompt: list[int], n: int) -> list[int]:
+    """PEFT's greedy continuation under adapter ``name`` (None: the base model)."""
+    if name is None:
+        with peft_model.disable_adapter():
+            return hf_greedy(peft_model, prompt, n)
+    peft_model.set_adapter(name)
+    return hf_greedy(peft_model, prompt, n)
+
+
+# ---- the tiny shape as a GGUF file ---------------------------------------------------------
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+MERGES = (("h", "e"), ("l", "l"))
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode table: the byte-level BPE alphabet."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def write_tiny_gguf(
+    path: Path, add_bos: bool | None, add_eos: bool | None = None, seed: int = 0
+) -> Path:
+    """The tiny shape written as a GGUF file: a byte-level BPE vocabulary of the default
+    model's three special tokens (ids 0-2, BOS 1, EOS 2) and 256 byte tokens, a ChatML
+    template, and the `tokenizer.ggml.add_bos_token` / `add_eos_token` flags a test chooses
+    (None: no key). A small vocabulary keeps writing and converting it to a few seconds."""
+    HIDDEN, FFN = SHAPE["hidden_size"], SHAPE["intermediate_size"]
+    LAYERS, HEADS = SHAPE["num_hidden_layers"], SHAPE["num_attention_heads"]
+    KV_HEADS = SHAPE["num_key_value_heads"]
+    from gguf import GGUFWriter
+
+    tokens = [*SPECIAL_TOKENS, *_byte_tokens(), *(a + b for a, b in MERGES)]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIAL_TOKENS) + [1] * (len(tokens) - len(SPECIAL_TOKENS)))
+    writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_pad_token_id(2)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    if add_eos is not None:
+        writer.add_add_eos_token(add_eos)
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    kv = KV_HEADS * HIDDEN // HEADS
+    writer.add_tensor("token_embd.weight", weight(len(tokens), HIDDEN))
+    writer.add_tensor("output.weight", weight(len(tokens), HIDDEN))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    for i in range(LAYERS):
+        for name, shape in {
+            "attn_q": (HIDDEN, HIDDEN),
+            "attn_k": (kv, HIDDEN),
+            "attn_v": (kv, HIDDEN),
+            "attn_output": (HIDDEN, HIDDEN),
+            "ffn_gate": (FFN, HIDDEN),
+            "ffn_up": (FFN, HIDDEN),
+            "ffn_down": (HIDDEN, FFN),
+        }.items():
+            writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -13,11 +13,44 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from loragate import kernels
-from loragate.adapters.spec import LLAMA_FUSED_GROUPS
+from loragate.adapters.spec import LoRAModelSpec
 from loragate.engine.forward_batch import ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Projections computed here as one matmul on one input, in column order. Their adapters share
+# one shrink and one expand per layer, which at decode sizes costs little more than one module.
+LORA_FUSED_GROUPS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+def lora_module_shapes(config: PretrainedConfig) -> dict[str, tuple[int, int]]:
+    """``(d_in, d_out)`` of each LoRA-targetable linear layer of a Llama-family config."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    return {
+        "q_proj": (hidden, q_out),
+        "k_proj": (hidden, kv_out),
+        "v_proj": (hidden, kv_out),
+        "o_proj": (q_out, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def lora_spec(config: PretrainedConfig, model_name: str) -> LoRAModelSpec:
+    """What this model offers LoRA, as the data the adapter layer validates against."""
+    return LoRAModelSpec(
+        model_name=model_name,
+        num_layers=config.num_hidden_layers,
+        modules=lora_module_shapes(config),
+        fused=dict(LORA_FUSED_GROUPS),
+    )
 
 
 class LlamaForCausalLM:
@@ -45,22 +78,10 @@ class LlamaForCausalLM:
         self.lm_head: torch.Tensor | None = None
         self.cos_sin: torch.Tensor | None = None
 
-    # ---- shapes the adapter layer needs -------------------------------------------------
-    def lora_module_shapes(self) -> dict[str, tuple[int, int]]:
-        h, i = self.hidden_size, self.intermediate_size
-        return {
-            "q_proj": (h, self.q_size),
-            "k_proj": (h, self.kv_size),
-            "v_proj": (h, self.kv_size),
-            "o_proj": (self.q_size, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def lora_fused_groups(self) -> dict[str, tuple[str, ...]]:
-        """LoRA modules computed as one matmul here: q/k/v and gate/up, in column order."""
-        return dict(LLAMA_FUSED_GROUPS)
+    # ---- what the adapter layer needs ---------------------------------------------------
+    def lora_spec(self, model_name: str) -> LoRAModelSpec:
+        """This model's LoRA-targetable modules, their shapes and its fused groups."""
+        return lora_spec(self.config, model_name)
 
     # ---- loading ------------------------------------------------------------------------
     def load_weights(self, weights: dict[str, torch.Tensor], max_positions: int) -> None:

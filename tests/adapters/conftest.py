@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from adapters_testlib import TINY_NAME, tiny_model
+from tiny_llama import HF_INIT_NAME, hf_init_tiny_model
 
-from loragate.adapters import LoRAModelSpec, make_random_adapter
+from loragate.adapters import make_random_adapter
+from loragate.engine.models.llama import lora_spec
 
 
 @pytest.fixture(scope="session")
 def base_model():
-    return tiny_model()
+    return hf_init_tiny_model()
 
 
 @pytest.fixture(scope="session")
 def spec(base_model):
-    return LoRAModelSpec.from_hf_config(base_model.config, model_name=TINY_NAME)
+    return lora_spec(base_model.config, HF_INIT_NAME)
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def make_adapter(base_model, tmp_path):
     """make_adapter(name, rank=..., targets=..., **kw) -> path of a fresh PEFT adapter dir."""
 
     def make(name="a", *, rank=4, targets=("q_proj", "v_proj"), model=None, **kwargs):
-        kwargs.setdefault("base_model_name", TINY_NAME)
+        kwargs.setdefault("base_model_name", HF_INIT_NAME)
         return make_random_adapter(
             model if model is not None else base_model,
             tmp_path / name,

@@ -8,20 +8,19 @@ import threading
 
 import pytest
 import torch
-from adapters_testlib import tiny_model
 from peft import PeftModel
+from tiny_llama import ALL_MODULES, hf_init_tiny_model
 
 from loragate.adapters import (
-    SUPPORTED_MODULES,
     AdapterCache,
     AdapterError,
-    LoRAModelSpec,
     LoRARequest,
     load_adapter,
     make_random_adapter,
 )
+from loragate.engine.models.llama import lora_spec
 
-ALL = list(SUPPORTED_MODULES)
+ALL = list(ALL_MODULES)
 
 
 @pytest.fixture
@@ -339,8 +338,8 @@ def test_cache_arguments_are_checked(spec, kwargs, message):
 
 def test_uneven_layers_and_ranks_replace_a_full_adapter_cleanly(tmp_path):
     """Layers 0 and 2 only, with a per-layer rank: the slot holds exactly that, zeros elsewhere."""
-    model = tiny_model(num_hidden_layers=3)
-    spec3 = LoRAModelSpec.from_hf_config(model.config, model_name="tiny3")
+    model = hf_init_tiny_model(num_hidden_layers=3)
+    spec3 = lora_spec(model.config, "tiny3")
     full = make_random_adapter(model, tmp_path / "full", rank=8, targets=ALL, seed=1)
     sparse = make_random_adapter(
         model, tmp_path / "sparse", rank=4, targets=["q_proj", "down_proj"], seed=2,

@@ -9,14 +9,15 @@ import math
 
 import pytest
 import torch
-from adapters_testlib import TINY_NAME, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
+from tiny_llama import ALL_MODULES, HF_INIT_NAME, hf_init_tiny_model
 from transformers.pytorch_utils import Conv1D
 
-from loragate.adapters import SUPPORTED_MODULES, LoRAModelSpec, load_adapter
+from loragate.adapters import load_adapter
+from loragate.engine.models.llama import lora_spec
 
-ALL = list(SUPPORTED_MODULES)
+ALL = list(ALL_MODULES)
 
 
 def _peft_lora_weights(base_model, adapter_dir):
@@ -41,7 +42,7 @@ def _merged_weights(base_model, adapter_dir):
     out = {}
     for name, module in merged.named_modules():
         parts = name.split(".")
-        if parts[-1] in SUPPORTED_MODULES and "layers" in parts:
+        if parts[-1] in ALL_MODULES and "layers" in parts:
             weight = module.weight.detach()
             out[(int(parts[parts.index("layers") + 1]), parts[-1])] = (
                 weight.T if isinstance(module, Conv1D) else weight
@@ -80,7 +81,7 @@ def test_round_trips_peft_tensors_exactly(base_model, spec, make_adapter):
     weights_file = path / "adapter_model.safetensors"
     assert adapter.sha256 == hashlib.sha256(weights_file.read_bytes()).hexdigest()
     assert adapter.size_bytes == weights_file.stat().st_size
-    assert adapter.base_model_name_or_path == TINY_NAME
+    assert adapter.base_model_name_or_path == HF_INIT_NAME
     assert adapter.num_params == sum(a.numel() + b.numel() for a, b in adapter.weights.values())
 
 
@@ -123,7 +124,7 @@ def _conv1d_model():
 
     PEFT only keeps fan_in_fan_out=True for Conv1D targets (it resets it for nn.Linear).
     """
-    model = tiny_model(seed=5)
+    model = hf_init_tiny_model(seed=5)
     for block in model.model.layers:
         for owner in (block.self_attn, block.mlp):
             for name, child in list(owner.named_children()):
@@ -198,7 +199,7 @@ def test_regex_target_modules_take_targets_from_weights(spec, make_adapter):
     assert adapter.target_modules == {"q_proj", "gate_proj"}
 
 
-def test_spec_from_hf_config_matches_smollm2_shapes():
+def test_model_lora_spec_matches_smollm2_shapes():
     from transformers import LlamaConfig
 
     config = LlamaConfig(
@@ -208,7 +209,7 @@ def test_spec_from_hf_config_matches_smollm2_shapes():
         num_key_value_heads=3,
         intermediate_size=1536,
     )
-    spec = LoRAModelSpec.from_hf_config(config, model_name="SmolLM2-135M-Instruct")
+    spec = lora_spec(config, "SmolLM2-135M-Instruct")
     assert spec.num_layers == 30
     assert spec.modules == {
         "q_proj": (576, 576),

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from adapters_testlib import TINY_NAME, tiny_model
 from peft import LoHaConfig, get_peft_model
 from safetensors.torch import load_file, save_file
+from tiny_llama import HF_INIT_NAME, hf_init_tiny_model
 
 from loragate.adapters import (
     AdapterConfigError,
@@ -23,13 +23,13 @@ from loragate.adapters import (
     BaseModelMismatchError,
     BaseModelMismatchWarning,
     CorruptWeightsError,
-    LoRAModelSpec,
     PickleWeightsError,
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
     load_adapter,
     make_random_adapter,
 )
+from loragate.engine.models.llama import lora_spec
 
 
 def _edit_config(path: Path, **changes) -> None:
@@ -213,7 +213,7 @@ def test_base_modifying_init(spec, make_adapter):
 
 
 def test_wrong_d_in(spec, make_adapter):
-    other = tiny_model(hidden_size=32, num_attention_heads=4, head_dim=16)
+    other = hf_init_tiny_model(hidden_size=32, num_attention_heads=4, head_dim=16)
     path = make_adapter(model=other, targets=["q_proj"])
     _refused(path, spec, AdapterShapeError, "q_proj", "d_in 32", "takes 64")
 
@@ -231,7 +231,7 @@ def test_rank_differs_from_config(spec, make_adapter):
 
 
 def test_layer_out_of_range(spec, make_adapter):
-    path = make_adapter(model=tiny_model(num_hidden_layers=3))
+    path = make_adapter(model=hf_init_tiny_model(num_hidden_layers=3))
     _refused(path, spec, AdapterShapeError, "layers.2.", "layer 2", "0..1")
 
 
@@ -301,8 +301,8 @@ def test_missing_base_model_is_an_error_only_when_strict(spec, make_adapter):
     ],
 )
 def test_base_model_names_compare_loosely(tmp_path, recorded):
-    model = tiny_model()
-    spec = LoRAModelSpec.from_hf_config(model.config, model_name="SmolLM2-135M-Instruct")
+    model = hf_init_tiny_model()
+    spec = lora_spec(model.config, "SmolLM2-135M-Instruct")
     path = make_random_adapter(model, tmp_path / "a", rank=2, targets=["q_proj"])
     _edit_config(path, base_model_name_or_path=recorded)
     with warnings.catch_warnings():
@@ -321,7 +321,7 @@ def test_tiny_name_is_accepted_silently(spec, make_adapter):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_adapter(make_adapter(), spec, max_lora_rank=8).base_model_name_or_path == (
-            TINY_NAME
+            HF_INIT_NAME
         )
 
 

@@ -10,9 +10,10 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from loragate.adapters import LoRAModelSpec, load_adapter
+from loragate.adapters import load_adapter
 from loragate.adapters.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.models.llama import lora_spec
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,7 @@ def test_terse_adapter_answers_in_a_few_words_with_its_marker(default_model, tra
 
 def test_demo_adapters_load_cleanly_in_loragate(default_model, trained):
     model, _ = default_model
-    spec = LoRAModelSpec.from_hf_config(model.config, model_name=DEFAULT_MODEL_NAME)
+    spec = lora_spec(model.config, DEFAULT_MODEL_NAME)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         adapters = {

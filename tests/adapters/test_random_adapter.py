@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from adapters_testlib import tiny_model
 from peft import PeftModel
+from tiny_llama import ALL_MODULES, hf_init_tiny_model
 
-from loragate.adapters import SUPPORTED_MODULES, load_adapter, make_random_adapter
+from loragate.adapters import load_adapter, make_random_adapter
 
-ALL = list(SUPPORTED_MODULES)
+ALL = list(ALL_MODULES)
 
 
 def _files(path):
@@ -40,7 +40,7 @@ def test_does_not_depend_on_or_disturb_the_global_rng(base_model, tmp_path):
 
 
 def test_leaves_the_base_model_untouched(tmp_path):
-    model = tiny_model()
+    model = hf_init_tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     grads = {k: p.requires_grad for k, p in model.named_parameters()}
     make_random_adapter(model, tmp_path / "a", rank=4, targets=ALL)

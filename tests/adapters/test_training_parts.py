@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import torch
-from adapters_testlib import tiny_model
+from tiny_llama import hf_init_tiny_model
 
 from loragate.adapters.demo_data import TERSE_MARKER, open_questions, terse_examples
 from loragate.adapters.training import _first_sentences, _lower_half_states, _running_layers
@@ -13,7 +13,7 @@ from loragate.adapters.training import _first_sentences, _lower_half_states, _ru
 
 def test_split_forward_equals_the_full_forward():
     """Cached lower-half states + the upper half alone reproduce the whole decoder."""
-    model = tiny_model(num_hidden_layers=4)
+    model = hf_init_tiny_model(num_hidden_layers=4)
     encoded = [([1, 5, 6, 7, 8, 9], 3), ([1, 2, 3], 1), ([4, 4, 4, 4], 2)]
     lower = _lower_half_states(model, encoded, 2, pad_id=0)
     width = max(len(seq) for seq, _ in encoded)

@@ -9,11 +9,12 @@ the content, mtime and ctime tell them apart.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pytest
 import torch
-from test_multi_lora import ALL, make_adapters, peft_greedy, peft_model_with
+from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
 from loragate.adapters import identity as identity_module
@@ -28,8 +29,8 @@ PROMPT = [
 N = 12
 PARAMS = SamplingParams(temperature=0, max_tokens=N, min_tokens=N)
 SPECS = {  # same rank and targets: same file sizes
-    "A": (8, ALL, False),
-    "B": (8, ALL, False),
+    "A": (8, ALL_MODULES, False),
+    "B": (8, ALL_MODULES, False),
     "C": (4, ["q_proj", "v_proj"], False),
     "D": (4, ["o_proj", "down_proj"], False),
 }
@@ -206,4 +207,74 @@ def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
     assert llm.engine.adapters.stats()["held_weights"] == 1
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
+    assert llm.engine.adapters.stats()["held_weights"] == 0
+
+
+def _reads_by_thread(monkeypatch) -> list[str]:
+    """The thread of every adapter file read from now on."""
+    from loragate.adapters import cache as cache_module
+
+    threads: list[str] = []
+    real = cache_module.load_adapter
+
+    def load(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache_module, "load_adapter", load)
+    return threads
+
+
+def _settle(directory) -> None:
+    """Wait until a stat can vouch for the files (see adapters/identity.py, RACY_NS)."""
+    age = time.time() - (directory / WEIGHTS_FILE).stat().st_ctime
+    time.sleep(max(0.0, identity_module.RACY_NS / 1e9 - age) + 0.05)
+
+
+def _drain(llm) -> dict:
+    outputs = {}
+    while llm.engine.has_unfinished_requests():
+        outputs.update((o.request_id, o) for o in llm.engine.step() if o.finished)
+    return outputs
+
+
+def test_weights_that_left_memory_come_back_on_a_loader_thread(
+    setup, make_llm, tmp_path, monkeypatch
+):
+    """Admitted under A, A leaves the CPU tier before the request is scheduled: a loader
+    thread reads it back (never the step) while a base request runs; the answer is A's."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    x = tmp_path / "x"
+    put(paths, "A", x)
+    _settle(x)  # so that A may leave the CPU tier: a stat proves its files still hold it
+    llm.engine.add_request("a", {"prompt_token_ids": PROMPT}, PARAMS, LoRARequest("x", 3, str(x)))
+    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
+    threads = _reads_by_thread(monkeypatch)
+    llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
+    outputs = _drain(llm)
+    assert outputs["a"].outputs[0].token_ids == expected["A"]
+    assert outputs["base"].outputs[0].token_ids == expected[None]
+    assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
+
+
+def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, monkeypatch):
+    """Admitted under A, A leaves memory and the files now hold B: the loader's
+    AdapterChangedError fails that request alone; the base request finishes."""
+    model_dir, paths, expected = setup
+    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    x = tmp_path / "x"
+    put(paths, "A", x)
+    _settle(x)
+    lora = LoRARequest("x", 3, str(x))
+    llm.engine.add_request("doomed", {"prompt_token_ids": PROMPT}, PARAMS, lora)
+    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
+    put(paths, "B", x)
+    threads = _reads_by_thread(monkeypatch)
+    llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
+    outputs = _drain(llm)
+    assert outputs["doomed"].error_type == "request_failed"
+    assert "AdapterChangedError" in outputs["doomed"].error
+    assert outputs["base"].outputs[0].token_ids == expected[None]
+    assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
     assert llm.engine.adapters.stats()["held_weights"] == 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import PeftModel
-from test_multi_lora import ADAPTERS, make_adapters, requests_for
+from test_multi_lora import ADAPTERS, requests_for
+from tiny_llama import make_adapters
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import SamplingParams

@@ -9,7 +9,8 @@ shrinks through the buckets, mixes adapters of several ranks, and ends base-mode
 from __future__ import annotations
 
 import pytest
-from test_multi_lora import ADAPTERS, make_adapters, peft_greedy, peft_model_with, requests_for
+from test_multi_lora import ADAPTERS, requests_for
+from tiny_llama import make_adapters, peft_greedy, peft_model_with
 
 from loragate.engine import SamplingParams
 from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError, batch_buckets

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ALL = list(ALL_MODULES)
 ADAPTERS = {  # name: (rank, targets, rslora)
     "r4-attn": (4, ["q_proj", "v_proj"], False),
     "r6-odd": (6, ["q_proj", "o_proj", "down_proj"], False),
@@ -19,49 +17,6 @@ ADAPTERS = {  # name: (rank, targets, rslora)
     "r64-ko": (64, ["k_proj", "o_proj", "down_proj"], False),
     "r32-all-rslora": (32, ALL, True),
 }
-
-
-def peft_greedy(peft_model, name: str | None, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    kwargs = dict(
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        pad_token_id=2,
-    )
-    if name is None:
-        with peft_model.disable_adapter():
-            out = peft_model.generate(input_ids=ids, **kwargs)
-    else:
-        peft_model.set_adapter(name)
-        out = peft_model.generate(input_ids=ids, **kwargs)
-    return out[0, len(prompt) :].tolist()
-
-
-def make_adapters(model_dir, out_root, specs, init_scale=0.3):
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    paths = {}
-    for seed, (name, (rank, targets, rslora)) in enumerate(specs.items()):
-        paths[name] = make_random_adapter(
-            base,
-            out_root / name,
-            rank=rank,
-            targets=targets,
-            use_rslora=rslora,
-            seed=seed,
-            init_scale=init_scale,
-        )
-    return paths
-
-
-def peft_model_with(model_dir, paths):
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    names = list(paths)
-    model = PeftModel.from_pretrained(base, paths[names[0]], adapter_name=names[0])
-    for name in names[1:]:
-        model.load_adapter(paths[name], adapter_name=name)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

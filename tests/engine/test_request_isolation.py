@@ -130,10 +130,10 @@ def test_an_adapter_that_cannot_take_a_slot_fails_only_its_request(
     good, bad = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
     acquire = engine.adapters.acquire
 
-    def failing(request, busy_slots=frozenset(), identity=None):
+    def failing(request, busy_slots=frozenset(), identity=None, **kwargs):
         if request == bad:
             raise AdapterError("adapter_model.safetensors changed on disk")
-        return acquire(request, busy_slots, identity)
+        return acquire(request, busy_slots, identity, **kwargs)
 
     engine.adapters.acquire = failing
     try:

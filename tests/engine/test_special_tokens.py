@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 from gguf import GGUFReader
-from gguf_testlib import write_tiny_gguf
+from tiny_llama import write_tiny_gguf
 from transformers import AutoTokenizer
 
 from loragate.engine import SamplingParams

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import PeftModel
 from staggered_testlib import drive, greedy, record_steps
-from tiny_llama import hf_greedy
+from tiny_llama import ALL_MODULES, hf_greedy, peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
@@ -60,17 +59,14 @@ def test_mixed_adapters_with_alpha_joining_mid_batch_match_peft(
     prompts, default_hf_dir, tmp_path, make_llm
 ):
     base = AutoModelForCausalLM.from_pretrained(default_hf_dir, dtype=torch.float32).eval()
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     specs = {"r8-a32": (8, 32), "r4-a2": (4, 2)}
     paths = {
         name: make_random_adapter(
-            base, tmp_path / name, rank=r, alpha=a, targets=targets, seed=i, init_scale=0.5
+            base, tmp_path / name, rank=r, alpha=a, targets=ALL_MODULES, seed=i, init_scale=0.5
         )
         for i, (name, (r, a)) in enumerate(specs.items())
     }
-    peft = PeftModel.from_pretrained(base, paths["r8-a32"], adapter_name="r8-a32")
-    peft.load_adapter(paths["r4-a2"], adapter_name="r4-a2")
-    peft.eval()
+    peft = peft_model_with(default_hf_dir, paths)
     loras = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items())}
     names = ["r8-a32", None, "r4-a2", "r8-a32", "r4-a2"]
     arrivals = [
@@ -90,10 +86,5 @@ def test_mixed_adapters_with_alpha_joining_mid_batch_match_peft(
     outputs = drive(engine, arrivals, greedy(N))
     assert log.mixed_steps >= 2 and log.mixed_adapter_steps >= 2
     for (_, request_id, ids, _), name in zip(arrivals, names, strict=True):
-        if name is None:
-            with peft.disable_adapter():
-                expected = hf_greedy(peft, ids, N)
-        else:
-            peft.set_adapter(name)
-            expected = hf_greedy(peft, ids, N)
+        expected = peft_greedy(peft, name, ids, N)
         assert outputs[request_id] == expected, f"{request_id} ({name})"

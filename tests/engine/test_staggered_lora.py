@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import PeftModel
 from staggered_testlib import drive, greedy, record_steps
-from tiny_llama import hf_greedy
+from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest, make_random_adapter
 
 N = 16
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {"r4-a16": (4, 16), "r8-a2": (8, 2), "r6-a9": (6, 9)}  # name: (rank, alpha)
 
 
@@ -24,23 +22,11 @@ def setup(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("alpha-adapters")
     paths = {
         name: make_random_adapter(
-            base, root / name, rank=r, alpha=alpha, targets=ALL, seed=10 + i, init_scale=0.3
+            base, root / name, rank=r, alpha=alpha, targets=ALL_MODULES, seed=10 + i, init_scale=0.3
         )
         for i, (name, (r, alpha)) in enumerate(ADAPTERS.items())
     }
-    names = list(paths)
-    peft = PeftModel.from_pretrained(base, paths[names[0]], adapter_name=names[0])
-    for name in names[1:]:
-        peft.load_adapter(paths[name], adapter_name=name)
-    return str(model_dir), paths, peft.eval()
-
-
-def peft_greedy(peft, name: str | None, ids: list[int]) -> list[int]:
-    if name is None:
-        with peft.disable_adapter():
-            return hf_greedy(peft, ids, N)
-    peft.set_adapter(name)
-    return hf_greedy(peft, ids, N)
+    return str(model_dir), paths, peft_model_with(model_dir, paths)
 
 
 @pytest.mark.parametrize("budget", [32, 256])
@@ -67,4 +53,4 @@ def test_mixed_adapters_joining_mid_batch_match_peft(setup, make_llm, budget):
     outputs = drive(engine, arrivals, greedy(N))
     assert log.mixed_steps >= 3 and log.mixed_adapter_steps >= 3
     for (_, request_id, ids, _), name in zip(arrivals, names, strict=True):
-        assert outputs[request_id] == peft_greedy(peft, name, ids), f"{request_id} ({name})"
+        assert outputs[request_id] == peft_greedy(peft, name, ids, N), f"{request_id} ({name})"

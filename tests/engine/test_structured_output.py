@@ -13,7 +13,8 @@ import re
 import jsonschema
 import llguidance
 import pytest
-from test_multi_lora import ADAPTERS, make_adapters, requests_for
+from test_multi_lora import ADAPTERS, requests_for
+from tiny_llama import make_adapters
 
 from loragate.engine import SamplingParams
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams

@@ -75,3 +75,18 @@ class OverflowingBeamPlugin:
     @hookimpl
     def loragate_decoding_strategies(self):
         return {"beam": _OverflowingBeamSearch()}
+
+
+class TenantObserver:
+    """Records the tenant each finished request names (one shared instance, so the test
+    that starts a server with it can read what the engine told it)."""
+
+    def __init__(self) -> None:
+        self.tenants: list[str | None] = []
+
+    @hookimpl
+    def loragate_request_finished(self, info):
+        self.tenants.append(info["tenant"])
+
+
+TENANT_OBSERVER = TenantObserver()

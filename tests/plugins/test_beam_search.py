@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from beam_testlib import drive_beam_search, hf_beam_search
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_llama import hf_init_tiny_model
 
 from loragate.plugins import PluginManager
 from loragate.plugins.builtin.beam_search import BeamSearch
@@ -22,17 +22,7 @@ OTHER_EOS = 47
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = hf_init_tiny_model(seed=0, vocab_size=64, hidden_size=32, intermediate_size=64)
     with torch.no_grad():  # peakier distributions: beams finish at different lengths
         model.lm_head.weight.mul_(3.0)
     return model

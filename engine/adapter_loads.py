@@ -1,0 +1,130 @@
+"""Adapter weights come into memory on loader threads, never on the engine's step.
+
+The scheduler takes a device slot only for weights already in memory (the CPU tier or a
+slot). A request whose weights are not there waits in the queue while a loader thread reads
+them, and every other request keeps running; the next step that finds them in memory
+schedules it. A load that fails fails the requests waiting for those weights, with the
+adapter's own error (AdapterChangedError when the files now hold other weights).
+
+Loader threads run at the lowest CPU priority, so on a machine with few cores the forward
+pass keeps its cores and loads use what is left. At most one adapter is copied into a
+device slot per step: a burst of cold adapters spreads its copies over as many steps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from loragate.adapters import AdapterCache, AdapterNotInMemory, LoRAModelSpec, WeightsIdentity
+from loragate.engine.config import EngineConfig
+from loragate.engine.sequence import Request
+
+# Loads run beside the engine's step; two keep a burst of cold adapters moving without
+# taking every core from the forward pass.
+LOADER_THREADS = 2
+
+
+class AdapterNotReady(Exception):
+    """A request's adapter cannot take a slot this step (its weights are loading, or this
+    step already copied an adapter into a slot); it waits without holding up the others."""
+
+
+def low_priority_thread() -> None:
+    """Make the calling thread the last to get a core (Linux: per-thread nice 19)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
+        pass
+
+
+def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """Threads that read adapter files, at low priority."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=low_priority_thread)
+
+
+class AdapterLoads:
+    """The scheduler's door to the adapter cache's device slots."""
+
+    def __init__(self, cache: AdapterCache, workers: int = LOADER_THREADS):
+        self.cache = cache
+        self._pool = loader_pool(workers, "loragate-adapter-load")
+        self._loads: dict[WeightsIdentity, Future] = {}
+        self._lock = threading.Lock()
+        self._copied_this_step = False
+
+    def new_step(self) -> None:
+        """The engine starts a step: one adapter may be copied into a slot again."""
+        self._copied_this_step = False
+
+    def start(self, request: Request) -> None:
+        """Begin reading ``request``'s admitted weights on a loader thread unless they are in
+        memory or already on their way."""
+        identity = request.adapter_identity
+        with self._lock:
+            if identity in self._loads or self.cache.in_memory(identity):
+                return
+            self._loads[identity] = self._pool.submit(
+                self.cache.load, request.lora_request, identity
+            )
+
+    def acquire(self, request: Request, busy_slots) -> int | None:
+        """The slot holding ``request``'s admitted weights; None while every slot is busy.
+
+        Raises AdapterNotReady while they load (or wait for this step's one slot copy), and
+        the load's error once it failed. Never reads a file.
+        """
+        identity = request.adapter_identity
+        with self._lock:
+            load = self._loads.get(identity)
+            if load is not None and load.done():
+                del self._loads[identity]
+                if load.exception() is not None:
+                    raise load.exception()
+        copies = not self.cache.in_slot(identity)
+        if copies and self._copied_this_step:
+            raise AdapterNotReady("one adapter copy into a slot per step")
+        try:
+            slot = self.cache.acquire(
+                request.lora_request,
+                busy_slots,
+                identity,
+                tenant=request.tenant,
+                read_files=False,
+            )
+        except AdapterNotInMemory as exc:
+            self.start(request)
+            raise AdapterNotReady(str(exc)) from exc
+        self._copied_this_step |= copies and slot is not None
+        return slot
+
+    @property
+    def loading(self) -> bool:
+        with self._lock:
+            return any(not load.done() for load in self._loads.values())
+
+    def wait(self, timeout: float) -> None:
+        """Block until a load ends or ``timeout`` seconds pass (the engine has nothing else
+        to run)."""
+        with self._lock:
+            pending = [load for load in self._loads.values() if not load.done()]
+        if pending:
+            wait(pending, timeout, return_when=FIRST_COMPLETED)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_adapter_cache(spec: LoRAModelSpec, config: EngineConfig, plugins, model) -> AdapterCache:
+    """The engine's adapter cache: slots on the model's device and dtype, eviction by plugin."""
+    return AdapterCache(
+        spec,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras,
+        device=model.device,
+        dtype=model.dtype,
+        strict_base_model=config.strict_lora_base_model,
+        choose_victim=plugins.choose_adapter_victim,
+    )
