@@ -51,7 +51,9 @@ class DeviceSlots:
             self.bt[group] = torch.zeros(
                 layers, max_loras, max_rank, m, offset, device=device, dtype=dtype
             )
-        self.scales = torch.zeros(max_loras, device=device, dtype=dtype)
+        # float32 whatever the weights' dtype: an alpha / r such as 16 / 12 is not a bf16
+        # number, and the native CPU kernels read scales as float32.
+        self.scales = torch.zeros(max_loras, device=device, dtype=torch.float32)
         self._group_views: dict[tuple[int, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}

@@ -11,12 +11,13 @@ from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index, static_lora_index
 from .norm import add_rms_norm, rms_norm
 from .prefill_attention import paged_prefill_attention
-from .rope import apply_rope
+from .rope import apply_rope, apply_rope_
 
 __all__ = [
     "LoraIndex",
     "add_rms_norm",
     "apply_rope",
+    "apply_rope_",
     "lora_apply",
     "lora_expand",
     "lora_index",

@@ -1,9 +1,13 @@
-"""Decode attention over the paged KV cache: one new query token per sequence."""
+"""Decode attention over the paged KV cache: one new query token per sequence.
+
+On the CPU the torch backend runs the native kernel (attention_cpu.py) where it was built and
+takes the tensors; `_decode_torch` is the reference it is tested against and the fallback."""
 
 import torch
 
 from ._backend import compute_dtype, require, resolve_backend
 from ._paged import check_paged_inputs
+from .attention_cpu import NativeAttention, native_attention
 
 
 def paged_decode_attention(
@@ -31,7 +35,17 @@ def paged_decode_attention(
         from .decode_attention_triton import decode_triton
 
         return decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    native = _native(q, k_cache, v_cache, block_tables, seq_lens)
+    if native is not None:
+        return native.decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def _native(q, k_cache, v_cache, block_tables, seq_lens):
+    """The native CPU kernel (attention_cpu.py) where it takes these tensors and was built."""
+    if q.shape[0] == 0 or not NativeAttention.fits(q, k_cache, v_cache, block_tables, seq_lens):
+        return None
+    return native_attention()
 
 
 def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:

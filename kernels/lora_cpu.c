@@ -4,147 +4,144 @@
  *
  * Threads split the output columns (rank rows for shrink, chunks of d_out for expand) and
  * walk the tokens in order, so when the batch is sorted by slot the weight rows a thread
- * reads stay in cache from one token to the next. Sums run in 16-float vector registers
- * (GCC/Clang vector extensions: AVX-512 with -march=native where the CPU has it).
+ * reads stay in cache from one token to the next. Sums run in float32 16-lane vectors.
  *
- * float32 only; the last dimension of every tensor is contiguous, other strides are passed.
- * Rows whose slot is negative (base model only) are skipped: shrink writes zeros there and
- * expand leaves `out` untouched. Built by kernels/lora_cpu.py with -O3 -fopenmp.
+ * Two element types, one code: float32 (suffix f32) and bfloat16 (suffix bf16: bf16 in and
+ * out, float32 sums, and in lora_apply_bf16 a float32 intermediate x A^T), so a bf16 model
+ * converts nothing around its LoRA calls. The last dimension of every tensor is contiguous,
+ * other strides are passed. Rows whose slot is negative (base model only) are skipped: shrink
+ * writes zeros there and expand leaves `out` untouched. Built by kernels/lora_cpu.py.
  */
-#include <stdint.h>
-#include <string.h>
-
-typedef float v16 __attribute__((vector_size(64)));
-#define W 16
-
-static inline v16 load(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-static inline float hsum(v16 v) {
-    float s = 0.0f;
-    for (int i = 0; i < W; ++i) s += v[i];
-    return s;
-}
+#include "cpu_simd.h"
 
 /* Four dot products sharing the loads of x: x . a0, x . a1, x . a2, x . a3. */
-static inline void dot4(const float *x, const float *a0, const float *a1, const float *a2,
-                        const float *a3, int64_t n, float *out) {
-    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    int64_t k = 0;
-    for (; k + W <= n; k += W) {
-        const v16 xv = load(x + k);
-        s0 += xv * load(a0 + k);
-        s1 += xv * load(a1 + k);
-        s2 += xv * load(a2 + k);
-        s3 += xv * load(a3 + k);
+#define DEFINE_DOT(E, LOAD, GET)                                                            \
+    static inline void dot4_##E(const E *x, const E *a0, const E *a1, const E *a2,          \
+                                const E *a3, int64_t n, float *out) {                       \
+        v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
+        int64_t k = 0;                                                                      \
+        for (; k + W <= n; k += W) {                                                        \
+            const v16 xv = LOAD(x + k);                                                     \
+            s0 += xv * LOAD(a0 + k);                                                        \
+            s1 += xv * LOAD(a1 + k);                                                        \
+            s2 += xv * LOAD(a2 + k);                                                        \
+            s3 += xv * LOAD(a3 + k);                                                        \
+        }                                                                                   \
+        float r0 = hsum(s0), r1 = hsum(s1), r2 = hsum(s2), r3 = hsum(s3);                   \
+        for (; k < n; ++k) {                                                                \
+            const float xk = GET(x + k);                                                    \
+            r0 += xk * GET(a0 + k);                                                         \
+            r1 += xk * GET(a1 + k);                                                         \
+            r2 += xk * GET(a2 + k);                                                         \
+            r3 += xk * GET(a3 + k);                                                         \
+        }                                                                                   \
+        out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;                                 \
+    }                                                                                       \
+    static inline float dot1_##E(const E *x, const E *a, int64_t n) {                       \
+        v16 s = {0};                                                                        \
+        int64_t k = 0;                                                                      \
+        for (; k + W <= n; k += W) s += LOAD(x + k) * LOAD(a + k);                          \
+        float r = hsum(s);                                                                  \
+        for (; k < n; ++k) r += GET(x + k) * GET(a + k);                                    \
+        return r;                                                                           \
     }
-    float r0 = hsum(s0), r1 = hsum(s1), r2 = hsum(s2), r3 = hsum(s3);
-    for (; k < n; ++k) {
-        r0 += x[k] * a0[k];
-        r1 += x[k] * a1[k];
-        r2 += x[k] * a2[k];
-        r3 += x[k] * a3[k];
-    }
-    out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
-}
 
-static inline float dot1(const float *x, const float *a, int64_t n) {
-    v16 s = {0};
-    int64_t k = 0;
-    for (; k + W <= n; k += W) s += load(x + k) * load(a + k);
-    float r = hsum(s);
-    for (; k < n; ++k) r += x[k] * a[k];
-    return r;
-}
+typedef float f32;
+DEFINE_DOT(f32, load_f32, get_f32)
+DEFINE_DOT(bf16, load_bf16, get_bf16)
 
-/* y[t, j] = sum_k x[t, k] * a[slot[t], j, k] */
-void lora_shrink_f32(const float *x, int64_t x_row, const float *a, int64_t a_slot,
-                     int64_t a_row, float *y, int64_t y_row, const int64_t *slots,
-                     int64_t num_tokens, int64_t rank, int64_t d_in, int32_t threads) {
-    const int64_t quads = (rank + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t q = 0; q < quads; ++q) {
-        const int64_t j = 4 * q;
-        for (int64_t t = 0; t < num_tokens; ++t) {
-            const int64_t s = slots[t];
-            float *yt = y + t * y_row + j;
-            if (s < 0) {
-                for (int64_t i = 0; i < 4 && j + i < rank; ++i) yt[i] = 0.0f;
-                continue;
-            }
-            const float *xt = x + t * x_row;
-            const float *aj = a + s * a_slot + j * a_row;
-            if (j + 4 <= rank) {
-                dot4(xt, aj, aj + a_row, aj + 2 * a_row, aj + 3 * a_row, d_in, yt);
-            } else {
-                for (int64_t i = 0; j + i < rank; ++i) yt[i] = dot1(xt, aj + i * a_row, d_in);
-            }
-        }
+/* y[t, j] = sum_k x[t, k] * a[slot[t], j, k]; x and a of type E, y of type Y. */
+#define DEFINE_SHRINK(NAME, E, Y, PUT)                                                      \
+    void NAME(const E *x, int64_t x_row, const E *a, int64_t a_slot, int64_t a_row, Y *y,    \
+              int64_t y_row, const int64_t *slots, int64_t num_tokens, int64_t rank,         \
+              int64_t d_in, int32_t threads) {                                               \
+        const int64_t quads = (rank + 3) / 4;                                               \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
+        for (int64_t q = 0; q < quads; ++q) {                                               \
+            const int64_t j = 4 * q;                                                        \
+            for (int64_t t = 0; t < num_tokens; ++t) {                                      \
+                const int64_t s = slots[t];                                                 \
+                Y *yt = y + t * y_row + j;                                                  \
+                float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                   \
+                const int64_t n = rank - j < 4 ? rank - j : 4;                              \
+                if (s >= 0) {                                                               \
+                    const E *xt = x + t * x_row;                                            \
+                    const E *aj = a + s * a_slot + j * a_row;                               \
+                    if (n == 4) {                                                           \
+                        dot4_##E(xt, aj, aj + a_row, aj + 2 * a_row, aj + 3 * a_row, d_in,  \
+                                 sums);                                                     \
+                    } else {                                                                \
+                        for (int64_t i = 0; i < n; ++i)                                     \
+                            sums[i] = dot1_##E(xt, aj + i * a_row, d_in);                   \
+                    }                                                                       \
+                }                                                                           \
+                for (int64_t i = 0; i < n; ++i) PUT(yt + i, sums[i]);                       \
+            }                                                                               \
+        }                                                                                   \
     }
-}
+
+DEFINE_SHRINK(lora_shrink_f32, f32, float, put_f32)
+DEFINE_SHRINK(lora_shrink_bf16, bf16, bf16, put_bf16)
+DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
 
 /* out[t, o] += scales[slot[t]] * sum_j y[t, j] * bt[slot[t], j, o]   (bt = B transposed)
  * The delta is summed in registers, 64 columns at a time, and added once, as
  * (x A^T B^T) * scale is in PEFT, so the base output's low bits are not rounded away rank
- * by rank. */
+ * by rank. scales are float32 whatever E is. */
 #define EXPAND_CHUNK 256
 
-static inline void expand64(const float *yt, const float *b, int64_t b_row, int64_t rank,
-                            float scale, float *ot) {
-    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    for (int64_t j = 0; j < rank; ++j) {
-        const float c = yt[j];
-        const float *bj = b + j * b_row;
-        s0 += c * load(bj);
-        s1 += c * load(bj + W);
-        s2 += c * load(bj + 2 * W);
-        s3 += c * load(bj + 3 * W);
+#define DEFINE_EXPAND(NAME, E, Y, LOAD, STORE, GET, PUT, GETY)                               \
+    static inline void NAME##_64(const Y *yt, const E *b, int64_t b_row, int64_t rank,       \
+                                 float scale, E *ot) {                                       \
+        v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
+        for (int64_t j = 0; j < rank; ++j) {                                                \
+            const float c = GETY(yt + j);                                                   \
+            const E *bj = b + j * b_row;                                                    \
+            s0 += c * LOAD(bj);                                                             \
+            s1 += c * LOAD(bj + W);                                                         \
+            s2 += c * LOAD(bj + 2 * W);                                                     \
+            s3 += c * LOAD(bj + 3 * W);                                                     \
+        }                                                                                   \
+        STORE(ot, LOAD(ot) + scale * s0);                                                   \
+        STORE(ot + W, LOAD(ot + W) + scale * s1);                                           \
+        STORE(ot + 2 * W, LOAD(ot + 2 * W) + scale * s2);                                   \
+        STORE(ot + 3 * W, LOAD(ot + 3 * W) + scale * s3);                                   \
+    }                                                                                       \
+    void NAME(const Y *y, int64_t y_row, const E *bt, int64_t b_slot, int64_t b_row,         \
+              const float *scales, E *out, int64_t out_row, const int64_t *slots,            \
+              int64_t num_tokens, int64_t rank, int64_t d_out, int32_t threads) {            \
+        const int64_t chunks = (d_out + EXPAND_CHUNK - 1) / EXPAND_CHUNK;                   \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {                                  \
+            const int64_t first = chunk * EXPAND_CHUNK;                                     \
+            const int64_t last = d_out < first + EXPAND_CHUNK ? d_out : first + EXPAND_CHUNK; \
+            for (int64_t t = 0; t < num_tokens; ++t) {                                      \
+                const int64_t s = slots[t];                                                 \
+                if (s < 0) continue;                                                        \
+                const Y *yt = y + t * y_row;                                                \
+                const E *bs = bt + s * b_slot;                                              \
+                E *ot = out + t * out_row;                                                  \
+                const float scale = scales[s];                                              \
+                int64_t o = first;                                                          \
+                for (; o + 4 * W <= last; o += 4 * W)                                       \
+                    NAME##_64(yt, bs + o, b_row, rank, scale, ot + o);                      \
+                for (; o < last; ++o) {                                                     \
+                    float acc = 0.0f;                                                       \
+                    for (int64_t j = 0; j < rank; ++j)                                      \
+                        acc += GETY(yt + j) * GET(bs + j * b_row + o);                      \
+                    PUT(ot + o, GET(ot + o) + scale * acc);                                 \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
     }
-    store(ot, load(ot) + scale * s0);
-    store(ot + W, load(ot + W) + scale * s1);
-    store(ot + 2 * W, load(ot + 2 * W) + scale * s2);
-    store(ot + 3 * W, load(ot + 3 * W) + scale * s3);
-}
 
-static inline void expand_tail(const float *yt, const float *b, int64_t b_row, int64_t rank,
-                               float scale, float *ot, int64_t width) {
-    for (int64_t o = 0; o < width; ++o) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < rank; ++j) acc += yt[j] * b[j * b_row + o];
-        ot[o] += scale * acc;
-    }
-}
+DEFINE_EXPAND(lora_expand_f32, f32, float, load_f32, store_f32, get_f32, put_f32, get_f32)
+DEFINE_EXPAND(lora_expand_bf16, bf16, bf16, load_bf16, store_bf16, get_bf16, put_bf16, get_bf16)
+DEFINE_EXPAND(expand_f32_to_bf16, bf16, float, load_bf16, store_bf16, get_bf16, put_bf16,
+              get_f32)
 
-void lora_expand_f32(const float *y, int64_t y_row, const float *bt, int64_t b_slot,
-                     int64_t b_row, const float *scales, float *out, int64_t out_row,
-                     const int64_t *slots, int64_t num_tokens, int64_t rank, int64_t d_out,
-                     int32_t threads) {
-    const int64_t chunks = (d_out + EXPAND_CHUNK - 1) / EXPAND_CHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        const int64_t first = chunk * EXPAND_CHUNK;
-        const int64_t last = d_out < first + EXPAND_CHUNK ? d_out : first + EXPAND_CHUNK;
-        for (int64_t t = 0; t < num_tokens; ++t) {
-            const int64_t s = slots[t];
-            if (s < 0) continue;
-            const float *yt = y + t * y_row;
-            const float *bs = bt + s * b_slot;
-            float *ot = out + t * out_row;
-            const float scale = scales[s];
-            int64_t o = first;
-            for (; o + 4 * W <= last; o += 4 * W) expand64(yt, bs + o, b_row, rank, scale, ot + o);
-            if (o < last) expand_tail(yt, bs + o, b_row, rank, scale, ot + o, last - o);
-        }
-    }
-}
-
-/* out += scales[slot] * (x A^T) B^T in one call: the shrink into y (num_tokens x rank), then
- * the expand from it. */
+/* out += scales[slot] * (x A^T) B^T in one call: the shrink into y (num_tokens x rank, float32
+ * scratch), then the expand from it. */
 void lora_apply_f32(const float *x, int64_t x_row, const float *a, int64_t a_slot,
                     int64_t a_row, const float *bt, int64_t b_slot, int64_t b_row,
                     const float *scales, float *out, int64_t out_row, const int64_t *slots,
@@ -153,4 +150,15 @@ void lora_apply_f32(const float *x, int64_t x_row, const float *a, int64_t a_slo
     lora_shrink_f32(x, x_row, a, a_slot, a_row, y, rank, slots, num_tokens, rank, d_in, threads);
     lora_expand_f32(y, rank, bt, b_slot, b_row, scales, out, out_row, slots, num_tokens, rank,
                     d_out, threads);
+}
+
+void lora_apply_bf16(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_slot,
+                     int64_t a_row, const bf16 *bt, int64_t b_slot, int64_t b_row,
+                     const float *scales, bf16 *out, int64_t out_row, const int64_t *slots,
+                     int64_t num_tokens, int64_t rank, int64_t d_in, int64_t d_out, float *y,
+                     int32_t threads) {
+    shrink_bf16_to_f32(x, x_row, a, a_slot, a_row, y, rank, slots, num_tokens, rank, d_in,
+                       threads);
+    expand_f32_to_bf16(y, rank, bt, b_slot, b_row, scales, out, out_row, slots, num_tokens,
+                       rank, d_out, threads);
 }

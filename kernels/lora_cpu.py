@@ -2,59 +2,61 @@
 
 At decode sizes torch's grouped matmul costs ~10 us per adapter group per call, which made
 16 adapters in a batch cost 20-30% of the base model's step; these per-token loops cost the
-same whatever the number of adapters. The library is built with the system C compiler
-(``$CC``, else ``cc``) into ``~/.cache/loragate/kernels`` (``LORAGATE_CACHE_DIR`` moves it),
-keyed by the source, the flags and the CPU, on first use. No torch headers are needed, so
-the build takes about a second. Where it cannot be built, ``native_lora()`` says why through
-``native_lora_error()`` and the torch path runs instead.
+same whatever the number of adapters. They take float32 or bfloat16 tensors (float32 sums
+either way), so a bf16 model's LoRA calls convert nothing. Built by kernels/_native.py on first
+use; where that fails, ``native_lora()`` is None, ``native_lora_error()`` says why, and the
+torch path runs instead.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from . import _backend
+from . import _backend, _native
 
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("lora_cpu.c")
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_SHRINK = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _I64, _I32]
+_EXPAND = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I32]
+_APPLY = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
+_APPLY += [_PTR, _I64, _I64, _I64, _I64, _PTR, _I32]
+
+
+def _function(library: ctypes.CDLL, name: str, argtypes: list):
+    function = getattr(library, name)
+    function.argtypes = argtypes
+    function.restype = None
+    return function
 
 
 class NativeLoRA:
-    """float32 shrink / expand over per-token slots; rows with slot -1 are left to the base."""
+    """shrink / expand over per-token slots, float32 or bfloat16; rows with slot -1 are left
+    to the base. scales are read as float32."""
 
     def __init__(self, library: ctypes.CDLL):
-        self._shrink = library.lora_shrink_f32
-        self._shrink.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _I64]
-        self._shrink.argtypes.append(_I32)
-        self._shrink.restype = None
-        self._expand = library.lora_expand_f32
-        self._expand.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
-        self._expand.argtypes += [_I64, _I64, _I32]
-        self._expand.restype = None
-        self._apply = library.lora_apply_f32
-        self._apply.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
-        self._apply.argtypes += [_PTR, _I64, _I64, _I64, _I64, _PTR, _I32]
-        self._apply.restype = None
+        self._shrink, self._expand, self._apply = {}, {}, {}
+        for dtype, suffix in _SUFFIX.items():
+            self._shrink[dtype] = _function(library, f"lora_shrink_{suffix}", _SHRINK)
+            self._expand[dtype] = _function(library, f"lora_expand_{suffix}", _EXPAND)
+            self._apply[dtype] = _function(library, f"lora_apply_{suffix}", _APPLY)
 
     @staticmethod
     def fits(*tensors: torch.Tensor) -> bool:
-        """float32 CPU tensors whose last dimension is contiguous."""
+        """CPU tensors of one dtype the kernels take, each with a contiguous last dimension."""
+        dtype = tensors[0].dtype
+        if dtype not in _SUFFIX:
+            return False
         for t in tensors:
-            if t.dtype != torch.float32 or t.is_cuda or t.stride(-1) != 1:
+            if t.dtype != dtype or t.is_cuda or t.stride(-1) != 1:
                 return False
         return True
 
@@ -62,7 +64,7 @@ class NativeLoRA:
         """x [T, d_in], lora_a [S, r, d_in], slots [T] int64 -> y [T, r] (zeros where -1)."""
         num_tokens, rank = x.shape[0], lora_a.shape[1]
         y = _backend.empty_output((num_tokens, rank), x)
-        self._shrink(
+        self._shrink[x.dtype](
             x.data_ptr(), x.stride(0),
             lora_a.data_ptr(), lora_a.stride(0), lora_a.stride(1),
             y.data_ptr(), y.stride(0),
@@ -80,7 +82,8 @@ class NativeLoRA:
         slots: torch.Tensor,
     ) -> None:
         """out[t] += scales[s] * y[t] @ lora_bt[s] with s = slots[t]; lora_bt [S, r, d_out]."""
-        self._expand(
+        scales = _float32(scales)
+        self._expand[y.dtype](
             y.data_ptr(), y.stride(0),
             lora_bt.data_ptr(), lora_bt.stride(0), lora_bt.stride(1),
             scales.data_ptr(), out.data_ptr(), out.stride(0),
@@ -97,10 +100,12 @@ class NativeLoRA:
         out: torch.Tensor,
         slots: torch.Tensor,
     ) -> None:
-        """Shrink then expand, one call: out[t] += scales[s] * (x[t] @ lora_a[s]^T) @ lora_bt[s]."""
+        """Shrink then expand, one call: out[t] += scales[s] * (x[t] @ lora_a[s]^T) @ lora_bt[s].
+        The rank-r intermediate stays float32 in either dtype."""
         num_tokens, rank = x.shape[0], lora_a.shape[1]
         y = torch.empty(num_tokens * rank, dtype=torch.float32)
-        self._apply(
+        scales = _float32(scales)
+        self._apply[x.dtype](
             x.data_ptr(), x.stride(0),
             lora_a.data_ptr(), lora_a.stride(0), lora_a.stride(1),
             lora_bt.data_ptr(), lora_bt.stride(0), lora_bt.stride(1),
@@ -108,6 +113,13 @@ class NativeLoRA:
             slots.data_ptr(), num_tokens, rank, x.shape[1], out.shape[1],
             y.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
+
+
+def _float32(scales: torch.Tensor) -> torch.Tensor:
+    """The kernels read scales as contiguous float32 (the adapter slots keep them so)."""
+    if scales.dtype == torch.float32 and scales.is_contiguous():
+        return scales
+    return scales.to(torch.float32).contiguous()
 
 
 _lock = threading.Lock()
@@ -120,7 +132,7 @@ def native_lora() -> NativeLoRA | None:
         with _lock:
             if "kernels" not in _state:
                 try:
-                    _state["kernels"] = NativeLoRA(ctypes.CDLL(str(_build())))
+                    _state["kernels"] = NativeLoRA(ctypes.CDLL(str(_native.build(_SOURCE))))
                 except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                     _state["kernels"] = None
                     _state["error"] = f"{type(exc).__name__}: {exc}"
@@ -131,38 +143,3 @@ def native_lora() -> NativeLoRA | None:
 def native_lora_error() -> str | None:
     """Why the native kernels could not be loaded (None if they were, or were not tried)."""
     return _state.get("error")  # type: ignore[return-value]
-
-
-def _build() -> Path:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler found (set CC)")
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join((compiler, *_FLAGS, _cpu_id())).encode()).hexdigest()
-    cache = Path(os.environ.get("LORAGATE_CACHE_DIR") or Path.home() / ".cache" / "loragate")
-    target = cache / "kernels" / f"lora_cpu-{key[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if result.returncode != 0:
-            raise OSError(f"{compiler} failed building {_SOURCE.name}: {result.stderr.strip()}")
-        os.replace(built, target)  # atomic: concurrent builders never load half a file
-    return target
-
-
-def _cpu_id() -> str:
-    """-march=native code runs only on CPUs like the one that built it."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(dict.fromkeys(lines))

@@ -1,5 +1,5 @@
 """Torch backend of batched LoRA: tokens grouped by slot, one grouped matmul per call, or
-for decode-sized float32 batches over several slots the native per-token kernels
+for decode-sized float32 / bfloat16 batches over several slots the native per-token kernels
 (lora_cpu.py), which pay nothing per slot.
 
 No Python loop over slots and no per-token copy of adapter weights: each adapter's weights are
@@ -24,7 +24,8 @@ NATIVE_MAX_TOKENS = 512
 
 def _native(index: LoraIndex, *tensors: torch.Tensor) -> NativeLoRA | None:
     """The native per-token kernels, where they serve this call better than a grouped matmul:
-    several slots in use, decode-sized batches, float32 tensors with contiguous rows."""
+    several slots in use, decode-sized batches, float32 or bfloat16 tensors with contiguous
+    rows (scales, read as float32, are not among `tensors`)."""
     if index.single_slot is not None or index.num_tokens > NATIVE_MAX_TOKENS:
         return None
     if not (NativeLoRA.fits(*tensors) and index.slot_ids.is_contiguous()):
@@ -60,7 +61,7 @@ def expand_torch(
     if active == 0:
         return
     y = y.to(lora_b.dtype)
-    native = _native(index, y, lora_b.transpose(1, 2), scales, out)
+    native = _native(index, y, lora_b.transpose(1, 2), out)
     if native is not None:
         native.expand(y, lora_b.transpose(1, 2), scales, out, index.slot_ids)
         return
@@ -100,7 +101,7 @@ def apply_torch(
     """shrink then expand; one native call where the native kernels serve the batch."""
     if index.num_active == 0:
         return
-    native = _native(index, x, lora_a, lora_b.transpose(1, 2), scales, out)
+    native = _native(index, x, lora_a, lora_b.transpose(1, 2), out)
     if native is not None:
         native.apply(x, lora_a, lora_b.transpose(1, 2), scales, out, index.slot_ids)
         return

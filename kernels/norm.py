@@ -1,7 +1,9 @@
 """RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
 
 Numerics follow HF Llama: normalise in float32, cast back to the input dtype, then scale by
-the weight, so float32 outputs match transformers exactly.
+the weight, so float32 outputs match transformers exactly. On the CPU the torch backend runs
+the native kernel (norm_rope_cpu.py) where it was built; `_norm_torch` is its reference and
+fallback.
 """
 
 import torch
@@ -10,6 +12,7 @@ import triton.language as tl
 
 from . import _backend
 from ._backend import require, resolve_backend
+from .norm_rope_cpu import NativeNormRope, native_norm_rope
 
 
 def rms_norm(
@@ -19,6 +22,11 @@ def rms_norm(
     _check(x, weight)
     if resolve_backend(backend, x) == "triton":
         return _norm_triton(x, None, weight, eps)[0]
+    native = _native(x, weight)
+    if native is not None:
+        out = _backend.empty_output(tuple(x.shape), x)
+        native.rms_norm(x, None, weight, eps, out, None)
+        return out
     return _norm_torch(x, weight, eps)
 
 
@@ -38,8 +46,19 @@ def add_rms_norm(
     )
     if resolve_backend(backend, x) == "triton":
         return _norm_triton(x, residual, weight, eps)
+    native = _native(x, residual, weight)
+    if native is not None:
+        out = _backend.empty_output(tuple(x.shape), x)
+        summed = _backend.empty_output(tuple(x.shape), x)
+        native.rms_norm(x, residual, weight, eps, out, summed)
+        return out, summed
     summed = x + residual
     return _norm_torch(summed, weight, eps), summed
+
+
+def _native(*tensors: torch.Tensor) -> NativeNormRope | None:
+    """The native CPU kernel where it takes these tensors (one dtype, float32 or bfloat16)."""
+    return native_norm_rope() if NativeNormRope.fits(*tensors) else None
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ import triton.language as tl
 
 from . import _backend
 from ._backend import require, resolve_backend
+from .norm_rope_cpu import NativeNormRope, native_norm_rope
 
 
 def apply_rope(
@@ -27,6 +28,38 @@ def apply_rope(
     cos, sin = cos[:, None, :], sin[:, None, :]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def apply_rope_(
+    x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, backend: str | None = None
+) -> None:
+    """In place: x [T, H, D] (may be a strided view, such as q and k of a fused qkv output)
+    rotated by cos_sin[positions[t]], a [max_positions, 2D] table of cos then sin.
+
+    One call per layer for q and k together, with no gathered cos/sin: on the CPU the native
+    kernel (norm_rope_cpu.py) reads the table rows in place; elsewhere this is apply_rope.
+    """
+    require(x.dim() == 3, lambda: f"x must be [T, H, D], got shape {tuple(x.shape)}")
+    require(
+        cos_sin.dim() == 2 and cos_sin.shape[1] == 2 * x.shape[2],
+        lambda: f"cos_sin must be [positions, 2D={2 * x.shape[2]}], got {tuple(cos_sin.shape)}",
+    )
+    require(
+        positions.shape == (x.shape[0],),
+        lambda: f"positions must be [T={x.shape[0]}], got {tuple(positions.shape)}",
+    )
+    if (
+        resolve_backend(backend, x) == "torch"
+        and positions.dtype == torch.int64
+        and positions.is_contiguous()
+        and NativeNormRope.fits(x, cos_sin)
+    ):
+        native = native_norm_rope()
+        if native is not None:
+            native.rope(x, cos_sin, positions)
+            return
+    cos, sin = cos_sin[positions].chunk(2, dim=-1)
+    x.copy_(apply_rope(x, cos, sin, backend))
 
 
 @triton.jit

@@ -124,35 +124,49 @@ class LlamaForCausalLM:
     # ---- forward ------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Hidden states (after the final norm) of the rows in batch.sample_indices."""
-        h = F.embedding(batch.input_ids, self.embed_tokens)
-        cos, sin = self.cos_sin[batch.positions].chunk(2, dim=-1)
+        """Hidden states (after the final norm) of the rows in batch.sample_indices.
+
+        Each layer's closing residual add is fused with the next layer's input norm (and the
+        attention's with the post-attention norm): kernels.add_rms_norm, one pass on the CPU.
+        """
+        residual = F.embedding(batch.input_ids, self.embed_tokens)
+        x = kernels.rms_norm(residual, self.layers[0]["input_norm"], self.eps)
         for i, layer in enumerate(self.layers):
-            h = self._layer(i, layer, h, cos, sin, batch, kv)
-        h = h[batch.sample_indices]
-        return _rms_norm(h, self.norm, self.eps)
+            down, residual = self._layer(i, layer, x, residual, batch, kv)
+            if i + 1 < self.num_layers:
+                x, residual = kernels.add_rms_norm(
+                    down, residual, self.layers[i + 1]["input_norm"], self.eps
+                )
+        rows = batch.sample_indices
+        return kernels.rms_norm(residual[rows] + down[rows], self.norm, self.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head).float()
 
-    def _layer(self, i, layer, h, cos, sin, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        t = h.shape[0]
-        x = _rms_norm(h, layer["input_norm"], self.eps)
+    def _layer(self, i, layer, x, residual, batch: ForwardBatch, kv: KVCache):
+        """x = the layer's normed input, residual = the stream it was normed from; returns
+        the MLP output and the residual stream after attention (their sum is the output)."""
+        t = x.shape[0]
         qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "qkv_proj", x, qkv)
+        rotated = self.num_heads + self.num_kv_heads  # q and k heads, side by side in qkv
+        kernels.apply_rope_(
+            qkv[:, : rotated * self.head_dim].view(t, rotated, self.head_dim),
+            self.cos_sin,
+            batch.positions,
+        )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = _rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
-        k = _rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv.layer(i)
         kernels.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         attn = self._attention(q, k_cache, v_cache, batch).reshape(t, self.q_size)
         o = F.linear(attn, layer["o"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "o_proj", attn, o)
-        h = h + o
-        x = _rms_norm(h, layer["post_norm"], self.eps)
+        x, residual = kernels.add_rms_norm(o, residual, layer["post_norm"], self.eps)
         gate_up = F.linear(x, layer["gate_up"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "gate_up_proj", x, gate_up)
@@ -161,7 +175,7 @@ class LlamaForCausalLM:
         down = F.linear(act, layer["down"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "down_proj", act, down)
-        return h + down
+        return down, residual
 
     def _attention(self, q, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
         parts = []
@@ -193,20 +207,6 @@ def _add_lora(lora: LoRABatch, layer: int, group: str, x: torch.Tensor, out: tor
     """One shrink and one expand per module group (a fused projection or a single one)."""
     a, b = lora.weights.group_weights(layer, group, lora.rank)
     kernels.lora_apply(x, a, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE, as HF's Llama: x * cos + rotate_half(x) * sin."""
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
 
 
 def _rope_table(config: PretrainedConfig, max_positions: int, device) -> torch.Tensor:

@@ -111,3 +111,63 @@ def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(lora_cpu, "_state", {})
     assert lora_cpu.native_lora() is not None
     assert built[0].stat().st_mtime_ns == stamp, "a second load must reuse the built library"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rank, d_in, d_out", [(8, 576, 960), (6, 72, 300), (1, 5, 7)])
+def test_native_bfloat16_kernels_match_reference(native, threads, rank, d_in, d_out):
+    """bf16 in and out, float32 sums: within bf16 rounding of the float64 result, and
+    lora_apply's float32 intermediate no worse than shrink then expand."""
+    torch.manual_seed(rank * 1000 + d_in + 7)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, bt = (t.to(torch.bfloat16) for t in engine_layout(5, rank, d_in, d_out))
+        slots = torch.tensor([3, -1, 0, 0, 4, 2, -1, 1, 3, 3, 0, 4, -1])
+        x = torch.randn(slots.shape[0], d_in).to(torch.bfloat16)
+        y = native.shrink(x, a, slots)
+        assert y.dtype == torch.bfloat16
+        assert rel_error(y, lora_shrink_reference(x, a, slots)) < 1e-2
+        assert not y[slots < 0].any()
+
+        fused = torch.randn(slots.shape[0], d_out + 40).to(torch.bfloat16)
+        out = fused[:, 20 : 20 + d_out]
+        before, untouched = out.clone(), fused[:, :20].clone()
+        scales = torch.rand(5) + 0.5
+        native.expand(y, bt, scales, out, slots)
+        expected = lora_expand_reference(y, bt.transpose(1, 2), slots, scales, before)
+        assert rel_error(out, expected) < 1e-2
+        assert torch.equal(out[slots < 0], before[slots < 0])
+        assert torch.equal(fused[:, :20], untouched)
+
+        applied = before.clone()
+        native.apply(x, a, bt, scales, applied, slots)
+        y64 = lora_shrink_reference(x, a, slots)
+        expected = lora_expand_reference(y64, bt.transpose(1, 2), slots, scales, before)
+        assert rel_error(applied, expected) < 1e-2
+        assert torch.equal(applied[slots < 0], before[slots < 0])
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_bfloat16_engine_calls_take_the_native_path(native, monkeypatch):
+    """A bf16 model's lora_apply over several slots runs natively (no conversion, no per-token
+    weight copies) and agrees with the torch path."""
+    a, bt = (t.to(torch.bfloat16) for t in engine_layout(4, 8, 64, 96))
+    lora_b = bt.transpose(1, 2)
+    slots = torch.tensor([0, 0, 1, 3, 3, 3, -1])
+    x, scales = torch.randn(7, 64).to(torch.bfloat16), torch.rand(4)
+    index = kernels.lora_index(slots, 4)
+    calls = []
+    real = lora_cpu.NativeLoRA.apply
+    monkeypatch.setattr(
+        lora_cpu.NativeLoRA, "apply", lambda self, *args: calls.append(1) or real(self, *args)
+    )
+    out = torch.randn(7, 96).to(torch.bfloat16)
+    torch_out = out.clone()
+    kernels.lora_apply(x, a, lora_b, slots, scales, out, index=index)
+    assert calls == [1]
+    monkeypatch.setattr(lora_torch, "native_lora", lambda: None)
+    kernels.lora_apply(x, a, lora_b, slots, scales, torch_out, index=index)
+    assert calls == [1]
+    assert rel_error(out, torch_out) < 2e-2

@@ -75,3 +75,54 @@ def test_norm_and_rope_half_precision(dtype):
         rel_error(kernels.apply_rope(q, cos, sin), rope_reference(q.cpu(), cos.cpu(), sin.cpu()))
         < 2e-2
     )
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,heads_kv,head_dim", [(9, 3, 64), (4, 4, 128), (2, 1, 10)])
+def test_rope_in_place_on_q_and_k_of_fused_qkv(dtype, tolerance, heads, heads_kv, head_dim):
+    """apply_rope_ (native on this CPU, torch elsewhere) rotates q and k heads of a fused qkv
+    row in place by table rows picked by position, leaving v alone."""
+    tokens, rotated = 13, heads + heads_kv
+    qkv = torch.randn(tokens, (rotated + heads_kv) * head_dim).to(dtype)
+    positions = torch.randint(0, 300, (tokens,))
+    inv_freq = 1.0 / (100000 ** (torch.arange(0, head_dim, 2).double() / head_dim))
+    freqs = torch.arange(300).double()[:, None] * inv_freq[None]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    table = torch.cat((emb.cos(), emb.sin()), dim=-1).to(dtype)
+    before = qkv.clone()
+    view = qkv[:, : rotated * head_dim].view(tokens, rotated, head_dim)
+    kernels.apply_rope_(view, table, positions)
+    cos, sin = table[positions].chunk(2, dim=-1)
+    expected = rope_reference(
+        before[:, : rotated * head_dim].view(tokens, rotated, head_dim), cos, sin
+    )
+    assert rel_error(view, expected) < tolerance
+    assert torch.equal(qkv[:, rotated * head_dim :], before[:, rotated * head_dim :])
+    from loragate.kernels import rope
+
+    torch_path = before.clone()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rope, "native_norm_rope", lambda: None)
+        kernels.apply_rope_(
+            torch_path[:, : rotated * head_dim].view(tokens, rotated, head_dim), table, positions
+        )
+    assert (
+        rel_error(torch_path[:, : rotated * head_dim].view(tokens, rotated, head_dim), expected)
+        < tolerance
+    )
+
+
+@pytest.mark.parametrize("hidden", [576, 100])
+def test_bfloat16_norm_matches_torch_version(hidden):
+    """The native bf16 norm rounds where the torch version does (the summed residual, the
+    normalised row, the weighted product), so it equals it up to the float32 sum's order."""
+    from loragate.kernels import norm
+
+    x, residual = torch.randn(2, 13, hidden).to(torch.bfloat16)
+    weight = torch.randn(hidden).to(torch.bfloat16)
+    normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(summed, x + residual)
+    reference = norm._norm_torch(x + residual, weight, 1e-5)
+    assert rel_error(normed, reference) < 1e-2
+    assert rel_error(normed, rms_norm_reference(x + residual, weight, 1e-5)) < 1e-2
+    assert rel_error(kernels.rms_norm(x, weight, 1e-5), norm._norm_torch(x, weight, 1e-5)) < 1e-2

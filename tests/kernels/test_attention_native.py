@@ -1,0 +1,93 @@
+"""The native CPU paged decode attention (kernels/attention_cpu.c) and its torch reference,
+both against float64, in float32 and bfloat16: GQA ratios 1-4, head dims with and without a
+vector tail, contexts around block edges and long ones, tables padded with out-of-range ids,
+NaN in every cache slot outside a context, strided q (a slice of fused qkv)."""
+
+import math
+
+import pytest
+import torch
+from kernel_reference import attention_reference, build_paged_cache, context_rows, rel_error
+
+from loragate import kernels
+from loragate.kernels import attention_cpu, decode_attention
+
+LENS = [1, 2, 15, 16, 17, 31, 33, 70, 129, 600]
+
+
+@pytest.fixture(scope="module")
+def native():
+    loaded = attention_cpu.native_attention()
+    assert loaded is not None, (
+        f"native attention did not build: {attention_cpu.native_attention_error()}"
+    )
+    return loaded
+
+
+def check(out, q, k_cache, v_cache, tables, lens, scale, tolerance):
+    assert out.shape == q.shape and out.dtype == q.dtype
+    for b, n in enumerate(lens):
+        keys = context_rows(k_cache, tables[b], n)
+        values = context_rows(v_cache, tables[b], n)
+        expected = attention_reference(q[b : b + 1], keys, values, scale, [n - 1])
+        assert rel_error(out[b : b + 1], expected) < tolerance, f"sequence {b} (length {n})"
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,heads_kv", [(4, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("head_dim", [64, 40, 128])
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_and_torch_decode_match_float64(
+    native, dtype, tolerance, heads, heads_kv, head_dim, block_size, threads
+):
+    torch.manual_seed(heads * 100 + head_dim + block_size)
+    k_cache, v_cache, tables = build_paged_cache(LENS, heads_kv, head_dim, block_size, dtype)
+    seq_lens = torch.tensor(LENS, dtype=torch.int32)
+    qkv = torch.randn(len(LENS), (heads + 2 * heads_kv) * head_dim).to(dtype)
+    q = qkv[:, : heads * head_dim].view(len(LENS), heads, head_dim)
+    scale = 1 / math.sqrt(head_dim)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = native.decode(q, k_cache, v_cache, tables, seq_lens, scale)
+    finally:
+        torch.set_num_threads(previous)
+    check(out, q, k_cache, v_cache, tables, LENS, scale, tolerance)
+    reference = decode_attention._decode_torch(q, k_cache, v_cache, tables, seq_lens, scale)
+    check(reference, q, k_cache, v_cache, tables, LENS, scale, tolerance)
+
+
+def test_the_cpu_default_runs_native_and_falls_back_to_torch(native, monkeypatch):
+    k_cache, v_cache, tables = build_paged_cache([3, 40], 2, 64, 16)
+    seq_lens = torch.tensor([3, 40], dtype=torch.int32)
+    q = torch.randn(2, 6, 64)
+    calls = []
+    real = attention_cpu.NativeAttention.decode
+    monkeypatch.setattr(
+        attention_cpu.NativeAttention,
+        "decode",
+        lambda self, *args: calls.append(1) or real(self, *args),
+    )
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    assert calls == [1]
+    monkeypatch.setattr(decode_attention, "native_attention", lambda: None)
+    fallback = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    assert calls == [1]
+    assert rel_error(out, fallback) < 1e-5
+
+
+def test_a_failed_build_says_why(monkeypatch, tmp_path):
+    library = attention_cpu._native.Loaded(
+        attention_cpu._library.source, attention_cpu.NativeAttention
+    )
+    monkeypatch.setattr(attention_cpu, "_library", library)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    assert attention_cpu.native_attention() is None
+    assert "no-such-compiler" in attention_cpu.native_attention_error()
+    k_cache, v_cache, tables = build_paged_cache([5], 2, 64, 16)
+    q = torch.randn(1, 4, 64)
+    seq_lens = torch.tensor([5], dtype=torch.int32)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    check(out, q, k_cache, v_cache, tables, [5], 0.125, 1e-5)
