@@ -34,6 +34,8 @@ from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.special_tokens import special_token_rule
+from loragate.engine.step_budget import step_budget_for
+from loragate.engine.step_record import StepRecords
 from loragate.engine.stopping import StopDecision, check_stop
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginError, PluginManager
@@ -78,14 +80,18 @@ class LLMEngine:
             KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
         )
         self.adapters = self._make_adapter_cache() if config.enable_lora else None
+        self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
+        log.info("step budget: %s", self.step_budget.describe())
+        self.step_records = StepRecords()  # what each step ran (tests assert on it)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=self.step_budget.tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
             adapter_slots=self.adapters,
             swapper=self.swapper,
             choose_preemption_victim=self._choose_preemption_victim,
+            scheduling_policy=config.scheduling_policy,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
@@ -183,12 +189,21 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
             return failed
         sampled, logits = self.runner.run(scheduled)
-        return failed + self._postprocess(scheduled, sampled, logits)
+        outputs = failed + self._postprocess(scheduled, sampled, logits)
+        self._record_step(scheduled, (time.perf_counter() - start) * 1e3)
+        return outputs
+
+    def _record_step(self, scheduled, ms: float) -> None:
+        """Keep the step's record; its timing keeps the next step's budget current."""
+        record = self.step_records.add(scheduled, self.scheduler.max_num_batched_tokens, ms)
+        self.step_budget.observe(record.num_tokens, ms)
+        self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 
     def _fail_unscheduled(self, scheduled) -> list[RequestOutput]:
         """Requests whose adapter could not take a slot this step end here, alone."""

@@ -1,13 +1,16 @@
 """Continuous batching: each step, running decodes first, then swapped-out and waiting ones.
 
 Limits per step: the token budget, the sequence cap, free KV blocks, and device adapter
-slots. Long prompts are split into chunks within the budget. When blocks run out, a victim
-(newest first, unless a plugin says otherwise) is preempted: swapped to CPU, or dropped and
-recomputed later.
+slots. Stall-free (Sarathi-Serve): every running decode is in every step, and prompts are
+split into chunks that fill what the budget leaves, so a burst of prompts never freezes the
+streams already decoding. Waiting prompts go in `prefill_order` (shortest first by
+default). When blocks run out, a victim (newest first, unless a plugin says otherwise) is
+preempted: swapped to CPU, or dropped and recomputed later.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from typing import Protocol
 
 from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.engine.block_manager import BlockManager
+from loragate.engine.prefill_order import prefill_order
 from loragate.engine.sequence import Sequence, SequenceStatus
 from loragate.engine.swap import KVSwapper
 
@@ -44,6 +48,9 @@ class SchedulerOutput:
     # Sequences whose adapter could not be put in a slot (files changed or gone since it
     # was registered): their requests fail alone, the step goes on without them.
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+    # Running decodes that got no place in this step without being preempted: stall-free
+    # scheduling keeps this empty (the step records show it).
+    decodes_left_out: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -73,6 +80,7 @@ class Scheduler:
         adapter_slots: AdapterSlots | None = None,
         swapper: KVSwapper | None = None,
         choose_preemption_victim: Callable[[list[Sequence]], Sequence] = newest_first,
+        scheduling_policy: str = "fcfs",
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -81,6 +89,7 @@ class Scheduler:
         self.adapter_slots = adapter_slots
         self.swapper = swapper  # None: preemption recomputes
         self.choose_preemption_victim = choose_preemption_victim
+        self.scheduling_policy = scheduling_policy  # how waiting prompts are ordered
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -116,11 +125,14 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        decoding = [s.seq_id for s in self.running if s.num_uncomputed_tokens == 1]
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
             if not self.swapped:
                 self._schedule_waiting(out, budget)
+        placed = {s.seq.seq_id for s in out.decodes} | {s.seq_id for s in out.preempted}
+        out.decodes_left_out = [i for i in decoding if i not in placed]
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -177,6 +189,9 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         blocked_on_slot = False
         skipped: list[Sequence] = []
+        if len(self.waiting) > 1:
+            order = prefill_order(self.waiting, self.scheduling_policy, time.monotonic())
+            self.waiting = deque(order)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)
