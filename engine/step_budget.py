@@ -3,11 +3,12 @@
 Stall-free batching (Sarathi-Serve, OSDI 2024): every step carries all running decodes plus
 prompt chunks up to a token budget, so a burst of prompts never freezes the streams already
 decoding for longer than one step. A fixed GPU-sized budget (4096 tokens) takes seconds on a
-few CPU cores; this one follows the machine. At start a short warm-up times the model at two
-sizes, giving a fixed cost per step and a cost per token; while the engine runs, an EWMA of
-measured / predicted step time scales both, so a loaded or slower machine gets a smaller
-budget. An explicit `max_num_batched_tokens` overrides all of it and never changes (tests
-and vLLM users rely on that).
+few CPU cores; this one follows the machine. Step time is modelled as a line, a fixed cost
+per step plus a cost per token, fitted by least squares to the warm-up forwards timed at
+start and then to the engine's own steps, with older steps forgotten exponentially: a
+loaded or slower machine gets a smaller budget within a few dozen steps. An explicit
+`max_num_batched_tokens` overrides all of it and never changes (tests and vLLM users rely
+on that).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ log = logging.getLogger(__name__)
 # Upper bound of a measured budget: where the per-token cost is tiny (a GPU, a tiny model)
 # the step time is all fixed cost and a bigger budget only delays the decodes in the step.
 MAX_MEASURED_BUDGET = 8192
-EWMA_WEIGHT = 0.2  # weight of the newest step in the slowdown estimate
-MAX_SLOWDOWN_SAMPLE = 8.0  # one stalled step (GC pause, adapter load) moves it at most this
-MIN_SLOWDOWN_SAMPLE = 0.25
+FORGET = 0.05  # weight lost by older observations at each step (a memory of ~20 steps)
+WARMUP_WEIGHT = 4.0  # the start-up timings count as this many steps
 
 
 class StepBudget:
@@ -35,40 +35,55 @@ class StepBudget:
         *,
         floor: int,
         fixed_tokens: int | None = None,
-        fixed_ms: float = 0.0,
-        ms_per_token: float = 0.0,
+        timings: dict[int, float] | None = None,
     ):
         self.max_step_ms = max_step_ms
         self.floor = floor  # one decode batch (max_num_seqs), or a whole prompt unchunked
         self.fixed_tokens = fixed_tokens
-        self.fixed_ms = fixed_ms
-        self.ms_per_token = ms_per_token
-        self.slowdown = 1.0  # measured step time / predicted, as an EWMA
-        self.tokens = fixed_tokens if fixed_tokens is not None else self._from_timing()
+        self._sums = [0.0] * 5  # weighted: n, sum x, sum x^2, sum y, sum x*y
+        for tokens, ms in (timings or {}).items():
+            self._add(tokens, ms, WARMUP_WEIGHT)
+        self.fixed_ms, self.ms_per_token = self._fit()
+        self.tokens = fixed_tokens if fixed_tokens is not None else self._from_fit()
 
     @property
     def measured(self) -> bool:
         return self.fixed_tokens is None
 
     def predicted_ms(self, num_tokens: int) -> float:
-        return self.slowdown * (self.fixed_ms + self.ms_per_token * num_tokens)
+        return self.fixed_ms + self.ms_per_token * num_tokens
 
     def observe(self, num_tokens: int, ms: float) -> None:
         """One step's token count and wall time keep the measured budget current."""
         if not self.measured or num_tokens <= 0:
             return
-        base = self.fixed_ms + self.ms_per_token * num_tokens
-        if base <= 0:
-            return
-        sample = min(MAX_SLOWDOWN_SAMPLE, max(MIN_SLOWDOWN_SAMPLE, ms / base))
-        self.slowdown += EWMA_WEIGHT * (sample - self.slowdown)
-        self.tokens = self._from_timing()
+        self._sums = [v * (1.0 - FORGET) for v in self._sums]
+        self._add(num_tokens, ms, 1.0)
+        self.fixed_ms, self.ms_per_token = self._fit()
+        self.tokens = self._from_fit()
 
-    def _from_timing(self) -> int:
+    def _add(self, x: float, y: float, w: float) -> None:
+        for i, v in enumerate((1.0, x, x * x, y, x * y)):
+            self._sums[i] += w * v
+
+    def _fit(self) -> tuple[float, float]:
+        """Least-squares line; where the sizes seen are too alike, or the slope comes out
+        negative (noise), all of the time is put on the tokens: a smaller, safe budget."""
+        n, sx, sxx, sy, sxy = self._sums
+        if n <= 0 or sx <= 0:
+            return 0.0, 0.0
+        spread = n * sxx - sx * sx
+        if spread > 1e-9 * n * sxx:
+            slope = (n * sxy - sx * sy) / spread
+            fixed = (sy - slope * sx) / n
+            if slope > 0 and fixed >= 0:
+                return fixed, slope
+        return 0.0, max(sy, 0.0) / sx
+
+    def _from_fit(self) -> int:
         if self.ms_per_token <= 0:
             return max(self.floor, MAX_MEASURED_BUDGET)
-        room = self.max_step_ms / self.slowdown - self.fixed_ms
-        tokens = int(room / self.ms_per_token)
+        tokens = int((self.max_step_ms - self.fixed_ms) / self.ms_per_token)
         return max(self.floor, min(MAX_MEASURED_BUDGET, tokens))
 
     def describe(self) -> str:
@@ -80,15 +95,6 @@ class StepBudget:
         )
 
 
-def fit_line(timings: dict[int, float]) -> tuple[float, float]:
-    """(fixed ms, ms per token) through the smallest and largest timed sizes, never < 0."""
-    small, large = min(timings), max(timings)
-    if large == small:
-        return timings[small], 0.0
-    per_token = max(0.0, (timings[large] - timings[small]) / (large - small))
-    return max(0.0, timings[small] - per_token * small), per_token
-
-
 def step_budget_for(config, model, kv_cache, max_model_len: int) -> StepBudget:
     """The engine's budget: the explicit one, or one timed on this machine now."""
     floor = config.max_num_seqs
@@ -98,8 +104,7 @@ def step_budget_for(config, model, kv_cache, max_model_len: int) -> StepBudget:
         return StepBudget(
             config.max_step_ms, floor=floor, fixed_tokens=config.max_num_batched_tokens
         )
-    fixed_ms, per_token = fit_line(time_forward(model, kv_cache))
-    budget = StepBudget(config.max_step_ms, floor=floor, fixed_ms=fixed_ms, ms_per_token=per_token)
+    budget = StepBudget(config.max_step_ms, floor=floor, timings=time_forward(model, kv_cache))
     if budget.tokens == floor and budget.predicted_ms(floor) > config.max_step_ms:
         log.warning(
             "max_step_ms=%g is shorter than one step of %d tokens takes here (about %.0f ms): "
