@@ -104,7 +104,9 @@ def step_budget_for(config, model, kv_cache, max_model_len: int) -> StepBudget:
         return StepBudget(
             config.max_step_ms, floor=floor, fixed_tokens=config.max_num_batched_tokens
         )
-    budget = StepBudget(config.max_step_ms, floor=floor, timings=time_forward(model, kv_cache))
+    budget = StepBudget(
+        config.max_step_ms, floor=floor, timings=time_forward(model, kv_cache, max_model_len)
+    )
     if budget.tokens == floor and budget.predicted_ms(floor) > config.max_step_ms:
         log.warning(
             "max_step_ms=%g is shorter than one step of %d tokens takes here (about %.0f ms): "

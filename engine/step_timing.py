@@ -17,13 +17,15 @@ WARMUP_SIZES = (16, 128)  # tokens: a decode-sized step and a prompt chunk
 REPEATS = 2  # the fastest of these counts; the first run pays one-time costs
 
 
-def time_forward(model, kv_cache: KVCache, sizes=WARMUP_SIZES) -> dict[int, float]:
+def time_forward(
+    model, kv_cache: KVCache, max_model_len: int, sizes=WARMUP_SIZES
+) -> dict[int, float]:
     """Milliseconds of one forward pass (logits of one row included) per token count."""
     bs, blocks = kv_cache.block_size, kv_cache.data.shape[2]
     timings: dict[int, float] = {}
     for _ in range(REPEATS):
         for n in sizes:
-            n = min(n, bs * blocks)
+            n = min(n, bs * blocks, max_model_len)
             batch = _prompt_batch(n, bs, model.device)
             start = time.perf_counter()
             with torch.inference_mode():
