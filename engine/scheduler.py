@@ -142,8 +142,10 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n == 0:
+            # A decode always runs (stall-free), even past the budget: forks of n > 1 can
+            # make more running sequences than max_num_seqs, which the budget holds.
+            n = 1 if seq.num_uncomputed_tokens == 1 else min(seq.num_uncomputed_tokens, budget)
+            if n <= 0:
                 continue
             while not self.block_manager.can_append(seq, n):
                 victim = self.choose_preemption_victim(active)

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 # Upper bound of a measured budget: where the per-token cost is tiny (a GPU, a tiny model)
 # the step time is all fixed cost and a bigger budget only delays the decodes in the step.
 MAX_MEASURED_BUDGET = 8192
+# Lower bound of a measured budget: in smaller steps the fixed cost of a step (reading every
+# weight once) is most of its time, so prompts would take many times longer to prefill.
+MIN_MEASURED_BUDGET = 64
 FORGET = 0.05  # weight lost by older observations at each step (a memory of ~20 steps)
 WARMUP_WEIGHT = 4.0  # the start-up timings count as this many steps
 
@@ -84,7 +87,7 @@ class StepBudget:
         if self.ms_per_token <= 0:
             return max(self.floor, MAX_MEASURED_BUDGET)
         tokens = int((self.max_step_ms - self.fixed_ms) / self.ms_per_token)
-        return max(self.floor, min(MAX_MEASURED_BUDGET, tokens))
+        return max(self.floor, MIN_MEASURED_BUDGET, min(MAX_MEASURED_BUDGET, tokens))
 
     def describe(self) -> str:
         if not self.measured:
@@ -107,13 +110,15 @@ def step_budget_for(config, model, kv_cache, max_model_len: int) -> StepBudget:
     budget = StepBudget(
         config.max_step_ms, floor=floor, timings=time_forward(model, kv_cache, max_model_len)
     )
-    if budget.tokens == floor and budget.predicted_ms(floor) > config.max_step_ms:
+    if budget.predicted_ms(budget.tokens) > config.max_step_ms:
         log.warning(
-            "max_step_ms=%g is shorter than one step of %d tokens takes here (about %.0f ms): "
-            "steps will take longer; raise max_step_ms or lower max_num_seqs (%d)",
+            "max_step_ms=%g is shorter than a step of %d tokens takes here (about %.0f ms; "
+            "max_num_seqs=%d decodes alone need %d): steps will take longer. Raise "
+            "max_step_ms, or lower max_num_seqs",
             config.max_step_ms,
-            floor,
-            budget.predicted_ms(floor),
+            budget.tokens,
+            budget.predicted_ms(budget.tokens),
+            config.max_num_seqs,
             config.max_num_seqs,
         )
     return budget
