@@ -112,13 +112,12 @@ def step_budget_for(config, model, kv_cache, max_model_len: int) -> StepBudget:
     )
     if budget.predicted_ms(budget.tokens) > config.max_step_ms:
         log.warning(
-            "max_step_ms=%g is shorter than a step of %d tokens takes here (about %.0f ms; "
-            "max_num_seqs=%d decodes alone need %d): steps will take longer. Raise "
-            "max_step_ms, or lower max_num_seqs",
+            "max_step_ms=%g is shorter than a step of %d tokens takes here (about %.0f ms), "
+            "and a step holds at least one decode batch (max_num_seqs=%d): steps will take "
+            "longer. Raise max_step_ms, or lower max_num_seqs",
             config.max_step_ms,
             budget.tokens,
             budget.predicted_ms(budget.tokens),
-            config.max_num_seqs,
             config.max_num_seqs,
         )
     return budget

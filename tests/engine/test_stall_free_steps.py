@@ -76,7 +76,9 @@ def test_budget_bounds_prompt_tokens_and_outputs_match_hf(tiny, make_llm, budget
     outputs = drive(engine, [(s, rid, ids, None) for s, rid, ids in MIXED], greedy(16))
     records = list(engine.step_records)
     assert all(r.num_tokens <= r.budget for r in records)
-    if budget is not None:
+    if budget is None:  # timed at start on this machine: at least one decode batch
+        assert engine.step_budget.measured and engine.step_budget.tokens >= 8
+    else:
         assert all(r.budget == budget and r.prefill_tokens <= budget for r in records)
         partial = sum(1 for r in records if r.prefill_tokens and r.decode_seq_ids)
         assert partial >= 5  # chunks really ran beside decodes
