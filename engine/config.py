@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Measured on the 2-core development machine (BENCHMARKS.md, "Online latency"): a step of
-# this length holds ~200 prompt tokens of the default model beside its decodes, with the
-# per-step fixed cost under 15% of the step.
+# Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
+# latency"): a step of 64 decodes of the default model takes about 275 ms there and a prompt
+# token about 1.5-2 ms, so 500 ms holds a full decode batch plus ~120-150 prompt tokens, and
+# stays well under half of vLLM-CPU's measured P99 ITL (3.0 s) when a step runs 2x slow.
 DEFAULT_MAX_STEP_MS = 500.0
 SCHEDULING_POLICIES = ("shortest_prefill", "fcfs")
 
