@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -455,7 +455,12 @@ def overhead(http: dict, direct: dict) -> dict:
 
 
 # ---- plots ------------------------------------------------------------------------------------
-COLORS = {"loragate": (31, 119, 180), "engine": (255, 127, 14), "vllm": (44, 160, 44)}
+COLORS = {
+    "loragate": (31, 119, 180),
+    "engine": (255, 127, 14),
+    "vllm": (44, 160, 44),
+    "loragate-fixed": (214, 39, 40),
+}
 
 
 def plot_itl_over_time(runs: dict[str, tuple[list[Result], float]], path: Path) -> None:
@@ -480,10 +485,10 @@ def plot_itl_over_time(runs: dict[str, tuple[list[Result], float]], path: Path) 
     for frac in (0.0, 0.5, 1.0):
         canvas.text(pad + int(frac * pw) - 8, pad + ph + 8, f"{right * frac:.1f}")
         canvas.text(4, pad + ph - int(frac * ph) - 5, f"{top * frac:.0f}")
-    for name, pts in series.items():
-        xy = [(pad + t / right * pw, pad + ph - ms / top * ph) for t, ms in pts]
-        for (ax, ay), (bx, by) in zip(xy, xy[1:], strict=False):
-            canvas.line(ax, ay, bx, by, COLORS.get(name, (0, 0, 0)))
+    for k, (name, pts) in enumerate(series.items()):
+        for t, ms in pts:  # one stem per token: a stall is one tall stem
+            x = pad + t / right * pw + 2 * k
+            canvas.line(x, pad + ph, x, pad + ph - ms / top * ph, COLORS.get(name, (0, 0, 0)), 1)
     legend_x = pad
     for name in series:
         canvas.rect(
@@ -582,6 +587,10 @@ def parse_args(argv=None):
     )  # fmt: skip
     p.add_argument("--max-step-ms", type=float, default=DEFAULT_MAX_STEP_MS)
     p.add_argument(
+        "--fixed-budget", type=int, default=None,
+        help="also run loragate with this fixed max_num_batched_tokens (4096 was the default)",
+    )  # fmt: skip
+    p.add_argument(
         "--scheduling-policy", choices=["shortest_prefill", "fcfs"], default="shortest_prefill"
     )
     p.add_argument(
@@ -613,6 +622,9 @@ def main(argv=None) -> dict:
     config = engine_config(args, adapter_dir)
 
     raw = {"loragate": run_http(args, config, requests, adapter_dir, result_dir)}
+    if args.fixed_budget:  # the same server with a fixed budget, as before stall-free steps
+        fixed = replace(config, max_num_batched_tokens=args.fixed_budget)
+        raw["loragate-fixed"] = run_http(args, fixed, requests, adapter_dir, result_dir)
     if args.peer == "vllm":
         raw["vllm"] = run_peer(args, config, requests, adapter_dir, names, result_dir)
     if not args.skip_engine:
