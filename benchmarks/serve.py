@@ -311,8 +311,10 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
     return root, names
 
 
-def run_http(args, config, requests, adapter_dir, result_dir) -> tuple[list[Result], float]:
-    server = ServerProcess(config, adapter_dir, result_dir / "serve_server.log")
+def run_http(
+    args, config, requests, adapter_dir, result_dir, name="server"
+) -> tuple[list[Result], float]:
+    server = ServerProcess(config, adapter_dir, result_dir / f"serve_{name}.log")
     try:
         return _run_client(args, server.url, requests)
     finally:
@@ -624,7 +626,7 @@ def main(argv=None) -> dict:
     raw = {"loragate": run_http(args, config, requests, adapter_dir, result_dir)}
     if args.fixed_budget:  # the same server with a fixed budget, as before stall-free steps
         fixed = replace(config, max_num_batched_tokens=args.fixed_budget)
-        raw["loragate-fixed"] = run_http(args, fixed, requests, adapter_dir, result_dir)
+        raw["loragate-fixed"] = run_http(args, fixed, requests, adapter_dir, result_dir, "fixed")
     if args.peer == "vllm":
         raw["vllm"] = run_peer(args, config, requests, adapter_dir, names, result_dir)
     if not args.skip_engine:
