@@ -1,19 +1,26 @@
-"""Online serving benchmark, shaped like `vllm bench serve`, plus the gateway's own overhead.
+"""Online serving benchmark, shaped like `vllm bench serve`, against vLLM-CPU and in-process.
 
-One seeded workload (random-token prompts and output lengths, Poisson or gamma arrivals at
---request-rate, at most --max-concurrency in flight, adapters drawn by power-law
-popularity) runs twice in one invocation:
+One seeded workload runs through the same streaming client (POST /v1/completions,
+stream=true) against each server, one at a time, in one invocation:
 
-  http    streamed through the HTTP gateway (`loragate serve` in a subprocess by default),
-          the way a client sees it: POST /v1/completions with stream=true;
-  engine  the same requests, same arrival times, straight into AsyncLLMEngine in this
-          process: no HTTP, no JSON, no SSE.
+  loragate        `loragate serve` in a subprocess, as deployed;
+  loragate-fixed  the same with a fixed --fixed-budget (4096 was the old default), to show
+                  what stall-free steps change;
+  vllm            vLLM-CPU's OpenAI api_server on the same adapters (benchmarks/serve_peer.py;
+                  needs the peer venv of ../shared/peers/setup_vllm.sh);
+  engine          the same requests straight into AsyncLLMEngine in this process: no HTTP,
+                  no JSON, no SSE (the difference is the gateway's overhead).
 
-The difference is the gateway's overhead. Reports request and token throughput, TTFT, TPOT,
-ITL and E2E latency (mean, p50, p99) and goodput under an SLO, as a table, a JSON file and
-a PNG plot (latency CDFs; written without plotting libraries).
+Workloads: `random` (random-token prompts and output lengths, Poisson or gamma arrivals at
+--request-rate, at most --max-concurrency in flight, adapters by power-law popularity) and
+`long-mix` (--streams requests at once; once each streams, --long-prompts prompts of
+--long-len tokens arrive). Reports request and token throughput, TTFT, TPOT, ITL and E2E
+latency (mean, p50, p90, p99) and goodput under an SLO, as a table and a JSON file, with
+PNG plots (latency CDFs; ITL over time of one stream; written without plotting libraries).
 
-    .venv/bin/python benchmarks/serve.py --num-prompts 128 --max-concurrency 64
+    .venv/bin/python benchmarks/serve.py --num-prompts 64 --input-len 256 --output-len 64 \
+        --range-ratio 0 --num-adapters 16 --skip-engine
+    .venv/bin/python benchmarks/serve.py --workload long-mix --skip-engine --fixed-budget 4096
 
 The prefix-caching workload (16 adapters, each with its own 400-token system prompt; TTFT
 and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on this file.
