@@ -1,19 +1,26 @@
-"""Online serving benchmark, shaped like `vllm bench serve`, plus the gateway's own overhead.
+"""Online serving benchmark, shaped like `vllm bench serve`, against vLLM-CPU and in-process.
 
-One seeded workload (random-token prompts and output lengths, Poisson or gamma arrivals at
---request-rate, at most --max-concurrency in flight, adapters drawn by power-law
-popularity) runs twice in one invocation:
+One seeded workload runs through the same streaming client (POST /v1/completions,
+stream=true) against each server, one at a time, in one invocation:
 
-  http    streamed through the HTTP gateway (`loragate serve` in a subprocess by default),
-          the way a client sees it: POST /v1/completions with stream=true;
-  engine  the same requests, same arrival times, straight into AsyncLLMEngine in this
-          process: no HTTP, no JSON, no SSE.
+  loragate        `loragate serve` in a subprocess, as deployed;
+  loragate-fixed  the same with a fixed --fixed-budget (4096 was the old default), to show
+                  what stall-free steps change;
+  vllm            vLLM-CPU's OpenAI api_server on the same adapters (benchmarks/serve_peer.py;
+                  needs the peer venv of ../shared/peers/setup_vllm.sh);
+  engine          the same requests straight into AsyncLLMEngine in this process: no HTTP,
+                  no JSON, no SSE (the difference is the gateway's overhead).
 
-The difference is the gateway's overhead. Reports request and token throughput, TTFT, TPOT,
-ITL and E2E latency (mean, p50, p99) and goodput under an SLO, as a table, a JSON file and
-a PNG plot (latency CDFs; written without plotting libraries).
+Workloads: `random` (random-token prompts and output lengths, Poisson or gamma arrivals at
+--request-rate, at most --max-concurrency in flight, adapters by power-law popularity) and
+`long-mix` (--streams requests at once; once each streams, --long-prompts prompts of
+--long-len tokens arrive). Reports request and token throughput, TTFT, TPOT, ITL and E2E
+latency (mean, p50, p90, p99) and goodput under an SLO, as a table and a JSON file, with
+PNG plots (latency CDFs; ITL over time of one stream; written without plotting libraries).
 
-    .venv/bin/python benchmarks/serve.py --num-prompts 128 --max-concurrency 64
+    .venv/bin/python benchmarks/serve.py --num-prompts 64 --input-len 256 --output-len 64 \
+        --range-ratio 0 --num-adapters 16 --skip-engine
+    .venv/bin/python benchmarks/serve.py --workload long-mix --skip-engine --fixed-budget 4096
 
 The prefix-caching workload (16 adapters, each with its own 400-token system prompt; TTFT
 and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on this file.
@@ -28,22 +35,23 @@ import math
 import os
 import platform
 import random
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 import numpy as np
+from png_canvas import Canvas
+from serve_peer import VLLMServer, peer_python
 
 from loragate.adapters import LoRARequest, make_random_adapter
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.config import DEFAULT_MAX_STEP_MS
 from loragate.engine.model_loader import resolve_model
 
 ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -55,7 +63,8 @@ class Request:
     prompt_ids: list[int]
     max_tokens: int
     adapter: str | None
-    arrival: float  # seconds after the start
+    arrival: float  # seconds after the start (after the gate below opens, if any)
+    after_first_tokens: int = 0  # sent once this many requests have their first token
 
 
 def make_workload(args, vocab_size: int, adapters: list[str]) -> list[Request]:
@@ -73,6 +82,31 @@ def make_workload(args, vocab_size: int, adapters: list[str]) -> list[Request]:
         ids = [rng.randrange(1000, vocab_size - 1000) for _ in range(input_len)]
         requests.append(Request(ids, output_len, adapter, arrival))
     return requests
+
+
+def make_long_mix(args, vocab_size: int, adapters: list[str]) -> list[Request]:
+    """--streams requests at once; once each streams, --long-prompts prompts of --long-len
+    tokens arrive --long-gap-s apart: long prompts landing on running decodes."""
+    rng = random.Random(args.seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(1000, vocab_size - 1000) for _ in range(n)]
+
+    def adapter(i: int) -> str | None:
+        return adapters[i % len(adapters)] if adapters else None
+
+    streams = [
+        Request(
+            ids(_around(args.input_len, args.range_ratio, rng)), args.output_len, adapter(i), 0.0
+        )
+        for i in range(args.streams)
+    ]
+    longs = [
+        Request(ids(args.long_len), args.long_output_len, adapter(i), i * args.long_gap_s,
+                after_first_tokens=args.streams)
+        for i in range(args.long_prompts)
+    ]  # fmt: skip
+    return streams + longs
 
 
 def _around(mean: int, ratio: float, rng: random.Random) -> int:
@@ -100,20 +134,36 @@ class Result:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    token_times: list[float] = field(default_factory=list)  # perf_counter of each token
 
 
 async def run_workload(requests: list[Request], send, max_concurrency: int):
     """Send each request at its arrival time (bounded by max_concurrency); time the run."""
     limit = asyncio.Semaphore(max_concurrency)
     start = time.perf_counter()
+    first_tokens = 0
+    gates: dict[int, asyncio.Event] = {
+        r.after_first_tokens: asyncio.Event() for r in requests if r.after_first_tokens
+    }
+
+    def on_first() -> None:
+        nonlocal first_tokens
+        first_tokens += 1
+        for n, gate in gates.items():
+            if first_tokens >= n:
+                gate.set()
 
     async def one(request: Request) -> Result:
-        delay = request.arrival - (time.perf_counter() - start)
+        opened = start
+        if request.after_first_tokens:
+            await gates[request.after_first_tokens].wait()
+            opened = time.perf_counter()
+        delay = request.arrival - (time.perf_counter() - opened)
         if delay > 0:
             await asyncio.sleep(delay)
         async with limit:
             try:
-                return await send(request)
+                return await send(request, on_first)
             except Exception as exc:  # a failed request is counted, not fatal
                 return Result(ok=False, error=f"{type(exc).__name__}: {exc}")
 
@@ -129,11 +179,12 @@ def _timed(token_times: list[float], sent: float, prompt_tokens: int, output_tok
         ttft=token_times[0] - sent,
         e2e=token_times[-1] - sent,
         itl=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
+        token_times=token_times,
     )
 
 
 def http_sender(client: httpx.AsyncClient, url: str, base_model: str):
-    async def send(request: Request) -> Result:
+    async def send(request: Request, on_first=None) -> Result:
         body = {
             "model": request.adapter or base_model,
             "prompt": request.prompt_ids,
@@ -156,6 +207,8 @@ def http_sender(client: httpx.AsyncClient, url: str, base_model: str):
                     usage = chunk["usage"]
                 elif chunk["choices"] and chunk["choices"][0]["text"]:
                     token_times.append(time.perf_counter())
+                    if len(token_times) == 1 and on_first is not None:
+                        on_first()
         if usage is None or not token_times:
             return Result(ok=False, error="stream ended without usage or tokens")
         return _timed(token_times, sent, usage["prompt_tokens"], usage["completion_tokens"])
@@ -166,7 +219,7 @@ def http_sender(client: httpx.AsyncClient, url: str, base_model: str):
 def engine_sender(engine: AsyncLLMEngine, loras: dict[str, LoRARequest]):
     ids = iter(range(1 << 62))
 
-    async def send(request: Request) -> Result:
+    async def send(request: Request, on_first=None) -> Result:
         params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens, ignore_eos=True)
         lora = loras[request.adapter] if request.adapter else None
         sent = time.perf_counter()
@@ -176,6 +229,8 @@ def engine_sender(engine: AsyncLLMEngine, loras: dict[str, LoRARequest]):
             n = len(out.outputs[0].token_ids)
             if n > seen:
                 token_times.append(time.perf_counter())
+                if not seen and on_first is not None:
+                    on_first()
                 seen = n
         return _timed(token_times, sent, len(out.prompt_token_ids), seen)
 
@@ -189,6 +244,8 @@ def engine_config(args, adapter_dir: Path) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_step_ms=args.max_step_ms,
+        scheduling_policy=args.scheduling_policy,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         enable_lora=True,
         max_loras=max(1, min(args.max_loras, max(args.num_adapters, 1))),
@@ -208,11 +265,14 @@ class ServerProcess:
             "--adapter-root", str(adapter_dir), "--max-queue", "100000",
             "--max-model-len", str(config.max_model_len),
             "--max-num-seqs", str(config.max_num_seqs),
-            "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+            "--max-step-ms", str(config.max_step_ms),
+            "--scheduling-policy", config.scheduling_policy,
             "--kv-cache-memory-gb", str(config.kv_cache_memory_gb),
             "--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank),
             "--max-cpu-loras", str(config.max_cpu_loras),
         ] + (["--model", config.model] if config.model else []) + list(extra_args)  # fmt: skip
+        if config.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.url = ""
@@ -258,24 +318,44 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
     return root, names
 
 
-def run_http(args, config, requests, adapter_dir, result_dir) -> tuple[list[Result], float]:
-    server = ServerProcess(config, adapter_dir, result_dir / "serve_server.log")
+def run_http(
+    args, config, requests, adapter_dir, result_dir, name="server"
+) -> tuple[list[Result], float]:
+    server = ServerProcess(config, adapter_dir, result_dir / f"serve_{name}.log")
     try:
-        base = httpx.get(f"{server.url}/v1/models", timeout=60).json()["data"][0]["id"]
-        limits = httpx.Limits(
-            max_connections=args.max_concurrency + 8,
-            max_keepalive_connections=args.max_concurrency + 8,
-        )
-
-        async def go():
-            async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-                send = http_sender(client, server.url, base)
-                await run_workload(warmup(requests), send, args.max_concurrency)
-                return await run_workload(requests, send, args.max_concurrency)
-
-        return asyncio.run(go())
+        return _run_client(args, server.url, requests)
     finally:
         server.stop()
+
+
+def run_peer(args, config, requests, adapter_dir, names, result_dir):
+    """The same requests through the same client against vLLM-CPU's api_server."""
+    server = VLLMServer(
+        peer_python(), adapter_dir, names,
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+        max_lora_rank=config.max_lora_rank, log_path=result_dir / "serve_vllm.log",
+    )  # fmt: skip
+    try:
+        return _run_client(args, server.url, requests)
+    finally:
+        server.stop()
+
+
+def _run_client(args, url: str, requests: list[Request]) -> tuple[list[Result], float]:
+    """One client, the same for every server: a warm-up, then the timed workload."""
+    base = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
+    limits = httpx.Limits(
+        max_connections=args.max_concurrency + 8,
+        max_keepalive_connections=args.max_concurrency + 8,
+    )
+
+    async def go():
+        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            send = http_sender(client, url, base)
+            await run_workload(warmup(requests), send, args.max_concurrency)
+            return await run_workload(requests, send, args.max_concurrency)
+
+    return asyncio.run(go())
 
 
 def run_engine(args, config, requests, adapter_dir, names) -> tuple[list[Result], float]:
@@ -337,14 +417,15 @@ def summarize(results: list[Result], duration: float, slo: dict[str, float]) -> 
     return summary
 
 
+STATS = ("mean", "p50", "p90", "p99")
+
+
 def _stats_ms(name: str, values: list[float]) -> dict:
     if not values:
-        return {f"{name}_{k}_ms": float("nan") for k in ("mean", "p50", "p99")}
+        return {f"{name}_{k}_ms": float("nan") for k in STATS}
     ms = np.asarray(values) * 1e3
-    return {
-        f"{name}_mean_ms": float(ms.mean()),
-        f"{name}_p50_ms": float(np.percentile(ms, 50)),
-        f"{name}_p99_ms": float(np.percentile(ms, 99)),
+    return {f"{name}_mean_ms": float(ms.mean())} | {
+        f"{name}_{k}_ms": float(np.percentile(ms, int(k[1:]))) for k in STATS[1:]
     }
 
 
@@ -359,7 +440,7 @@ ROWS = [
 ] + [
     (f"{label} {stat} (ms)", f"{key}_{stat}_ms", "{:.1f}")
     for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
-    for stat in ("mean", "p50", "p99")
+    for stat in STATS
 ]
 
 
@@ -382,68 +463,49 @@ def overhead(http: dict, direct: dict) -> dict:
     }
 
 
-# ---- a PNG without plotting libraries ----------------------------------------------------------
-# 3x5 bitmap glyphs, one row of three pixels per digit, top to bottom.
-_GLYPHS = {
-    "0": "75557", "1": "26227", "2": "71747", "3": "71317", "4": "55711",
-    "5": "74717", "6": "74757", "7": "71111", "8": "75757", "9": "75717", ".": "00002",
-    "-": "00700", " ": "00000", "%": "51245", "/": "11244", "(": "24442", ")": "42224",
-    ":": "02020", "A": "25755", "B": "65656", "C": "74447", "D": "65556", "E": "74647",
-    "F": "74644", "G": "74557", "H": "55755", "I": "72227", "J": "11157", "K": "55655",
-    "L": "44447", "M": "57555", "N": "75555", "O": "75557", "P": "75744", "Q": "75573",
-    "R": "75765", "S": "74717", "T": "72222", "U": "55557", "V": "55552", "W": "55575",
-    "X": "55255", "Y": "55222", "Z": "71247",
-}  # fmt: skip
-COLORS = {"http": (31, 119, 180), "engine": (255, 127, 14)}
+# ---- plots ------------------------------------------------------------------------------------
+COLORS = {
+    "loragate": (31, 119, 180),
+    "engine": (255, 127, 14),
+    "vllm": (44, 160, 44),
+    "loragate-fixed": (214, 39, 40),
+}
 
 
-class Canvas:
-    def __init__(self, width: int, height: int):
-        self.px = np.full((height, width, 3), 255, dtype=np.uint8)
-
-    def rect(self, x0, y0, x1, y1, color):
-        self.px[max(0, y0) : y1, max(0, x0) : x1] = color
-
-    def line(self, x0, y0, x1, y1, color, width=2):
-        steps = int(max(abs(x1 - x0), abs(y1 - y0), 1))
-        for t in np.linspace(0.0, 1.0, steps + 1):
-            x, y = round(x0 + (x1 - x0) * t), round(y0 + (y1 - y0) * t)
-            self.rect(
-                x - width // 2, y - width // 2, x + (width + 1) // 2, y + (width + 1) // 2, color
-            )
-
-    def text(self, x, y, s, color=(0, 0, 0), scale=2):
-        for ch in s.upper():
-            rows = _GLYPHS.get(ch, _GLYPHS[" "])
-            for r, bits in enumerate(rows):
-                for c in range(3):
-                    if int(bits) >> (2 - c) & 1:
-                        self.rect(
-                            x + c * scale,
-                            y + r * scale,
-                            x + (c + 1) * scale,
-                            y + (r + 1) * scale,
-                            color,
-                        )
-            x += 4 * scale
-
-    def save(self, path: Path) -> None:
-        height, width, _ = self.px.shape
-        raw = b"".join(b"\x00" + self.px[y].tobytes() for y in range(height))
-
-        def chunk(kind: bytes, data: bytes) -> bytes:
-            return (
-                struct.pack(">I", len(data))
-                + kind
-                + data
-                + struct.pack(">I", zlib.crc32(kind + data))
-            )
-
-        header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-        path.write_bytes(
-            b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
-            + chunk(b"IEND", b"")
-        )  # fmt: skip
+def plot_itl_over_time(runs: dict[str, tuple[list[Result], float]], path: Path) -> None:
+    """ITL of one stream (the first request: it decodes through the burst) against time
+    since its first token, one line per server: a stall shows as a spike."""
+    pw, ph, pad = 900, 300, 60
+    canvas = Canvas(pw + 2 * pad, ph + 2 * pad + 30)
+    series = {}
+    for name, (results, _) in runs.items():
+        r = results[0] if results and results[0].ok else None
+        if r is not None and len(r.token_times) > 1:
+            t0 = r.token_times[0]
+            series[name] = [
+                (b - t0, (b - a) * 1e3)
+                for a, b in zip(r.token_times, r.token_times[1:], strict=False)
+            ]
+    right = max((p[0] for pts in series.values() for p in pts), default=1.0) or 1.0
+    top = max((p[1] for pts in series.values() for p in pts), default=1.0) or 1.0
+    canvas.text(pad, pad - 40, "ITL MS OF ONE STREAM VS SECONDS SINCE ITS FIRST TOKEN")
+    canvas.line(pad, pad + ph, pad + pw, pad + ph, (0, 0, 0), 1)
+    canvas.line(pad, pad, pad, pad + ph, (0, 0, 0), 1)
+    for frac in (0.0, 0.5, 1.0):
+        canvas.text(pad + int(frac * pw) - 8, pad + ph + 8, f"{right * frac:.1f}")
+        canvas.text(4, pad + ph - int(frac * ph) - 5, f"{top * frac:.0f}")
+    for k, (name, pts) in enumerate(series.items()):
+        for t, ms in pts:  # one stem per token: a stall is one tall stem
+            x = pad + t / right * pw + 2 * k
+            canvas.line(x, pad + ph, x, pad + ph - ms / top * ph, COLORS.get(name, (0, 0, 0)), 1)
+    legend_x = pad
+    for name in series:
+        canvas.rect(
+            legend_x, ph + 2 * pad, legend_x + 20, ph + 2 * pad + 10, COLORS.get(name, (0, 0, 0))
+        )
+        canvas.text(legend_x + 28, ph + 2 * pad, name)
+        legend_x += 200
+    canvas.save(path)
 
 
 def plot_cdfs(runs: dict[str, list[Result]], path: Path) -> None:
@@ -490,7 +552,17 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", default=None, help="HF dir or .gguf; default: SmolLM2-135M-Instruct")
+    p.add_argument(
+        "--workload", choices=["random", "long-mix"], default="random",
+        help="random: --num-prompts like `vllm bench serve --dataset-name random`; long-mix: "
+        "--streams requests, then --long-prompts long ones while they decode",
+    )  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--streams", type=int, default=32, help="long-mix: requests sent first")
+    p.add_argument("--long-prompts", type=int, default=4, help="long-mix: long prompts")
+    p.add_argument("--long-len", type=int, default=2000, help="long-mix: their length")
+    p.add_argument("--long-output-len", type=int, default=64)
+    p.add_argument("--long-gap-s", type=float, default=1.0, help="long-mix: between them")
     p.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests/s; inf = all at once"
     )
@@ -518,11 +590,26 @@ def parse_args(argv=None):
         help="SLOs, KEY:ms with KEY in ttft, tpot, e2el",
     )
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=None,
+        help="loragate's fixed step budget; default: from --max-step-ms",
+    )  # fmt: skip
+    p.add_argument("--max-step-ms", type=float, default=DEFAULT_MAX_STEP_MS)
+    p.add_argument(
+        "--fixed-budget", type=int, default=None,
+        help="also run loragate with this fixed max_num_batched_tokens (4096 was the default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--scheduling-policy", choices=["shortest_prefill", "fcfs"], default="shortest_prefill"
+    )
+    p.add_argument(
+        "--peer", choices=["vllm", "none"], default="vllm" if peer_python() else "none",
+        help="also run vLLM-CPU's api_server on the same requests (needs the peer venv)",
+    )  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-loras", type=int, default=4)
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
-    p.add_argument("--skip-engine", action="store_true", help="only the HTTP run")
+    p.add_argument("--skip-engine", action="store_true", help="no in-process engine run")
     p.add_argument("--result-dir", default="benchmarks/results")
     return p.parse_args(argv)
 
@@ -534,21 +621,32 @@ def main(argv=None) -> dict:
     result_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = resolve_model(args.model).hf_dir
     adapter_dir, names = make_adapters(args, hf_dir)
-    config = engine_config(args, adapter_dir)
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    requests = make_workload(args, vocab, names)
+    if args.workload == "long-mix":
+        requests = make_long_mix(args, vocab, names)
+    else:
+        requests = make_workload(args, vocab, names)
+    longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)
+    args.max_model_len = max(args.max_model_len, -(-longest // 256) * 256)
+    config = engine_config(args, adapter_dir)
 
-    raw = {"http": run_http(args, config, requests, adapter_dir, result_dir)}
+    raw = {"loragate": run_http(args, config, requests, adapter_dir, result_dir)}
+    if args.fixed_budget:  # the same server with a fixed budget, as before stall-free steps
+        fixed = replace(config, max_num_batched_tokens=args.fixed_budget)
+        raw["loragate-fixed"] = run_http(args, fixed, requests, adapter_dir, result_dir, "fixed")
+    if args.peer == "vllm":
+        raw["vllm"] = run_peer(args, config, requests, adapter_dir, names, result_dir)
     if not args.skip_engine:
         raw["engine"] = run_engine(args, config, requests, adapter_dir, names)
     runs = {name: summarize(results, duration, slo) for name, (results, duration) in raw.items()}
     report = {
         "settings": vars(args) | {"request_rate": str(args.request_rate)},
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads default",
+        "load_average_at_end": os.getloadavg(),
         "runs": runs,
     }
     if "engine" in runs:
-        report["overhead"] = overhead(runs["http"], runs["engine"])
+        report["overhead"] = overhead(runs["loragate"], runs["engine"])
     print(table(runs))
     if "overhead" in report:
         o = report["overhead"]
@@ -556,10 +654,11 @@ def main(argv=None) -> dict:
             f"\ngateway overhead: {o['throughput_overhead_pct']:.1f}% of output throughput, "
             f"{o['ttft_p50_added_ms']:+.1f} ms p50 TTFT, {o['e2el_p50_added_ms']:+.1f} ms p50 E2E"
         )
-    stem = f"serve-{args.num_prompts}x{args.max_concurrency}"
+    stem = f"serve-{args.workload}-{len(requests)}x{args.max_concurrency}"
     (result_dir / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
     plot_cdfs({name: results for name, (results, _) in raw.items()}, result_dir / f"{stem}.png")
-    print(f"\nwrote {result_dir / stem}.json and .png")
+    plot_itl_over_time(raw, result_dir / f"{stem}-itl.png")
+    print(f"\nwrote {result_dir / stem}.json, .png and -itl.png")
     return report
 
 

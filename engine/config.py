@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
+# latency"): a step of 64 decodes of the default model takes about 275 ms there and a prompt
+# token about 1.5-2 ms, so 500 ms holds a full decode batch plus ~120-150 prompt tokens, and
+# stays well under half of vLLM-CPU's measured P99 ITL (3.0 s) when a step runs 2x slow.
+DEFAULT_MAX_STEP_MS = 500.0
+SCHEDULING_POLICIES = ("shortest_prefill", "fcfs")
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -20,6 +27,9 @@ class EngineConfig:
     both (so several engines can share one GPU, as vLLM's `kv_cache_memory_bytes`).
     `gpu_memory_utilization` only sizes the KV cache on CUDA; on the CPU it is checked and
     otherwise unused.
+
+    `max_num_batched_tokens=None` sizes the per-step token budget from `max_step_ms` and the
+    engine's own timing of its steps (engine/step_budget.py); set, it is the budget, fixed.
 
     vLLM's `tensor_parallel_size` is accepted so vLLM code runs unchanged: 1 is the one
     engine on one device; more is refused (no tensor parallelism yet: scale out with
@@ -38,7 +48,29 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens computed in one engine step at most (every running decode plus "
+            "prompt chunks). Default: sized from --max-step-ms by timing the model at start "
+            "and kept current as it runs."
+        },
+    )
+    max_step_ms: float = field(
+        default=DEFAULT_MAX_STEP_MS,
+        metadata={
+            "help": "Target time of one engine step in ms: the token budget is what the "
+            "machine computes in this time, so a burst of prompts delays running streams by "
+            "about this much per token. Ignored when --max-num-batched-tokens is set."
+        },
+    )
+    scheduling_policy: str = field(
+        default="shortest_prefill",
+        metadata={
+            "help": "Order of waiting prompts: 'shortest_prefill' (shortest first; none waits "
+            "more than 10 s behind shorter ones) or 'fcfs' (arrival order)."
+        },
+    )
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"
@@ -79,11 +111,20 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        _positive("max_step_ms", self.max_step_ms)
+        if self.max_num_batched_tokens is not None:
+            _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+            if self.max_num_batched_tokens < self.max_num_seqs:
+                raise ValueError(
+                    f"max_num_batched_tokens ({self.max_num_batched_tokens}) is too small for "
+                    f"one decode batch of max_num_seqs ({self.max_num_seqs}): every running "
+                    "sequence decodes in every step, so raise max_num_batched_tokens or lower "
+                    "max_num_seqs"
+                )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs}) so every running sequence can decode"
+                f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
             )
         if self.preemption_mode not in ("auto", "recompute", "swap"):
             raise ValueError(

@@ -38,6 +38,8 @@ from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.special_tokens import special_token_rule
+from loragate.engine.step_budget import step_budget_for
+from loragate.engine.step_record import StepRecords
 from loragate.engine.stopping import StopDecision, check_stop
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginError, PluginManager
@@ -86,14 +88,18 @@ class LLMEngine:
             spec = self.model.lora_spec(self.base_model_name)
             self.adapters = make_adapter_cache(spec, config, self.plugins, self.model)
         self.adapter_loads = AdapterLoads(self.adapters) if self.adapters is not None else None
+        self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
+        log.info("step budget: %s", self.step_budget.describe())
+        self.step_records = StepRecords()  # what each step ran (tests assert on it)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_batched_tokens=self.step_budget.tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
             adapter_slots=self.adapter_loads,
             swapper=self.swapper,
             choose_preemption_victim=preemption_victim(self.plugins.choose_preemption_victim),
+            scheduling_policy=config.scheduling_policy,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         if device.type == "cuda" and not config.enforce_eager:
@@ -215,6 +221,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         if self.adapter_loads is not None:
             self.adapter_loads.new_step()
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
@@ -222,7 +229,15 @@ class LLMEngine:
                 self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
             return failed
         sampled, logits = self.runner.run(scheduled)
-        return failed + self._postprocess(scheduled, sampled, logits)
+        outputs = failed + self._postprocess(scheduled, sampled, logits)
+        self._record_step(scheduled, (time.perf_counter() - start) * 1e3)
+        return outputs
+
+    def _record_step(self, scheduled, ms: float) -> None:
+        """Keep the step's record; its timing keeps the next step's budget current."""
+        record = self.step_records.add(scheduled, self.scheduler.max_num_batched_tokens, ms)
+        self.step_budget.observe(record.num_tokens, ms)
+        self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 
     def _fail_unscheduled(self, scheduled) -> list[RequestOutput]:
         """Requests whose adapter could not take a slot this step end here, alone."""

@@ -1,14 +1,18 @@
 """Continuous batching: each step, running decodes first, then swapped-out and waiting ones.
 
 Limits per step: the token budget, the sequence cap, free KV blocks, and device adapter
-slots. Long prompts are split into chunks within the budget. When blocks run out, a victim
-(the built-in plugin's choice, newest first, unless another plugin says otherwise) is
-preempted: swapped to CPU, or dropped and recomputed later. A request whose adapter weights
-are still loading (engine/adapter_loads.py) waits without holding up the others.
+slots. Stall-free (Sarathi-Serve): every running decode is in every step, and prompts are
+split into chunks that fill what the budget leaves, so a burst of prompts never freezes the
+streams already decoding. Waiting prompts go in `prefill_order` (shortest first by
+default). When blocks run out, a victim (the built-in plugin's choice, newest first, unless
+another plugin says otherwise) is preempted: swapped to CPU, or dropped and recomputed
+later. A request whose adapter weights are still loading (engine/adapter_loads.py) waits
+without holding up the others.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +21,7 @@ from typing import Protocol
 from loragate.engine.adapter_loads import AdapterNotReady
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.plugin_data import preemption_victim
+from loragate.engine.prefill_order import prefill_order
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.swap import KVSwapper
 from loragate.plugins.builtin.preemption import newest_first_victim
@@ -46,6 +51,9 @@ class SchedulerOutput:
     # Sequences whose adapter could not be put in a slot (files changed or gone since it
     # was registered): their requests fail alone, the step goes on without them.
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+    # Running decodes that got no place in this step without being preempted: stall-free
+    # scheduling keeps this empty (the step records show it).
+    decodes_left_out: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -71,6 +79,7 @@ class Scheduler:
         adapter_slots: AdapterSlots | None = None,
         swapper: KVSwapper | None = None,
         choose_preemption_victim: Callable[[list[Sequence]], Sequence] | None = None,
+        scheduling_policy: str = "fcfs",
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -81,6 +90,7 @@ class Scheduler:
         self.choose_preemption_victim = choose_preemption_victim or preemption_victim(
             newest_first_victim
         )
+        self.scheduling_policy = scheduling_policy  # how waiting prompts are ordered
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -116,11 +126,14 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        decoding = [s.seq_id for s in self.running if s.num_uncomputed_tokens == 1]
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
             if not self.swapped:
                 self._schedule_waiting(out, budget)
+        placed = {s.seq.seq_id for s in out.decodes} | {s.seq_id for s in out.preempted}
+        out.decodes_left_out = [i for i in decoding if i not in placed]
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -130,8 +143,10 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n == 0:
+            # A decode always runs (stall-free), even past the budget: forks of n > 1 can
+            # make more running sequences than max_num_seqs, which the budget holds.
+            n = 1 if seq.num_uncomputed_tokens == 1 else min(seq.num_uncomputed_tokens, budget)
+            if n <= 0:
                 continue
             while not self.block_manager.can_append(seq, n):
                 victim = self.choose_preemption_victim(active)
@@ -179,6 +194,9 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         blocked_on_slot = False
         skipped: list[Sequence] = []
+        if len(self.waiting) > 1:
+            order = prefill_order(self.waiting, self.scheduling_policy, time.monotonic())
+            self.waiting = deque(order)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)

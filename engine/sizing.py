@@ -19,7 +19,8 @@ def resolve_max_model_len(config: EngineConfig, model_config: PretrainedConfig) 
         raise ValueError(
             f"max_model_len {wanted} exceeds the model's max_position_embeddings {model_max}"
         )
-    if not config.enable_chunked_prefill and config.max_num_batched_tokens < wanted:
+    budget = config.max_num_batched_tokens
+    if not config.enable_chunked_prefill and budget is not None and budget < wanted:
         raise ValueError(
             f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
             f"max_model_len ({wanted}) without chunked prefill"

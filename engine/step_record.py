@@ -1,0 +1,48 @@
+"""What each engine step ran, kept for tests and the benchmark: the proof of stall-free steps
+is in these records (every running decode in every step, prompt chunks within the budget),
+not in wall-clock time."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+MAX_RECORDS = 4096  # the newest steps; a long-running server keeps no more
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    index: int
+    budget: int  # the token budget the scheduler had for this step
+    prefill_tokens: int  # prompt tokens (chunks, recomputes) computed in this step
+    prefill_chunks: tuple[tuple[int, int], ...]  # (seq_id, tokens) per prefilling sequence
+    decode_seq_ids: tuple[int, ...]
+    decodes_left_out: tuple[int, ...]  # running decodes not in the step and not preempted
+    preempted_seq_ids: tuple[int, ...]
+    ms: float  # wall time of the whole step: schedule, forward, sampling, outputs
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + len(self.decode_seq_ids)
+
+
+class StepRecords(deque):
+    """The newest MAX_RECORDS step records, oldest first."""
+
+    def __init__(self) -> None:
+        super().__init__(maxlen=MAX_RECORDS)
+
+    def add(self, scheduled, budget: int, ms: float) -> StepRecord:
+        index = self[-1].index + 1 if self else 0
+        record = StepRecord(
+            index=index,
+            budget=budget,
+            prefill_tokens=sum(s.num_new_tokens for s in scheduled.prefills),
+            prefill_chunks=tuple((s.seq.seq_id, s.num_new_tokens) for s in scheduled.prefills),
+            decode_seq_ids=tuple(s.seq.seq_id for s in scheduled.decodes),
+            decodes_left_out=tuple(scheduled.decodes_left_out),
+            preempted_seq_ids=tuple(s.seq_id for s in scheduled.preempted),
+            ms=ms,
+        )
+        self.append(record)
+        return record
