@@ -19,7 +19,6 @@ from loragate.adapters.errors import (
 from loragate.adapters.eviction import lru_victim
 from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
-from loragate.adapters.random_adapter import make_random_adapter
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import SUPPORTED_MODULES, LoRAModelSpec
 
@@ -45,5 +44,4 @@ __all__ = [
     "WeightsIdentity",
     "load_adapter",
     "lru_victim",
-    "make_random_adapter",
 ]

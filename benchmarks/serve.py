@@ -41,10 +41,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.engine.model_loader import resolve_model
+from loragate.tools import make_random_adapter
 
 ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 

@@ -27,18 +27,7 @@ import logging
 from pathlib import Path
 
 from loragate.adapters import AdapterError, LoRAAdapter, LoRARequest
-from loragate.adapters.registry_store import (
-    AdapterQuotaExceeded,
-    AdapterSpec,
-    AdapterWeights,
-    PublicNameTaken,
-    RegistryStore,
-    RegistryUnavailable,
-    TenantNotFound,
-    adapter_key,
-    check_tenant_name,
-)
-from loragate.engine import RequestOutput
+from loragate.engine import EngineDeadError, RequestOutput
 from loragate.gateway.adapter_catalog import AdapterCatalog
 from loragate.gateway.adapter_paths import AdapterPathError, relative_to_root, resolve_adapter_dir
 from loragate.gateway.adapter_usage import AdapterUsage
@@ -54,6 +43,17 @@ from loragate.gateway.errors import (
 from loragate.gateway.registry import AdapterRecord, check_adapter_name
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import OPERATOR, Principal
+from loragate.registry import (
+    AdapterQuotaExceeded,
+    AdapterSpec,
+    AdapterWeights,
+    PublicNameTaken,
+    RegistryStore,
+    RegistryUnavailable,
+    TenantNotFound,
+    adapter_key,
+    check_tenant_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ class AdapterManager:
             directory = resolve_adapter_dir(self._root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
-        cache = self.engine.engine.adapters
-        if cache is None:
+        if not self.engine.model_info.lora_enabled:
             raise InvalidRequestError(
                 "this server was started with LoRA disabled; adapters cannot be registered",
                 param="name",
@@ -146,7 +145,7 @@ class AdapterManager:
             raise registry_down("registering an adapter") from exc
         lora = LoRARequest(key, lora_int_id, str(directory))
         try:
-            adapter = await self.engine.load_adapter(lora, timeout=self.load_timeout)
+            adapter = await self.engine.add_adapter(lora, timeout=self.load_timeout)
         except AdapterError as exc:
             raise InvalidRequestError(
                 f"invalid adapter: {self.scrub(str(exc))}", param="path", code="invalid_adapter"
@@ -256,7 +255,7 @@ class AdapterManager:
 
     async def _record_new_weights(self, record: AdapterRecord) -> None:
         try:
-            adapter = await self.engine.load_adapter(record.lora_request, timeout=self.load_timeout)
+            adapter = await self.engine.add_adapter(record.lora_request, timeout=self.load_timeout)
         except AdapterError as exc:  # broken since: requests sent now get the 400
             log.warning("adapter %s: its files changed and now fail to load: %s", record.name, exc)
             return
@@ -351,8 +350,13 @@ class AdapterManager:
         await self._evict(record.lora_request)
 
     async def _evict(self, lora: LoRARequest) -> None:
-        if self.engine.is_running:
-            await self.engine.call(lambda engine: _evict(engine, lora))
+        """Drop the adapter from every cache tier (its slot is zeroed)."""
+        try:
+            await self.engine.remove_adapter(lora)
+        except ValueError as exc:  # still in a running batch: the LRU will evict it later
+            log.warning("adapter %s kept in memory: %s", lora.lora_name, exc)
+        except EngineDeadError:
+            pass  # nothing is served any more, so nothing to evict
 
     # ---- start-up ----------------------------------------------------------------------
     async def preload_root(self, only: set[str] | None = None) -> list[str]:
@@ -387,13 +391,13 @@ class AdapterManager:
 
     async def _adopt(self, directory: Path) -> bool:
         known = await self.catalog.get(directory.name)
-        cache = self.engine.engine.adapters
-        if known is None or known.tenant is not None or cache is None:
+        lora_enabled = self.engine.model_info.lora_enabled
+        if known is None or known.tenant is not None or not lora_enabled:
             return False
         if known.display_path != relative_to_root(self.root, directory):
             return False
         try:
-            adapter = await self.engine.load_adapter(known.lora_request, timeout=self.load_timeout)
+            adapter = await self.engine.add_adapter(known.lora_request, timeout=self.load_timeout)
         except AdapterError:
             return False
         if adapter.sha256 == known.sha256:
@@ -423,14 +427,3 @@ def _public_name_taken(exc: PublicNameTaken) -> ConflictError:
         param="name",
         code="public_name_taken",
     )
-
-
-def _evict(engine, lora: LoRARequest) -> None:
-    """On the engine thread: drop the adapter from every cache tier (its slot is zeroed)."""
-    if engine.adapters is None:
-        return
-    busy = {s.lora_slot for s in engine.scheduler.running if getattr(s, "lora_slot", -1) >= 0}
-    try:
-        engine.adapters.remove(lora, busy)
-    except ValueError as exc:  # still in a running batch: the LRU will evict it later
-        log.warning("adapter %s kept in memory: %s", lora.lora_name, exc)

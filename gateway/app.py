@@ -12,8 +12,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from loragate.adapters.registry_store import RegistryStore
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine import AsyncLLMEngine
 from loragate.gateway.auth import AuthGate
 from loragate.gateway.body_depth import DepthCheckedRequest
 from loragate.gateway.errors import openai_error_response
@@ -27,6 +26,7 @@ from loragate.gateway.routes_tgi import TGIController
 from loragate.gateway.service import GatewayService
 from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.tenancy import Principal, caller_of
+from loragate.registry import RegistryStore
 
 log = logging.getLogger(__name__)
 

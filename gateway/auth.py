@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from loragate.adapters.api_keys import parse_api_key
-from loragate.adapters.registry_store import RegistryStore, RegistryUnavailable, TenantRecord
 from loragate.gateway.errors import (
     APIError,
     AuthenticationError,
@@ -32,6 +30,8 @@ from loragate.gateway.errors import (
 )
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import CALLER_SCOPE_KEY, OPERATOR, Principal
+from loragate.registry import RegistryStore, RegistryUnavailable, TenantRecord
+from loragate.registry.api_keys import parse_api_key
 
 # Load balancers probe this without credentials; it tells nothing about tenants or keys.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})

@@ -358,7 +358,7 @@ def adapters() -> None:
 )
 def make_random(name, rank, targets, alpha, seed, out, model) -> None:
     """Write a random (but real, PEFT-format) adapter NAME for the base model."""
-    from loragate.adapters import make_random_adapter
+    from loragate.tools import make_random_adapter
 
     source = _source(model)
     base = _load_hf_model(source.hf_dir)
@@ -389,7 +389,7 @@ def train_demo(out, model, steps, seed) -> None:
     """Train the demo adapters ("uppercase", "terse") on the base model (minutes on CPU)."""
     from transformers import AutoTokenizer
 
-    from loragate.adapters.training import train_demo_adapters
+    from loragate.tools.training import train_demo_adapters
 
     source = _source(model)
     base = _load_hf_model(source.hf_dir)
@@ -405,19 +405,18 @@ def train_demo(out, model, steps, seed) -> None:
 
 
 def _source(model: str | None):
-    from loragate.engine.model_loader import resolve_model
+    from loragate.tools.base_model import resolve_base_model
 
     try:
-        return resolve_model(model)
+        return resolve_base_model(model)
     except (ValueError, FileNotFoundError) as exc:
         raise click.UsageError(str(exc)) from exc
 
 
 def _load_hf_model(hf_dir: Path):
-    import torch
-    from transformers import AutoModelForCausalLM
+    from loragate.tools.base_model import load_hf_model
 
-    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    return load_hf_model(hf_dir)
 
 
 def _setup_logging(level: str) -> None:

@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from loragate.engine.async_engine import EngineDeadError
+from loragate.engine import EngineDeadError
 
 log = logging.getLogger(__name__)
 

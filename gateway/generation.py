@@ -17,8 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from loragate.adapters import AdapterError
-from loragate.engine import RequestOutput
-from loragate.engine.async_engine import EngineDeadError
+from loragate.engine import EngineDeadError, RequestOutput
 from loragate.gateway.errors import (
     EngineUnavailableError,
     InvalidRequestError,

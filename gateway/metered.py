@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Callable
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_store import UsageCounts
 from loragate.engine import SamplingParams
 from loragate.gateway.generation import Generation, close_all
 from loragate.gateway.tenancy import Principal
+from loragate.registry import UsageCounts
 
 
 class MeteredRequest:

@@ -7,10 +7,12 @@ values from small fixed sets (finish reasons, cache tiers), never adapter names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from loragate.engine import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -19,32 +21,6 @@ _LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-@dataclass
-class EngineSnapshot:
-    """Engine state copied on the engine thread, so the scrape never races a step."""
-
-    running: int = 0
-    waiting: int = 0
-    memory: dict = field(default_factory=dict)
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
-    adapters: dict = field(default_factory=dict)
-
-
-def read_engine_snapshot(engine) -> EngineSnapshot:
-    """Runs on the engine thread (through AsyncLLMEngine.call)."""
-    return EngineSnapshot(
-        running=len(engine.scheduler.running),
-        waiting=len(engine.scheduler.waiting),
-        memory=dict(engine.get_memory_stats()),
-        prompt_tokens=engine.num_prompt_tokens,
-        generation_tokens=engine.num_generation_tokens,
-        preemptions=engine.scheduler.num_preemptions,
-        adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
-    )
 
 
 @dataclass
@@ -62,7 +38,7 @@ class _ScrapeCollector:
     """Yields the engine snapshot and gateway gauges taken just before the scrape."""
 
     def __init__(self) -> None:
-        self.engine: EngineSnapshot | None = None
+        self.engine: EngineStats | None = None
         self.gateway = GatewayGauges()
 
     def collect(self):
@@ -231,7 +207,7 @@ class GatewayMetrics:
             if num_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (num_tokens - 1))
 
-    def render(self, engine: EngineSnapshot | None, gateway: GatewayGauges) -> bytes:
+    def render(self, engine: EngineStats | None, gateway: GatewayGauges) -> bytes:
         self._scrape.engine = engine
         self._scrape.gateway = gateway
         return generate_latest(self.registry)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from loragate.adapters.registry_store import RegistryStore, RegistryUnavailable
 from loragate.gateway.errors import InvalidRequestError, QuotaExceededError
 from loragate.gateway.request_cost import RequestCost
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import Principal
+from loragate.registry import RegistryStore, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

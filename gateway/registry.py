@@ -15,7 +15,7 @@ from itertools import count
 from typing import Protocol
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_store import adapter_key
+from loragate.registry import adapter_key
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 

@@ -16,16 +16,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from loragate.adapters.registry_store import (
-    ChangeEvent,
-    ChangeKind,
-    RegistryStore,
-    RegistryUnavailable,
-)
 from loragate.gateway.adapter_catalog import AdapterCatalog
 from loragate.gateway.auth import Authenticator
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.usage_meter import UsageMeter
+from loragate.registry import ChangeEvent, ChangeKind, RegistryStore, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ class ChatController(Controller):
         caller: Caller,
         service: Service,
     ) -> ChatCompletionResponse | Stream:
-        params = chat_params(data, service.engine.engine.config.max_num_seqs)
+        params = chat_params(data, service.model.max_num_seqs)
         lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
             chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens

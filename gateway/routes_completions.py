@@ -33,7 +33,7 @@ class CompletionsController(Controller):
         caller: Caller,
         service: Service,
     ) -> CompletionResponse | Stream:
-        params = completion_params(data, service.engine.engine.config.max_num_seqs)
+        params = completion_params(data, service.model.max_num_seqs)
         lora = await service.resolve_model(data.model, caller=caller)
         prompts, cost = await service.measure(
             caller,

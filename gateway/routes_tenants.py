@@ -10,12 +10,6 @@ from __future__ import annotations
 from litestar import Controller, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 
-from loragate.adapters.registry_store import (
-    RegistryUnavailable,
-    TenantExists,
-    TenantNotFound,
-    check_tenant_name,
-)
 from loragate.gateway.errors import (
     ConflictError,
     InvalidRequestError,
@@ -35,6 +29,7 @@ from loragate.gateway.schemas_tenants import (
 )
 from loragate.gateway.service import GatewayService, Service
 from loragate.gateway.tenancy import UNTENANTED, Caller, Principal
+from loragate.registry import RegistryUnavailable, TenantExists, TenantNotFound, check_tenant_name
 
 
 def require_admin(caller: Principal, service: GatewayService) -> None:

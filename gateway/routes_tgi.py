@@ -79,7 +79,7 @@ async def _start(
     data: TGIRequest, caller: Principal, service: GatewayService
 ) -> tuple[MeteredRequest, Generation, TGIParameters]:
     p = data.parameters or TGIParameters()
-    params = tgi_params(p, service.engine.engine.config.max_num_seqs)
+    params = tgi_params(p, service.model.max_num_seqs)
     lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id", caller=caller)
     prompt: str | dict = data.inputs
     if p.truncate is not None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-from loragate.adapters.registry_store import TenantQuota, TenantRecord, UsageCounts, UsageReport
+from loragate.registry import TenantQuota, TenantRecord, UsageCounts, UsageReport
 
 Limit = Annotated[int, msgspec.Meta(ge=1)] | None
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import uvicorn
 
-from loragate.adapters.registry_store import RegistryStore
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine import AsyncLLMEngine
 from loragate.gateway.access_log import AccessLog
 from loragate.gateway.app import create_app
 from loragate.gateway.http_limits import timed_protocol
 from loragate.gateway.settings import GatewaySettings
+from loragate.registry import RegistryStore
 
 
 def build_server(

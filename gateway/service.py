@@ -18,14 +18,7 @@ from uuid import uuid4
 from litestar.di import NamedDependency
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_store import (
-    RegistryStore,
-    UsageCounts,
-    make_registry_store,
-    split_adapter_key,
-)
-from loragate.engine import SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from loragate.engine import AsyncLLMEngine, EngineDeadError, SamplingParams
 from loragate.gateway.adapter_manager import AdapterManager
 from loragate.gateway.adapter_usage import AdapterUsage
 from loragate.gateway.admission import Admission
@@ -33,7 +26,7 @@ from loragate.gateway.auth import Authenticator
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
 from loragate.gateway.generation import Generation
 from loragate.gateway.metered import MeteredRequest
-from loragate.gateway.metrics import GatewayGauges, GatewayMetrics, read_engine_snapshot
+from loragate.gateway.metrics import GatewayGauges, GatewayMetrics
 from loragate.gateway.quotas import QuotaKeeper
 from loragate.gateway.registry_sync import RegistrySync
 from loragate.gateway.request_cost import NO_COST, RequestCost, request_cost
@@ -41,6 +34,7 @@ from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import OPERATOR, Principal
 from loragate.gateway.usage_meter import UsageMeter
+from loragate.registry import RegistryStore, UsageCounts, make_registry_store, split_adapter_key
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +48,11 @@ class GatewayService:
     ):
         self.settings = settings
         self.engine = engine
+        self.model = engine.model_info
         self.store = store if store is not None else build_store(settings)
         self.health = StoreHealth(store_location(self.store))
         self.admission = Admission(
-            engine.engine.config.max_num_seqs, settings.max_queue, settings.retry_after_seconds
+            self.model.max_num_seqs, settings.max_queue, settings.retry_after_seconds
         )
         self.usage = AdapterUsage()
         self.metrics = GatewayMetrics()
@@ -93,15 +88,15 @@ class GatewayService:
     # ---- what the routes read -----------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.engine.engine.model_name
+        return self.model.served_name
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+        return self.model.max_model_len
 
     @property
     def tokenizer(self):
-        return self.engine.engine.tokenizer
+        return self.model.tokenizer
 
     def new_request_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}{next(self._ids):06d}"
@@ -119,7 +114,7 @@ class GatewayService:
         self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
     ) -> list[int]:
         try:
-            return self.engine.engine.apply_chat_template(
+            return self.engine.apply_chat_template(
                 messages, add_generation_prompt, add_special_tokens
             )
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
@@ -128,7 +123,7 @@ class GatewayService:
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
         engine thread, which is the tokenizer's only user."""
-        return await self.engine.call(lambda engine: engine.encode(text, add_special_tokens))
+        return await self.engine.encode(text, add_special_tokens)
 
     async def measure(
         self, caller: Principal, prompts: list, params: SamplingParams, field_names: dict
@@ -245,7 +240,7 @@ class GatewayService:
     # ---- lifecycle and observability ----------------------------------------------------
     async def startup(self) -> None:
         await self.sync.start()
-        if self.settings.preload_adapters and self.engine.engine.adapters is not None:
+        if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
         self.sync.on_subscribed = self._preload_waiting_folders
         self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
@@ -279,7 +274,7 @@ class GatewayService:
         snapshot = None
         if self.engine.is_running:
             try:
-                snapshot = await self.engine.call(read_engine_snapshot)
+                snapshot = await self.engine.stats()
             except EngineDeadError:
                 snapshot = None
         gauges = GatewayGauges(

@@ -11,7 +11,7 @@ import logging
 import time
 from contextlib import contextmanager
 
-from loragate.adapters.registry_store import RegistryUnavailable
+from loragate.registry import RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from loragate.adapters.registry_store import RegistryStore, RegistryUnavailable, UsageCounts
 from loragate.gateway.store_health import StoreHealth
+from loragate.registry import RegistryStore, RegistryUnavailable, UsageCounts
 
 _Key = tuple[str, str | None]  # (tenant, adapter name or None for the base model)
 

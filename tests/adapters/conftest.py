@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from adapters_testlib import TINY_NAME, tiny_model
 
-from loragate.adapters import LoRAModelSpec, make_random_adapter
+from loragate.adapters import LoRAModelSpec
+from loragate.tools import make_random_adapter
 
 
 @pytest.fixture(scope="session")

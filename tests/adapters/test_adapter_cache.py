@@ -18,8 +18,8 @@ from loragate.adapters import (
     LoRAModelSpec,
     LoRARequest,
     load_adapter,
-    make_random_adapter,
 )
+from loragate.tools import make_random_adapter
 
 ALL = list(SUPPORTED_MODULES)
 

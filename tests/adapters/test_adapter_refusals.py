@@ -28,8 +28,8 @@ from loragate.adapters import (
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
     load_adapter,
-    make_random_adapter,
 )
+from loragate.tools import make_random_adapter
 
 
 def _edit_config(path: Path, **changes) -> None:

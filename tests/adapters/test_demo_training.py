@@ -11,8 +11,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import LoRAModelSpec, load_adapter
-from loragate.adapters.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.tools.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 
 pytestmark = pytest.mark.slow
 

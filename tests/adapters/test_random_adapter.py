@@ -10,7 +10,8 @@ import torch
 from adapters_testlib import tiny_model
 from peft import PeftModel
 
-from loragate.adapters import SUPPORTED_MODULES, load_adapter, make_random_adapter
+from loragate.adapters import SUPPORTED_MODULES, load_adapter
+from loragate.tools import make_random_adapter
 
 ALL = list(SUPPORTED_MODULES)
 

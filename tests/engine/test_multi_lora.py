@@ -7,8 +7,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
+from loragate.tools import make_random_adapter
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {  # name: (rank, targets, rslora)

@@ -11,7 +11,8 @@ from staggered_testlib import drive, greedy, record_steps
 from tiny_llama import hf_greedy
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
+from loragate.tools import make_random_adapter
 
 pytestmark = pytest.mark.slow
 N = 16

@@ -10,7 +10,8 @@ from staggered_testlib import drive, greedy, record_steps
 from tiny_llama import hf_greedy
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
+from loragate.tools import make_random_adapter
 
 N = 16
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

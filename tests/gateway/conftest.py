@@ -11,10 +11,11 @@ from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, make_tiny_model_dir
 from tenancy_testlib import ADMIN_KEY, flush_namespace, require_redis
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import LLM, EngineConfig
 from loragate.engine.model_loader import resolve_model
 from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.tools import make_random_adapter
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,10 @@ from gateway_test_plugin import EXPLODING_SEED, OVERFLOWING_LENGTH_PENALTY
 from gateway_testlib import ENGINE, TARGETS, metrics, wait_until
 from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
 
-from loragate.adapters import make_random_adapter
 from loragate.adapters.json_depth import MAX_JSON_DEPTH
 from loragate.engine import EngineConfig
 from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.tools import make_random_adapter
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0

@@ -10,13 +10,6 @@ import time
 import pytest
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_memory import MemoryRegistryStore
-from loragate.adapters.registry_store import (
-    AdapterMetadata,
-    RegistryUnavailable,
-    TenantQuota,
-    UsageCounts,
-)
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.gateway.adapter_catalog import AdapterCatalog
 from loragate.gateway.auth import Authenticator, bearer_token
@@ -33,6 +26,8 @@ from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_health import StoreHealth
 from loragate.gateway.tenancy import OPERATOR, Principal
 from loragate.gateway.usage_meter import UsageMeter
+from loragate.registry import AdapterMetadata, RegistryUnavailable, TenantQuota, UsageCounts
+from loragate.registry.memory import MemoryRegistryStore
 
 ADMIN = "the-admin-key-for-tests"
 

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from loragate.adapters.api_keys import issue_api_key, parse_api_key, secret_matches
-from loragate.adapters.registry_memory import MemoryRegistryStore
-from loragate.adapters.registry_redis import RedisRegistryStore
-from loragate.adapters.registry_store import (
-    AdapterMetadata,
-    AdapterSpec,
-    TenantQuota,
-    make_registry_store,
-)
+from loragate.registry import AdapterMetadata, AdapterSpec, TenantQuota, make_registry_store
+from loragate.registry.api_keys import issue_api_key, parse_api_key, secret_matches
+from loragate.registry.memory import MemoryRegistryStore
+from loragate.registry.redis_store import RedisRegistryStore
 
 
 def test_issued_keys_parse_and_match_only_their_own_hash():

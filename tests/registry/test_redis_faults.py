@@ -15,14 +15,8 @@ import time
 
 import pytest
 
-from loragate.adapters.registry_redis import RedisRegistryStore
-from loragate.adapters.registry_store import (
-    AdapterSpec,
-    ChangeEvent,
-    ChangeKind,
-    RegistryUnavailable,
-    TenantQuota,
-)
+from loragate.registry import AdapterSpec, ChangeEvent, ChangeKind, RegistryUnavailable, TenantQuota
+from loragate.registry.redis_store import RedisRegistryStore
 
 SPEC = AdapterSpec(
     name="sql",

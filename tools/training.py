@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from loragate.adapters.demo_data import TERSE_MARKER, open_questions, terse_examples
+from loragate.tools.demo_data import TERSE_MARKER, open_questions, terse_examples
 
 logger = logging.getLogger(__name__)
 __all__ = ["TERSE_MARKER", "greedy_answers", "train_demo_adapters", "train_lora"]

@@ -17,9 +17,7 @@ import msgspec
 import pytest
 import redis
 
-from loragate.adapters.registry_memory import MemoryRegistryStore
-from loragate.adapters.registry_redis import RedisRegistryStore
-from loragate.adapters.registry_store import (
+from loragate.registry import (
     AdapterMetadata,
     AdapterNameTaken,
     AdapterQuotaExceeded,
@@ -35,6 +33,8 @@ from loragate.adapters.registry_store import (
     TenantQuota,
     UsageCounts,
 )
+from loragate.registry.memory import MemoryRegistryStore
+from loragate.registry.redis_store import RedisRegistryStore
 
 REDIS_URL = "redis://127.0.0.1:6379"
 EVENT_DEADLINE_S = 1.0  # the bound for a replica to see a change
