@@ -205,7 +205,7 @@ class ServerProcess:
         self, config: EngineConfig, adapter_dir: Path, log_path: Path, extra_args: tuple = ()
     ):
         args = [
-            sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0",
+            sys.executable, "-m", "loragate.gateway.operations.cli", "serve", "--port", "0",
             "--adapter-root", str(adapter_dir), "--max-queue", "100000",
             "--max-model-len", str(config.max_model_len),
             "--max-num-seqs", str(config.max_num_seqs),

@@ -9,13 +9,17 @@ import pytest
 
 from loragate.adapters import LoRARequest
 from loragate.engine import CompletionOutput, EngineConfig
-from loragate.gateway.adapter_paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.adapter_usage import AdapterUsage
-from loragate.gateway.admission import Admission
+from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
+from loragate.gateway.adapter_control.records import (
+    AdapterRecord,
+    InMemoryAdapterRegistry,
+    check_adapter_name,
+)
+from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import QueueFullError, field_of
-from loragate.gateway.openai_format import DeltaTracker
-from loragate.gateway.registry import AdapterRecord, InMemoryAdapterRegistry, check_adapter_name
-from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.openai.format import DeltaTracker
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.serving.admission import Admission
 
 
 @pytest.fixture

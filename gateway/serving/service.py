@@ -19,21 +19,22 @@ from litestar.di import NamedDependency
 
 from loragate.adapters import LoRARequest
 from loragate.engine import AsyncLLMEngine, EngineDeadError, SamplingParams
-from loragate.gateway.adapter_manager import AdapterManager
-from loragate.gateway.adapter_usage import AdapterUsage
-from loragate.gateway.admission import Admission
-from loragate.gateway.auth import Authenticator
+from loragate.gateway.adapter_control.manager import AdapterManager
+from loragate.gateway.adapter_control.sync import RegistrySync
+from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
-from loragate.gateway.generation import Generation
-from loragate.gateway.metered import MeteredRequest
-from loragate.gateway.metrics import GatewayGauges, GatewayMetrics
-from loragate.gateway.quotas import QuotaKeeper
-from loragate.gateway.registry_sync import RegistrySync
-from loragate.gateway.request_cost import NO_COST, RequestCost, request_cost
-from loragate.gateway.settings import GatewaySettings
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.tenancy import OPERATOR, Principal
-from loragate.gateway.usage_meter import UsageMeter
+from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.serving.admission import Admission
+from loragate.gateway.serving.generation import Generation
+from loragate.gateway.serving.metered import MeteredRequest
+from loragate.gateway.serving.request_cost import NO_COST, RequestCost, request_cost
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.auth import Authenticator
+from loragate.gateway.tenancy.principal import OPERATOR, Principal
+from loragate.gateway.tenancy.quotas import QuotaKeeper
+from loragate.gateway.tenancy.tenants import TenantService
+from loragate.gateway.tenancy.usage_meter import UsageMeter
 from loragate.registry import RegistryStore, UsageCounts, make_registry_store, split_adapter_key
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class GatewayService:
         self.settings = settings
         self.engine = engine
         self.model = engine.model_info
-        self.store = store if store is not None else build_store(settings)
-        self.health = StoreHealth(store_location(self.store))
+        self.store = StoreSeam(store if store is not None else build_store(settings))
+        self.health = self.store.health
         self.admission = Admission(
             self.model.max_num_seqs, settings.max_queue, settings.retry_after_seconds
         )
@@ -59,20 +60,17 @@ class GatewayService:
         self.adapters = AdapterManager(
             engine,
             self.store,
-            self.health,
             self.usage,
             settings.adapter_root,
             self.model_name,
             load_timeout=settings.adapter_load_timeout_seconds,
         )
-        self.auth = Authenticator(
-            settings.admin_key, self.store, self.health, settings.auth_cache_seconds
-        )
-        self.quotas = QuotaKeeper(self.store, self.health, settings.quota_lease_seconds)
-        self.usage_meter = UsageMeter(self.store, self.health)
+        self.auth = Authenticator(settings.admin_key, self.store, settings.auth_cache_seconds)
+        self.quotas = QuotaKeeper(self.store, settings.quota_lease_seconds)
+        self.usage_meter = UsageMeter(self.store)
+        self.tenants = TenantService(self.store, self.auth, self.adapters, self.usage_meter)
         self.sync = RegistrySync(
             self.store,
-            self.health,
             self.adapters.catalog,
             self.auth,
             self.usage_meter,
@@ -308,11 +306,6 @@ def build_store(settings: GatewaySettings) -> RegistryStore:
     if settings.redis_url is not None:
         options["namespace"] = settings.redis_namespace
     return make_registry_store(settings.redis_url, **options)
-
-
-def store_location(store: RegistryStore) -> str:
-    """Where the store lives, without credentials: fit for logs and /health."""
-    return getattr(store, "where", "memory")
 
 
 # How route handlers ask Litestar for the service (injected by name from app state).

@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from loragate.gateway.errors import InvalidRequestError, QuotaExceededError
-from loragate.gateway.request_cost import RequestCost
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.tenancy import Principal
-from loragate.registry import RegistryStore, RegistryUnavailable
+from loragate.gateway.errors import InvalidRequestError, QuotaExceededError, RegistryDownError
+from loragate.gateway.serving.request_cost import RequestCost
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +35,9 @@ _WHAT = {
 
 
 class QuotaKeeper:
-    def __init__(self, store: RegistryStore, health: StoreHealth, lease_seconds: float):
+    def __init__(self, store: StoreSeam, lease_seconds: float):
         self._store = store
-        self._health = health
+        self._health = store.health
         self.refresh_every = lease_seconds / 3
         self._leases: dict[str, str] = {}  # lease -> tenant, while its request runs
         self._stopped = False
@@ -53,11 +52,10 @@ class QuotaKeeper:
         if self._health.down:
             return None
         try:
-            with self._health.noting():
-                admission = await self._store.try_acquire_request(
-                    caller.tenant, caller.quota, tokens=cost.tokens, requests=cost.sequences
-                )
-        except RegistryUnavailable:
+            admission = await self._store.try_acquire_request(
+                caller.tenant, caller.quota, tokens=cost.tokens, requests=cost.sequences
+            )
+        except RegistryDownError:
             return None
         if not admission.ok:
             what = _WHAT.get(admission.reason, admission.reason)
@@ -78,12 +76,11 @@ class QuotaKeeper:
         if caller.tenant is None or self._health.down:
             return
         try:
-            with self._health.noting():
-                if lease is not None:
-                    await self._store.release_request(caller.tenant, lease, used_tokens=tokens)
-                elif tokens:
-                    await self._store.add_tokens(caller.tenant, tokens)
-        except RegistryUnavailable:
+            if lease is not None:
+                await self._store.release_request(caller.tenant, lease, used_tokens=tokens)
+            elif tokens:
+                await self._store.add_tokens(caller.tenant, tokens)
+        except RegistryDownError:
             pass  # the lease expires by itself; the tokens go uncounted (fail open)
 
     async def keep_leases_alive(self) -> None:
@@ -94,9 +91,8 @@ class QuotaKeeper:
                 if self._health.down:
                     break
                 try:
-                    with self._health.noting():
-                        await self._store.refresh_request(tenant, lease)
-                except RegistryUnavailable:
+                    await self._store.refresh_request(tenant, lease)
+                except RegistryDownError:
                     break
 
     def stop(self) -> None:

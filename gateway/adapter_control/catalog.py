@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from loragate.adapters import LoRARequest
-from loragate.gateway.adapter_paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.registry import AdapterRecord, InMemoryAdapterRegistry
-from loragate.gateway.tenancy import Principal
+from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
+from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
+from loragate.gateway.tenancy.principal import Principal
 from loragate.registry import AdapterMetadata, adapter_key, split_adapter_key
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ from loragate.gateway.errors import (
     ErrorResponse,
     RegistryDownError,
 )
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.tenancy import CALLER_SCOPE_KEY, OPERATOR, Principal
-from loragate.registry import RegistryStore, RegistryUnavailable, TenantRecord
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.principal import CALLER_SCOPE_KEY, OPERATOR, Principal
+from loragate.registry import TenantRecord
 from loragate.registry.api_keys import parse_api_key
 
 # Load balancers probe this without credentials; it tells nothing about tenants or keys.
@@ -61,15 +61,14 @@ class Authenticator:
     def __init__(
         self,
         admin_key: str | None,
-        store: RegistryStore,
-        health: StoreHealth,
+        store: StoreSeam,
         cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.enabled = admin_key is not None
         self._admin = _digest(admin_key) if admin_key is not None else None
         self._store = store
-        self._health = health
+        self._health = store.health
         self._ttl = cache_seconds
         self._clock = clock
         self._keys: dict[bytes, _Verified] = {}
@@ -111,22 +110,21 @@ class Authenticator:
         if known is not None and (now - known.at < self._ttl or self._health.down):
             return known.tenant
         if self._health.down:
-            raise _cannot_verify()
+            raise RegistryDownError()
         changes = self._changes
         try:
-            with self._health.noting():
-                tenant = await self._store.verify_api_key(token)
-                record = await self._store.get_tenant(tenant) if tenant is not None else None
-        except RegistryUnavailable as exc:
+            tenant = await self._store.verify_api_key(token)
+            record = await self._store.get_tenant(tenant) if tenant is not None else None
+        except RegistryDownError:
             if known is not None:
                 return known.tenant
-            raise _cannot_verify() from exc
+            raise
         if record is None and known is not None and self.check_for_reset is not None:
             # A key that was valid is unknown now: revoked (with its event missed), or the
             # store lost its data. Let the store's reset marker tell, before refusing.
             try:
                 await self.check_for_reset()
-            except RegistryUnavailable:
+            except RegistryDownError:
                 return known.tenant
         if record is None:
             if known is not None and known.tenant in self.orphans:
@@ -161,15 +159,6 @@ class Authenticator:
         """The store lost its data: the tenants known here stay known until re-created."""
         self.orphans = set(self._tenants)
         return len(self.orphans)
-
-
-def _cannot_verify() -> RegistryDownError:
-    return RegistryDownError(
-        "the tenant registry is unreachable, so this API key cannot be verified right now; "
-        "retry later",
-        code="registry_unavailable",
-        headers={"Retry-After": "1"},
-    )
 
 
 class AuthGate:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from litestar import Controller, get
 from litestar.params import FromPath
 
+from loragate.gateway.adapter_control.records import AdapterRecord
 from loragate.gateway.errors import NotFoundError
-from loragate.gateway.registry import AdapterRecord
-from loragate.gateway.schemas_openai import ModelCard, ModelList
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.tenancy import Caller
+from loragate.gateway.openai.schemas import ModelCard, ModelList
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.tenancy.principal import Caller
 
 
 class ModelsController(Controller):

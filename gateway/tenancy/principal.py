@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 
-from loragate.gateway.registry import AdapterRecord
+from loragate.gateway.adapter_control.records import AdapterRecord
 
 # Usage of requests made without a tenant key (open server, or the admin key) is counted
 # under this name, so it is reserved: no tenant may take it.
@@ -55,7 +55,7 @@ class Principal:
 OPERATOR = Principal()
 
 
-def caller_of(request: Request) -> Principal:
+def caller_of(request: ASGIConnection) -> Principal:
     """Set by the auth middleware on every route (the operator on an open server).
 
     Missing means the middleware did not run: refuse rather than assume the operator.

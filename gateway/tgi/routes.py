@@ -14,18 +14,20 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from loragate.engine import CompletionOutput, RequestOutput
-from loragate.gateway.disconnect import until_disconnect
 from loragate.gateway.errors import (
     APIError,
     InvalidRequestError,
     TGIErrorResponse,
     tgi_error_response,
 )
-from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
-from loragate.gateway.metered import MeteredRequest
-from loragate.gateway.openai_format import token_text
-from loragate.gateway.sampling import TGI_FIELDS, tgi_params
-from loragate.gateway.schemas_tgi import (
+from loragate.gateway.openai.format import token_text
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.run import Run, run_generations
+from loragate.gateway.serving.sampling import TGI_FIELDS, tgi_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import sse_event
+from loragate.gateway.tenancy.principal import Caller, Principal
+from loragate.gateway.tgi.schemas import (
     TGIDetails,
     TGIInputToken,
     TGIParameters,
@@ -35,9 +37,6 @@ from loragate.gateway.schemas_tgi import (
     TGIStreamResponse,
     TGIToken,
 )
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.sse import sse_event, sse_response
-from loragate.gateway.tenancy import Caller, Principal
 
 
 class TGIController(Controller):
@@ -75,9 +74,9 @@ class TGIController(Controller):
         }
 
 
-async def _start(
-    data: TGIRequest, caller: Principal, service: GatewayService
-) -> tuple[MeteredRequest, Generation, TGIParameters]:
+async def _run(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> tuple[Run, TGIParameters]:
     p = data.parameters or TGIParameters()
     params = tgi_params(p, service.model.max_num_seqs)
     lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id", caller=caller)
@@ -88,27 +87,18 @@ async def _start(
         ids = await service.encode(data.inputs)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
     (prompt,), cost = await service.measure(caller, [prompt], params, TGI_FIELDS)
-    metered = await service.begin(caller, lora, cost)
-    try:
-        gen = metered.start(
-            prompt, params, request_id=service.new_request_id("tgi"),
-            field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
-        )  # fmt: skip
-    except BaseException:
-        await metered.end()
-        raise
-    return metered, gen, p
+    run = await run_generations(
+        service, request, caller, lora, cost, [(prompt, service.new_request_id("tgi"))], params,
+        field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
+    )  # fmt: skip
+    return run, p
 
 
 async def _generate(
     data: TGIRequest, request: Request, caller: Principal, service: GatewayService
 ) -> TGIResponse:
-    metered, gen, p = await _start(data, caller, service)
-    try:
-        await until_disconnect(request.receive, prime_all([gen]))
-        (final,) = await until_disconnect(request.receive, results_all([gen]))
-    finally:
-        await metered.end()
+    run, p = await _run(data, request, caller, service)
+    (final,) = await run.collect()
     c = final.outputs[0]
     text = (data.inputs + c.text) if p.return_full_text else c.text
     details = None
@@ -136,13 +126,8 @@ async def _generate(
 async def _generate_stream(
     data: TGIRequest, request: Request, caller: Principal, service: GatewayService
 ) -> Stream:
-    metered, gen, p = await _start(data, caller, service)
-    try:
-        await until_disconnect(request.receive, prime_all([gen]))
-    except BaseException:
-        await metered.end()
-        raise
-    return sse_response(_events(service, data, p, gen), metered.end)
+    run, p = await _run(data, request, caller, service)
+    return run.stream(_events(service, data, p, run.generations[0]))
 
 
 async def _events(

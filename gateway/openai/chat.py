@@ -9,13 +9,9 @@ from litestar import Controller, Request, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from loragate.gateway.disconnect import until_disconnect
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
-from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
-from loragate.gateway.openai_format import DeltaTracker, chat_logprobs, usage_of
-from loragate.gateway.prompts import chat_messages
-from loragate.gateway.sampling import chat_fields, chat_params
-from loragate.gateway.schemas_openai import (
+from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
+from loragate.gateway.openai.schemas import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -24,9 +20,13 @@ from loragate.gateway.schemas_openai import (
     ChatCompletionResponse,
     DeltaMessage,
 )
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.sse import DONE, sse_event, sse_response
-from loragate.gateway.tenancy import Caller
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.prompts import chat_messages
+from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.sampling import chat_fields, chat_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import DONE, sse_event
+from loragate.gateway.tenancy.principal import Caller
 
 
 class ChatController(Controller):
@@ -51,39 +51,31 @@ class ChatController(Controller):
             caller, [{"prompt_token_ids": prompt_ids}], params, fields
         )
         request_id = service.new_request_id("chatcmpl")
-        metered = await service.begin(caller, lora, cost)
-        gens = metered.generations
-        streaming = False
-        try:
-            metered.start(prompt, params, request_id=request_id, field_names=fields)
-            await until_disconnect(request.receive, prime_all(gens))
-            created = int(time.time())
-            if data.stream:
-                streaming = True
-                return sse_response(
-                    _stream(service, data, gens[0], request_id, created), metered.end
-                )
-            (final,) = await until_disconnect(request.receive, results_all(gens))
-            top_n = data.top_logprobs or 0
-            choices = [
-                ChatChoice(
-                    index=c.index,
-                    message=AssistantMessage(content=c.text),
-                    logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
-                    if data.logprobs and c.logprobs is not None
-                    else None,
-                    finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason,
-                )
-                for c in final.outputs
-            ]
-            return ChatCompletionResponse(
-                id=request_id, created=created, model=data.model, choices=choices,
-                usage=usage_of([final]),
-            )  # fmt: skip
-        finally:
-            if not streaming:
-                await metered.end()
+        run = await run_generations(
+            service, request, caller, lora, cost, [(prompt, request_id)], params,
+            field_names=fields,
+        )  # fmt: skip
+        created = int(time.time())
+        if data.stream:
+            return run.stream(_stream(service, data, run.generations[0], request_id, created))
+        (final,) = await run.collect()
+        top_n = data.top_logprobs or 0
+        choices = [
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
+                if data.logprobs and c.logprobs is not None
+                else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in final.outputs
+        ]
+        return ChatCompletionResponse(
+            id=request_id, created=created, model=data.model, choices=choices,
+            usage=usage_of([final]),
+        )  # fmt: skip
 
 
 async def _stream(

@@ -11,8 +11,8 @@ from typing import Any
 
 from loragate.engine import SamplingParams
 from loragate.gateway.errors import InvalidRequestError, field_of
-from loragate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest, SamplingFields
-from loragate.gateway.schemas_tgi import TGIParameters
+from loragate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loragate.gateway.tgi.schemas import TGIParameters
 
 MAX_LOGPROBS = 20
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from litestar import Controller, Request, Response, get
 
-from loragate.gateway.errors import PermissionDeniedError
-from loragate.gateway.metrics import CONTENT_TYPE
-from loragate.gateway.schemas_admin import HealthStatus, RegistryHealth
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.tenancy import Caller
+from loragate.gateway.admin.guards import admin_only
+from loragate.gateway.admin.schemas import HealthStatus, RegistryHealth
+from loragate.gateway.operations.metrics import CONTENT_TYPE
+from loragate.gateway.serving.service import GatewayService, Service
 
 
 class HealthController(Controller):
@@ -51,14 +50,17 @@ class HealthController(Controller):
             status_code=503,
         )
 
-    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
-    async def metrics(self, service: Service, caller: Caller) -> Response[bytes]:
-        if not caller.is_operator:
-            raise PermissionDeniedError(
-                "/metrics shows the whole deployment and needs the admin key; a tenant's own "
-                "usage is at /v1/usage",
-                code="admin_only",
-            )
+    @get(
+        "/metrics",
+        summary="Prometheus metrics",
+        media_type=CONTENT_TYPE,
+        guards=[admin_only],
+        opt={
+            "admin_only": "/metrics shows the whole deployment and needs the admin key; a "
+            "tenant's own usage is at /v1/usage"
+        },
+    )
+    async def metrics(self, service: Service) -> Response[bytes]:
         return Response(await service.metrics_text(), media_type=CONTENT_TYPE)
 
 

@@ -16,11 +16,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from loragate.gateway.adapter_catalog import AdapterCatalog
-from loragate.gateway.auth import Authenticator
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.usage_meter import UsageMeter
-from loragate.registry import ChangeEvent, ChangeKind, RegistryStore, RegistryUnavailable
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.errors import RegistryDownError
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.auth import Authenticator
+from loragate.gateway.tenancy.usage_meter import UsageMeter
+from loragate.registry import ChangeEvent, ChangeKind
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,7 @@ _ADAPTER_EVENTS = (
 class RegistrySync:
     def __init__(
         self,
-        store: RegistryStore,
-        health: StoreHealth,
+        store: StoreSeam,
         catalog: AdapterCatalog,
         auth: Authenticator,
         usage: UsageMeter,
@@ -43,7 +43,7 @@ class RegistrySync:
         retry_seconds: float = 0.25,
     ):
         self.store = store
-        self.health = health
+        self.health = store.health
         self.catalog = catalog
         self.auth = auth
         self.usage = usage
@@ -61,11 +61,10 @@ class RegistrySync:
         """Read the store once and subscribe to its changes (if it answers; else keep trying
         in the background), so a server that has started misses no change."""
         try:
-            with self.health.noting():
-                if await self.store.open():
-                    log.info("registry store at %s holds no data yet", self.health.where)
+            if await self.store.open():
+                log.info("registry store at %s holds no data yet", self.health.where)
             await self.resync(force=True)
-        except RegistryUnavailable:
+        except RegistryDownError:
             log.error("starting without the registry store; retrying in the background")
         self._tasks = [
             asyncio.create_task(self._watch(), name="registry-watch"),
@@ -85,8 +84,7 @@ class RegistrySync:
     async def resync(self, force: bool = False) -> None:
         """Match the store's adapters (if its version moved, or `force`)."""
         async with self.catalog.lock:
-            with self.health.noting():
-                reset = await self.store.check_reset()
+            reset = await self.store.check_reset()
             if reset:
                 self.resets_seen += 1
                 adapters = await self.catalog.orphan_everything()
@@ -99,11 +97,10 @@ class RegistrySync:
                     tenants,
                 )
                 force = True
-            with self.health.noting():
-                version = await self.store.version()
-                if not force and version == self._version:
-                    return
-                metas = await self.store.list_adapters()
+            version = await self.store.version()
+            if not force and version == self._version:
+                return
+            metas = await self.store.list_adapters()
             await self.catalog.reconcile(metas)
             self._version = version
 
@@ -122,8 +119,8 @@ class RegistrySync:
                         if self._stopping:
                             return
                         await self._apply(event)
-            except RegistryUnavailable as exc:
-                self.health.failed(exc)
+            except RegistryDownError:
+                pass  # the seam noted it in `health`
             except Exception:
                 log.exception("registry watch failed; subscribing again")
             self.health.watching = False
@@ -133,8 +130,7 @@ class RegistrySync:
     async def _apply(self, event: ChangeEvent) -> None:
         if event.kind in _ADAPTER_EVENTS:
             async with self.catalog.lock:
-                with self.health.noting():
-                    meta = await self.store.get_adapter(event.name)
+                meta = await self.store.get_adapter(event.name)
                 await self.catalog.refresh(event.name, meta)
         else:
             self.auth.forget_tenant(event.name)
@@ -144,11 +140,10 @@ class RegistrySync:
             healthy = self.health.reachable
             await asyncio.sleep(self.resync_seconds if healthy else self.retry_seconds)
             try:
-                with self.health.noting():
-                    await self.store.ping()
+                await self.store.ping()
                 await self.resync()
                 await self.usage.flush()
-            except RegistryUnavailable:
+            except RegistryDownError:
                 pass
             except Exception:
                 log.exception("registry resync failed; trying again")

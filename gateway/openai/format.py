@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loragate.engine import CompletionOutput, RequestOutput
-from loragate.gateway.schemas_openai import (
+from loragate.gateway.openai.schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.gateway.generation import Generation, close_all
-from loragate.gateway.tenancy import Principal
+from loragate.gateway.serving.generation import Generation, close_all
+from loragate.gateway.tenancy.principal import Principal
 from loragate.registry import UsageCounts
 
 

@@ -28,9 +28,14 @@ from pathlib import Path
 
 from loragate.adapters import AdapterError, LoRAAdapter, LoRARequest
 from loragate.engine import EngineDeadError, RequestOutput
-from loragate.gateway.adapter_catalog import AdapterCatalog
-from loragate.gateway.adapter_paths import AdapterPathError, relative_to_root, resolve_adapter_dir
-from loragate.gateway.adapter_usage import AdapterUsage
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.paths import (
+    AdapterPathError,
+    relative_to_root,
+    resolve_adapter_dir,
+)
+from loragate.gateway.adapter_control.records import AdapterRecord, check_adapter_name
+from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import (
     APIError,
     ConflictError,
@@ -40,16 +45,13 @@ from loragate.gateway.errors import (
     QuotaExceededError,
     RegistryDownError,
 )
-from loragate.gateway.registry import AdapterRecord, check_adapter_name
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.tenancy import OPERATOR, Principal
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.registry import (
     AdapterQuotaExceeded,
     AdapterSpec,
     AdapterWeights,
     PublicNameTaken,
-    RegistryStore,
-    RegistryUnavailable,
     TenantNotFound,
     adapter_key,
     check_tenant_name,
@@ -61,21 +63,11 @@ log = logging.getLogger(__name__)
 ADAPTER_QUOTA_RETRY_AFTER_S = 60
 
 
-def registry_down(action: str) -> RegistryDownError:
-    return RegistryDownError(
-        f"the adapter registry is unreachable, so {action} is not possible right now; "
-        "adapters already registered keep being served. Retry later.",
-        code="registry_unavailable",
-        headers={"Retry-After": "1"},
-    )
-
-
 class AdapterManager:
     def __init__(
         self,
         engine,
-        store: RegistryStore,
-        health: StoreHealth,
+        store: StoreSeam,
         usage: AdapterUsage,
         adapter_root: Path | None,
         base_model: str,
@@ -84,7 +76,6 @@ class AdapterManager:
         self.engine = engine
         self.load_timeout = load_timeout  # None: the engine's adapter_load_timeout
         self.store = store
-        self.health = health
         self.usage = usage
         self.root = adapter_root
         self.base_model = base_model
@@ -138,11 +129,7 @@ class AdapterManager:
                 "this server was started with LoRA disabled; adapters cannot be registered",
                 param="name",
             )
-        try:
-            with self.health.noting():
-                lora_int_id = await self.store.new_lora_int_id()
-        except RegistryUnavailable as exc:
-            raise registry_down("registering an adapter") from exc
+        lora_int_id = await self.store.new_lora_int_id()
         lora = LoRARequest(key, lora_int_id, str(directory))
         try:
             adapter = await self.engine.add_adapter(lora, timeout=self.load_timeout)
@@ -172,11 +159,7 @@ class AdapterManager:
 
     async def _check_tenant_exists(self, tenant: str) -> None:
         """The operator named `<tenant>/<name>`: 400 before any work if there is no tenant."""
-        try:
-            with self.health.noting():
-                record = await self.store.get_tenant(tenant)
-        except RegistryUnavailable as exc:
-            raise registry_down("registering an adapter") from exc
+        record = await self.store.get_tenant(tenant)
         if record is None:
             raise InvalidRequestError(
                 f"tenant {tenant!r} does not exist, so it has no adapter namespace",
@@ -207,13 +190,8 @@ class AdapterManager:
     ) -> AdapterRecord:
         try:
             async with self.catalog.lock:
-                with self.health.noting():
-                    registration = await self.store.register_adapter(
-                        spec, lora_int_id=lora.lora_int_id
-                    )
+                registration = await self.store.register_adapter(spec, lora_int_id=lora.lora_int_id)
                 record = await self.catalog.apply(registration.adapter, source, lora)
-        except RegistryUnavailable as exc:
-            raise registry_down("registering an adapter") from exc
         except PublicNameTaken as exc:
             raise _public_name_taken(exc) from exc
         except AdapterQuotaExceeded as exc:
@@ -263,15 +241,14 @@ class AdapterManager:
             return  # changed back meanwhile
         try:
             async with self.catalog.lock:
-                with self.health.noting():
-                    meta = await self.store.update_adapter(
-                        record.key,
-                        lora_int_id=record.lora_request.lora_int_id,
-                        weights=_weights_of(adapter),
-                    )
+                meta = await self.store.update_adapter(
+                    record.key,
+                    lora_int_id=record.lora_request.lora_int_id,
+                    weights=_weights_of(adapter),
+                )
                 if meta is not None:
                     await self.catalog.apply(meta)
-        except RegistryUnavailable:
+        except RegistryDownError:
             log.warning(
                 "adapter %s: its files changed (sha256 %s) but the registry is unreachable; "
                 "the new weights are served and the record is updated on a later request",
@@ -293,14 +270,11 @@ class AdapterManager:
         key = (await self.lookup(name, "name")).key
         try:
             async with self.catalog.lock:
-                with self.health.noting():
-                    meta = await self.store.update_adapter(key, public=public)
+                meta = await self.store.update_adapter(key, public=public)
                 if meta is not None:
                     record = await self.catalog.apply(meta)
                     if record is not None:
                         return record
-        except RegistryUnavailable as exc:
-            raise registry_down("changing an adapter") from exc
         except PublicNameTaken as exc:
             raise _public_name_taken(exc) from exc
         raise NotFoundError(
@@ -321,17 +295,13 @@ class AdapterManager:
                 code="not_owner",
             )
         key, lora_int_id = record.key, record.lora_request.lora_int_id
-        try:
-            async with self.catalog.lock:
-                with self.health.noting():
-                    deleted = await self.store.delete_adapter(key, lora_int_id=lora_int_id)
-                current = await self.catalog.get(key)
-                mine = current is not None and current.lora_request.lora_int_id == lora_int_id
-                removed = None
-                if mine and (deleted is not None or key in self.catalog.orphans):
-                    removed = await self.catalog.remove(key)
-        except RegistryUnavailable as exc:
-            raise registry_down("deleting an adapter") from exc
+        async with self.catalog.lock:
+            deleted = await self.store.delete_adapter(key, lora_int_id=lora_int_id)
+            current = await self.catalog.get(key)
+            mine = current is not None and current.lora_request.lora_int_id == lora_int_id
+            removed = None
+            if mine and (deleted is not None or key in self.catalog.orphans):
+                removed = await self.catalog.remove(key)
         if removed is None:  # replaced or deleted meanwhile, by another replica
             raise NotFoundError(
                 f"adapter {name!r} does not exist", param="name", code="adapter_not_found"

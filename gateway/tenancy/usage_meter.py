@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 
-from loragate.gateway.store_health import StoreHealth
-from loragate.registry import RegistryStore, RegistryUnavailable, UsageCounts
+from loragate.gateway.errors import RegistryDownError
+from loragate.gateway.store_seam import StoreSeam
+from loragate.registry import UsageCounts
 
 _Key = tuple[str, str | None]  # (tenant, adapter name or None for the base model)
 
 
 class UsageMeter:
-    def __init__(self, store: RegistryStore, health: StoreHealth):
+    def __init__(self, store: StoreSeam):
         self._store = store
-        self._health = health
+        self._health = store.health
         self._pending: dict[_Key, UsageCounts] = {}
         self._flushing = asyncio.Lock()
 
@@ -34,7 +35,7 @@ class UsageMeter:
             try:
                 await self._write((tenant, adapter), counts)
                 return
-            except RegistryUnavailable:
+            except RegistryDownError:
                 pass
         self._hold((tenant, adapter), counts)
 
@@ -47,21 +48,20 @@ class UsageMeter:
                 counts = self._pending.pop(key)
                 try:
                     await self._write(key, counts)
-                except RegistryUnavailable:
+                except RegistryDownError:
                     self._hold(key, counts)
                     return False
             return True
 
     async def _write(self, key: _Key, counts: UsageCounts) -> None:
         tenant, adapter = key
-        with self._health.noting():
-            await self._store.record_usage(
-                tenant,
-                adapter,
-                prompt_tokens=counts.prompt_tokens,
-                completion_tokens=counts.completion_tokens,
-                requests=counts.requests,
-            )
+        await self._store.record_usage(
+            tenant,
+            adapter,
+            prompt_tokens=counts.prompt_tokens,
+            completion_tokens=counts.completion_tokens,
+            requests=counts.requests,
+        )
 
     def _hold(self, key: _Key, counts: UsageCounts) -> None:
         held = self._pending.get(key, UsageCounts())

@@ -9,16 +9,16 @@ from litestar import Controller, Request, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from loragate.gateway.disconnect import until_disconnect
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
-from loragate.gateway.generation import Generation, outputs_of, prime_all, results_all
-from loragate.gateway.openai_format import DeltaTracker, completion_logprobs, usage_of
-from loragate.gateway.prompts import completion_prompts
-from loragate.gateway.sampling import COMPLETION_FIELDS, completion_params
-from loragate.gateway.schemas_openai import CompletionChoice, CompletionRequest, CompletionResponse
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.sse import DONE, sse_event, sse_response
-from loragate.gateway.tenancy import Caller
+from loragate.gateway.openai.format import DeltaTracker, completion_logprobs, usage_of
+from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.prompts import completion_prompts
+from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.sampling import COMPLETION_FIELDS, completion_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import DONE, sse_event
+from loragate.gateway.tenancy.principal import Caller
 
 
 class CompletionsController(Controller):
@@ -42,43 +42,34 @@ class CompletionsController(Controller):
             COMPLETION_FIELDS,
         )
         request_id = service.new_request_id("cmpl")
-        metered = await service.begin(caller, lora, cost)
-        gens = metered.generations
-        streaming = False
-        try:
-            for i, prompt in enumerate(prompts):
-                metered.start(
-                    prompt, params, request_id=f"{request_id}-{i}", field_names=COMPLETION_FIELDS
-                )
-            await until_disconnect(request.receive, prime_all(gens))
-            created = int(time.time())
-            if data.stream:
-                streaming = True
-                events = _stream(service, data, gens, request_id, created)
-                return sse_response(events, metered.end)
-            finals = await until_disconnect(request.receive, results_all(gens))
-            choices = []
-            for p, out in enumerate(finals):
-                for c in out.outputs:
-                    logprobs = None
-                    if data.logprobs is not None and c.logprobs is not None:
-                        logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
-                    choices.append(
-                        CompletionChoice(
-                            index=p * len(out.outputs) + c.index,
-                            text=c.text,
-                            logprobs=logprobs,
-                            finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason,
-                        )
+        run = await run_generations(
+            service, request, caller, lora, cost,
+            [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
+            params, field_names=COMPLETION_FIELDS,
+        )  # fmt: skip
+        created = int(time.time())
+        if data.stream:
+            return run.stream(_stream(service, data, run.generations, request_id, created))
+        finals = await run.collect()
+        choices = []
+        for p, out in enumerate(finals):
+            for c in out.outputs:
+                logprobs = None
+                if data.logprobs is not None and c.logprobs is not None:
+                    logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
+                choices.append(
+                    CompletionChoice(
+                        index=p * len(out.outputs) + c.index,
+                        text=c.text,
+                        logprobs=logprobs,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
                     )
-            return CompletionResponse(
-                id=request_id, created=created, model=data.model, choices=choices,
-                usage=usage_of(finals),
-            )  # fmt: skip
-        finally:
-            if not streaming:
-                await metered.end()
+                )
+        return CompletionResponse(
+            id=request_id, created=created, model=data.model, choices=choices,
+            usage=usage_of(finals),
+        )  # fmt: skip
 
 
 async def _stream(

@@ -8,9 +8,8 @@ from __future__ import annotations
 from litestar import Controller, Response, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 
-from loragate.gateway.errors import PermissionDeniedError
-from loragate.gateway.registry import AdapterRecord
-from loragate.gateway.schemas_admin import (
+from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.admin.schemas import (
     AdapterInfo,
     AdapterList,
     DeletedAdapter,
@@ -19,8 +18,9 @@ from loragate.gateway.schemas_admin import (
     RegisterAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
-from loragate.gateway.service import GatewayService, Service
-from loragate.gateway.tenancy import Caller, Principal
+from loragate.gateway.errors import PermissionDeniedError
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.tenancy.principal import Caller, Principal
 
 
 class AdaptersController(Controller):

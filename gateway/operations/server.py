@@ -14,10 +14,10 @@ from collections.abc import Callable
 import uvicorn
 
 from loragate.engine import AsyncLLMEngine
-from loragate.gateway.access_log import AccessLog
 from loragate.gateway.app import create_app
-from loragate.gateway.http_limits import timed_protocol
-from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.operations.access_log import AccessLog
+from loragate.gateway.operations.http_limits import timed_protocol
+from loragate.gateway.operations.settings import GatewaySettings
 from loragate.registry import RegistryStore
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loragate.gateway.errors import InvalidRequestError
-from loragate.gateway.schemas_openai import ChatMessage
+from loragate.gateway.openai.schemas import ChatMessage
 
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
