@@ -9,7 +9,7 @@ from loragate.engine.beam_search_params import (
 )
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
-from loragate.engine.engine_stats import EngineStats, ModelInfo
+from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine
 from loragate.engine.outputs import CompletionOutput, RequestOutput

@@ -20,7 +20,7 @@ from typing import Any
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
-from loragate.engine.engine_stats import EngineStats, ModelInfo
+from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
@@ -192,6 +192,12 @@ class AsyncLLMEngine:
             return engine.adapters.remove(lora_request, engine.scheduler.busy_slots())
 
         return await self._on_engine_thread(remove)
+
+    async def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
+        """Evict the adapter last (or, unpinned, as any other); eviction candidates say so.
+        Needs `AdapterCache.pin`, which the engine side of issue 12 adds."""
+        if self.engine.adapters is not None:
+            await self._on_engine_thread(lambda engine: engine.adapters.pin(lora_request, pinned))
 
     async def busy_adapters(self) -> frozenset[str]:
         """Names of the adapters running sequences use now."""

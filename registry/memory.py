@@ -40,6 +40,7 @@ from loragate.registry.records import (
     check_count,
     check_lease_ttl,
     check_quota,
+    check_usage,
 )
 from loragate.registry.store import RegistryStore
 
@@ -244,14 +245,7 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
         completion_tokens: int,
         requests: int = 1,
     ) -> None:
-        check_tenant_name(tenant)
-        if adapter is not None:
-            check_adapter_key(adapter)
-        add = UsageCounts(
-            check_count("prompt_tokens", prompt_tokens),
-            check_count("completion_tokens", completion_tokens),
-            check_count("requests", requests),
-        )
+        add = check_usage(tenant, adapter, prompt_tokens, completion_tokens, requests)
         counters = self._usage.setdefault(tenant, {})
         for key in (None, adapter) if adapter is not None else (None,):
             counters[key] = _plus(counters.get(key, UsageCounts()), add)

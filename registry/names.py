@@ -9,16 +9,20 @@ import re
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_ADAPTER_RULE = "1-128 characters of letters, digits, '.', '_', ':' or '-'"
 
 
-def check_adapter_name(name: object) -> str:
-    """Adapter names appear in URLs and in the `model` field: short and plain."""
-    if not isinstance(name, str) or not _ADAPTER_NAME.fullmatch(name):
+def _plain(value: object, pattern: re.Pattern, field_name: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ValueError(
-            "adapter name must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
-            f"starting with a letter or digit; got {name!r}"
+            f"{field_name} must be {rule}, starting with a letter or digit; got {value!r}"
         )
-    return name
+    return value
+
+
+def check_adapter_name(name: object, field_name: str = "adapter name") -> str:
+    """Adapter names appear in URLs and in the `model` field: short and plain."""
+    return _plain(name, _ADAPTER_NAME, field_name, _ADAPTER_RULE)
 
 
 def adapter_key(tenant: str | None, name: str) -> str:
@@ -44,22 +48,14 @@ def check_adapter_key(key: object) -> str:
 
 def check_tenant_name(name: object) -> str:
     """Tenant names become part of storage keys: no separators, no wildcards."""
-    if not isinstance(name, str) or not _TENANT_NAME.fullmatch(name):
-        raise ValueError(
-            "tenant name must be 1-64 characters of letters, digits, '.', '_' or '-', "
-            f"starting with a letter or digit; got {name!r}"
-        )
-    return name
+    rule = "1-64 characters of letters, digits, '.', '_' or '-'"
+    return _plain(name, _TENANT_NAME, "tenant name", rule)
 
 
-def check_served_name(name: object, base_model: str, field_name: str = "name") -> str:
+def check_served_name(name: object, base_model: str) -> str:
     """An adapter name a server will answer to: a valid adapter name that is never the base
     model's in any case (a client that mistyped the case must not get an adapter)."""
-    if not isinstance(name, str) or not _ADAPTER_NAME.fullmatch(name):
-        raise ValueError(
-            f"{field_name} must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
-            f"starting with a letter or digit; got {name!r}"
-        )
+    check_adapter_name(name, "name")
     if name.casefold() == base_model.casefold():
         raise ValueError(f"name {name!r} is the base model's name")
     return name
@@ -67,9 +63,5 @@ def check_served_name(name: object, base_model: str, field_name: str = "name") -
 
 def check_namespace(namespace: object, field_name: str = "namespace") -> str:
     """A Redis namespace prefixes every key of one deployment (a random one isolates a test)."""
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ValueError(
-            f"{field_name} must be 1-64 letters, digits, '.', '_', ':' or '-', "
-            f"starting with a letter or digit; got {namespace!r}"
-        )
-    return namespace
+    rule = "1-64 letters, digits, '.', '_', ':' or '-'"
+    return _plain(namespace, _NAMESPACE, field_name, rule)

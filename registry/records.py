@@ -9,7 +9,12 @@ from enum import StrEnum
 
 import msgspec
 
-from loragate.registry.names import adapter_key, check_adapter_name, check_tenant_name
+from loragate.registry.names import (
+    adapter_key,
+    check_adapter_key,
+    check_adapter_name,
+    check_tenant_name,
+)
 
 ADAPTER_STATUSES = ("loading", "ready", "deleting")
 
@@ -200,6 +205,24 @@ def check_quota(quota: object) -> TenantQuota:
     if not isinstance(quota, TenantQuota):
         raise ValueError(f"quota must be a TenantQuota, got {type(quota).__name__}")
     return quota
+
+
+def check_usage(
+    tenant: object,
+    adapter: object,
+    prompt_tokens: object,
+    completion_tokens: object,
+    requests: object,
+) -> UsageCounts:
+    """What record_usage adds, checked: a tenant, an adapter key or None, and counts."""
+    check_tenant_name(tenant)
+    if adapter is not None:
+        check_adapter_key(adapter)
+    return UsageCounts(
+        check_count("prompt_tokens", prompt_tokens),
+        check_count("completion_tokens", completion_tokens),
+        check_count("requests", requests),
+    )
 
 
 def check_lease_ttl(lease_ttl_s: object) -> float:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import uuid
 
-from loragate.registry.names import check_adapter_key, check_tenant_name
+import msgspec
+
+from loragate.registry.names import check_tenant_name
 from loragate.registry.records import (
     Admission,
     TenantQuota,
     UsageReport,
     check_count,
     check_quota,
+    check_usage,
 )
 from loragate.registry.redis_wire import limit, translated, usage_report
 
@@ -31,14 +34,8 @@ class RedisUsageAndQuotas:
         completion_tokens: int,
         requests: int = 1,
     ) -> None:
-        check_tenant_name(tenant)
-        if adapter is not None:
-            check_adapter_key(adapter)
-        amounts = {
-            "prompt_tokens": check_count("prompt_tokens", prompt_tokens),
-            "completion_tokens": check_count("completion_tokens", completion_tokens),
-            "requests": check_count("requests", requests),
-        }
+        counts = check_usage(tenant, adapter, prompt_tokens, completion_tokens, requests)
+        amounts = msgspec.structs.asdict(counts)
         key = self._keys.usage(tenant)
         async with self._redis.pipeline(transaction=True) as pipe:
             for counter, amount in amounts.items():

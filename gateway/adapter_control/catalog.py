@@ -89,16 +89,7 @@ class AdapterCatalog:
             return None
         if current is not None and current.lora_request.lora_int_id == meta.lora_int_id:
             # The same registration: its sharing may have changed, or its files (in place).
-            updated = replace(
-                current,
-                tenant=meta.tenant,
-                public=meta.public,
-                rank=meta.rank,
-                alpha=meta.alpha,
-                target_modules=tuple(meta.target_modules),
-                sha256=meta.sha256,
-                size_bytes=meta.size_bytes,
-            )
+            updated = replace(current, meta=meta)
             if updated != current:
                 await self._local.put(updated)
             return updated
@@ -165,20 +156,7 @@ class AdapterCatalog:
                 log.warning("adapter %s cannot be served by this replica: %s", meta.key, exc)
                 return None
             lora = LoRARequest(meta.key, meta.lora_int_id, str(directory))
-        return AdapterRecord(
-            name=meta.name,
-            lora_request=lora,
-            display_path=meta.path,
-            rank=meta.rank,
-            alpha=meta.alpha,
-            target_modules=tuple(meta.target_modules),
-            sha256=meta.sha256,
-            size_bytes=meta.size_bytes,
-            created=int(meta.created_at),
-            source=source,
-            tenant=meta.tenant,
-            public=meta.public,
-        )
+        return AdapterRecord(meta, lora, source)
 
     async def close(self) -> None:
         for task in list(self._retiring):

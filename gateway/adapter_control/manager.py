@@ -34,7 +34,7 @@ from loragate.gateway.adapter_control.paths import (
     relative_to_root,
     resolve_adapter_dir,
 )
-from loragate.gateway.adapter_control.records import AdapterRecord, check_adapter_name
+from loragate.gateway.adapter_control.records import AdapterRecord
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import (
     APIError,
@@ -54,6 +54,7 @@ from loragate.registry import (
     PublicNameTaken,
     TenantNotFound,
     adapter_key,
+    check_served_name,
     check_tenant_name,
 )
 
@@ -180,7 +181,7 @@ class AdapterManager:
             except ValueError as exc:
                 raise InvalidRequestError(str(exc), param="name") from exc
         try:
-            check_adapter_name(bare, self.base_model)
+            check_served_name(bare, self.base_model)
         except ValueError as exc:
             raise InvalidRequestError(str(exc), param="name") from exc
         return owner, bare

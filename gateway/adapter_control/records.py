@@ -1,6 +1,6 @@
 """Which adapters this replica serves, by key: the local side of the registry store.
 
-The shared truth lives in the registry store (`loragate.adapters.registry_store`: in memory,
+The shared truth lives in the registry store (`loragate.registry`: in memory,
 or Redis for many replicas). Each replica keeps its own copy as `AdapterRecord`s in an
 `AdapterRegistry` (`InMemoryAdapterRegistry`), so serving a known adapter never waits on,
 or fails with, the store; `AdapterCatalog` keeps that copy in step with the store.
@@ -9,57 +9,43 @@ or fails with, the store; `AdapterCatalog` keeps that copy in step with the stor
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from itertools import count
 from typing import Protocol
 
 from loragate.adapters import LoRARequest
-from loragate.registry import adapter_key
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-
-
-def check_adapter_name(name: str, base_model: str) -> str:
-    """Names appear in URLs and in the `model` field: short, plain, and never the base
-    model's in any case (a client that mistyped the case must not get an adapter)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(
-            "name must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
-            f"starting with a letter or digit; got {name!r}"
-        )
-    if name.casefold() == base_model.casefold():
-        raise ValueError(f"name {name!r} is the base model's name")
-    return name
+from loragate.registry import AdapterMetadata
 
 
 @dataclass(frozen=True)
 class AdapterRecord:
-    """One registration: the engine's LoRARequest plus what clients may be told about it.
+    """One registration as this replica serves it: the store's metadata, the engine's
+    LoRARequest for it, and `source`, how this replica learned of it ("rest" or
+    "adapter_root": registered here; "registry": by another replica, or before this one
+    started).
 
-    `name` is its name in its owner's namespace; `tenant` owns it (None: the operator);
-    `public` lets every tenant use it by `name`. `source` says how this replica learned of
-    it: "rest" or "adapter_root" (registered here), "registry" (registered by another
-    replica, or before this one started).
+    The metadata's fields read through (`name` in its owner's namespace, `tenant` owning it
+    or None for the operator, `public`, `rank`, `alpha`, `target_modules`, `sha256`,
+    `size_bytes`, `key`, `visible_to`), so no field is declared twice.
     """
 
-    name: str
+    meta: AdapterMetadata
     lora_request: LoRARequest
-    display_path: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    sha256: str
-    size_bytes: int
-    created: int
     source: str
-    tenant: str | None = None
-    public: bool = False
+
+    def __getattr__(self, name: str):
+        if name == "meta":  # not set yet (copying): never recurse
+            raise AttributeError(name)
+        return getattr(self.meta, name)
 
     @property
-    def key(self) -> str:
-        """Unique across owners: `<tenant>/<name>`, or `<name>` for the operator's."""
-        return adapter_key(self.tenant, self.name)
+    def display_path(self) -> str:
+        """The adapter's folder relative to the adapter root, as the store keeps it."""
+        return self.meta.path
+
+    @property
+    def created(self) -> int:
+        return int(self.meta.created_at)
 
 
 class AdapterRegistry(Protocol):

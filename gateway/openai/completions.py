@@ -57,19 +57,19 @@ class CompletionsController(Controller):
                 logprobs = None
                 if data.logprobs is not None and c.logprobs is not None:
                     logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
-                choices.append(
-                    CompletionChoice(
-                        index=p * len(out.outputs) + c.index,
-                        text=c.text,
-                        logprobs=logprobs,
-                        finish_reason=c.finish_reason,
-                        stop_reason=c.stop_reason,
-                    )
-                )
+                choices.append(_choice(p * len(out.outputs) + c.index, c, logprobs))
         return CompletionResponse(
             id=request_id, created=created, model=data.model, choices=choices,
             usage=usage_of(finals),
         )  # fmt: skip
+
+
+def _choice(index: int, part, logprobs) -> CompletionChoice:
+    """A choice from a whole output or from a stream's delta (both carry text and finish)."""
+    return CompletionChoice(
+        index=index, text=part.text, logprobs=logprobs,
+        finish_reason=part.finish_reason, stop_reason=part.stop_reason,
+    )  # fmt: skip
 
 
 async def _stream(
@@ -94,15 +94,7 @@ async def _stream(
                         logprobs = completion_logprobs(
                             service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
                         )
-                    choices.append(
-                        CompletionChoice(
-                            index=p * len(out.outputs) + c.index,
-                            text=delta.text,
-                            logprobs=logprobs,
-                            finish_reason=delta.finish_reason,
-                            stop_reason=delta.stop_reason,
-                        )
-                    )
+                    choices.append(_choice(p * len(out.outputs) + c.index, delta, logprobs))
                 if choices:
                     yield sse_event(
                         CompletionResponse(

@@ -85,6 +85,17 @@ def plugins(plugins, entry_points, as_json) -> None:
         click.echo(f"    hooks: {', '.join(plugin['hooks']) or '-'}")
 
 
+def _out_option(help_text: str):
+    return click.option(
+        "--out", required=True, type=click.Path(file_okay=False, path_type=Path), help=help_text
+    )
+
+
+_model_option = click.option(
+    "--model", default=None, help="Base model (HF directory or .gguf). Default: the default model."
+)
+
+
 @main.group()
 def adapters() -> None:
     """Make adapters for the served model."""
@@ -100,15 +111,8 @@ def adapters() -> None:
 )
 @click.option("--alpha", default=None, type=float, help="LoRA alpha. Default: the rank.")
 @click.option("--seed", default=0, type=int, help="Seed of the random weights.")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory the adapter folder NAME is written in.",
-)
-@click.option(
-    "--model", default=None, help="Base model (HF directory or .gguf). Default: the default model."
-)
+@_out_option("Directory the adapter folder NAME is written in.")
+@_model_option
 def make_random(name, rank, targets, alpha, seed, out, model) -> None:
     """Write a random (but real, PEFT-format) adapter NAME for the base model."""
     from loragate.tools import make_random_adapter
@@ -127,15 +131,8 @@ def make_random(name, rank, targets, alpha, seed, out, model) -> None:
 
 
 @adapters.command("train-demo")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory the demo adapters are written in, one folder each.",
-)
-@click.option(
-    "--model", default=None, help="Base model (HF dir or .gguf). Default: the default model."
-)
+@_out_option("Directory the demo adapters are written in, one folder each.")
+@_model_option
 @click.option("--steps", default=30, type=int, help="Training steps per adapter.")
 @click.option("--seed", default=0, type=int, help="Seed of the training data and initial weights.")
 def train_demo(out, model, steps, seed) -> None:

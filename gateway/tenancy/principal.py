@@ -41,9 +41,6 @@ class Principal:
     def usage_name(self) -> str:
         return self.tenant if self.tenant is not None else UNTENANTED
 
-    def can_see(self, record: AdapterRecord) -> bool:
-        return self.tenant is None or record.public or record.tenant == self.tenant
-
     def name_of(self, record: AdapterRecord) -> str:
         """What this caller calls `record`: a tenant never sees another owner's name."""
         return record.key if self.tenant is None else record.name

@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_test_plugin import EXPLODING_SEED, OVERFLOWING_LENGTH_PENALTY
-from gateway_testlib import ENGINE, TARGETS, metrics, wait_until
+from gateway_testlib import TARGETS, metrics, wait_until
+from servers_testlib import tiny_settings
 from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
 
 from loragate.adapters.json_depth import MAX_JSON_DEPTH
-from loragate.engine import EngineConfig
-from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.gateway import BackgroundServer
 from loragate.tools import make_random_adapter
 
 HEADER_TIMEOUT_S = 1.0
@@ -59,9 +59,9 @@ def server(tiny_dir, root, redis_url):
         "gateway_test_plugin:ExplodingPlugin",
         "gateway_test_plugin:OverflowingBeamPlugin",
     )
-    settings = GatewaySettings(
-        engine=EngineConfig(model=str(tiny_dir), **{**ENGINE, "plugins": plugins}),
-        port=0,
+    settings = tiny_settings(
+        tiny_dir,
+        {"plugins": plugins},
         adapter_root=root,
         redis_url=redis_url,
         redis_namespace=namespace,
