@@ -20,7 +20,6 @@ from loragate.adapters.errors import (
 from loragate.adapters.eviction import lru_victim
 from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
-from loragate.adapters.random_adapter import make_random_adapter
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import LoRAModelSpec
 
@@ -46,5 +45,4 @@ __all__ = [
     "WeightsIdentity",
     "load_adapter",
     "lru_victim",
-    "make_random_adapter",
 ]

@@ -19,10 +19,11 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.model_loader import resolve_model
+from loragate.tools import make_random_adapter
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ROOT = Path(__file__).resolve().parent / "results" / "adapters"

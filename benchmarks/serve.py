@@ -48,11 +48,12 @@ import numpy as np
 from png_canvas import Canvas
 from serve_peer import VLLMServer, peer_python
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.engine.config import DEFAULT_MAX_STEP_MS
 from loragate.engine.model_loader import resolve_model
+from loragate.tools import make_random_adapter
 
 ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -261,7 +262,7 @@ class ServerProcess:
         self, config: EngineConfig, adapter_dir: Path, log_path: Path, extra_args: tuple = ()
     ):
         args = [
-            sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0",
+            sys.executable, "-m", "loragate.gateway.operations.cli", "serve", "--port", "0",
             "--adapter-root", str(adapter_dir), "--max-queue", "100000",
             "--max-model-len", str(config.max_model_len),
             "--max-num-seqs", str(config.max_num_seqs),

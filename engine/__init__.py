@@ -1,7 +1,7 @@
 """loragate.engine: the offline LLM API, async engine, scheduler, KV blocks, model and sampler."""
 
 from loragate.adapters import LoRARequest
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from loragate.engine.beam_search_params import (
     BeamSearchOutput,
     BeamSearchParams,
@@ -9,6 +9,7 @@ from loragate.engine.beam_search_params import (
 )
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
+from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine
 from loragate.engine.outputs import CompletionOutput, RequestOutput
@@ -25,9 +26,12 @@ __all__ = [
     "EngineArgs",
     "CompletionOutput",
     "EngineConfig",
+    "EngineDeadError",
+    "EngineStats",
     "GuidedDecodingParams",
     "LLMEngine",
     "LoRARequest",
+    "ModelInfo",
     "RequestOutput",
     "SamplingParams",
     "StructuredOutputsParams",

@@ -22,6 +22,7 @@ from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdent
 from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
+from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
@@ -66,6 +67,10 @@ DEFAULT_ADAPTER_LOAD_TIMEOUT_S = 60.0
 
 
 class AsyncLLMEngine:
+    """What a server needs of the engine, by name: the model it serves, requests, adapters
+    (add, remove, which are busy) and one stats snapshot. Anything that reads or changes
+    engine state runs on the engine thread; nothing else reaches into the engine."""
+
     def __init__(
         self, engine: LLMEngine, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
     ):
@@ -99,6 +104,18 @@ class AsyncLLMEngine:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def model_info(self) -> ModelInfo:
+        engine = self.engine
+        return ModelInfo(
+            served_name=engine.model_name,
+            base_model_name=engine.base_model_name,
+            max_model_len=engine.max_model_len,
+            max_num_seqs=engine.config.max_num_seqs,
+            lora_enabled=engine.adapters is not None,
+            tokenizer=engine.tokenizer,
+        )
 
     @property
     def num_requests(self) -> int:
@@ -180,7 +197,51 @@ class AsyncLLMEngine:
     async def abort(self, request_id: Hashable) -> None:
         self._inbox.put(_Abort(request_id))
 
-    async def call(self, fn):
+    async def add_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
+        """Bring the adapter into the CPU tier (see load_adapter): its LoRAAdapter."""
+        return await self.load_adapter(lora_request, timeout)
+
+    async def remove_adapter(self, lora_request: LoRARequest) -> bool:
+        """Drop the adapter's weights from every tier (its slot is zeroed); True if any were
+        cached. ValueError, changing nothing, while running sequences use its slot."""
+        if not self.is_running or self.engine.adapters is None:
+            return False
+
+        def remove(engine: LLMEngine) -> bool:
+            return engine.adapters.remove(lora_request, engine.scheduler.busy_slots())
+
+        return await self._on_engine_thread(remove)
+
+    async def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
+        """Evict the adapter last (or, unpinned, as any other); eviction candidates say so.
+        Needs `AdapterCache.pin`, which the engine side of issue 12 adds."""
+        if self.engine.adapters is not None:
+            await self._on_engine_thread(lambda engine: engine.adapters.pin(lora_request, pinned))
+
+    async def busy_adapters(self) -> frozenset[str]:
+        """Names of the adapters running sequences use now."""
+        return (await self.stats()).busy_adapters
+
+    async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
+        engine thread, which is the tokenizer's only user."""
+        return await self._on_engine_thread(lambda engine: engine.encode(text, add_special_tokens))
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+    ) -> list[int]:
+        """The chat's prompt token ids, by the model's chat template."""
+        return self.engine.apply_chat_template(messages, add_generation_prompt, add_special_tokens)
+
+    async def stats(self) -> EngineStats:
+        """One snapshot of queues, KV blocks and adapter residency, copied between steps."""
+        return await self._on_engine_thread(_read_stats)
+
+    async def check_integrity(self) -> None:
+        """Between steps: AssertionError if any KV block or reference count is astray."""
+        await self._on_engine_thread(lambda engine: engine.check_integrity())
+
+    async def _on_engine_thread(self, fn):
         """Run `fn(engine)` on the engine thread and return its result."""
         self._check_alive()
         loop = asyncio.get_running_loop()
@@ -271,6 +332,22 @@ class AsyncLLMEngine:
     def _check_alive(self) -> None:
         if not self.is_running:
             raise EngineDeadError(f"engine is not running: {self.dead_error}")
+
+
+def _read_stats(engine: LLMEngine) -> EngineStats:
+    scheduler = engine.scheduler
+    busy = frozenset(s.lora_request.lora_name for s in scheduler.running if s.lora_slot >= 0)
+    return EngineStats(
+        unfinished_requests=len(engine.requests),
+        running=len(scheduler.running),
+        waiting=len(scheduler.waiting),
+        memory=dict(engine.get_memory_stats()),
+        prompt_tokens=engine.num_prompt_tokens,
+        generation_tokens=engine.num_generation_tokens,
+        preemptions=scheduler.num_preemptions,
+        adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
+        busy_adapters=busy,
+    )
 
 
 def _check_request_id(request_id) -> None:

@@ -241,10 +241,14 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
 
+    def busy_slots(self) -> set[int]:
+        """The adapter slots running sequences use: never evicted or cleared under them."""
+        return {s.lora_slot for s in self.running if s.lora_slot >= 0}
+
     def _acquire_slot(self, seq: Sequence) -> int | None:
         if self.adapter_slots is None:
             raise ValueError("a LoRA request was scheduled but LoRA is not enabled")
-        busy = {s.lora_slot for s in self.running if s.lora_slot >= 0}
+        busy = self.busy_slots()
         # The weights it was admitted under, whatever its files hold by now.
         return self.adapter_slots.acquire(seq.request, busy)
 

@@ -12,21 +12,21 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from loragate.adapters.registry_store import RegistryStore
-from loragate.engine.async_engine import AsyncLLMEngine
-from loragate.gateway.auth import AuthGate
-from loragate.gateway.body_depth import DepthCheckedRequest
+from loragate.engine import AsyncLLMEngine
+from loragate.gateway.admin.adapters import AdaptersController, VLLMLoRAController
+from loragate.gateway.admin.health import HealthController
+from loragate.gateway.admin.tenants import TenantsController, UsageController
 from loragate.gateway.errors import openai_error_response
-from loragate.gateway.routes_adapters import AdaptersController, VLLMLoRAController
-from loragate.gateway.routes_chat import ChatController
-from loragate.gateway.routes_completions import CompletionsController
-from loragate.gateway.routes_health import HealthController
-from loragate.gateway.routes_models import ModelsController
-from loragate.gateway.routes_tenants import TenantsController, UsageController
-from loragate.gateway.routes_tgi import TGIController
-from loragate.gateway.service import GatewayService
-from loragate.gateway.settings import GatewaySettings
-from loragate.gateway.tenancy import Principal, caller_of
+from loragate.gateway.openai.chat import ChatController
+from loragate.gateway.openai.completions import CompletionsController
+from loragate.gateway.openai.models import ModelsController
+from loragate.gateway.operations.body_depth import DepthCheckedRequest
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.serving.service import GatewayService
+from loragate.gateway.tenancy.auth import AuthGate
+from loragate.gateway.tenancy.principal import Principal, caller_of
+from loragate.gateway.tgi.routes import TGIController
+from loragate.registry import RegistryStore
 
 log = logging.getLogger(__name__)
 

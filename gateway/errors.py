@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from loragate.engine.async_engine import EngineDeadError
+from loragate.engine import EngineDeadError
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,19 @@ class QuotaExceededError(APIError):
 
 
 class RegistryDownError(APIError):
-    """The shared registry (Redis) cannot be reached, and this call needs it."""
+    """The shared registry (Redis) cannot be reached, and this call needs it: the one error
+    the store seam (store_seam.py) raises for an outage."""
 
     status_code = 503
     error_type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the registry store is unreachable, so this is not possible right now; adapters "
+            "and tenants already known keep being served. Retry later.",
+            code="registry_unavailable",
+            headers={"Retry-After": "1"},
+        )
 
 
 class PluginFailedError(APIError):

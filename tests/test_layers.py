@@ -1,6 +1,8 @@
-"""Imports go one way (gateway -> engine -> adapters -> plugins -> kernels).
+"""Imports go one way, as DESIGN.md's Layers draws them, always as loragate.<layer>.
 
-Always as loragate.<layer>.
+kernels <- plugins <- adapters <- engine <- gateway, with the registry beside the engine (it
+may use adapters; the engine never sees it) and the demo-adapter tools beside the gateway.
+The gateway takes from the engine only the names `loragate.engine.__all__` offers.
 """
 
 import ast
@@ -8,21 +10,35 @@ from pathlib import Path
 
 import pytest
 
+import loragate.engine
+
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["kernels", "plugins", "adapters", "engine", "gateway"]
+# Each layer and the layers it may import.
+MAY_IMPORT = {
+    "kernels": set(),
+    "plugins": {"kernels"},
+    "adapters": {"plugins", "kernels"},
+    "engine": {"adapters", "plugins", "kernels"},
+    "registry": {"adapters"},
+    "tools": {"engine", "adapters", "plugins", "kernels"},
+    "gateway": {"registry", "tools", "engine", "adapters", "plugins", "kernels"},
+}
+LAYERS = list(MAY_IMPORT)
 CODE_DIRS = LAYERS + ["tests", "benchmarks", "examples"]
 
 
-def _imported_modules(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names taken from it) for every absolute import in `path`."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
+            names = [alias.name for alias in node.names]
+            found.append((node.lineno, node.module, names))
             if node.module == "loragate":
-                found += [(node.lineno, f"loragate.{alias.name}") for alias in node.names]
+                found += [(node.lineno, f"loragate.{name}", []) for name in names]
     return found
 
 
@@ -30,24 +46,55 @@ def _python_files(folder: str) -> list[Path]:
     return [p for p in (ROOT / folder).rglob("*.py") if ".venv" not in p.parts]
 
 
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "loragate" and len(parts) > 1 else None
+
+
 @pytest.mark.parametrize("folder", CODE_DIRS)
 def test_no_bare_layer_imports(folder):
     bad = [
         f"{path.relative_to(ROOT)}:{line}: import {name}"
         for path in _python_files(folder)
-        for line, name in _imported_modules(path)
+        for line, name, _ in _imports(path)
         if name.split(".")[0] in LAYERS
     ]
     assert not bad, "import layers as loragate.<layer>, never bare:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_imports_only_go_down(layer):
-    above = LAYERS[LAYERS.index(layer) + 1 :]
+def test_layers_import_only_what_they_may(layer):
+    allowed = MAY_IMPORT[layer] | {layer}
     bad = [
         f"{path.relative_to(ROOT)}:{line}: import {name}"
         for path in _python_files(layer)
-        for line, name in _imported_modules(path)
-        if name.startswith("loragate.") and name.split(".")[1] in above
+        for line, name, _ in _imports(path)
+        if _layer_of(name) in LAYERS and _layer_of(name) not in allowed
     ]
-    assert not bad, f"{layer}/ may not import layers above it:\n" + "\n".join(bad)
+    assert not bad, f"{layer}/ may import only {sorted(allowed)}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("layer", ["engine", "adapters", "plugins", "kernels"])
+def test_registry_and_gateway_stay_out_of_the_engine_side(layer):
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: import {name}"
+        for path in _python_files(layer)
+        for line, name, _ in _imports(path)
+        if _layer_of(name) in ("registry", "gateway")
+    ]
+    assert not bad, f"{layer}/ may not import the registry or the gateway:\n" + "\n".join(bad)
+
+
+def test_gateway_uses_only_the_engines_public_names():
+    public = set(loragate.engine.__all__)
+    bad = []
+    for path in _python_files("gateway"):
+        for line, module, names in _imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if module.startswith("loragate.engine."):
+                bad.append(f"{where}: import from {module} (use loragate.engine)")
+            elif module == "loragate.engine":
+                bad += [
+                    f"{where}: {name} is not in __all__" for name in names if name not in public
+                ]
+    assert not bad, "the gateway imports only loragate.engine.__all__:\n" + "\n".join(bad)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tiny_llama import HF_INIT_NAME, hf_init_tiny_model
 
-from loragate.adapters import make_random_adapter
 from loragate.engine.models.llama import lora_spec
+from loragate.tools import make_random_adapter
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from loragate.adapters import (
     AdapterError,
     LoRARequest,
     load_adapter,
-    make_random_adapter,
 )
 from loragate.engine.models.llama import lora_spec
+from loragate.tools import make_random_adapter
 
 ALL = list(ALL_MODULES)
 

@@ -27,9 +27,9 @@ from loragate.adapters import (
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
     load_adapter,
-    make_random_adapter,
 )
 from loragate.engine.models.llama import lora_spec
+from loragate.tools import make_random_adapter
 
 
 def _edit_config(path: Path, **changes) -> None:

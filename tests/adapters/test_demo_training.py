@@ -11,9 +11,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import load_adapter
-from loragate.adapters.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
 from loragate.engine.models.llama import lora_spec
+from loragate.tools.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import torch
 from peft import PeftModel
 from tiny_llama import ALL_MODULES, hf_init_tiny_model
 
-from loragate.adapters import load_adapter, make_random_adapter
+from loragate.adapters import load_adapter
+from loragate.tools import make_random_adapter
 
 ALL = list(ALL_MODULES)
 

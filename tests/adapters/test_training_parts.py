@@ -7,8 +7,8 @@ import random
 import torch
 from tiny_llama import hf_init_tiny_model
 
-from loragate.adapters.demo_data import TERSE_MARKER, open_questions, terse_examples
-from loragate.adapters.training import _first_sentences, _lower_half_states, _running_layers
+from loragate.tools.demo_data import TERSE_MARKER, open_questions, terse_examples
+from loragate.tools.training import _first_sentences, _lower_half_states, _running_layers
 
 
 def test_split_forward_equals_the_full_forward():

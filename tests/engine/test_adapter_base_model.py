@@ -8,7 +8,8 @@ import warnings
 import torch
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
+from loragate.tools import make_random_adapter
 
 
 def test_adapters_of_the_served_weights_load_silently_under_an_alias(

@@ -46,14 +46,14 @@ async def test_leaving_the_stream_early_aborts_and_frees_blocks(async_engine):
         if len(out.outputs[0].token_ids) == 3:
             break
     await stream.aclose()
-    stats = await async_engine.call(lambda e: e.get_memory_stats())
+    stats = (await async_engine.stats()).memory
     for _ in range(50):
         if stats["allocated_blocks"] == 0:
             break
         await asyncio.sleep(0.02)
-        stats = await async_engine.call(lambda e: e.get_memory_stats())
+        stats = (await async_engine.stats()).memory
     assert stats["allocated_blocks"] == 0
-    assert not await async_engine.call(lambda e: e.has_unfinished_requests())
+    assert (await async_engine.stats()).unfinished_requests == 0
 
 
 async def test_bad_input_fails_that_request_only(async_engine):

@@ -6,8 +6,9 @@ import pytest
 from tiny_llama import hf_greedy
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
+from loragate.tools import make_random_adapter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, min_tokens=16)
 

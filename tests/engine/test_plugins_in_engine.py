@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.plugins import hookimpl
+from loragate.tools import make_random_adapter
 
 PROMPT = {"prompt_token_ids": [1, 20, 30, 40]}
 

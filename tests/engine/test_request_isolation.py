@@ -10,14 +10,10 @@ import time
 
 import pytest
 
-from loragate.adapters import (
-    AdapterError,
-    AdapterLoadTimeoutError,
-    LoRARequest,
-    make_random_adapter,
-)
+from loragate.adapters import AdapterError, AdapterLoadTimeoutError, LoRARequest
 from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.tools import make_random_adapter
 
 PROMPT = {"prompt_token_ids": [1, 20, 30, 40]}
 GREEDY = dict(temperature=0, max_tokens=6, ignore_eos=True)

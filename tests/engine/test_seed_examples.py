@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loragate.adapters import make_random_adapter
+from loragate.tools import make_random_adapter
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "seed"
 FILES = sorted(p.name for p in EXAMPLES.glob("*.py"))

@@ -10,7 +10,8 @@ from staggered_testlib import drive, greedy, record_steps
 from tiny_llama import ALL_MODULES, hf_greedy, peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
+from loragate.tools import make_random_adapter
 
 pytestmark = pytest.mark.slow
 N = 16

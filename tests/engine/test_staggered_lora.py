@@ -9,7 +9,8 @@ from staggered_testlib import drive, greedy, record_steps
 from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
+from loragate.tools import make_random_adapter
 
 N = 16
 ADAPTERS = {"r4-a16": (4, 16), "r8-a2": (8, 2), "r6-a9": (6, 9)}  # name: (rank, alpha)

@@ -8,13 +8,15 @@ import uuid
 
 import pytest
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, make_tiny_model_dir
+from servers_testlib import start_tiny_server
 from tenancy_testlib import ADMIN_KEY, flush_namespace, require_redis
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
-from loragate.engine import LLM, EngineConfig
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM
 from loragate.engine.model_loader import resolve_model
-from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.gateway import BackgroundServer
+from loragate.tools import make_random_adapter
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +56,8 @@ def start_server(tiny_dir, adapter_root):
     servers = []
 
     def start(gateway: dict | None = None, **engine_overrides) -> BackgroundServer:
-        config = EngineConfig(model=str(tiny_dir), **{**ENGINE, **engine_overrides})
-        settings = GatewaySettings(
-            engine=config, port=0, **{"adapter_root": adapter_root, **(gateway or {})}
-        )
-        server = BackgroundServer(settings).start()
+        options = {"adapter_root": adapter_root, **(gateway or {})}
+        server = start_tiny_server(tiny_dir, engine_overrides, **options)
         servers.append(server)
         return server
 
@@ -120,7 +119,6 @@ def replicas(tiny_dir, tenant_root, redis_url, redis_namespace):
 
     def start(n: int = 2, engine: dict | None = None, **gateway) -> list[BackgroundServer]:
         engine = {"plugins": ("gateway_test_plugin:SlowPlugin",), **(engine or {})}
-        config = EngineConfig(model=str(tiny_dir), **{**ENGINE, **engine})
         options = {
             "adapter_root": tenant_root,
             "redis_url": redis_url,
@@ -130,7 +128,7 @@ def replicas(tiny_dir, tenant_root, redis_url, redis_namespace):
         }
         servers = []
         for _ in range(n):
-            server = BackgroundServer(GatewaySettings(engine=config, port=0, **options)).start()
+            server = start_tiny_server(tiny_dir, engine, **options)
             started.append(server)
             servers.append(server)
         return servers

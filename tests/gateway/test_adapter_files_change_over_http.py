@@ -10,7 +10,7 @@ import pytest
 from gateway_testlib import TARGETS, wait_until
 from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
 
-from loragate.adapters import make_random_adapter
+from loragate.tools import make_random_adapter
 
 # Long enough to fill several KV blocks, so the prefix cache holds the old weights' KV.
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from gateway_testlib import TARGETS, sse_payloads, wait_until
 
-from loragate.adapters import make_random_adapter
+from loragate.tools import make_random_adapter
 
 
 @pytest.fixture(scope="module")

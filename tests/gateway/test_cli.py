@@ -3,6 +3,7 @@ process that prints where it listens, logs each request, and drains on SIGTERM."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ from click.testing import CliRunner
 from tenancy_testlib import flush_namespace
 
 from loragate.engine import EngineConfig
-from loragate.gateway.cli import main
+from loragate.gateway import GatewaySettings
+from loragate.gateway.operations.cli import main
 
 SERVE_FLAGS = [
     "--model", "--served-model-name", "--host", "--port", "--adapter-root", "--max-model-len",
@@ -39,6 +41,19 @@ def test_help_documents_every_flag():
     assert "serve" in top.output and "adapters" in top.output and "plugins" in top.output
     sub = CliRunner().invoke(main, ["adapters", "--help"])
     assert "make-random" in sub.output and "train-demo" in sub.output
+
+
+def test_every_config_field_has_a_documented_flag():
+    """`serve`'s flags are made from EngineConfig's and GatewaySettings' fields: each field
+    has its flag, with help text, in `serve --help`."""
+    params = {p.name: p for p in main.commands["serve"].params}
+    fields = [f.name for f in dataclasses.fields(EngineConfig)]
+    fields += [f.name for f in dataclasses.fields(GatewaySettings) if f.name != "engine"]
+    help_text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    for name in fields:
+        assert name in params, f"no flag for {name}"
+        assert params[name].help, f"--{name} has no help"
+        assert params[name].opts[0] in help_text, name
 
 
 @pytest.mark.parametrize(
@@ -69,12 +84,10 @@ def test_bad_settings_exit_with_the_field_named(args, named, tiny_dir):
 @pytest.fixture
 def served_settings(monkeypatch):
     """`serve` builds its settings, then hands them here instead of starting a server."""
-    import loragate.gateway.server
+    from loragate.gateway.operations import server
 
     seen = []
-    monkeypatch.setattr(
-        loragate.gateway.server, "serve", lambda settings, announce: seen.append(settings) or True
-    )
+    monkeypatch.setattr(server, "serve", lambda settings, announce: seen.append(settings) or True)
     return seen
 
 
@@ -130,13 +143,16 @@ def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root
     assert httpx.delete(f"{url}/v1/adapters/cli-made", timeout=60).status_code == 200
 
 
+CLI_MODULE = "loragate.gateway.operations.cli"
+
+
 class ServeProcess:
-    """`python -m loragate.gateway.cli serve ...` with its output collected on threads."""
+    """`python -m loragate.gateway.operations.cli serve ...`, its output collected on threads."""
 
     def __init__(self, *args, env: dict | None = None):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loragate.gateway.cli", "serve", "--port", "0", *args],
+            [sys.executable, "-m", CLI_MODULE, "serve", "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         self.stdout: list[str] = []

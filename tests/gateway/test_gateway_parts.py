@@ -9,13 +9,14 @@ import pytest
 
 from loragate.adapters import LoRARequest
 from loragate.engine import CompletionOutput, EngineConfig
-from loragate.gateway.adapter_paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.adapter_usage import AdapterUsage
-from loragate.gateway.admission import Admission
+from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
+from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
+from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import QueueFullError, field_of
-from loragate.gateway.openai_format import DeltaTracker
-from loragate.gateway.registry import AdapterRecord, InMemoryAdapterRegistry, check_adapter_name
-from loragate.gateway.settings import GatewaySettings
+from loragate.gateway.openai.format import DeltaTracker
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.serving.admission import Admission
+from loragate.registry import AdapterMetadata, check_served_name
 
 
 @pytest.fixture
@@ -133,18 +134,19 @@ def test_settings_are_checked():
 
 
 def test_adapter_names_are_checked():
-    assert check_adapter_name("sql-v2:latest", "base") == "sql-v2:latest"
+    assert check_served_name("sql-v2:latest", "base") == "sql-v2:latest"
     for bad in ("", "a/b", "-a", "a b", "x" * 129, "base", None):
         with pytest.raises(ValueError):
-            check_adapter_name(bad, "base")
+            check_served_name(bad, "base")
 
 
 def test_in_memory_registry_ids_and_replacement():
     def record(name, lora_id):
-        return AdapterRecord(
-            name, LoRARequest(name, lora_id, "/p"), "p", 4, 8.0, ("q_proj",), "0" * 64, 1, 0,
-            "rest",
+        meta = AdapterMetadata(
+            name=name, base_model="base", rank=4, alpha=8.0, target_modules=("q_proj",),
+            sha256="0" * 64, size_bytes=1, path="p", lora_int_id=lora_id, created_at=0,
         )  # fmt: skip
+        return AdapterRecord(meta, LoRARequest(name, lora_id, "/p"), "rest")
 
     async def scenario():
         registry = InMemoryAdapterRegistry()

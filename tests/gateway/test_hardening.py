@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import statistics
 import threading
 import time
@@ -18,13 +17,21 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_test_plugin import EXPLODING_SEED, OVERFLOWING_LENGTH_PENALTY
-from gateway_testlib import ENGINE, TARGETS, metrics, wait_until
+from gateway_testlib import TARGETS, wait_until
+from hardening_testlib import (
+    adapter_copy,
+    closed_after,
+    connect,
+    is_closed,
+    others_still_served,
+    timed_request,
+)
+from servers_testlib import tiny_settings
 from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
 
-from loragate.adapters import make_random_adapter
 from loragate.adapters.json_depth import MAX_JSON_DEPTH
-from loragate.engine import EngineConfig
-from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.gateway import BackgroundServer
+from loragate.tools import make_random_adapter
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0
@@ -59,9 +66,9 @@ def server(tiny_dir, root, redis_url):
         "gateway_test_plugin:ExplodingPlugin",
         "gateway_test_plugin:OverflowingBeamPlugin",
     )
-    settings = GatewaySettings(
-        engine=EngineConfig(model=str(tiny_dir), **{**ENGINE, "plugins": plugins}),
-        port=0,
+    settings = tiny_settings(
+        tiny_dir,
+        {"plugins": plugins},
         adapter_root=root,
         redis_url=redis_url,
         redis_namespace=namespace,
@@ -105,25 +112,6 @@ def refused(response: httpx.Response, *words: str, status: int = 400) -> dict:
     for word in words:
         assert word in message, f"{word!r} not in {message!r}"
     return body
-
-
-def others_still_served(tenants: dict, admin: Api) -> None:
-    """Every tenant's request succeeds, /health is ok and no KV block is left allocated."""
-    for tenant, api in tenants.items():
-        got = api.complete(f"{tenant}-good")
-        assert got.status_code == 200, got.text
-        assert got.json()["choices"][0]["text"] is not None
-    health = httpx.get(f"{admin.url}/health", timeout=30)
-    assert health.status_code == 200 and health.json()["status"] == "ok"
-    headers = admin.headers
-
-    def idle() -> bool:
-        m = metrics(admin.url, headers)
-        return m["loragate_kv_cache_allocated_blocks"] == 0 and (
-            m["loragate_num_requests_running"] == 0
-        )
-
-    wait_until(idle, "every KV block freed", 30)
 
 
 # ---- item 1: one request must not stop the engine --------------------------------------
@@ -190,31 +178,13 @@ def test_a_plugin_that_raises_on_one_request_fails_only_that_request(tenants, ad
 # ---- item 2: regex denial of service through adapter files -----------------------------
 
 
-def _adapter_copy(root: Path, tenant: str, name: str, **config_changes) -> str:
-    """A copy of the tenant's good adapter with adapter_config.json changed; its path."""
-    folder = root / tenant / name
-    shutil.copytree(root / tenant / "good", folder)
-    config_file = folder / "adapter_config.json"
-    config = json.loads(config_file.read_text())
-    config.update(config_changes)
-    config_file.write_text(json.dumps(config))
-    return name
-
-
-def _timed_request(api: Api, model: str) -> float:
-    started = time.perf_counter()
-    got = api.complete(model, max_tokens=12, ignore_eos=True)
-    assert got.status_code == 200, got.text
-    return time.perf_counter() - started
-
-
 def test_crafted_patterns_cannot_stall_another_tenant(tenants, admin, root):
     acme, globex = tenants["acme"], tenants["globex"]
-    crafted = _adapter_copy(root, "acme", "crafted", rank_pattern={CRAFTED: 4})
-    bomb = _adapter_copy(root, "acme", "bomb", rank_pattern={BACKTRACKING: 4})
-    alpha_bomb = _adapter_copy(root, "acme", "alpha-bomb", alpha_pattern={BACKTRACKING: 16})
-    _timed_request(globex, "globex-good")  # warm
-    baseline = statistics.median(_timed_request(globex, "globex-good") for _ in range(5))
+    crafted = adapter_copy(root, "acme", "crafted", rank_pattern={CRAFTED: 4})
+    bomb = adapter_copy(root, "acme", "bomb", rank_pattern={BACKTRACKING: 4})
+    alpha_bomb = adapter_copy(root, "acme", "alpha-bomb", alpha_pattern={BACKTRACKING: 16})
+    timed_request(globex, "globex-good")  # warm
+    baseline = statistics.median(timed_request(globex, "globex-good") for _ in range(5))
 
     stop = threading.Event()
     outcomes: list[tuple[int, float]] = []
@@ -235,7 +205,7 @@ def test_crafted_patterns_cannot_stall_another_tenant(tenants, admin, root):
     attacker.start()
     try:
         wait_until(lambda: len(outcomes) >= 3, "the attack is under way", 30)
-        attacked = statistics.median(_timed_request(globex, "globex-good") for _ in range(5))
+        attacked = statistics.median(timed_request(globex, "globex-good") for _ in range(5))
         started = time.perf_counter()
         assert httpx.get(f"{admin.url}/health", timeout=30).status_code == 200
         health_s = time.perf_counter() - started
@@ -292,7 +262,7 @@ def test_hostile_adapter_configs_are_a_400(tenants, root):
         "huge-alpha-pattern": ({"alpha_pattern": {"q_proj": 1e300}}, "alpha_pattern"),
     }
     for name, (changes, word) in cases.items():
-        refused(acme.register(name, _adapter_copy(root, "acme", name, **changes)), word)
+        refused(acme.register(name, adapter_copy(root, "acme", name, **changes)), word)
     for field in ("r", "lora_alpha"):
         for digits in (1000, 5000):
             name = f"huge-{field}-{digits}"
@@ -371,74 +341,42 @@ def test_no_error_body_carries_an_absolute_path(tenants, admin, root):
 # ---- item 7: slow clients --------------------------------------------------------------
 
 
-def _connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    return sock
-
-
-def _closed_after(sock: socket.socket, trickle: list[bytes], every: float) -> float:
-    """Send `trickle` one piece every `every` seconds until the server closes; seconds."""
-    started = time.monotonic()
-    sock.settimeout(every)
-    for piece in trickle:
-        try:
-            sock.sendall(piece)
-            if sock.recv(4096) == b"":
-                return time.monotonic() - started
-        except TimeoutError:
-            continue
-        except (ConnectionResetError, BrokenPipeError):
-            return time.monotonic() - started
-    raise AssertionError("the server kept the slow connection open")
-
-
 def test_a_slow_header_client_is_disconnected_after_the_header_timeout(server):
-    sock = _connect(server.url)
+    sock = connect(server.url)
     headers = [b"GET /health HTTP/1.1\r\n"] + [b"X-Slow: 1\r\n"] * 100
-    seconds = _closed_after(sock, headers, 0.2)
+    seconds = closed_after(sock, headers, 0.2)
     sock.close()
     assert HEADER_TIMEOUT_S - 0.1 <= seconds <= HEADER_TIMEOUT_S + 1.0, seconds
 
 
 def test_a_silent_client_is_disconnected_after_the_header_timeout(server):
-    sock = _connect(server.url)
-    seconds = _closed_after(sock, [b""] * 100, 0.2)
+    sock = connect(server.url)
+    seconds = closed_after(sock, [b""] * 100, 0.2)
     sock.close()
     assert HEADER_TIMEOUT_S - 0.1 <= seconds <= HEADER_TIMEOUT_S + 1.0, seconds
 
 
 def test_a_slow_body_client_is_disconnected_after_the_body_timeout(server, tenants):
-    sock = _connect(server.url)
+    sock = connect(server.url)
     head = (
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Authorization: Bearer " + tenants["acme"].key.encode() + b"\r\n"
         b"Content-Length: 1000\r\n\r\n"
     )
     sock.sendall(head)
-    seconds = _closed_after(sock, [b" "] * 100, 0.2)
+    seconds = closed_after(sock, [b" "] * 100, 0.2)
     sock.close()
     assert BODY_TIMEOUT_S - 0.1 <= seconds <= BODY_TIMEOUT_S + 1.0, seconds
 
 
 def test_connections_past_the_cap_are_closed_at_once(server, tenants):
-    socks = [_connect(server.url) for _ in range(MAX_CONNECTIONS + 8)]
+    socks = [connect(server.url) for _ in range(MAX_CONNECTIONS + 8)]
     try:
         time.sleep(0.3)  # well inside the header timeout: only the cap closes anything
-        closed = [_is_closed(sock) for sock in socks]
+        closed = [is_closed(sock) for sock in socks]
         assert sum(closed) == 8, closed
         assert not any(closed[: MAX_CONNECTIONS - 8])
     finally:
         for sock in socks:
             sock.close()
     wait_until(lambda: tenants["acme"].complete("acme-good").status_code == 200, "served", 10)
-
-
-def _is_closed(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        return sock.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True

@@ -3,8 +3,6 @@ for anything a client sends. Plus /health, /metrics and the OpenAPI schema."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 from gateway_testlib import kv_idle, metrics, wait_until
@@ -205,13 +203,10 @@ def test_dead_engine_answers_503(start_server):
     doomed = start_server()
     engine = doomed.app.state.service.engine
 
-    def break_engine(e):
-        def fail():
-            raise RuntimeError("simulated device failure")
+    def fail():
+        raise RuntimeError("simulated device failure")
 
-        e.step = fail
-
-    asyncio.run(engine.call(break_engine))
+    engine.engine.step = fail  # the engine thread, idle, calls it on the next request
     body = {"model": base_model(doomed.url), "prompt": "x", "max_tokens": 2}
     first = post(doomed.url, "/v1/completions", body)
     assert first.status_code == 503 and first.json()["error"]["type"] == "server_error"

@@ -84,7 +84,7 @@ def test_200_concurrent_streams_across_4_adapters_then_all_blocks_free(server, o
 
 
 async def _check_integrity(engine):
-    await engine.call(lambda e: e.check_integrity())
+    await engine.check_integrity()
 
 
 def test_disconnect_mid_stream_frees_blocks(long_server):

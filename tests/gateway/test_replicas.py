@@ -15,7 +15,7 @@ import redis
 from gateway_testlib import sse_payloads, wait_until
 from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
 
-from loragate.adapters.registry_store import AdapterMetadata
+from loragate.registry import AdapterMetadata
 
 
 def text_of(response) -> str:

@@ -10,29 +10,24 @@ import time
 import pytest
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.registry_memory import MemoryRegistryStore
-from loragate.adapters.registry_store import (
-    AdapterMetadata,
-    RegistryUnavailable,
-    TenantQuota,
-    UsageCounts,
-)
 from loragate.engine import EngineConfig, SamplingParams
-from loragate.gateway.adapter_catalog import AdapterCatalog
-from loragate.gateway.auth import Authenticator, bearer_token
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.records import AdapterRecord
 from loragate.gateway.errors import (
     AuthenticationError,
     InvalidRequestError,
     QuotaExceededError,
     RegistryDownError,
 )
-from loragate.gateway.quotas import QuotaKeeper
-from loragate.gateway.registry import AdapterRecord
-from loragate.gateway.request_cost import NO_COST, request_cost
-from loragate.gateway.settings import GatewaySettings
-from loragate.gateway.store_health import StoreHealth
-from loragate.gateway.tenancy import OPERATOR, Principal
-from loragate.gateway.usage_meter import UsageMeter
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.serving.request_cost import NO_COST, request_cost
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.auth import Authenticator, bearer_token
+from loragate.gateway.tenancy.principal import OPERATOR, Principal
+from loragate.gateway.tenancy.quotas import QuotaKeeper
+from loragate.gateway.tenancy.usage_meter import UsageMeter
+from loragate.registry import AdapterMetadata, RegistryUnavailable, TenantQuota, UsageCounts
+from loragate.registry.memory import MemoryRegistryStore
 
 ADMIN = "the-admin-key-for-tests"
 
@@ -82,7 +77,7 @@ def test_bearer_tokens_are_parsed_strictly():
 def test_admin_key_tenant_keys_and_one_refusal_for_everything():
     async def scenario():
         store = MemoryRegistryStore()
-        auth = Authenticator(ADMIN, store, StoreHealth("memory"), cache_seconds=30)
+        auth = Authenticator(ADMIN, StoreSeam(store), cache_seconds=30)
         issued = await store.create_tenant("acme", TenantQuota(requests_per_minute=5))
         assert await auth.authenticate(f"Bearer {ADMIN}") is OPERATOR
         caller = await auth.authenticate(f"Bearer {issued.api_key}")
@@ -94,7 +89,7 @@ def test_admin_key_tenant_keys_and_one_refusal_for_everything():
                 await auth.authenticate(header)
             messages.add(refused.value.message)
         assert len(messages) == 1
-        open_server = Authenticator(None, store, StoreHealth("memory"), cache_seconds=30)
+        open_server = Authenticator(None, StoreSeam(store), cache_seconds=30)
         assert await open_server.authenticate(None) is OPERATOR
 
     asyncio.run(scenario())
@@ -103,7 +98,7 @@ def test_admin_key_tenant_keys_and_one_refusal_for_everything():
 def test_verified_keys_are_remembered_for_a_while_and_forgotten_on_change():
     async def scenario():
         store, clock = Switchable(MemoryRegistryStore()), Clock()
-        auth = Authenticator(ADMIN, store, StoreHealth("memory"), 30, clock=clock)
+        auth = Authenticator(ADMIN, StoreSeam(store), 30, clock=clock)
         issued = await store.inner.create_tenant("acme")
         header = f"Bearer {issued.api_key}"
         await auth.authenticate(header)
@@ -127,8 +122,10 @@ def test_verified_keys_are_remembered_for_a_while_and_forgotten_on_change():
 
 def test_known_keys_work_while_the_store_is_down_and_unknown_ones_get_503():
     async def scenario():
-        store, clock, health = Switchable(MemoryRegistryStore()), Clock(), StoreHealth("test")
-        auth = Authenticator(ADMIN, store, health, 30, clock=clock)
+        store, clock = Switchable(MemoryRegistryStore()), Clock()
+        seam = StoreSeam(store, "test")
+        health = seam.health
+        auth = Authenticator(ADMIN, seam, 30, clock=clock)
         known = await store.inner.create_tenant("acme")
         unknown = await store.inner.create_tenant("globex")
         await auth.authenticate(f"Bearer {known.api_key}")
@@ -146,7 +143,7 @@ def test_known_keys_work_while_the_store_is_down_and_unknown_ones_get_503():
 def test_after_the_store_lost_its_data_known_tenants_stay_until_recreated():
     async def scenario():
         store, clock = MemoryRegistryStore(), Clock()
-        auth = Authenticator(ADMIN, store, StoreHealth("memory"), 30, clock=clock)
+        auth = Authenticator(ADMIN, StoreSeam(store), 30, clock=clock)
         issued = await store.create_tenant("acme")
         await auth.authenticate(f"Bearer {issued.api_key}")
         await store.delete_tenant("acme")  # as if the store had been wiped
@@ -162,8 +159,10 @@ def test_after_the_store_lost_its_data_known_tenants_stay_until_recreated():
 
 def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
     async def scenario():
-        store, health = Switchable(MemoryRegistryStore()), StoreHealth("test")
-        keeper = QuotaKeeper(store, health, lease_seconds=30)
+        store = Switchable(MemoryRegistryStore())
+        seam = StoreSeam(store, "test")
+        health = seam.health
+        keeper = QuotaKeeper(seam, lease_seconds=30)
         caller = Principal("acme", TenantQuota(max_concurrent_requests=1))
         assert await keeper.admit(OPERATOR, NO_COST) is None, "the operator has no quota"
         lease = await keeper.admit(caller, NO_COST)
@@ -184,8 +183,7 @@ def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
 
 def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
     async def scenario():
-        store, health = MemoryRegistryStore(), StoreHealth("test")
-        keeper = QuotaKeeper(store, health, lease_seconds=30)
+        keeper = QuotaKeeper(StoreSeam(MemoryRegistryStore(), "test"), lease_seconds=30)
         caller = Principal("acme", TenantQuota(tokens_per_minute=100, requests_per_minute=6))
         params = SamplingParams(max_tokens=20, n=2)
         cost = request_cost([5, 5], params, max_model_len=512, sequences_param="prompt")
@@ -217,8 +215,10 @@ def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
 
 def test_usage_waits_while_the_store_is_down_and_is_written_exactly_once():
     async def scenario():
-        store, health = Switchable(MemoryRegistryStore()), StoreHealth("test")
-        meter = UsageMeter(store, health)
+        store = Switchable(MemoryRegistryStore())
+        seam = StoreSeam(store, "test")
+        health = seam.health
+        meter = UsageMeter(seam)
         await meter.record("acme", "sql", UsageCounts(3, 4, 1))
         store.down = True
         await meter.record("acme", "sql", UsageCounts(5, 6, 1))

@@ -1,0 +1,400 @@
+"""Register, look up and retire adapters: the registry store's names joined to the engine's cache.
+
+Registration validates and loads the weights into the CPU tier before it answers, on a
+worker thread, so a bad directory is refused with 400 while the engine keeps stepping; only
+then is the adapter written to the store, under an id the store handed out (every replica
+builds the same LoRARequest from it). Retiring an adapter (delete, or a re-registration
+under the same name, here or on another replica) removes the name at once, lets the
+requests already using it finish, then drops its weights from memory.
+
+An adapter is its weights: the engine runs each request with the files' content as it was
+at admission. When a registered adapter's files change in place, its first request after
+the change gets the new weights, and the registry's record (sha256, size, rank, alpha,
+targets) is brought up to date before that request is answered, so `GET
+/v1/adapters/{name}` shows what is served, on every replica.
+
+Ownership: the operator's adapters have no tenant; a tenant registers from its own folder,
+`<adapter-root>/<tenant>/`, and owns what it registers. Each owner has its own namespace:
+a tenant's `sql` and another's are two adapters, so registering a name never tells a
+tenant anything about anyone else's. The operator names (and may register) a tenant's
+adapter as `<tenant>/<name>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from loragate.adapters import AdapterError, LoRAAdapter, LoRARequest
+from loragate.engine import EngineDeadError, RequestOutput
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.paths import (
+    AdapterPathError,
+    relative_to_root,
+    resolve_adapter_dir,
+)
+from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.usage import AdapterUsage
+from loragate.gateway.errors import (
+    APIError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    RegistryDownError,
+)
+from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.tenancy.principal import OPERATOR, Principal
+from loragate.registry import (
+    AdapterQuotaExceeded,
+    AdapterSpec,
+    AdapterWeights,
+    PublicNameTaken,
+    TenantNotFound,
+    adapter_key,
+    check_served_name,
+    check_tenant_name,
+)
+
+log = logging.getLogger(__name__)
+
+# Retry-After for a tenant at its max_adapters: nothing frees up by itself, so be patient.
+ADAPTER_QUOTA_RETRY_AFTER_S = 60
+
+
+class AdapterManager:
+    def __init__(
+        self,
+        engine,
+        store: StoreSeam,
+        usage: AdapterUsage,
+        adapter_root: Path | None,
+        base_model: str,
+        load_timeout: float | None = None,
+    ):
+        self.engine = engine
+        self.load_timeout = load_timeout  # None: the engine's adapter_load_timeout
+        self.store = store
+        self.usage = usage
+        self.root = adapter_root
+        self.base_model = base_model
+        self.catalog = AdapterCatalog(adapter_root, self.retire)
+        self.preload_waiting: set[str] = set()
+        self._weights_updates: dict[str, asyncio.Task] = {}
+
+    def scrub(self, text: str) -> str:
+        """Error text with the server's adapter root replaced, so no absolute path leaks."""
+        if self.root is None:
+            return text
+        return text.replace(str(self.root), "<adapter-root>")
+
+    async def lookup(self, name: str, param: str, caller: Principal = OPERATOR) -> AdapterRecord:
+        """The adapter `caller` may use; another tenant's is exactly as missing as no adapter."""
+        record = await self.catalog.visible(caller, name)
+        if record is None:
+            raise NotFoundError(
+                f"the model or adapter {name!r} does not exist", param=param, code="model_not_found"
+            )
+        return record
+
+    # ---- registering -------------------------------------------------------------------
+    async def register(
+        self,
+        name: str,
+        path: str,
+        source: str = "rest",
+        caller: Principal = OPERATOR,
+        public: bool | None = None,
+    ) -> AdapterRecord:
+        """Register `name` in the caller's namespace (the operator may name `<tenant>/<name>`:
+        that tenant then owns it, from that tenant's folder)."""
+        owner, name = self._owner_and_name(name, caller)
+        if public is not None and not caller.is_operator:
+            raise PermissionDeniedError(
+                "only the admin may make an adapter public", param="public", code="admin_only"
+            )
+        if owner is not None and caller.is_operator:
+            await self._check_tenant_exists(owner)
+        key = adapter_key(owner, name)
+        existing = await self.catalog.get(key)
+        if public is None:
+            public = existing.public if existing is not None else False
+        try:
+            directory = resolve_adapter_dir(self._root_of(owner), path)
+        except AdapterPathError as exc:
+            raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
+        if not self.engine.model_info.lora_enabled:
+            raise InvalidRequestError(
+                "this server was started with LoRA disabled; adapters cannot be registered",
+                param="name",
+            )
+        lora_int_id = await self.store.new_lora_int_id()
+        lora = LoRARequest(key, lora_int_id, str(directory))
+        try:
+            adapter = await self.engine.add_adapter(lora, timeout=self.load_timeout)
+        except AdapterError as exc:
+            raise InvalidRequestError(
+                f"invalid adapter: {self.scrub(str(exc))}", param="path", code="invalid_adapter"
+            ) from exc
+        spec = AdapterSpec(
+            name=name,
+            tenant=owner,
+            public=public,
+            base_model=self.base_model,
+            rank=adapter.rank,
+            alpha=float(adapter.alpha),
+            target_modules=tuple(sorted(adapter.target_modules)),
+            sha256=adapter.sha256,
+            size_bytes=adapter.size_bytes,
+            path=relative_to_root(self.root, directory),
+        )
+        try:
+            record = await self._store_registration(spec, lora, source)
+        except Exception:
+            await self._evict(lora)
+            raise
+        log.info("registered adapter %s (id %d, rank %d)", key, lora_int_id, adapter.rank)
+        return record
+
+    async def _check_tenant_exists(self, tenant: str) -> None:
+        """The operator named `<tenant>/<name>`: 400 before any work if there is no tenant."""
+        record = await self.store.get_tenant(tenant)
+        if record is None:
+            raise InvalidRequestError(
+                f"tenant {tenant!r} does not exist, so it has no adapter namespace",
+                param="name",
+                code="tenant_not_found",
+            )
+
+    def _owner_and_name(self, name: object, caller: Principal) -> tuple[str | None, str]:
+        """Whose namespace `name` is in, and the name there; 400 for a name none can have.
+
+        A tenant's names never hold a '/' (the refusal is the same whatever the prefix, so
+        it says nothing of other tenants)."""
+        owner, bare = caller.tenant, name
+        if isinstance(name, str) and "/" in name and caller.is_operator:
+            owner, _, bare = name.partition("/")
+            try:
+                check_tenant_name(owner)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc), param="name") from exc
+        try:
+            check_served_name(bare, self.base_model)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param="name") from exc
+        return owner, bare
+
+    async def _store_registration(
+        self, spec: AdapterSpec, lora: LoRARequest, source: str
+    ) -> AdapterRecord:
+        try:
+            async with self.catalog.lock:
+                registration = await self.store.register_adapter(spec, lora_int_id=lora.lora_int_id)
+                record = await self.catalog.apply(registration.adapter, source, lora)
+        except PublicNameTaken as exc:
+            raise _public_name_taken(exc) from exc
+        except AdapterQuotaExceeded as exc:
+            raise QuotaExceededError(
+                f"this tenant already owns its maximum of {exc.limit} adapters; delete one "
+                "before registering another",
+                param="name",
+                code="max_adapters",
+                headers={"Retry-After": str(ADAPTER_QUOTA_RETRY_AFTER_S)},
+            ) from exc
+        except TenantNotFound as exc:
+            raise PermissionDeniedError(
+                f"tenant {exc.name!r} does not exist in the registry", code="tenant_not_found"
+            ) from exc
+        assert record is not None, "a ready registration made here is always servable here"
+        return record
+
+    def _root_of(self, owner: str | None) -> Path | None:
+        if self.root is None or owner is None:
+            return self.root
+        return self.root / owner
+
+    # ---- files changed in place ---------------------------------------------------------
+    async def note_served(self, out: RequestOutput) -> None:
+        """The engine admitted a request under ``out.lora_sha256``: if the registry records
+        other weights for that registration, its files changed: record the new ones."""
+        lora, sha256 = out.lora_request, out.lora_sha256
+        if lora is None or sha256 is None:
+            return
+        record = await self.catalog.get(lora.lora_name)
+        if record is None or record.lora_request != lora or record.sha256 == sha256:
+            return
+        task = self._weights_updates.get(lora.lora_name)
+        if task is None:  # one update per change, however many requests notice it
+            task = asyncio.create_task(self._record_new_weights(record))
+            self._weights_updates[lora.lora_name] = task
+            task.add_done_callback(lambda _: self._weights_updates.pop(lora.lora_name, None))
+        await asyncio.shield(task)
+
+    async def _record_new_weights(self, record: AdapterRecord) -> None:
+        try:
+            adapter = await self.engine.add_adapter(record.lora_request, timeout=self.load_timeout)
+        except AdapterError as exc:  # broken since: requests sent now get the 400
+            log.warning("adapter %s: its files changed and now fail to load: %s", record.name, exc)
+            return
+        if adapter.sha256 == record.sha256:
+            return  # changed back meanwhile
+        try:
+            async with self.catalog.lock:
+                meta = await self.store.update_adapter(
+                    record.key,
+                    lora_int_id=record.lora_request.lora_int_id,
+                    weights=_weights_of(adapter),
+                )
+                if meta is not None:
+                    await self.catalog.apply(meta)
+        except RegistryDownError:
+            log.warning(
+                "adapter %s: its files changed (sha256 %s) but the registry is unreachable; "
+                "the new weights are served and the record is updated on a later request",
+                record.name,
+                adapter.sha256,
+            )
+            return
+        log.info(
+            "adapter %s: its files changed in place; registry now records sha256 %s (was %s)",
+            record.name,
+            adapter.sha256,
+            record.sha256,
+        )
+
+    # ---- changing and removing ---------------------------------------------------------
+    async def set_public(self, name: str, public: bool) -> AdapterRecord:
+        """Operator only (the route checks): let every tenant use `name`, or stop that.
+        Public names are unique: 409 if another public adapter has this one's name."""
+        key = (await self.lookup(name, "name")).key
+        try:
+            async with self.catalog.lock:
+                meta = await self.store.update_adapter(key, public=public)
+                if meta is not None:
+                    record = await self.catalog.apply(meta)
+                    if record is not None:
+                        return record
+        except PublicNameTaken as exc:
+            raise _public_name_taken(exc) from exc
+        raise NotFoundError(
+            f"adapter {name!r} does not exist", param="name", code="adapter_not_found"
+        )
+
+    async def unregister(self, name: str, caller: Principal = OPERATOR) -> AdapterRecord:
+        record = await self.catalog.visible(caller, name)
+        if record is None:
+            raise NotFoundError(
+                f"adapter {name!r} does not exist", param="name", code="adapter_not_found"
+            )
+        if not caller.owns(record):
+            raise PermissionDeniedError(
+                f"adapter {name!r} is shared with you but not yours: only its owner or the "
+                "admin may delete it",
+                param="name",
+                code="not_owner",
+            )
+        key, lora_int_id = record.key, record.lora_request.lora_int_id
+        async with self.catalog.lock:
+            deleted = await self.store.delete_adapter(key, lora_int_id=lora_int_id)
+            current = await self.catalog.get(key)
+            mine = current is not None and current.lora_request.lora_int_id == lora_int_id
+            removed = None
+            if mine and (deleted is not None or key in self.catalog.orphans):
+                removed = await self.catalog.remove(key)
+        if removed is None:  # replaced or deleted meanwhile, by another replica
+            raise NotFoundError(
+                f"adapter {name!r} does not exist", param="name", code="adapter_not_found"
+            )
+        await self.retire(removed)
+        log.info("removed adapter %s", key)
+        return removed
+
+    async def drop_tenant(self, tenant: str) -> None:
+        async with self.catalog.lock:
+            await self.catalog.drop_owned_by(tenant)
+
+    async def retire(self, record: AdapterRecord) -> None:
+        """Once no request uses it any more, drop the adapter's weights from every tier."""
+        await self.usage.wait_idle(record.lora_request)
+        await self._evict(record.lora_request)
+
+    async def _evict(self, lora: LoRARequest) -> None:
+        """Drop the adapter from every cache tier (its slot is zeroed)."""
+        try:
+            await self.engine.remove_adapter(lora)
+        except ValueError as exc:  # still in a running batch: the LRU will evict it later
+            log.warning("adapter %s kept in memory: %s", lora.lora_name, exc)
+        except EngineDeadError:
+            pass  # nothing is served any more, so nothing to evict
+
+    # ---- start-up ----------------------------------------------------------------------
+    async def preload_root(self, only: set[str] | None = None) -> list[str]:
+        """Register every adapter directory directly under the root, named after its folder.
+
+        An identical registration already in the store (same owner, path and weights, e.g.
+        made by another replica) is adopted as it is, so starting a replica changes nothing.
+        Folders the store could not take (it was down) wait in `preload_waiting`, to be
+        registered when it is back.
+        """
+        if self.root is None:
+            return []
+        names = []
+        for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            if not (directory / "adapter_config.json").is_file():
+                continue
+            if only is not None and directory.name not in only:
+                continue
+            try:
+                if not await self._adopt(directory):
+                    await self.register(directory.name, str(directory), source="adapter_root")
+            except RegistryDownError:
+                log.warning("adapter folder %s waits for the registry store", directory.name)
+                self.preload_waiting.add(directory.name)
+                continue
+            except APIError as exc:
+                log.warning("skipping adapter folder %s: %s", directory.name, exc.message)
+                continue
+            self.preload_waiting.discard(directory.name)
+            names.append(directory.name)
+        return names
+
+    async def _adopt(self, directory: Path) -> bool:
+        known = await self.catalog.get(directory.name)
+        lora_enabled = self.engine.model_info.lora_enabled
+        if known is None or known.tenant is not None or not lora_enabled:
+            return False
+        if known.display_path != relative_to_root(self.root, directory):
+            return False
+        try:
+            adapter = await self.engine.add_adapter(known.lora_request, timeout=self.load_timeout)
+        except AdapterError:
+            return False
+        if adapter.sha256 == known.sha256:
+            return True
+        await self._evict(known.lora_request)
+        return False
+
+    async def close(self) -> None:
+        await self.catalog.close()
+
+
+def _weights_of(adapter: LoRAAdapter) -> AdapterWeights:
+    return AdapterWeights(
+        rank=adapter.rank,
+        alpha=float(adapter.alpha),
+        target_modules=tuple(sorted(adapter.target_modules)),
+        sha256=adapter.sha256,
+        size_bytes=adapter.size_bytes,
+    )
+
+
+def _public_name_taken(exc: PublicNameTaken) -> ConflictError:
+    """Only the admin makes adapters public, so naming the holder tells a tenant nothing."""
+    return ConflictError(
+        f"another public adapter ({exc.holder!r}) is already called {exc.name!r}: every "
+        "tenant names public adapters by their bare name, so those names must be unique",
+        param="name",
+        code="public_name_taken",
+    )

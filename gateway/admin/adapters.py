@@ -1,0 +1,155 @@
+"""Adapter management: register, list, describe, share and delete, plus vLLM's load/unload
+aliases. Each caller sees and changes only what it may: another tenant's adapter is a 404 in
+every one of these routes, exactly like a missing one. A tenant names adapters in its own
+namespace (`/v1/adapters/sql`); the admin names a tenant's as `/v1/adapters/acme/sql`."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, delete, get, patch, post
+from litestar.params import FromPath, JSONBody
+
+from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.admin.schemas import (
+    AdapterInfo,
+    AdapterList,
+    DeletedAdapter,
+    LoadLoRAAdapterRequest,
+    PatchAdapterRequest,
+    RegisterAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
+from loragate.gateway.errors import PermissionDeniedError
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.tenancy.principal import Caller, Principal
+
+
+class AdaptersController(Controller):
+    path = "/v1/adapters"
+    tags = ["Adapters"]
+
+    @post("/", status_code=201, summary="Register an adapter from a directory under --adapter-root")
+    async def register(
+        self, data: JSONBody[RegisterAdapterRequest], caller: Caller, service: Service
+    ) -> AdapterInfo:
+        record = await service.adapters.register(
+            data.name, data.path, caller=caller, public=data.public
+        )
+        return adapter_info(service, record, caller)
+
+    @get("/", summary="List the adapters the caller may use")
+    async def list_adapters(self, caller: Caller, service: Service) -> AdapterList:
+        records = await service.adapters.catalog.list(caller)
+        return AdapterList(data=[adapter_info(service, r, caller) for r in records])
+
+    @get("/{name:str}", summary="Describe one adapter")
+    async def get_adapter(
+        self, name: FromPath[str], caller: Caller, service: Service
+    ) -> AdapterInfo:
+        return adapter_info(service, await service.adapters.lookup(name, "name", caller), caller)
+
+    @get("/{tenant:str}/{name:str}", summary="Admin: describe a tenant's adapter")
+    async def get_tenant_adapter(
+        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+    ) -> AdapterInfo:
+        return await self.get_adapter.fn(self, f"{tenant}/{name}", caller, service)
+
+    @patch("/{name:str}", summary="Admin only: share an adapter with every tenant, or stop")
+    async def patch_adapter(
+        self,
+        name: FromPath[str],
+        data: JSONBody[PatchAdapterRequest],
+        caller: Caller,
+        service: Service,
+    ) -> AdapterInfo:
+        await service.adapters.lookup(name, "name", caller)  # 404 first, as for a missing one
+        if not caller.is_operator:
+            raise PermissionDeniedError(
+                "only the admin may change whether an adapter is public", code="admin_only"
+            )
+        record = await service.adapters.set_public(name, data.public)
+        return adapter_info(service, record, caller)
+
+    @patch("/{tenant:str}/{name:str}", summary="Admin only: share a tenant's adapter, or stop")
+    async def patch_tenant_adapter(
+        self,
+        tenant: FromPath[str],
+        name: FromPath[str],
+        data: JSONBody[PatchAdapterRequest],
+        caller: Caller,
+        service: Service,
+    ) -> AdapterInfo:
+        return await self.patch_adapter.fn(self, f"{tenant}/{name}", data, caller, service)
+
+    @delete(
+        "/{name:str}",
+        status_code=200,
+        summary="Delete an adapter; requests already using it finish first",
+    )
+    async def delete_adapter(
+        self, name: FromPath[str], caller: Caller, service: Service
+    ) -> DeletedAdapter:
+        await service.adapters.unregister(name, caller)
+        return DeletedAdapter(name=name)
+
+    @delete("/{tenant:str}/{name:str}", status_code=200, summary="Admin: delete a tenant's adapter")
+    async def delete_tenant_adapter(
+        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+    ) -> DeletedAdapter:
+        return await self.delete_adapter.fn(self, f"{tenant}/{name}", caller, service)
+
+
+class VLLMLoRAController(Controller):
+    """vLLM's runtime LoRA endpoints, answering as vLLM does (plain text on success)."""
+
+    path = "/v1"
+    tags = ["Adapters"]
+
+    @post("/load_lora_adapter", status_code=200, summary="vLLM alias of POST /v1/adapters")
+    async def load(
+        self, data: JSONBody[LoadLoRAAdapterRequest], caller: Caller, service: Service
+    ) -> Response[str]:
+        await service.adapters.register(data.lora_name, data.lora_path, caller=caller)
+        return Response(
+            f"Success: LoRA adapter '{data.lora_name}' added successfully.", media_type="text/plain"
+        )
+
+    @post(
+        "/unload_lora_adapter", status_code=200, summary="vLLM alias of DELETE /v1/adapters/{name}"
+    )
+    async def unload(
+        self, data: JSONBody[UnloadLoRAAdapterRequest], caller: Caller, service: Service
+    ) -> Response[str]:
+        await service.adapters.unregister(data.lora_name, caller)
+        return Response(
+            f"Success: LoRA adapter '{data.lora_name}' removed successfully.",
+            media_type="text/plain",
+        )
+
+
+def _within_owner(record: AdapterRecord) -> str:
+    """A shared adapter's path inside its owner's folder: the folder would name the owner."""
+    prefix = f"{record.tenant}/"
+    if record.tenant is not None and record.display_path.startswith(prefix):
+        return record.display_path[len(prefix) :]
+    return record.display_path
+
+
+def adapter_info(service: GatewayService, record: AdapterRecord, caller: Principal) -> AdapterInfo:
+    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants
+    (owner and folder), and its name is the one the caller uses (a key, `<tenant>/<name>`,
+    only for the admin)."""
+    return AdapterInfo(
+        name=caller.name_of(record),
+        id=record.lora_request.lora_int_id,
+        parent=service.model_name,
+        path=record.display_path if caller.owns(record) else _within_owner(record),
+        rank=record.rank,
+        alpha=record.alpha,
+        target_modules=list(record.target_modules),
+        sha256=record.sha256,
+        size_bytes=record.size_bytes,
+        created=record.created,
+        source=record.source,
+        owner=record.tenant if caller.owns(record) else None,
+        public=record.public,
+    )

@@ -1,0 +1,109 @@
+"""GET /health (load balancers; no key needed) and GET /metrics (Prometheus).
+
+/health is 200 while the engine runs: "ok", or "degraded" while the registry store is
+unreachable (or lost its data and the replica serves what it knew). It is 503 once the
+engine has died. Anyone sees the status and whether the registry store is reachable; only
+the operator (the admin key, or anyone on a server without tenancy) sees where the store
+is and the rest of its state, since an unauthenticated caller must learn nothing about the
+deployment.
+
+/metrics counts the whole deployment (every tenant's adapters and traffic), so under
+tenancy it needs the admin key; a tenant reads its own usage at /v1/usage.
+"""
+
+from __future__ import annotations
+
+from litestar import Controller, Request, Response, get
+
+from loragate.gateway.admin.guards import admin_only
+from loragate.gateway.admin.schemas import HealthStatus, RegistryHealth
+from loragate.gateway.operations.metrics import CONTENT_TYPE
+from loragate.gateway.serving.service import GatewayService, Service
+
+
+class HealthController(Controller):
+    path = "/"
+    tags = ["Operations"]
+
+    @get("/health", summary="200 while the engine runs (ok or degraded), 503 once it has died")
+    async def health(self, request: Request, service: Service) -> Response[HealthStatus]:
+        engine = service.engine
+        registry, problem = registry_health(service)
+        status = "degraded" if problem else "ok"
+        operator = service.auth.is_operator(request.headers.get("authorization"))
+        if not operator:
+            registry = RegistryHealth(reachable=registry.reachable)
+            problem = _public_problem(status, registry.reachable)
+        if engine.is_running:
+            return Response(
+                HealthStatus(
+                    status=status, model=service.model_name, detail=problem, registry=registry
+                )
+            )
+        detail = "the engine stopped"
+        if operator and engine.dead_error is not None:
+            detail = str(engine.dead_error)
+        return Response(
+            HealthStatus(
+                status="unavailable", model=service.model_name, detail=detail, registry=registry
+            ),
+            status_code=503,
+        )
+
+    @get(
+        "/metrics",
+        summary="Prometheus metrics",
+        media_type=CONTENT_TYPE,
+        guards=[admin_only],
+        opt={
+            "admin_only": "/metrics shows the whole deployment and needs the admin key; a "
+            "tenant's own usage is at /v1/usage"
+        },
+    )
+    async def metrics(self, service: Service) -> Response[bytes]:
+        return Response(await service.metrics_text(), media_type=CONTENT_TYPE)
+
+
+def _public_problem(status: str, reachable: bool) -> str | None:
+    """What anyone may read: no address, no counts."""
+    if status == "ok":
+        return None
+    if not reachable:
+        return "the registry store is unreachable; adapters and tenants known here are served"
+    return "the registry store is reachable but not in sync yet; see /health with the admin key"
+
+
+def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None]:
+    """The registry's state, and what is wrong with it in one sentence (None: nothing)."""
+    health = service.health
+    registry = RegistryHealth(
+        backend=health.where,
+        reachable=health.reachable,
+        watching=health.watching,
+        error=health.error,
+        down_since=health.down_since,
+        orphaned_adapters=len(service.adapters.catalog.orphans),
+        orphaned_tenants=len(service.auth.orphans),
+        pending_usage_records=service.usage_meter.pending,
+    )
+    if not health.reachable:
+        problem = (
+            f"the registry store at {health.where} is unreachable: serving the adapters and "
+            "tenants known here; registrations and tenant changes fail with 503"
+        )
+    elif not health.watching:
+        problem = f"not yet subscribed to the registry store's changes at {health.where}"
+    elif registry.orphaned_adapters or registry.orphaned_tenants:
+        problem = (
+            f"the registry store at {health.where} lost its data: serving "
+            f"{registry.orphaned_adapters} adapters and {registry.orphaned_tenants} tenants "
+            "known here until they are registered again"
+        )
+    elif registry.pending_usage_records:
+        problem = (
+            f"{registry.pending_usage_records} usage counts wait to be written to the registry "
+            f"store at {health.where}"
+        )
+    else:
+        problem = None
+    return registry, problem

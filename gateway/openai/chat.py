@@ -1,0 +1,130 @@
+"""POST /v1/chat/completions: chat through the model's chat template, whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from litestar import Controller, Request, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
+from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
+from loragate.gateway.openai.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    DeltaMessage,
+)
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.prompts import chat_messages
+from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.sampling import chat_fields, chat_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import DONE, sse_event
+from loragate.gateway.tenancy.principal import Caller
+
+
+class ChatController(Controller):
+    path = "/v1/chat/completions"
+    tags = ["OpenAI"]
+
+    @post("/", status_code=200, summary="Create a chat completion")
+    async def create(
+        self,
+        data: JSONBody[ChatCompletionRequest],
+        request: Request,
+        caller: Caller,
+        service: Service,
+    ) -> ChatCompletionResponse | Stream:
+        params = chat_params(data, service.model.max_num_seqs)
+        lora = await service.resolve_model(data.model, caller=caller)
+        prompt_ids = service.apply_chat_template(
+            chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens
+        )
+        fields = chat_fields(data)
+        (prompt,), cost = await service.measure(
+            caller, [{"prompt_token_ids": prompt_ids}], params, fields
+        )
+        request_id = service.new_request_id("chatcmpl")
+        run = await run_generations(
+            service, request, caller, lora, cost, [(prompt, request_id)], params,
+            field_names=fields,
+        )  # fmt: skip
+        created = int(time.time())
+        if data.stream:
+            return run.stream(_stream(service, data, run.generations[0], request_id, created))
+        (final,) = await run.collect()
+        top_n = data.top_logprobs or 0
+        choices = [
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
+                if data.logprobs and c.logprobs is not None
+                else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in final.outputs
+        ]
+        return ChatCompletionResponse(
+            id=request_id, created=created, model=data.model, choices=choices,
+            usage=usage_of([final]),
+        )  # fmt: skip
+
+
+async def _stream(
+    service: GatewayService,
+    data: JSONBody[ChatCompletionRequest],
+    gen: Generation,
+    request_id: str,
+    created: int,
+) -> AsyncIterator[bytes]:
+    def chunk(choices, usage=None) -> bytes:
+        return sse_event(
+            ChatCompletionChunk(
+                id=request_id, created=created, model=data.model, choices=choices, usage=usage
+            )
+        )
+
+    top_n = data.top_logprobs or 0
+    trackers: dict[int, DeltaTracker] = {}
+    try:
+        n = len(gen.latest.outputs)
+        yield chunk(
+            [
+                ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                for i in range(n)
+            ]
+        )
+        async for out in outputs_of(gen):
+            choices = []
+            for c in out.outputs:
+                delta = trackers.setdefault(c.index, DeltaTracker()).step(c, data.logprobs)
+                if delta is None:
+                    continue
+                logprobs = None
+                if data.logprobs and delta.logprobs is not None:
+                    logprobs = chat_logprobs(
+                        service.tokenizer, delta.token_ids, delta.logprobs, top_n
+                    )
+                choices.append(
+                    ChatChunkChoice(
+                        index=c.index,
+                        delta=DeltaMessage(content=delta.text or None),
+                        logprobs=logprobs,
+                        finish_reason=delta.finish_reason,
+                    )
+                )
+            if choices:
+                yield chunk(choices)
+        if data.stream_options is not None and data.stream_options.include_usage:
+            yield chunk([], usage_of([gen.latest]))
+    except APIError as exc:
+        yield sse_event(ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type)))
+    yield DONE

@@ -1,0 +1,114 @@
+"""POST /v1/completions: OpenAI's (legacy) text completions, whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from litestar import Controller, Request, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
+from loragate.gateway.openai.format import DeltaTracker, completion_logprobs, usage_of
+from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.prompts import completion_prompts
+from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.sampling import COMPLETION_FIELDS, completion_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import DONE, sse_event
+from loragate.gateway.tenancy.principal import Caller
+
+
+class CompletionsController(Controller):
+    path = "/v1/completions"
+    tags = ["OpenAI"]
+
+    @post("/", status_code=200, summary="Create a completion")
+    async def create(
+        self,
+        data: JSONBody[CompletionRequest],
+        request: Request,
+        caller: Caller,
+        service: Service,
+    ) -> CompletionResponse | Stream:
+        params = completion_params(data, service.model.max_num_seqs)
+        lora = await service.resolve_model(data.model, caller=caller)
+        prompts, cost = await service.measure(
+            caller,
+            completion_prompts(data.prompt, data.add_special_tokens),
+            params,
+            COMPLETION_FIELDS,
+        )
+        request_id = service.new_request_id("cmpl")
+        run = await run_generations(
+            service, request, caller, lora, cost,
+            [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
+            params, field_names=COMPLETION_FIELDS,
+        )  # fmt: skip
+        created = int(time.time())
+        if data.stream:
+            return run.stream(_stream(service, data, run.generations, request_id, created))
+        finals = await run.collect()
+        choices = []
+        for p, out in enumerate(finals):
+            for c in out.outputs:
+                logprobs = None
+                if data.logprobs is not None and c.logprobs is not None:
+                    logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
+                choices.append(_choice(p * len(out.outputs) + c.index, c, logprobs))
+        return CompletionResponse(
+            id=request_id, created=created, model=data.model, choices=choices,
+            usage=usage_of(finals),
+        )  # fmt: skip
+
+
+def _choice(index: int, part, logprobs) -> CompletionChoice:
+    """A choice from a whole output or from a stream's delta (both carry text and finish)."""
+    return CompletionChoice(
+        index=index, text=part.text, logprobs=logprobs,
+        finish_reason=part.finish_reason, stop_reason=part.stop_reason,
+    )  # fmt: skip
+
+
+async def _stream(
+    service: GatewayService,
+    data: JSONBody[CompletionRequest],
+    gens: list[Generation],
+    request_id: str,
+    created: int,
+) -> AsyncIterator[bytes]:
+    want_logprobs = data.logprobs is not None
+    try:
+        for p, gen in enumerate(gens):
+            trackers: dict[int, DeltaTracker] = {}
+            async for out in outputs_of(gen):
+                choices = []
+                for c in out.outputs:
+                    delta = trackers.setdefault(c.index, DeltaTracker()).step(c, want_logprobs)
+                    if delta is None:
+                        continue
+                    logprobs = None
+                    if want_logprobs and delta.logprobs is not None:
+                        logprobs = completion_logprobs(
+                            service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
+                        )
+                    choices.append(_choice(p * len(out.outputs) + c.index, delta, logprobs))
+                if choices:
+                    yield sse_event(
+                        CompletionResponse(
+                            id=request_id, created=created, model=data.model, choices=choices
+                        )
+                    )
+        if data.stream_options is not None and data.stream_options.include_usage:
+            finals = [g.latest for g in gens]
+            yield sse_event(
+                CompletionResponse(
+                    id=request_id, created=created, model=data.model, choices=[],
+                    usage=usage_of(finals),
+                )
+            )  # fmt: skip
+    except APIError as exc:
+        yield sse_event(ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type)))
+    yield DONE

@@ -1,0 +1,81 @@
+"""Prometheus metrics: request latencies observed here, engine state read at scrape time.
+
+Each app owns its CollectorRegistry (no process-wide default registry), so several
+servers in one process (tests, the benchmark) never share counters. Labels take only
+values from small fixed sets (finish reasons, cache tiers), never adapter names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from loragate.engine import EngineStats
+from loragate.gateway.operations.scrape import GatewayGauges, ScrapeCollector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._scrape = ScrapeCollector()
+        self.registry.register(self._scrape)
+        self.ttft = Histogram(
+            "loragate_time_to_first_token_seconds",
+            "From request arrival at the gateway to its first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "loragate_time_per_output_token_seconds",
+            "Mean time between output tokens of one request, after the first",
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "loragate_e2e_request_latency_seconds",
+            "From request arrival at the gateway to its last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "loragate_request_success",
+            "Requests that ran to the end, by finish reason",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.aborted = Counter(
+            "loragate_request_aborted",
+            "Requests stopped early (client gone, server draining)",
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "loragate_request_rejected",
+            "Requests refused before reaching the engine, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def observe_request(
+        self, ttft: float | None, e2e: float, num_tokens: int, finish_reason: str | None
+    ) -> None:
+        if finish_reason is None or finish_reason == "abort":
+            self.aborted.inc()
+            return
+        self.finished.labels(finish_reason).inc()
+        self.e2e.observe(e2e)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if num_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (num_tokens - 1))
+
+    def render(self, engine: EngineStats | None, gateway: GatewayGauges) -> bytes:
+        self._scrape.engine = engine
+        self._scrape.gateway = gateway
+        return generate_latest(self.registry)

@@ -1,0 +1,120 @@
+"""The gauges and counters read at scrape time: the gateway's own, and the engine's stats
+snapshot (queues, KV blocks, adapter residency). Each is one row of a table below: its
+name, its help, and where its value comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from loragate.engine import EngineStats
+
+
+@dataclass
+class GatewayGauges:
+    in_flight: int = 0
+    queued: int = 0
+    queue_capacity: int = 0
+    registered_adapters: int = 0
+    engine_up: bool = True
+    registry_reachable: bool = True
+    usage_pending: int = 0
+
+
+G, C = GaugeMetricFamily, CounterMetricFamily
+
+# (kind, name, help, GatewayGauges field)
+_GATEWAY = (
+    (G, "loragate_engine_up", "1 while the engine thread runs", "engine_up"),
+    (G, "loragate_gateway_requests_in_flight", "Sequences admitted by the gateway", "in_flight"),
+    (G, "loragate_gateway_queue_waiting", "Admitted sequences beyond max_num_seqs", "queued"),
+    (G, "loragate_gateway_queue_capacity", "max_num_seqs + max_queue", "queue_capacity"),
+    (G, "loragate_adapters_registered", "Adapters registered by name", "registered_adapters"),
+    (
+        G, "loragate_registry_reachable", "1 while the registry store (Redis) answers",
+        "registry_reachable",
+    ),
+    (
+        G, "loragate_usage_records_pending",
+        "Usage counts waiting for the registry store to come back", "usage_pending",
+    ),
+)  # fmt: skip
+
+# (kind, name, help, EngineStats field, or key of its `memory` dict)
+_ENGINE = (
+    (G, "loragate_num_requests_running", "Sequences in the running batch", "running"),
+    (G, "loragate_num_requests_waiting", "Sequences waiting in the scheduler", "waiting"),
+    (G, "loragate_kv_cache_usage_perc", "Fraction of KV blocks allocated (0-1)", "utilization"),
+    (G, "loragate_kv_cache_allocated_blocks", "KV blocks allocated", "allocated_blocks"),
+    (G, "loragate_kv_cache_free_blocks", "KV blocks free", "free_blocks"),
+    (G, "loragate_kv_cache_total_blocks", "KV blocks in the cache", "total_blocks"),
+    (
+        G, "loragate_kv_cache_cached_blocks",
+        "KV blocks named in the prefix cache (held by requests, or free and reusable)",
+        "cached_blocks",
+    ),
+    (
+        G, "loragate_kv_cache_swapped_blocks",
+        "KV blocks of preempted sequences held in CPU swap space", "swapped_blocks",
+    ),
+    (
+        G, "loragate_kv_cache_internal_fragmentation",
+        "Unused slots in the last blocks of running sequences / allocated slots (0-1)",
+        "internal_fragmentation",
+    ),
+    (
+        G, "loragate_prefix_cache_hit_rate",
+        "Prompt tokens found in the prefix cache / prompt tokens looked up (0-1)",
+        "prefix_cache_hit_rate",
+    ),
+    (
+        C, "loragate_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+        "prefix_cache_queried_tokens",
+    ),
+    (
+        C, "loragate_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (never across tenants)",
+        "prefix_cache_hit_tokens",
+    ),
+    (C, "loragate_prompt_tokens", "Prompt tokens accepted", "prompt_tokens"),
+    (C, "loragate_generation_tokens", "Tokens generated", "generation_tokens"),
+    (C, "loragate_num_preemptions", "Sequences preempted for KV blocks", "preemptions"),
+)  # fmt: skip
+
+# (kind, name, help, key of the CPU tier's count, key of the device tier's) in `adapters`
+_TIERS = (
+    (C, "loragate_adapter_loads", "Adapter loads per tier", "disk_loads", "slot_loads"),
+    (
+        C, "loragate_adapter_evictions", "Adapter evictions per tier",
+        "cpu_evictions", "device_evictions",
+    ),
+    (
+        G, "loragate_adapters_resident", "Adapters held per tier now",
+        "cpu_adapters", "resident_adapters",
+    ),
+)  # fmt: skip
+
+
+class ScrapeCollector:
+    """Yields the engine snapshot and gateway gauges taken just before the scrape."""
+
+    def __init__(self) -> None:
+        self.engine: EngineStats | None = None
+        self.gateway = GatewayGauges()
+
+    def collect(self):
+        for kind, name, doc, field in _GATEWAY:
+            yield kind(name, doc, value=int(getattr(self.gateway, field)))
+        e = self.engine
+        if e is None:
+            return
+        for kind, name, doc, field in _ENGINE:
+            value = getattr(e, field) if hasattr(e, field) else e.memory.get(field, 0)
+            yield kind(name, doc, value=value)
+        if e.adapters:
+            for kind, name, doc, cpu, device in _TIERS:
+                family = kind(name, doc, labels=["tier"])
+                family.add_metric(["cpu"], e.adapters.get(cpu, 0))
+                family.add_metric(["device"], e.adapters.get(device, 0))
+                yield family

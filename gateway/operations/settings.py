@@ -1,0 +1,205 @@
+"""Everything the HTTP server needs besides the engine's own settings, checked where built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from loragate.engine import EngineConfig
+from loragate.registry import check_namespace
+
+MIN_ADMIN_KEY_LENGTH = 16
+
+
+def _help(text: str) -> dict:
+    """A field's `loragate serve --help` text (operations/serve_options.py makes the flag)."""
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How the gateway serves one engine. Every bad value is a ValueError naming the field.
+
+    `max_queue` bounds the requests admitted beyond the engine's `max_num_seqs`: past it
+    the gateway answers 429 instead of letting latency grow without bound.
+
+    `redis_url` shares adapters, tenants, quotas and usage with every replica on that Redis
+    (under `redis_namespace`); without it they live in this process. `admin_key` turns on
+    tenancy: every request then needs a bearer key (the admin's or a tenant's). It is kept
+    out of the repr so that it never reaches a log.
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = field(
+        default="127.0.0.1",
+        metadata=_help("Interface to listen on."),
+    )
+    port: int = field(
+        default=8000,
+        metadata=_help("Port to listen on (0 picks a free one)."),
+    )
+    adapter_root: Path | None = field(
+        default=None,
+        metadata=_help(
+            "Directory adapters may be registered from; paths resolving outside it are refused."
+        ),
+    )
+    preload_adapters: bool = field(
+        default=True,
+        metadata=_help(
+            "At start, register each adapter folder under --adapter-root, named after it."
+        ),
+    )
+    max_queue: int = field(
+        default=256,
+        metadata=_help(
+            "Sequences that may wait beyond --max-num-seqs; past it: 429 with Retry-After."
+        ),
+    )
+    max_body_bytes: int = field(
+        default=2 * 1024 * 1024,
+        metadata=_help("Largest request body accepted; larger bodies get 413."),
+    )
+    shutdown_timeout: float = field(
+        default=30.0,
+        metadata=_help(
+            "On SIGTERM, seconds running requests get to finish before they are cancelled."
+        ),
+    )
+    retry_after_seconds: int = field(
+        default=1,
+        metadata=_help("Retry-After, in seconds, of a 429 for a full queue."),
+    )
+    redis_url: str | None = field(
+        default=None,
+        repr=False,
+        metadata=_help(
+            "Share adapters, tenants, quotas and usage with every replica on this Redis "
+            "(redis://host:port/db). Default: kept in this process."
+        ),
+    )
+    redis_namespace: str = field(
+        default="loragate",
+        metadata=_help("Prefix of every Redis key: replicas of one deployment share it."),
+    )
+    admin_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=_help(
+            "Turn on tenancy: every request needs `Authorization: Bearer <key>` (this admin "
+            "key or a tenant's). Prefer the environment variable, which `ps` does not show. "
+            "Default: open, single-tenant."
+        ),
+    )
+    registry_resync_seconds: float = field(
+        default=2.0,
+        metadata=_help(
+            "How often the registry store is re-read in full when it changed (the safety net "
+            "under its change events), and probed while it is down."
+        ),
+    )
+    auth_cache_seconds: float = field(
+        default=30.0,
+        metadata=_help(
+            "How long a verified tenant key is trusted before it is checked again (while the "
+            "registry store is down, known keys keep working)."
+        ),
+    )
+    quota_lease_seconds: float = field(
+        default=300.0,
+        metadata=_help(
+            "A running request's hold on its tenant's concurrency quota expires after this "
+            "unless renewed (it is, while the request runs): a crashed replica leaks nothing."
+        ),
+    )
+    # Slow clients (operations/http_limits.py): headers and body must arrive in time, idle
+    # kept-alive connections close, and open connections are capped.
+    header_timeout_seconds: float = field(
+        default=10.0,
+        metadata=_help(
+            "A client must send its request line and headers within this many seconds of "
+            "connecting (or of the request's first byte on a kept-alive connection)."
+        ),
+    )
+    body_timeout_seconds: float = field(
+        default=30.0,
+        metadata=_help(
+            "A client must send its whole request body within this many seconds of its headers."
+        ),
+    )
+    keep_alive_seconds: float = field(
+        default=30.0,
+        metadata=_help("An idle kept-alive connection is closed after this many seconds."),
+    )
+    max_connections: int = field(
+        default=1024,
+        metadata=_help("Open connections beyond this many are closed at once."),
+    )
+    adapter_load_timeout_seconds: float = field(
+        default=60.0,
+        metadata=_help(
+            "Reading and validating one adapter's files must finish within this many seconds."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
+        if _not_int(self.port) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
+        if _not_int(self.max_queue) or self.max_queue < 0:
+            raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
+        if _not_int(self.max_body_bytes) or self.max_body_bytes < 1024:
+            raise ValueError(
+                f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}"
+            )
+        if not isinstance(self.shutdown_timeout, int | float) or self.shutdown_timeout < 0:
+            raise ValueError(
+                f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}"
+            )
+        if _not_int(self.retry_after_seconds) or self.retry_after_seconds < 1:
+            raise ValueError(
+                f"retry_after_seconds must be an integer >= 1, got {self.retry_after_seconds!r}"
+            )
+        if self.redis_url is not None and (
+            not isinstance(self.redis_url, str)
+            or urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix")
+        ):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        check_namespace(self.redis_namespace, "redis_namespace")
+        if self.admin_key is not None and (
+            not isinstance(self.admin_key, str)
+            or len(self.admin_key) < MIN_ADMIN_KEY_LENGTH
+            or not self.admin_key.isprintable()
+            or any(c.isspace() for c in self.admin_key)
+        ):
+            raise ValueError(
+                f"admin_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
+                "without spaces"
+            )
+        if _not_int(self.max_connections) or self.max_connections < 1:
+            raise ValueError(
+                f"max_connections must be an integer >= 1, got {self.max_connections!r}"
+            )
+        for name in (
+            "registry_resync_seconds",
+            "auth_cache_seconds",
+            "quota_lease_seconds",
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+            "keep_alive_seconds",
+            "adapter_load_timeout_seconds",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.adapter_root is not None:
+            root = Path(self.adapter_root).expanduser()
+            if not root.is_dir():
+                raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
+            object.__setattr__(self, "adapter_root", root.resolve())
+
+
+def _not_int(value) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)

@@ -1,0 +1,168 @@
+"""One admitted engine request, as the routes see it.
+
+`prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
+400 before any byte of a streamed answer is sent; it then hands that output to
+`on_first_output` (the adapter manager checks which weights the engine admitted it under).
+An output carrying `error` (this request alone failed on the engine: a plugin, or anything
+else) raises PluginFailedError or RequestFailedError as it is read past `prime()`: a 500 for
+a whole answer, an error event in a stream; the engine and every other request go on.
+`aclose()` is idempotent and releases everything the request held (queue place, adapter use,
+and, if unfinished, its KV blocks through the engine's abort), whichever way the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from loragate.adapters import AdapterError
+from loragate.engine import EngineDeadError, RequestOutput
+from loragate.gateway.errors import (
+    EngineUnavailableError,
+    InvalidRequestError,
+    PluginFailedError,
+    RequestFailedError,
+    field_of,
+)
+from loragate.plugins import PluginError
+
+
+class Generation:
+    def __init__(
+        self,
+        outputs: AsyncIterator[RequestOutput],
+        request_id: str,
+        *,
+        on_close: Callable[[Generation], None],
+        field_names: dict[str, str],
+        adapter_param: str,
+        scrub: Callable[[str], str] = lambda text: text,
+        on_first_output: Callable[[RequestOutput], Awaitable[None]] | None = None,
+    ):
+        self.request_id = request_id
+        self.latest: RequestOutput | None = None
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self._outputs = outputs
+        self._on_close = on_close
+        self._field_names = field_names
+        self._adapter_param = adapter_param
+        self._scrub = scrub
+        self._on_first_output = on_first_output
+        self._closed = False
+
+    @property
+    def finished(self) -> bool:
+        return self.latest is not None and self.latest.finished
+
+    async def prime(self) -> RequestOutput:
+        """The first output; raises InvalidRequestError (400) for input the engine refused."""
+        try:
+            out = await anext(self._outputs)
+        except StopAsyncIteration as exc:
+            raise EngineUnavailableError("the engine ended the request without output") from exc
+        except EngineDeadError as exc:
+            raise EngineUnavailableError(f"the engine is not running: {exc}") from exc
+        except AdapterError as exc:
+            raise InvalidRequestError(
+                f"adapter could not be loaded: {self._scrub(str(exc))}",
+                param=self._adapter_param,
+                code="invalid_adapter",
+            ) from exc
+        except ValueError as exc:
+            message = self._scrub(str(exc))
+            raise InvalidRequestError(message, param=field_of(message, self._field_names)) from exc
+        except PluginError as exc:  # a plugin refused this request as it was queued
+            raise PluginFailedError(self._scrub(str(exc)), code="plugin_error") from exc
+        self._seen(out)
+        if self._on_first_output is not None:
+            await self._on_first_output(out)
+        return out
+
+    async def rest(self) -> AsyncIterator[RequestOutput]:
+        """Every output after the primed one, until the request finishes."""
+        if self.finished:
+            return
+        try:
+            async for out in self._outputs:
+                self._seen(out)
+                yield checked(out)
+        except EngineDeadError as exc:
+            raise EngineUnavailableError(f"the engine stopped mid-request: {exc}") from exc
+
+    async def result(self) -> RequestOutput:
+        """The final output (waits for the request to finish)."""
+        async for _ in self.rest():
+            pass
+        assert self.latest is not None
+        return checked(self.latest)
+
+    def _seen(self, out: RequestOutput) -> None:
+        self.latest = out
+        now = time.perf_counter()
+        if self.first_token_at is None and any(c.token_ids for c in out.outputs):
+            self.first_token_at = now
+        if out.finished:
+            self.finished_at = now
+
+    @property
+    def num_output_tokens(self) -> int:
+        return (
+            0
+            if self.latest is None
+            else max((len(c.token_ids) for c in self.latest.outputs), default=0)
+        )
+
+    async def aclose(self) -> None:
+        """Release the request; an unfinished one is aborted and its KV blocks freed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self)  # synchronous, so it runs even while this task is being cancelled
+        try:
+            await self._outputs.aclose()
+        except RuntimeError:  # the iterator is mid-step in a cancelled task: it aborts itself
+            pass
+
+
+async def prime_all(gens: list[Generation]) -> list[RequestOutput]:
+    """Prime every generation; all settle before the first error (if any) is raised."""
+    results = await asyncio.gather(*(g.prime() for g in gens), return_exceptions=True)
+    return _raise_first(results)
+
+
+async def results_all(gens: list[Generation]) -> list[RequestOutput]:
+    results = await asyncio.gather(*(g.result() for g in gens), return_exceptions=True)
+    return _raise_first(results)
+
+
+async def close_all(gens: list[Generation]) -> None:
+    for gen in gens:
+        await gen.aclose()
+
+
+async def outputs_of(gen: Generation) -> AsyncIterator[RequestOutput]:
+    """The primed output, then the rest."""
+    assert gen.latest is not None, "prime() first"
+    yield checked(gen.latest)
+    async for out in gen.rest():
+        yield out
+
+
+def checked(out: RequestOutput) -> RequestOutput:
+    """`out`, unless the request failed: then PluginFailedError naming the plugin, or
+    RequestFailedError for any other per-request failure on the engine."""
+    if out.error is None:
+        return out
+    if out.error_type == "plugin_error":
+        raise PluginFailedError(out.error, code="plugin_error")
+    raise RequestFailedError(out.error, code="request_failed")
+
+
+def _raise_first(results: list) -> list:
+    for item in results:
+        if isinstance(item, BaseException):
+            raise item
+    return results

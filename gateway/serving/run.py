@@ -1,0 +1,75 @@
+"""Running one HTTP request's generations, the same way for completions, chat and TGI.
+
+`run_generations` begins a MeteredRequest (the caller's quotas admit it), starts one engine
+request per prompt, and primes them all (bad input is a 4xx before any byte is sent); then
+the route either `collect`s the final outputs or `stream`s its own events. Either way the
+metered request ends exactly once: after collecting, when the stream closes, or at once if
+anything before that failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from litestar import Request
+from litestar.response import Stream
+
+from loragate.adapters import LoRARequest
+from loragate.engine import RequestOutput, SamplingParams
+from loragate.gateway.serving.disconnect import until_disconnect
+from loragate.gateway.serving.generation import Generation, prime_all, results_all
+from loragate.gateway.serving.metered import MeteredRequest
+from loragate.gateway.serving.request_cost import RequestCost
+from loragate.gateway.serving.service import GatewayService
+from loragate.gateway.serving.sse import sse_response
+from loragate.gateway.tenancy.principal import Principal
+
+
+class Run:
+    """One HTTP request's primed generations, until it is collected or streamed."""
+
+    def __init__(self, metered: MeteredRequest, request: Request):
+        self._metered = metered
+        self._request = request
+
+    @property
+    def generations(self) -> list[Generation]:
+        return self._metered.generations
+
+    async def collect(self) -> list[RequestOutput]:
+        """Every generation's final output; the request ends here."""
+        try:
+            return await until_disconnect(self._request.receive, results_all(self.generations))
+        finally:
+            await self._metered.end()
+
+    def stream(self, events: AsyncIterator[bytes]) -> Stream:
+        """The route's events as server-sent events; the request ends when they do."""
+        return sse_response(events, self._metered.end)
+
+
+async def run_generations(
+    service: GatewayService,
+    request: Request,
+    caller: Principal,
+    lora: LoRARequest | None,
+    cost: RequestCost,
+    prompts: list[tuple[object, str]],
+    params: SamplingParams,
+    *,
+    field_names: dict[str, str],
+    adapter_param: str = "model",
+) -> Run:
+    """Begin, start each (prompt, request id), and prime; a 4xx here ends the request."""
+    metered = await service.begin(caller, lora, cost)
+    try:
+        for prompt, request_id in prompts:
+            metered.start(
+                prompt, params, request_id=request_id,
+                field_names=field_names, adapter_param=adapter_param,
+            )  # fmt: skip
+        await until_disconnect(request.receive, prime_all(metered.generations))
+    except BaseException:
+        await metered.end()
+        raise
+    return Run(metered, request)

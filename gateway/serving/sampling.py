@@ -1,0 +1,181 @@
+"""Request bodies to engine SamplingParams, with every refusal naming the request's field.
+
+The engine's own checks (SamplingParams raising ValueError) are the single source of truth
+for value ranges; this module only maps names, fills the APIs' defaults and refuses the
+fields this server cannot honour.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loragate.engine import SamplingParams
+from loragate.gateway.errors import InvalidRequestError, field_of
+from loragate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loragate.gateway.tgi.schemas import TGIParameters
+
+MAX_LOGPROBS = 20
+
+# SamplingParams field -> the name a client used, per API.
+_SHARED = (
+    "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
+    "use_beam_search", "length_penalty", "sampler", "sampler_args", "include_stop_str_in_output",
+    "skip_special_tokens",
+)  # fmt: skip
+COMPLETION_FIELDS = {name: name for name in _SHARED} | {
+    "max_tokens": "max_tokens",
+    "logprobs": "logprobs",
+    "prompt": "prompt",
+    "prompt_token_ids": "prompt",
+}
+TGI_FIELDS = {name: f"parameters.{name}" for name in _SHARED} | {
+    "max_tokens": "parameters.max_new_tokens",
+    "ignore_eos": "parameters.ignore_eos_token",
+    "prompt": "inputs",
+    "prompt_token_ids": "inputs",
+}
+
+
+def chat_fields(req: ChatCompletionRequest) -> dict[str, str]:
+    max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return {name: name for name in _SHARED} | {
+        "max_tokens": max_name,
+        "logprobs": "top_logprobs",
+        "prompt": "messages",
+        "prompt_token_ids": "messages",
+    }
+
+
+def completion_params(req: CompletionRequest, max_num_seqs: int) -> SamplingParams:
+    _refuse_unsupported_openai(req, max_num_seqs)
+    if req.echo:
+        raise InvalidRequestError("echo is not supported", param="echo")
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", param="logprobs"
+        )
+    return _build(
+        _openai_common(req) | {"max_tokens": req.max_tokens, "logprobs": req.logprobs},
+        COMPLETION_FIELDS,
+    )
+
+
+def chat_params(req: ChatCompletionRequest, max_num_seqs: int) -> SamplingParams:
+    _refuse_unsupported_openai(req, max_num_seqs)
+    if req.tools:
+        raise InvalidRequestError("tools are not supported", param="tools")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise InvalidRequestError(
+            "only response_format type 'text' is supported", param="response_format"
+        )
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", param="top_logprobs"
+        )
+    if top is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    logprobs = (top or 0) if req.logprobs else None
+    return _build(
+        _openai_common(req) | {"max_tokens": max_tokens, "logprobs": logprobs}, chat_fields(req)
+    )
+
+
+def _refuse_unsupported_openai(req: SamplingFields, max_num_seqs: int) -> None:
+    if req.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+    for name in ("n", "best_of"):
+        value = getattr(req, name)
+        if isinstance(value, int) and value > max_num_seqs:
+            raise InvalidRequestError(
+                f"{name} must be <= max_num_seqs ({max_num_seqs}), got {value}", param=name
+            )
+
+
+def _openai_common(req: SamplingFields) -> dict[str, Any]:
+    return {
+        "n": req.n,
+        "best_of": req.best_of,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "top_k": 0 if req.top_k is None else req.top_k,
+        "min_p": 0.0 if req.min_p is None else req.min_p,
+        "seed": req.seed,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        "min_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "use_beam_search": req.use_beam_search,
+        "length_penalty": req.length_penalty,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": req.skip_special_tokens,
+        "sampler": req.sampler,
+        "sampler_args": req.sampler_args,
+    }
+
+
+DEFAULT_MAX_NEW_TOKENS = 20
+
+
+def tgi_params(p: TGIParameters, max_num_seqs: int) -> SamplingParams:
+    """TGI samples when do_sample is set or any sampling warper is; otherwise it is greedy."""
+    for name in ("merged_adapters", "response_format", "grammar", "typical_p", "top_n_tokens"):
+        if getattr(p, name) is not None:
+            raise InvalidRequestError(f"{name} is not supported", param=f"parameters.{name}")
+    if p.return_k_alternatives:
+        raise InvalidRequestError(
+            "return_k_alternatives is not supported", param="parameters.return_k_alternatives"
+        )
+    if p.watermark:
+        raise InvalidRequestError("watermark is not supported", param="parameters.watermark")
+    if p.best_of is not None and p.best_of > max_num_seqs:
+        raise InvalidRequestError(
+            f"best_of must be <= max_num_seqs ({max_num_seqs})", param="parameters.best_of"
+        )
+    sampling = p.do_sample or any(
+        value is not None and value != neutral
+        for value, neutral in ((p.temperature, 1.0), (p.top_k, 0), (p.top_p, 1.0))
+    )
+    fields = {
+        "n": 1,
+        "best_of": p.best_of,
+        "temperature": (1.0 if p.temperature is None else p.temperature) if sampling else 0.0,
+        "top_p": 1.0 if p.top_p is None else p.top_p,
+        "top_k": 0 if p.top_k is None else p.top_k,
+        "seed": p.seed,
+        "stop": p.stop or None,
+        "repetition_penalty": 1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        "frequency_penalty": 0.0 if p.frequency_penalty is None else p.frequency_penalty,
+        "ignore_eos": p.ignore_eos_token,
+        "max_tokens": DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens,
+        "logprobs": 0,  # TGI reports every token's logprob
+    }
+    return _build(fields, TGI_FIELDS)
+
+
+# What torch.Generator.manual_seed accepts.
+_SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _build(fields: dict[str, Any], names: dict[str, str]) -> SamplingParams:
+    seed = fields.get("seed")
+    if isinstance(seed, int) and not _SEED_RANGE[0] <= seed <= _SEED_RANGE[1]:
+        raise InvalidRequestError(
+            f"seed must be in [{_SEED_RANGE[0]}, {_SEED_RANGE[1]}], got {seed}",
+            param=names["seed"],
+        )
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), param=field_of(str(exc), names)) from exc
+    except TypeError as exc:  # a value of the wrong kind that msgspec let through (Any fields)
+        raise InvalidRequestError(str(exc)) from exc

@@ -1,0 +1,1 @@
+"""TGI / LoRAX protocol: /generate, /generate_stream, / and /info; schemas and formatting."""

@@ -1,0 +1,185 @@
+"""TGI / LoRAX routes: POST /generate, POST /generate_stream, and TGI's compatibility route
+POST / (what the lorax and text-generation clients call, with `stream` in the body).
+
+Errors here use TGI's shape ({"error", "error_type"}) so those clients raise their own
+exception types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from litestar import Controller, Request, get, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from loragate.engine import CompletionOutput, RequestOutput
+from loragate.gateway.errors import (
+    APIError,
+    InvalidRequestError,
+    TGIErrorResponse,
+    tgi_error_response,
+)
+from loragate.gateway.openai.format import token_text
+from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.run import Run, run_generations
+from loragate.gateway.serving.sampling import TGI_FIELDS, tgi_params
+from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.sse import sse_event
+from loragate.gateway.tenancy.principal import Caller, Principal
+from loragate.gateway.tgi.schemas import (
+    TGIDetails,
+    TGIInputToken,
+    TGIParameters,
+    TGIRequest,
+    TGIResponse,
+    TGIStreamDetails,
+    TGIStreamResponse,
+    TGIToken,
+)
+
+
+class TGIController(Controller):
+    path = "/"
+    tags = ["TGI / LoRAX"]
+    exception_handlers = {Exception: tgi_error_response}
+
+    @post("/", status_code=200, summary="TGI compatibility route: generate, or stream if asked")
+    async def compat(
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+    ) -> list[TGIResponse] | Stream:
+        if data.stream:
+            return await _generate_stream(data, request, caller, service)
+        return [await _generate(data, request, caller, service)]
+
+    @post("/generate", status_code=200, summary="Generate (TGI / LoRAX)")
+    async def generate(
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+    ) -> TGIResponse:
+        return await _generate(data, request, caller, service)
+
+    @post("/generate_stream", status_code=200, summary="Generate as server-sent events")
+    async def generate_stream(
+        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+    ) -> Stream:
+        return await _generate_stream(data, request, caller, service)
+
+    @get("/info", summary="Model information (TGI)")
+    async def info(self, service: Service) -> dict:
+        return {
+            "model_id": service.model_name,
+            "max_total_tokens": service.max_model_len,
+            "max_input_length": service.max_model_len - 1,
+            "router": "loragate",
+        }
+
+
+async def _run(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> tuple[Run, TGIParameters]:
+    p = data.parameters or TGIParameters()
+    params = tgi_params(p, service.model.max_num_seqs)
+    lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id", caller=caller)
+    prompt: str | dict = data.inputs
+    if p.truncate is not None:
+        if p.truncate < 1:
+            raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
+        ids = await service.encode(data.inputs)
+        prompt = {"prompt_token_ids": ids[-p.truncate :]}
+    (prompt,), cost = await service.measure(caller, [prompt], params, TGI_FIELDS)
+    run = await run_generations(
+        service, request, caller, lora, cost, [(prompt, service.new_request_id("tgi"))], params,
+        field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
+    )  # fmt: skip
+    return run, p
+
+
+async def _generate(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> TGIResponse:
+    run, p = await _run(data, request, caller, service)
+    (final,) = await run.collect()
+    c = final.outputs[0]
+    text = (data.inputs + c.text) if p.return_full_text else c.text
+    details = None
+    if p.details:
+        special = set(service.tokenizer.all_special_ids)
+        details = TGIDetails(
+            finish_reason=tgi_finish_reason(c),
+            prompt_tokens=len(final.prompt_token_ids),
+            generated_tokens=len(c.token_ids),
+            seed=p.seed,
+            prefill=_prefill(service, final) if p.decoder_input_details else [],
+            tokens=[
+                TGIToken(
+                    id=t,
+                    text=token_text(service.tokenizer, t),
+                    logprob=_logprob(c, i),
+                    special=t in special,
+                )
+                for i, t in enumerate(c.token_ids)
+            ],  # fmt: skip
+        )
+    return TGIResponse(generated_text=text, details=details)
+
+
+async def _generate_stream(
+    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+) -> Stream:
+    run, p = await _run(data, request, caller, service)
+    return run.stream(_events(service, data, p, run.generations[0]))
+
+
+async def _events(
+    service: GatewayService, data: JSONBody[TGIRequest], p: TGIParameters, gen: Generation
+) -> AsyncIterator[bytes]:
+    special = set(service.tokenizer.all_special_ids)
+    sent_tokens = sent_chars = 0
+    try:
+        async for out in outputs_of(gen):
+            c = out.outputs[0]
+            new = list(range(sent_tokens, len(c.token_ids)))
+            if not new and c.finish_reason is not None and c.token_ids:
+                new = [len(c.token_ids) - 1]  # the finish carries no token: repeat the last one
+            text = c.text[sent_chars:]
+            sent_chars = max(sent_chars, len(c.text))
+            sent_tokens = len(c.token_ids)
+            for k, i in enumerate(new):
+                last = k == len(new) - 1
+                token_id = c.token_ids[i]
+                event = TGIStreamResponse(
+                    token=TGIToken(
+                        id=token_id, text=text if last else "", logprob=_logprob(c, i),
+                        special=token_id in special,
+                    )
+                )  # fmt: skip
+                if last and c.finish_reason is not None:
+                    event.generated_text = (data.inputs + c.text) if p.return_full_text else c.text
+                    event.details = TGIStreamDetails(
+                        finish_reason=tgi_finish_reason(c),
+                        prompt_tokens=len(out.prompt_token_ids),
+                        generated_tokens=len(c.token_ids),
+                        seed=p.seed,
+                    )
+                yield sse_event(event)
+    except APIError as exc:
+        yield sse_event(TGIErrorResponse(error=exc.message, error_type="generation"))
+
+
+def tgi_finish_reason(c: CompletionOutput) -> str:
+    if c.finish_reason == "stop":
+        return "stop_sequence" if isinstance(c.stop_reason, str) else "eos_token"
+    return "length"
+
+
+def _logprob(c: CompletionOutput, i: int) -> float:
+    if c.logprobs is None or i >= len(c.logprobs):
+        return 0.0
+    return c.logprobs[i].get(c.token_ids[i], 0.0)
+
+
+def _prefill(service: GatewayService, out: RequestOutput) -> list[TGIInputToken]:
+    return [
+        TGIInputToken(id=t, text=token_text(service.tokenizer, t), logprob=None)
+        for t in out.prompt_token_ids
+    ]

@@ -1,0 +1,298 @@
+"""The registry store for one process: dicts, and events delivered to in-process watchers.
+
+No method awaits between reading and writing its state, so each one is atomic among the
+coroutines of its event loop without a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import msgspec
+
+from loragate.registry.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
+from loragate.registry.errors import (
+    AdapterNameTaken,
+    AdapterQuotaExceeded,
+    PublicNameTaken,
+    StaleAdapterId,
+    TenantExists,
+    TenantNotFound,
+)
+from loragate.registry.memory_quotas import MemoryQuotas, TenantLoad
+from loragate.registry.names import adapter_key, check_adapter_key, check_tenant_name
+from loragate.registry.records import (
+    AdapterMetadata,
+    AdapterSpec,
+    AdapterWeights,
+    ChangeEvent,
+    ChangeKind,
+    IssuedKey,
+    Registration,
+    TenantQuota,
+    TenantRecord,
+    UsageCounts,
+    UsageReport,
+    adapter_changes,
+    check_count,
+    check_lease_ttl,
+    check_quota,
+    check_usage,
+)
+from loragate.registry.store import RegistryStore
+
+
+class MemoryRegistryStore(MemoryQuotas, RegistryStore):
+    """The default store: everything lives and dies with this process."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, lease_ttl_s: float = 300.0):
+        self._clock = clock
+        self._lease_ttl = check_lease_ttl(lease_ttl_s)
+        self._adapters: dict[str, AdapterMetadata] = {}
+        self._last_lora_int_id = 0
+        self._tenants: dict[str, TenantRecord] = {}
+        self._keys: dict[str, StoredKey] = {}
+        self._usage: dict[str, dict[str | None, UsageCounts]] = {}
+        self._load: dict[str, TenantLoad] = {}
+        self._watchers: set[asyncio.Queue[ChangeEvent]] = set()
+        self._version = 0
+        self._opened = False
+
+    def _changed(self, kind: ChangeKind, name: str) -> None:
+        self._version += 1
+        event = ChangeEvent(kind, name)
+        for queue in self._watchers:
+            queue.put_nowait(event)
+
+    # lifecycle
+
+    async def open(self) -> bool:
+        was_opened, self._opened = self._opened, True
+        return not was_opened
+
+    async def check_reset(self) -> bool:
+        return False
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # adapters
+
+    def _next_lora_int_id(self) -> int:
+        self._last_lora_int_id += 1
+        return self._last_lora_int_id
+
+    async def new_lora_int_id(self) -> int:
+        return self._next_lora_int_id()
+
+    async def register_adapter(
+        self, spec: AdapterSpec, *, lora_int_id: int | None = None, replace: bool = True
+    ) -> Registration:
+        if not isinstance(spec, AdapterSpec) or isinstance(spec, AdapterMetadata):
+            raise ValueError(f"spec must be an AdapterSpec, got {type(spec).__name__}")
+        key = adapter_key(spec.tenant, spec.name)
+        old = self._adapters.get(key)
+        if old is not None and not replace:
+            raise AdapterNameTaken(key)
+        if spec.public:
+            self._check_public_name(key, spec.name)
+        if lora_int_id is not None:
+            check_count("lora_int_id", lora_int_id, minimum=1)
+            if lora_int_id > self._last_lora_int_id or (old and old.lora_int_id == lora_int_id):
+                raise StaleAdapterId(
+                    f"lora_int_id {lora_int_id} was not handed out by new_lora_int_id "
+                    "or belongs to the registration being replaced"
+                )
+        if spec.tenant is not None:
+            tenant = self._tenants.get(spec.tenant)
+            if tenant is None:
+                raise TenantNotFound(spec.tenant)
+            limit = tenant.quota.max_adapters
+            owned = sum(1 for a in self._adapters.values() if a.tenant == spec.tenant)
+            if old is None and limit is not None and owned >= limit:
+                raise AdapterQuotaExceeded(spec.tenant, limit)
+        if lora_int_id is None:
+            lora_int_id = self._next_lora_int_id()
+        adapter = AdapterMetadata(
+            **msgspec.structs.asdict(spec), lora_int_id=lora_int_id, created_at=self._clock()
+        )
+        self._adapters[key] = adapter
+        self._changed(ChangeKind.ADAPTER_REGISTERED, key)
+        return Registration(adapter, old)
+
+    def _check_public_name(self, key: str, name: str) -> None:
+        for other in self._adapters.values():
+            if other.public and other.name == name and other.key != key:
+                raise PublicNameTaken(name, other.key)
+
+    async def get_adapter(self, key: str) -> AdapterMetadata | None:
+        return self._adapters.get(check_adapter_key(key))
+
+    async def list_adapters(self) -> list[AdapterMetadata]:
+        return sorted(self._adapters.values(), key=lambda a: a.key)
+
+    async def update_adapter(
+        self,
+        key: str,
+        *,
+        status: str | None = None,
+        public: bool | None = None,
+        lora_int_id: int | None = None,
+        weights: AdapterWeights | None = None,
+    ) -> AdapterMetadata | None:
+        old = self._adapters.get(check_adapter_key(key))
+        if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
+            return None
+        if public:
+            self._check_public_name(key, old.name)
+        changes = adapter_changes(status, public, weights)
+        new = msgspec.structs.replace(old, **changes)
+        self._adapters[key] = new
+        self._changed(ChangeKind.ADAPTER_UPDATED, key)
+        return new
+
+    async def delete_adapter(
+        self, key: str, *, lora_int_id: int | None = None
+    ) -> AdapterMetadata | None:
+        old = self._adapters.get(check_adapter_key(key))
+        if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
+            return None
+        del self._adapters[key]
+        self._changed(ChangeKind.ADAPTER_DELETED, key)
+        return old
+
+    # tenants
+
+    async def create_tenant(self, name: str, quota: TenantQuota | None = None) -> IssuedKey:
+        check_tenant_name(name)
+        quota = check_quota(quota if quota is not None else TenantQuota())
+        if name in self._tenants:
+            raise TenantExists(name)
+        api_key, stored = issue_api_key(name)
+        tenant = TenantRecord(
+            name=name, quota=quota, created_at=self._clock(), key_ids=(stored.key_id,)
+        )
+        self._tenants[name] = tenant
+        self._keys[stored.key_id] = stored
+        self._changed(ChangeKind.TENANT_CREATED, name)
+        return IssuedKey(tenant, api_key)
+
+    async def get_tenant(self, name: str) -> TenantRecord | None:
+        return self._tenants.get(check_tenant_name(name))
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        return sorted(self._tenants.values(), key=lambda t: t.name)
+
+    def _existing_tenant(self, name: str) -> TenantRecord:
+        tenant = self._tenants.get(check_tenant_name(name))
+        if tenant is None:
+            raise TenantNotFound(name)
+        return tenant
+
+    async def set_tenant_quota(self, name: str, quota: TenantQuota) -> TenantRecord:
+        check_quota(quota)
+        tenant = msgspec.structs.replace(self._existing_tenant(name), quota=quota)
+        self._tenants[name] = tenant
+        self._changed(ChangeKind.TENANT_UPDATED, name)
+        return tenant
+
+    async def rotate_tenant_key(self, name: str) -> IssuedKey:
+        old = self._existing_tenant(name)
+        api_key, stored = issue_api_key(name)
+        for key_id in old.key_ids:
+            self._keys.pop(key_id, None)
+        self._keys[stored.key_id] = stored
+        tenant = msgspec.structs.replace(old, key_ids=(stored.key_id,))
+        self._tenants[name] = tenant
+        self._changed(ChangeKind.TENANT_UPDATED, name)
+        return IssuedKey(tenant, api_key)
+
+    async def delete_tenant(self, name: str) -> TenantRecord | None:
+        tenant = self._tenants.pop(check_tenant_name(name), None)
+        if tenant is None:
+            return None
+        for key_id in tenant.key_ids:
+            self._keys.pop(key_id, None)
+        owned = sorted(a.key for a in self._adapters.values() if a.tenant == name)
+        for adapter in owned:
+            del self._adapters[adapter]
+            self._changed(ChangeKind.ADAPTER_DELETED, adapter)
+        self._changed(ChangeKind.TENANT_DELETED, name)
+        return tenant
+
+    async def verify_api_key(self, api_key: str) -> str | None:
+        parsed = parse_api_key(api_key)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        stored = self._keys.get(key_id)
+        return stored.tenant if secret_matches(stored, secret) else None
+
+    # usage
+
+    async def record_usage(
+        self,
+        tenant: str,
+        adapter: str | None,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        requests: int = 1,
+    ) -> None:
+        add = check_usage(tenant, adapter, prompt_tokens, completion_tokens, requests)
+        counters = self._usage.setdefault(tenant, {})
+        for key in (None, adapter) if adapter is not None else (None,):
+            counters[key] = _plus(counters.get(key, UsageCounts()), add)
+
+    async def get_usage(self, tenant: str) -> UsageReport:
+        counters = self._usage.get(check_tenant_name(tenant), {})
+        by_adapter = {name: c for name, c in sorted(counters.items(), key=_by_name) if name}
+        return UsageReport(tenant, counters.get(None, UsageCounts()), by_adapter)
+
+    async def list_usage(self) -> list[UsageReport]:
+        return [await self.get_usage(tenant) for tenant in sorted(self._usage)]
+
+    # changes
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[ChangeEvent]]:
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue()
+        self._watchers.add(queue)
+        try:
+            yield _EventFeed(queue)
+        finally:
+            self._watchers.discard(queue)
+
+    async def version(self) -> int:
+        return self._version
+
+
+class _EventFeed:
+    """The change events one watcher has not read yet, as an async iterator."""
+
+    def __init__(self, queue: asyncio.Queue[ChangeEvent]):
+        self._queue = queue
+
+    def __aiter__(self) -> _EventFeed:
+        return self
+
+    async def __anext__(self) -> ChangeEvent:
+        return await self._queue.get()
+
+
+def _plus(a: UsageCounts, b: UsageCounts) -> UsageCounts:
+    return UsageCounts(
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        a.requests + b.requests,
+    )
+
+
+def _by_name(item: tuple[str | None, UsageCounts]) -> str:
+    return item[0] or ""
