@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
-from loragate.adapters import make_random_adapter
 from loragate.engine.models.llama import lora_module_shapes
+from loragate.tools import make_random_adapter
 
 SHAPE = dict(
     hidden_size=64,

@@ -8,10 +8,11 @@ import asyncio
 from test_plugins_in_engine import PROMPT, Recorder
 from transformers import AutoModelForCausalLM
 
-from loragate.adapters import LoRARequest, make_random_adapter
+from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.plugins import hookimpl
+from loragate.tools import make_random_adapter
 
 SALT = "acme@1712345678.25"  # what the gateway passes for tenant "acme" to scope its KV
 
