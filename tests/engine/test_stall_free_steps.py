@@ -97,3 +97,20 @@ def test_budget_too_small_for_one_decode_batch_is_refused(tiny):
     )
     assert result.exit_code != 0
     assert "max_num_batched_tokens (8)" in result.output and "(16)" in result.output
+
+
+@pytest.mark.parametrize(
+    ("policy", "first_step"), [("shortest_prefill", [(1, 10), (0, 54)]), ("fcfs", [(0, 64)])]
+)
+def test_shorter_prompt_is_prefilled_first(tiny, make_llm, policy, first_step):
+    """A short prompt queued behind a long one gets its first token first (shortest
+    prefill first); `fcfs` keeps arrival order."""
+    engine = make_llm(
+        model=tiny, max_model_len=512, num_kv_blocks=64, max_num_seqs=8,
+        max_num_batched_tokens=64, scheduling_policy=policy,
+    ).engine  # fmt: skip
+    engine.add_request("long", {"prompt_token_ids": prompt(0, 300)}, greedy(2))
+    engine.add_request("short", {"prompt_token_ids": prompt(1, 10)}, greedy(2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert list(engine.step_records[0].prefill_chunks) == first_step
