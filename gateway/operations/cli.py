@@ -16,6 +16,7 @@ from loragate.gateway.operations.settings import GatewaySettings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="loragate", message="loragate %(version)s")
 def main() -> None:
     """loragate: one base model, many LoRA adapters, one continuously batched engine."""
 

@@ -129,13 +129,14 @@ class GatewayService:
         """The prompts as the engine will get them, and what the request costs the caller's
         quotas (see request_cost).
 
-        Only a tokens/minute quota needs prompt lengths: then each text prompt is tokenized
-        here, as the engine would, and handed to the engine as token ids (tokenized once).
+        Each text prompt is tokenized here, as the engine would, and handed to the engine as
+        token ids (tokenized once): a tokens/minute quota needs the lengths, and so does the
+        check that `max_tokens` fits the context (vLLM's 400, rather than a long answer cut
+        at the context's end).
         """
-        quota = caller.quota
-        if quota is not None and quota.tokens_per_minute is not None:
-            prompts = [await self._tokenized(p) for p in prompts]
+        prompts = [await self._tokenized(p) for p in prompts]
         lengths = [_prompt_length(p) for p in prompts]
+        _check_max_tokens(lengths, params.max_tokens, self.max_model_len, field_names)
         widest = "best_of" if (params.best_of or 1) > params.n else "n"
         if max(params.n, params.best_of or 1) == 1:
             widest = "prompt"
@@ -287,6 +288,20 @@ class GatewayService:
             usage_pending=self.usage_meter.pending,
         )
         return self.metrics.render(snapshot, gauges)
+
+
+def _check_max_tokens(lengths: list[int], max_tokens, max_model_len: int, names: dict) -> None:
+    if max_tokens is None:
+        return
+    for length in lengths:
+        if length < max_model_len and length + max_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {length + max_tokens} tokens ({length} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                "or completion.",
+                param=names.get("max_tokens", "max_tokens"),
+            )
 
 
 def _prompt_length(prompt) -> int:
