@@ -81,10 +81,11 @@ def completion_params(req: CompletionRequest, max_num_seqs: int) -> SamplingPara
     return _build(_openai_common(req) | fields, completion_fields(req))
 
 
-def chat_params(req: ChatCompletionRequest, max_num_seqs: int) -> SamplingParams:
+def chat_params(
+    req: ChatCompletionRequest, max_num_seqs: int, tools: dict | None = None
+) -> SamplingParams:
+    """`tools`: the JSON schema tool calls must match (gateway/openai/tools.py), if any."""
     _refuse_unsupported_openai(req, max_num_seqs)
-    if req.tools:
-        raise InvalidRequestError("tools are not supported", param="tools")
     top = req.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise InvalidRequestError(
@@ -96,8 +97,15 @@ def chat_params(req: ChatCompletionRequest, max_num_seqs: int) -> SamplingParams
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     logprobs = (top or 0) if req.logprobs else None
+    fields = _openai_common(req) | {"max_tokens": max_tokens, "logprobs": logprobs}
+    if tools is not None:
+        if fields["structured_outputs"] is not None:
+            raise InvalidRequestError(
+                "tool calls and structured output cannot be combined", param="tool_choice"
+            )
+        fields["structured_outputs"] = {"json": tools}
     return _build(
-        _openai_common(req) | {"max_tokens": max_tokens, "logprobs": logprobs}, chat_fields(req)
+        fields, chat_fields(req) | ({"structured_outputs": "tools"} if tools is not None else {})
     )
 
 

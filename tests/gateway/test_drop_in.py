@@ -193,3 +193,71 @@ def test_tokenize_detokenize_and_version(url, base_name, offline):
     unknown = httpx.post(f"{url}/tokenize", json={"model": "nope", "prompt": "x"})
     assert unknown.status_code == 404
     assert httpx.get(f"{url}/version").json()["version"]
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_named_and_required_tool_choice_return_valid_tool_calls(client, base_name):
+    named = client.chat.completions.create(
+        model="beta", messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ).choices[0]  # fmt: skip
+    assert named.message.content is None and named.finish_reason == "stop"
+    (call,) = named.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    required = client.chat.completions.create(
+        model=base_name, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER, TIME],
+        tool_choice="required",
+    ).choices[0]  # fmt: skip
+    assert required.finish_reason == "tool_calls" and required.message.tool_calls
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    for call in required.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_tool_choice_auto_and_unknown_names_are_400s_that_say_why(client, base_name):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=base_name, messages=ASK, tools=[WEATHER])
+    assert err.value.body["param"] == "tool_choice"
+    assert "chat template does not lay out tools" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=base_name, messages=ASK, tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+        )  # fmt: skip
+    assert "not among the tools" in err.value.body["message"]
+    plain = client.chat.completions.create(
+        model=base_name, messages=ASK, max_tokens=4, temperature=0, tools=[WEATHER],
+        tool_choice="none",
+    ).choices[0]  # fmt: skip
+    assert plain.message.content and not plain.message.tool_calls

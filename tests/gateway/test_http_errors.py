@@ -72,7 +72,9 @@ def test_completion_field_errors_are_400_naming_the_field(url, field, value, par
         ),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"max_completion_tokens": -2}, "max_completion_tokens"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
         ({"messages": "hello"}, "messages"),
     ],
 )
