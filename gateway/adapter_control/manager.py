@@ -107,9 +107,11 @@ class AdapterManager:
         source: str = "rest",
         caller: Principal = OPERATOR,
         public: bool | None = None,
+        anywhere: bool = False,
     ) -> AdapterRecord:
         """Register `name` in the caller's namespace (the operator may name `<tenant>/<name>`:
-        that tenant then owns it, from that tenant's folder)."""
+        that tenant then owns it, from that tenant's folder). `anywhere`: the operator's own
+        command line (--lora-modules) names the directory, which need not be under the root."""
         owner, name = self._owner_and_name(name, caller)
         if public is not None and not caller.is_operator:
             raise PermissionDeniedError(
@@ -122,7 +124,12 @@ class AdapterManager:
         if public is None:
             public = existing.public if existing is not None else False
         try:
-            directory = resolve_adapter_dir(self._root_of(owner), path)
+            if anywhere and caller.is_operator:
+                directory = Path(path).expanduser().resolve()
+                if not directory.is_dir():
+                    raise AdapterPathError(f"{path} is not a directory")
+            else:
+                directory = resolve_adapter_dir(self._root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
         if not self.engine.model_info.lora_enabled:

@@ -24,7 +24,7 @@ from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.operations.settings import GatewaySettings, lora_modules
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.serving.metered import MeteredRequest
@@ -65,7 +65,9 @@ class GatewayService:
             self.model_name,
             load_timeout=settings.adapter_load_timeout_seconds,
         )
-        self.auth = Authenticator(settings.admin_key, self.store, settings.auth_cache_seconds)
+        self.auth = Authenticator(
+            settings.admin_key, self.store, settings.auth_cache_seconds, api_key=settings.api_key
+        )
         self.quotas = QuotaKeeper(self.store, settings.quota_lease_seconds)
         self.usage_meter = UsageMeter(self.store)
         self.tenants = TenantService(self.store, self.auth, self.adapters, self.usage_meter)
@@ -105,6 +107,8 @@ class GatewayService:
         """None for the base model; the adapter's LoRARequest if `caller` may use it;
         NotFoundError (404) otherwise, the same whether it is missing or another tenant's."""
         if name is None or name == "" or name == self.model_name:
+            return None
+        if name in self.settings.model_aliases:
             return None
         return (await self.adapters.lookup(name, param, caller)).lora_request
 
@@ -243,6 +247,9 @@ class GatewayService:
         await self.sync.start()
         if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
+        for name, path in lora_modules(self.settings.lora_modules):
+            await self.adapters.register(name, path, source="cli", anywhere=True)
+            log.info("registered --lora-modules adapter %s from %s", name, path)
         self.sync.on_subscribed = self._preload_waiting_folders
         self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
 

@@ -64,9 +64,12 @@ class Authenticator:
         store: StoreSeam,
         cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ):
         self.enabled = admin_key is not None
         self._admin = _digest(admin_key) if admin_key is not None else None
+        # vLLM's --api-key: one shared key on a server without tenancy.
+        self._shared = _digest(api_key) if api_key is not None and admin_key is None else None
         self._store = store
         self._health = store.health
         self._ttl = cache_seconds
@@ -82,13 +85,19 @@ class Authenticator:
         """Whether this header carries the admin key (always, on a server without tenancy).
         Never asks the store, so a route open to anyone can use it freely."""
         if not self.enabled:
-            return True
+            return self._shared is None or self._has_shared_key(authorization)
         token = bearer_token(authorization)
         return token is not None and hmac.compare_digest(_digest(token), self._admin)
+
+    def _has_shared_key(self, authorization: str | None) -> bool:
+        token = bearer_token(authorization)
+        return token is not None and hmac.compare_digest(_digest(token), self._shared)
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an Authorization header; AuthenticationError (401) otherwise."""
         if not self.enabled:
+            if self._shared is not None and not self._has_shared_key(authorization):
+                raise AuthenticationError(_INVALID, code="invalid_api_key")
             return OPERATOR
         token = bearer_token(authorization)
         if token is None:
