@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import msgspec
 
 from loragate.gateway.errors import (
+    TGI_PATHS,
     APIError,
     AuthenticationError,
     ErrorDetail,
     ErrorResponse,
     RegistryDownError,
+    tgi_error_body,
 )
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.principal import CALLER_SCOPE_KEY, OPERATOR, Principal
@@ -173,8 +175,8 @@ class Authenticator:
 class AuthGate:
     """ASGI middleware on every route: sets the caller, or answers 401/503 itself.
 
-    It answers in the OpenAI error shape on every route (TGI's included), before any
-    route code or body parsing runs.
+    It answers before any route code or body parsing runs: in TGI's error shape on the TGI
+    routes (the lorax and text-generation clients parse only that), OpenAI's elsewhere.
     """
 
     def __init__(self, app):
@@ -187,7 +189,7 @@ class AuthGate:
         try:
             caller = await authenticator.authenticate(_header(scope, b"authorization"))
         except APIError as exc:
-            return await _send_error(send, exc)
+            return await _send_error(send, exc, tgi=scope["path"] in TGI_PATHS)
         scope[CALLER_SCOPE_KEY] = caller
         return await self.app(scope, receive, send)
 
@@ -199,10 +201,12 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-async def _send_error(send, exc: APIError) -> None:
-    body = msgspec.json.encode(
-        ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code))
+async def _send_error(send, exc: APIError, tgi: bool = False) -> None:
+    """In the OpenAI shape, or TGI's on the TGI routes (whose clients parse only that)."""
+    error = ErrorResponse(
+        error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
     )
+    body = msgspec.json.encode(tgi_error_body(exc.status_code, exc.message) if tgi else error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))

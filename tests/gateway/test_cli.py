@@ -335,6 +335,9 @@ def test_vllm_style_serve_with_lora_modules_api_key_and_several_names(tiny_dir, 
         with pytest.raises(openai.AuthenticationError):
             keyless.completions.create(model="first", prompt="x", max_tokens=2)
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        tgi = httpx.post(f"{server.url}/generate", json={"inputs": "x"})
+        assert tgi.status_code == 401  # in TGI's shape, which the lorax client parses
+        assert tgi.json()["error_type"] == "authentication" and "API key" in tgi.json()["error"]
         assert httpx.get(f"{server.url}/health").status_code == 200
     finally:
         server.stop()
