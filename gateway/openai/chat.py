@@ -117,13 +117,10 @@ async def _stream(
     top_n = data.top_logprobs or 0
     trackers: dict[int, DeltaTracker] = {}
     try:
-        n = len(gen.latest.outputs)
-        yield chunk(
-            [
-                ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                for i in range(n)
-            ]
-        )
+        for i in range(len(gen.latest.outputs)):
+            yield chunk(
+                [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
+            )
         async for out in outputs_of(gen):
             choices = []
             for c in out.outputs:
@@ -143,8 +140,8 @@ async def _stream(
                         finish_reason=delta.finish_reason,
                     )
                 )
-            if choices:
-                yield chunk(choices)
+            for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
+                yield chunk([choice])
         if data.stream_options is not None and data.stream_options.include_usage:
             yield chunk([], usage_of([gen.latest]))
     except APIError as exc:

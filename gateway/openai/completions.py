@@ -106,10 +106,10 @@ async def _stream(
                             service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
                         )
                     choices.append(_choice(p * len(out.outputs) + c.index, delta, logprobs))
-                if choices:
+                for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                     yield sse_event(
                         CompletionResponse(
-                            id=request_id, created=created, model=data.model, choices=choices
+                            id=request_id, created=created, model=data.model, choices=[choice]
                         )
                     )
         if data.stream_options is not None and data.stream_options.include_usage:

@@ -261,3 +261,21 @@ def test_tool_choice_auto_and_unknown_names_are_400s_that_say_why(client, base_n
         tool_choice="none",
     ).choices[0]  # fmt: skip
     assert plain.message.content and not plain.message.tool_calls
+
+
+def test_n_greater_than_one_streams_one_choice_per_chunk(client, base_name):
+    kwargs = dict(model=base_name, prompt="Once upon a time", max_tokens=8, n=3, seed=5)
+    whole = client.completions.create(**kwargs, temperature=1.0)
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in client.completions.create(**kwargs, temperature=1.0, stream=True):
+        assert len(chunk.choices) == 1
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert [texts[i] for i in range(3)] == [c.text for c in whole.choices]
+    chat_texts = {0: "", 1: ""}
+    stream = client.chat.completions.create(
+        model=base_name, messages=ASK, max_tokens=6, n=2, temperature=0, stream=True
+    )
+    for chunk in stream:
+        assert len(chunk.choices) == 1
+        chat_texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert chat_texts[0] == chat_texts[1] != ""
