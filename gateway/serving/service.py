@@ -248,7 +248,7 @@ class GatewayService:
         if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
         for name, path in lora_modules(self.settings.lora_modules):
-            await self.adapters.register(name, path, source="cli", anywhere=True)
+            await self.adapters.register(name, path, source="cli", anywhere=True, replace=True)
             log.info("registered --lora-modules adapter %s from %s", name, path)
         self.sync.on_subscribed = self._preload_waiting_folders
         self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
