@@ -20,6 +20,7 @@ from loragate.gateway.errors import openai_error_response
 from loragate.gateway.openai.chat import ChatController
 from loragate.gateway.openai.completions import CompletionsController
 from loragate.gateway.openai.models import ModelsController
+from loragate.gateway.openai.tokenize import TokenizeController
 from loragate.gateway.operations.body_depth import DepthCheckedRequest
 from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.serving.service import GatewayService
@@ -69,6 +70,7 @@ def create_app(
             CompletionsController,
             ChatController,
             ModelsController,
+            TokenizeController,
             AdaptersController,
             VLLMLoRAController,
             TGIController,

@@ -190,14 +190,25 @@ def openai_error_response(request: Request, exc: Exception) -> Response:
     return Response(body, status_code=info.status_code, headers=info.headers)
 
 
-_TGI_TYPES = {400: "validation", 404: "not_found", 413: "validation", 429: "overloaded"}
+_TGI_TYPES = {
+    400: "validation",
+    401: "authentication",
+    403: "authentication",
+    404: "not_found",
+    413: "validation",
+    429: "overloaded",
+}
+# The TGI / LoRAX routes: their clients parse TGI's error body, whoever answers.
+TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/info"})
+
+
+def tgi_error_body(status_code: int, message: str) -> TGIErrorResponse:
+    return TGIErrorResponse(error=message, error_type=_TGI_TYPES.get(status_code, "generation"))
 
 
 def tgi_error_response(request: Request, exc: Exception) -> Response:
     info = classify(exc)
-    body = TGIErrorResponse(
-        error=info.message, error_type=_TGI_TYPES.get(info.status_code, "generation")
-    )
+    body = tgi_error_body(info.status_code, info.message)
     return Response(body, status_code=info.status_code, headers=info.headers)
 
 

@@ -107,9 +107,13 @@ class AdapterManager:
         source: str = "rest",
         caller: Principal = OPERATOR,
         public: bool | None = None,
+        anywhere: bool = False,
+        replace: bool = False,
     ) -> AdapterRecord:
         """Register `name` in the caller's namespace (the operator may name `<tenant>/<name>`:
-        that tenant then owns it, from that tenant's folder)."""
+        that tenant then owns it, from that tenant's folder). `anywhere`: the operator's own
+        command line (--lora-modules) names the directory, which need not be under the root.
+        A name already registered is a 400 unless `replace` (vLLM's behaviour)."""
         owner, name = self._owner_and_name(name, caller)
         if public is not None and not caller.is_operator:
             raise PermissionDeniedError(
@@ -119,10 +123,21 @@ class AdapterManager:
             await self._check_tenant_exists(owner)
         key = adapter_key(owner, name)
         existing = await self.catalog.get(key)
+        if existing is not None and not replace:
+            raise InvalidRequestError(
+                f'adapter {name!r} is already registered; send "replace": true to replace it',
+                param="name",
+                code="adapter_exists",
+            )
         if public is None:
             public = existing.public if existing is not None else False
         try:
-            directory = resolve_adapter_dir(self._root_of(owner), path)
+            if anywhere and caller.is_operator:
+                directory = Path(path).expanduser().resolve()
+                if not directory.is_dir():
+                    raise AdapterPathError(f"{path} is not a directory")
+            else:
+                directory = resolve_adapter_dir(self._root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
         if not self.engine.model_info.lora_enabled:
@@ -348,7 +363,9 @@ class AdapterManager:
                 continue
             try:
                 if not await self._adopt(directory):
-                    await self.register(directory.name, str(directory), source="adapter_root")
+                    await self.register(
+                        directory.name, str(directory), source="adapter_root", replace=True
+                    )
             except RegistryDownError:
                 log.warning("adapter folder %s waits for the registry store", directory.name)
                 self.preload_waiting.add(directory.name)

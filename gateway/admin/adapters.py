@@ -32,7 +32,7 @@ class AdaptersController(Controller):
         self, data: JSONBody[RegisterAdapterRequest], caller: Caller, service: Service
     ) -> AdapterInfo:
         record = await service.adapters.register(
-            data.name, data.path, caller=caller, public=data.public
+            data.name, data.path, caller=caller, public=data.public, replace=data.replace
         )
         return adapter_info(service, record, caller)
 

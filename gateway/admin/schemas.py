@@ -8,11 +8,13 @@ import msgspec
 class RegisterAdapterRequest(msgspec.Struct, kw_only=True):
     """`path` is a directory under the server's --adapter-root (relative or absolute); a
     tenant's paths are under `<adapter-root>/<tenant>/`. `public` (admin only) lets every
-    tenant use the adapter; left out, a re-registration keeps the flag it had."""
+    tenant use the adapter; left out, a re-registration keeps the flag it had. A name
+    already registered is a 400 (as vLLM's load_lora_adapter) unless `replace` is true."""
 
     name: str
     path: str
     public: bool | None = None
+    replace: bool = False
 
 
 class PatchAdapterRequest(msgspec.Struct, kw_only=True):

@@ -9,7 +9,7 @@ from litestar import Controller, Request, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
+from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse, InvalidRequestError
 from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
 from loragate.gateway.openai.schemas import (
     AssistantMessage,
@@ -20,6 +20,7 @@ from loragate.gateway.openai.schemas import (
     ChatCompletionResponse,
     DeltaMessage,
 )
+from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
 from loragate.gateway.serving.generation import Generation, outputs_of
 from loragate.gateway.serving.prompts import chat_messages
 from loragate.gateway.serving.run import run_generations
@@ -41,7 +42,11 @@ class ChatController(Controller):
         caller: Caller,
         service: Service,
     ) -> ChatCompletionResponse | Stream:
-        params = chat_params(data, service.model.max_num_seqs)
+        template = getattr(service.tokenizer, "chat_template", None)
+        plan = tool_plan(data.tools, data.tool_choice, template)
+        if plan is not None and data.stream:
+            raise InvalidRequestError("streaming tool calls is not supported yet", param="stream")
+        params = chat_params(data, service.model.max_num_seqs, plan.schema if plan else None)
         lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
             chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens
@@ -63,11 +68,11 @@ class ChatController(Controller):
         choices = [
             ChatChoice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
+                message=_message(plan, c.text),
                 logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
                 if data.logprobs and c.logprobs is not None
                 else None,
-                finish_reason=c.finish_reason,
+                finish_reason=_finish(plan, c),
                 stop_reason=c.stop_reason,
             )
             for c in final.outputs
@@ -76,6 +81,23 @@ class ChatController(Controller):
             id=request_id, created=created, model=data.model, choices=choices,
             usage=usage_of([final]),
         )  # fmt: skip
+
+
+def _message(plan: ToolPlan | None, text: str) -> AssistantMessage:
+    calls = tool_calls(plan, text) if plan is not None else None
+    return (
+        AssistantMessage(content=None, tool_calls=calls)
+        if calls
+        else AssistantMessage(content=text)
+    )
+
+
+def _finish(plan: ToolPlan | None, c) -> str | None:
+    """OpenAI's: 'tool_calls' when the model chose to call ('required'); 'stop' when a
+    named function was forced."""
+    if plan is not None and plan.named is None and c.finish_reason == "stop":
+        return "tool_calls"
+    return c.finish_reason
 
 
 async def _stream(
@@ -95,13 +117,10 @@ async def _stream(
     top_n = data.top_logprobs or 0
     trackers: dict[int, DeltaTracker] = {}
     try:
-        n = len(gen.latest.outputs)
-        yield chunk(
-            [
-                ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                for i in range(n)
-            ]
-        )
+        for i in range(len(gen.latest.outputs)):
+            yield chunk(
+                [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
+            )
         async for out in outputs_of(gen):
             choices = []
             for c in out.outputs:
@@ -121,8 +140,8 @@ async def _stream(
                         finish_reason=delta.finish_reason,
                     )
                 )
-            if choices:
-                yield chunk(choices)
+            for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
+                yield chunk([choice])
         if data.stream_options is not None and data.stream_options.include_usage:
             yield chunk([], usage_of([gen.latest]))
     except APIError as exc:

@@ -10,12 +10,18 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
-from loragate.gateway.openai.format import DeltaTracker, completion_logprobs, usage_of
+from loragate.gateway.openai.format import (
+    DeltaTracker,
+    completion_logprobs,
+    echoed,
+    prompt_text,
+    usage_of,
+)
 from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from loragate.gateway.serving.generation import Generation, outputs_of
 from loragate.gateway.serving.prompts import completion_prompts
 from loragate.gateway.serving.run import run_generations
-from loragate.gateway.serving.sampling import COMPLETION_FIELDS, completion_params
+from loragate.gateway.serving.sampling import completion_fields, completion_params
 from loragate.gateway.serving.service import GatewayService, Service
 from loragate.gateway.serving.sse import DONE, sse_event
 from loragate.gateway.tenancy.principal import Caller
@@ -39,13 +45,13 @@ class CompletionsController(Controller):
             caller,
             completion_prompts(data.prompt, data.add_special_tokens),
             params,
-            COMPLETION_FIELDS,
+            completion_fields(data),
         )
         request_id = service.new_request_id("cmpl")
         run = await run_generations(
             service, request, caller, lora, cost,
             [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
-            params, field_names=COMPLETION_FIELDS,
+            params, field_names=completion_fields(data),
         )  # fmt: skip
         created = int(time.time())
         if data.stream:
@@ -55,6 +61,8 @@ class CompletionsController(Controller):
         for p, out in enumerate(finals):
             for c in out.outputs:
                 logprobs = None
+                if data.echo:
+                    c = echoed(service.tokenizer, out, c)
                 if data.logprobs is not None and c.logprobs is not None:
                     logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
                 choices.append(_choice(p * len(out.outputs) + c.index, c, logprobs))
@@ -86,19 +94,22 @@ async def _stream(
             async for out in outputs_of(gen):
                 choices = []
                 for c in out.outputs:
+                    first = c.index not in trackers
                     delta = trackers.setdefault(c.index, DeltaTracker()).step(c, want_logprobs)
                     if delta is None:
                         continue
+                    if data.echo and first:  # the prompt leads the choice's first chunk
+                        delta.text = prompt_text(service.tokenizer, out) + delta.text
                     logprobs = None
                     if want_logprobs and delta.logprobs is not None:
                         logprobs = completion_logprobs(
                             service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
                         )
                     choices.append(_choice(p * len(out.outputs) + c.index, delta, logprobs))
-                if choices:
+                for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                     yield sse_event(
                         CompletionResponse(
-                            id=request_id, created=created, model=data.model, choices=choices
+                            id=request_id, created=created, model=data.model, choices=[choice]
                         )
                     )
         if data.stream_options is not None and data.stream_options.include_usage:

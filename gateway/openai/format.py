@@ -6,7 +6,7 @@ a stream carries every character and every token exactly once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loragate.engine import CompletionOutput, RequestOutput
 from loragate.gateway.openai.schemas import (
@@ -32,6 +32,24 @@ def usage_of(outputs: list[RequestOutput]) -> UsageInfo:
     )
 
 
+def prompt_text(tokenizer, out: RequestOutput) -> str:
+    return out.prompt if isinstance(out.prompt, str) else tokenizer.decode(out.prompt_token_ids)
+
+
+def echoed(tokenizer, out: RequestOutput, c: CompletionOutput) -> CompletionOutput:
+    """The choice with the prompt in front (completions' `echo`), its logprobs too when the
+    prompt's were computed (the first prompt token has none: an empty step)."""
+    logprobs = None
+    if c.logprobs is not None and out.prompt_logprobs is not None:
+        logprobs = [step or {} for step in out.prompt_logprobs] + list(c.logprobs)
+    return replace(
+        c,
+        text=prompt_text(tokenizer, out) + c.text,
+        token_ids=list(out.prompt_token_ids) + list(c.token_ids),
+        logprobs=logprobs,
+    )
+
+
 def completion_logprobs(
     tokenizer, token_ids: list[int], steps: list[dict[int, float]], text_offset: int = 0
 ) -> CompletionLogprobs:
@@ -40,8 +58,8 @@ def completion_logprobs(
     for token_id, step in zip(token_ids, steps, strict=False):
         text = token_text(tokenizer, token_id)
         tokens.append(text)
-        chosen.append(step.get(token_id, _MISSING_LOGPROB))
-        tops.append({token_text(tokenizer, t): lp for t, lp in _ranked(step)})
+        chosen.append(step.get(token_id, _MISSING_LOGPROB) if step else None)
+        tops.append({token_text(tokenizer, t): lp for t, lp in _ranked(step)} if step else None)
         offsets.append(text_offset)
         text_offset += len(text)
     return CompletionLogprobs(

@@ -11,16 +11,30 @@ from pathlib import Path
 import click
 
 from loragate.engine import EngineConfig
-from loragate.gateway.operations.serve_options import serve_options, split_options
+from loragate.gateway.operations.serve_options import (
+    serve_options,
+    split_options,
+    spread_many_valued,
+)
 from loragate.gateway.operations.settings import GatewaySettings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+class _Commands(click.Group):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, spread_many_valued(list(args)))
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
+@click.version_option(package_name="loragate", message="loragate %(version)s")
 def main() -> None:
     """loragate: one base model, many LoRA adapters, one continuously batched engine."""
 
 
 @main.command()
+@click.argument("model_tag", required=False, metavar="[MODEL]")
 @serve_options
 @click.option(
     "--log-level",
@@ -28,8 +42,14 @@ def main() -> None:
     type=click.Choice(["debug", "info", "warning", "error"]),
     help="Log level.",
 )
-def serve(**options) -> None:
-    """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API."""
+def serve(model_tag, **options) -> None:
+    """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API.
+
+    MODEL (as `vllm serve MODEL`) is the base model, like --model."""
+    if model_tag is not None:
+        if options["model"] not in (None, model_tag):
+            raise click.UsageError(f"MODEL {model_tag!r} and --model {options['model']!r} differ")
+        options["model"] = model_tag
     _setup_logging(options.pop("log_level"))
     from loragate.gateway.operations.server import serve as run_server
 

@@ -66,7 +66,40 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "plugins": {"flag": "--plugin", "multiple": True, "metavar": "MODULE:OBJECT"},
     "redis_url": {"envvar": "LORAGATE_REDIS_URL", "show_envvar": True},
     "admin_key": {"envvar": "LORAGATE_ADMIN_KEY", "show_envvar": True},
+    "api_key": {"envvar": ["LORAGATE_API_KEY", "VLLM_API_KEY"], "show_envvar": True},
+    "lora_modules": {"multiple": True, "metavar": "NAME=DIR"},
+    "model_aliases": {"multiple": True, "metavar": "NAME"},
+    "served_model_name": {"multiple": True, "metavar": "NAME"},
 }
+
+# vLLM's flags that take several values after one flag (argparse nargs='+').
+MANY_VALUED = ("--lora-modules", "--served-model-name", "--model-aliases")
+
+
+def _more_of(flag: str, arg: str) -> bool:
+    """Whether `arg` is one more value of `flag` (a module is NAME=DIR or JSON)."""
+    if arg.startswith("-"):
+        return False
+    return flag != "--lora-modules" or "=" in arg or arg.lstrip().startswith("{")
+
+
+def spread_many_valued(args: list[str]) -> list[str]:
+    """`--lora-modules a=X b=Y` as click reads it: `--lora-modules a=X --lora-modules b=Y`."""
+    out: list[str] = []
+    flag = None
+    for arg in args:
+        if arg in MANY_VALUED:
+            flag = arg
+            out.append(arg)
+            continue
+        if flag is not None and _more_of(flag, arg) and out[-1] != flag:
+            out += [flag, arg]
+            continue
+        if arg.startswith("-") or (flag is not None and out[-1] != flag):
+            flag = None
+        out.append(arg)
+    return out
+
 
 # GatewaySettings.engine is the EngineConfig the flags above build.
 _NOT_FLAGS = {"engine"}
@@ -129,4 +162,8 @@ def split_options(options: dict) -> tuple[dict, dict]:
     engine, gateway = {}, {}
     for owner, f in config_fields():
         (engine if owner == "engine" else gateway)[f.name] = options.pop(f.name)
+    # Several --served-model-name values: the first is the model's name, the rest aliases.
+    names = tuple(engine["served_model_name"] or ())
+    engine["served_model_name"] = names[0] if names else None
+    gateway["model_aliases"] = tuple(gateway["model_aliases"]) + names[1:]
     return engine, gateway

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -92,6 +93,29 @@ class GatewaySettings:
             "Default: open, single-tenant."
         ),
     )
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=_help(
+            "vLLM's single shared key: every API request needs `Authorization: Bearer <key>`. "
+            "For a server without tenancy; with --admin-key, clients use tenant keys."
+        ),
+    )
+    lora_modules: tuple[str, ...] = field(
+        default=(),
+        metadata=_help(
+            "vLLM's --lora-modules: adapters to register at start, as name=DIR or "
+            '\'{"name": ..., "path": ...}\' (repeatable, or several after one flag). The '
+            "operator's own: DIR need not be under --adapter-root."
+        ),
+    )
+    model_aliases: tuple[str, ...] = field(
+        default=(),
+        metadata=_help(
+            "More names clients may use for the base model (vLLM's --served-model-name "
+            "with several names sets these after the first)."
+        ),
+    )
     registry_resync_seconds: float = field(
         default=2.0,
         metadata=_help(
@@ -178,6 +202,21 @@ class GatewaySettings:
                 f"admin_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
                 "without spaces"
             )
+        if self.api_key is not None:
+            if (
+                not isinstance(self.api_key, str)
+                or not self.api_key
+                or not self.api_key.isprintable()
+            ):
+                raise ValueError("api_key must be a non-empty printable string")
+            if self.admin_key is not None:
+                raise ValueError(
+                    "api_key is vLLM's single shared key, for a server without tenancy; with "
+                    "admin_key (tenancy) clients use their tenant keys"
+                )
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        lora_modules(self.lora_modules)  # a bad entry fails here, before the model loads
+        object.__setattr__(self, "model_aliases", tuple(self.model_aliases))
         if _not_int(self.max_connections) or self.max_connections < 1:
             raise ValueError(
                 f"max_connections must be an integer >= 1, got {self.max_connections!r}"
@@ -199,6 +238,30 @@ class GatewaySettings:
             if not root.is_dir():
                 raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
             object.__setattr__(self, "adapter_root", root.resolve())
+
+
+def lora_modules(specs: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, directory) of each --lora-modules entry: `name=DIR` or vLLM's JSON form."""
+    modules = []
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise ValueError(f"lora_modules entries must be strings, got {spec!r}")
+        if spec.lstrip().startswith("{"):
+            try:
+                entry = json.loads(spec)
+            except ValueError:
+                entry = None
+            if not isinstance(entry, dict) or not {"name", "path"} <= set(entry):
+                raise ValueError(f"lora_modules entry {spec!r} must be JSON with name and path")
+            name, path = entry["name"], entry["path"]
+        else:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                raise ValueError(f"lora_modules entry {spec!r} must be name=DIR")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ValueError(f"lora_modules entry {spec!r} needs a name and a directory")
+        modules.append((name, path))
+    return modules
 
 
 def _not_int(value) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from loragate.engine import SamplingParams
 from loragate.gateway.errors import InvalidRequestError, field_of
 from loragate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loragate.gateway.serving.structured import openai_structured, tgi_structured
 from loragate.gateway.tgi.schemas import TGIParameters
 
 MAX_LOGPROBS = 20
@@ -23,23 +24,23 @@ _SHARED = (
     "use_beam_search", "length_penalty", "sampler", "sampler_args", "include_stop_str_in_output",
     "skip_special_tokens",
 )  # fmt: skip
-COMPLETION_FIELDS = {name: name for name in _SHARED} | {
-    "max_tokens": "max_tokens",
-    "logprobs": "logprobs",
-    "prompt": "prompt",
-    "prompt_token_ids": "prompt",
-}
 TGI_FIELDS = {name: f"parameters.{name}" for name in _SHARED} | {
     "max_tokens": "parameters.max_new_tokens",
     "ignore_eos": "parameters.ignore_eos_token",
     "prompt": "inputs",
     "prompt_token_ids": "inputs",
+    "prompt_logprobs": "parameters.decoder_input_details",
 }
+
+
+def tgi_fields(p: TGIParameters) -> dict[str, str]:
+    _, structured_field = tgi_structured(p)
+    return TGI_FIELDS | {"structured_outputs": structured_field or "parameters.grammar"}
 
 
 def chat_fields(req: ChatCompletionRequest) -> dict[str, str]:
     max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    return {name: name for name in _SHARED} | {
+    return openai_fields(req) | {
         "max_tokens": max_name,
         "logprobs": "top_logprobs",
         "prompt": "messages",
@@ -47,30 +48,44 @@ def chat_fields(req: ChatCompletionRequest) -> dict[str, str]:
     }
 
 
+def openai_fields(req: SamplingFields) -> dict[str, str]:
+    """SamplingParams field -> the request field a refusal names, for this request."""
+    _, structured_field = openai_structured(req)
+    return {name: name for name in _SHARED} | {
+        "structured_outputs": structured_field or "structured_outputs",
+        "logit_bias": "logit_bias",
+    }
+
+
+def completion_fields(req: CompletionRequest) -> dict[str, str]:
+    return openai_fields(req) | {
+        "max_tokens": "max_tokens",
+        "logprobs": "logprobs",
+        "prompt": "prompt",
+        "prompt_token_ids": "prompt",
+    }
+
+
 def completion_params(req: CompletionRequest, max_num_seqs: int) -> SamplingParams:
     _refuse_unsupported_openai(req, max_num_seqs)
-    if req.echo:
-        raise InvalidRequestError("echo is not supported", param="echo")
     if req.suffix:
         raise InvalidRequestError("suffix is not supported", param="suffix")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise InvalidRequestError(
             f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", param="logprobs"
         )
-    return _build(
-        _openai_common(req) | {"max_tokens": req.max_tokens, "logprobs": req.logprobs},
-        COMPLETION_FIELDS,
-    )
+    # echo with logprobs reports the prompt's tokens too, as vLLM does.
+    prompt_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+    fields = {"max_tokens": req.max_tokens, "logprobs": req.logprobs}
+    fields["prompt_logprobs"] = prompt_logprobs
+    return _build(_openai_common(req) | fields, completion_fields(req))
 
 
-def chat_params(req: ChatCompletionRequest, max_num_seqs: int) -> SamplingParams:
+def chat_params(
+    req: ChatCompletionRequest, max_num_seqs: int, tools: dict | None = None
+) -> SamplingParams:
+    """`tools`: the JSON schema tool calls must match (gateway/openai/tools.py), if any."""
     _refuse_unsupported_openai(req, max_num_seqs)
-    if req.tools:
-        raise InvalidRequestError("tools are not supported", param="tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise InvalidRequestError(
-            "only response_format type 'text' is supported", param="response_format"
-        )
     top = req.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise InvalidRequestError(
@@ -82,14 +97,19 @@ def chat_params(req: ChatCompletionRequest, max_num_seqs: int) -> SamplingParams
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     logprobs = (top or 0) if req.logprobs else None
+    fields = _openai_common(req) | {"max_tokens": max_tokens, "logprobs": logprobs}
+    if tools is not None:
+        if fields["structured_outputs"] is not None:
+            raise InvalidRequestError(
+                "tool calls and structured output cannot be combined", param="tool_choice"
+            )
+        fields["structured_outputs"] = {"json": tools}
     return _build(
-        _openai_common(req) | {"max_tokens": max_tokens, "logprobs": logprobs}, chat_fields(req)
+        fields, chat_fields(req) | ({"structured_outputs": "tools"} if tools is not None else {})
     )
 
 
 def _refuse_unsupported_openai(req: SamplingFields, max_num_seqs: int) -> None:
-    if req.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     for name in ("n", "best_of"):
         value = getattr(req, name)
         if isinstance(value, int) and value > max_num_seqs:
@@ -99,7 +119,10 @@ def _refuse_unsupported_openai(req: SamplingFields, max_num_seqs: int) -> None:
 
 
 def _openai_common(req: SamplingFields) -> dict[str, Any]:
+    structured, _ = openai_structured(req)
     return {
+        "structured_outputs": structured,
+        "logit_bias": req.logit_bias,
         "n": req.n,
         "best_of": req.best_of,
         "temperature": 1.0 if req.temperature is None else req.temperature,
@@ -128,7 +151,7 @@ DEFAULT_MAX_NEW_TOKENS = 20
 
 def tgi_params(p: TGIParameters, max_num_seqs: int) -> SamplingParams:
     """TGI samples when do_sample is set or any sampling warper is; otherwise it is greedy."""
-    for name in ("merged_adapters", "response_format", "grammar", "typical_p", "top_n_tokens"):
+    for name in ("merged_adapters", "typical_p"):
         if getattr(p, name) is not None:
             raise InvalidRequestError(f"{name} is not supported", param=f"parameters.{name}")
     if p.return_k_alternatives:
@@ -157,9 +180,17 @@ def tgi_params(p: TGIParameters, max_num_seqs: int) -> SamplingParams:
         "frequency_penalty": 0.0 if p.frequency_penalty is None else p.frequency_penalty,
         "ignore_eos": p.ignore_eos_token,
         "max_tokens": DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens,
-        "logprobs": 0,  # TGI reports every token's logprob
+        # TGI reports every token's logprob, and top_n_tokens alternatives when asked.
+        "logprobs": p.top_n_tokens or 0,
+        "prompt_logprobs": 0 if p.decoder_input_details else None,
+        "structured_outputs": tgi_structured(p)[0],
     }
-    return _build(fields, TGI_FIELDS)
+    if p.top_n_tokens is not None and not 0 <= p.top_n_tokens <= MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"top_n_tokens must be in [0, {MAX_LOGPROBS}], got {p.top_n_tokens}",
+            param="parameters.top_n_tokens",
+        )
+    return _build(fields, tgi_fields(p))
 
 
 # What torch.Generator.manual_seed accepts.

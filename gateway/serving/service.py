@@ -24,7 +24,7 @@ from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.operations.settings import GatewaySettings, lora_modules
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.serving.metered import MeteredRequest
@@ -65,7 +65,9 @@ class GatewayService:
             self.model_name,
             load_timeout=settings.adapter_load_timeout_seconds,
         )
-        self.auth = Authenticator(settings.admin_key, self.store, settings.auth_cache_seconds)
+        self.auth = Authenticator(
+            settings.admin_key, self.store, settings.auth_cache_seconds, api_key=settings.api_key
+        )
         self.quotas = QuotaKeeper(self.store, settings.quota_lease_seconds)
         self.usage_meter = UsageMeter(self.store)
         self.tenants = TenantService(self.store, self.auth, self.adapters, self.usage_meter)
@@ -106,6 +108,8 @@ class GatewayService:
         NotFoundError (404) otherwise, the same whether it is missing or another tenant's."""
         if name is None or name == "" or name == self.model_name:
             return None
+        if name in self.settings.model_aliases:
+            return None
         return (await self.adapters.lookup(name, param, caller)).lora_request
 
     def apply_chat_template(
@@ -129,13 +133,14 @@ class GatewayService:
         """The prompts as the engine will get them, and what the request costs the caller's
         quotas (see request_cost).
 
-        Only a tokens/minute quota needs prompt lengths: then each text prompt is tokenized
-        here, as the engine would, and handed to the engine as token ids (tokenized once).
+        Each text prompt is tokenized here, as the engine would, and handed to the engine as
+        token ids (tokenized once): a tokens/minute quota needs the lengths, and so does the
+        check that `max_tokens` fits the context (vLLM's 400, rather than a long answer cut
+        at the context's end).
         """
-        quota = caller.quota
-        if quota is not None and quota.tokens_per_minute is not None:
-            prompts = [await self._tokenized(p) for p in prompts]
+        prompts = [await self._tokenized(p) for p in prompts]
         lengths = [_prompt_length(p) for p in prompts]
+        _check_max_tokens(lengths, params.max_tokens, self.max_model_len, field_names)
         widest = "best_of" if (params.best_of or 1) > params.n else "n"
         if max(params.n, params.best_of or 1) == 1:
             widest = "prompt"
@@ -242,6 +247,9 @@ class GatewayService:
         await self.sync.start()
         if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
+        for name, path in lora_modules(self.settings.lora_modules):
+            await self.adapters.register(name, path, source="cli", anywhere=True, replace=True)
+            log.info("registered --lora-modules adapter %s from %s", name, path)
         self.sync.on_subscribed = self._preload_waiting_folders
         self._lease_keeper = asyncio.create_task(self.quotas.keep_leases_alive())
 
@@ -287,6 +295,20 @@ class GatewayService:
             usage_pending=self.usage_meter.pending,
         )
         return self.metrics.render(snapshot, gauges)
+
+
+def _check_max_tokens(lengths: list[int], max_tokens, max_model_len: int, names: dict) -> None:
+    if max_tokens is None:
+        return
+    for length in lengths:
+        if length < max_model_len and length + max_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {length + max_tokens} tokens ({length} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                "or completion.",
+                param=names.get("max_tokens", "max_tokens"),
+            )
 
 
 def _prompt_length(prompt) -> int:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import msgspec
 
 from loragate.gateway.errors import (
+    TGI_PATHS,
     APIError,
     AuthenticationError,
     ErrorDetail,
     ErrorResponse,
     RegistryDownError,
+    tgi_error_body,
 )
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.principal import CALLER_SCOPE_KEY, OPERATOR, Principal
@@ -64,9 +66,12 @@ class Authenticator:
         store: StoreSeam,
         cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ):
         self.enabled = admin_key is not None
         self._admin = _digest(admin_key) if admin_key is not None else None
+        # vLLM's --api-key: one shared key on a server without tenancy.
+        self._shared = _digest(api_key) if api_key is not None and admin_key is None else None
         self._store = store
         self._health = store.health
         self._ttl = cache_seconds
@@ -82,13 +87,19 @@ class Authenticator:
         """Whether this header carries the admin key (always, on a server without tenancy).
         Never asks the store, so a route open to anyone can use it freely."""
         if not self.enabled:
-            return True
+            return self._shared is None or self._has_shared_key(authorization)
         token = bearer_token(authorization)
         return token is not None and hmac.compare_digest(_digest(token), self._admin)
+
+    def _has_shared_key(self, authorization: str | None) -> bool:
+        token = bearer_token(authorization)
+        return token is not None and hmac.compare_digest(_digest(token), self._shared)
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an Authorization header; AuthenticationError (401) otherwise."""
         if not self.enabled:
+            if self._shared is not None and not self._has_shared_key(authorization):
+                raise AuthenticationError(_INVALID, code="invalid_api_key")
             return OPERATOR
         token = bearer_token(authorization)
         if token is None:
@@ -164,8 +175,8 @@ class Authenticator:
 class AuthGate:
     """ASGI middleware on every route: sets the caller, or answers 401/503 itself.
 
-    It answers in the OpenAI error shape on every route (TGI's included), before any
-    route code or body parsing runs.
+    It answers before any route code or body parsing runs: in TGI's error shape on the TGI
+    routes (the lorax and text-generation clients parse only that), OpenAI's elsewhere.
     """
 
     def __init__(self, app):
@@ -178,7 +189,7 @@ class AuthGate:
         try:
             caller = await authenticator.authenticate(_header(scope, b"authorization"))
         except APIError as exc:
-            return await _send_error(send, exc)
+            return await _send_error(send, exc, tgi=scope["path"] in TGI_PATHS)
         scope[CALLER_SCOPE_KEY] = caller
         return await self.app(scope, receive, send)
 
@@ -190,10 +201,12 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-async def _send_error(send, exc: APIError) -> None:
-    body = msgspec.json.encode(
-        ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code))
+async def _send_error(send, exc: APIError, tgi: bool = False) -> None:
+    """In the OpenAI shape, or TGI's on the TGI routes (whose clients parse only that)."""
+    error = ErrorResponse(
+        error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
     )
+    body = msgspec.json.encode(tgi_error_body(exc.status_code, exc.message) if tgi else error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))

@@ -23,7 +23,7 @@ from loragate.gateway.errors import (
 from loragate.gateway.openai.format import token_text
 from loragate.gateway.serving.generation import Generation, outputs_of
 from loragate.gateway.serving.run import Run, run_generations
-from loragate.gateway.serving.sampling import TGI_FIELDS, tgi_params
+from loragate.gateway.serving.sampling import tgi_fields, tgi_params
 from loragate.gateway.serving.service import GatewayService, Service
 from loragate.gateway.serving.sse import sse_event
 from loragate.gateway.tenancy.principal import Caller, Principal
@@ -86,10 +86,10 @@ async def _run(
             raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
         ids = await service.encode(data.inputs)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
-    (prompt,), cost = await service.measure(caller, [prompt], params, TGI_FIELDS)
+    (prompt,), cost = await service.measure(caller, [prompt], params, tgi_fields(p))
     run = await run_generations(
         service, request, caller, lora, cost, [(prompt, service.new_request_id("tgi"))], params,
-        field_names=TGI_FIELDS, adapter_param="parameters.adapter_id",
+        field_names=tgi_fields(p), adapter_param="parameters.adapter_id",
     )  # fmt: skip
     return run, p
 
@@ -119,6 +119,9 @@ async def _generate(
                 )
                 for i, t in enumerate(c.token_ids)
             ],  # fmt: skip
+            top_tokens=[_top_tokens(service, c, i, p) for i in range(len(c.token_ids))]
+            if p.top_n_tokens
+            else None,
         )
     return TGIResponse(generated_text=text, details=details)
 
@@ -151,7 +154,8 @@ async def _events(
                     token=TGIToken(
                         id=token_id, text=text if last else "", logprob=_logprob(c, i),
                         special=token_id in special,
-                    )
+                    ),
+                    top_tokens=_top_tokens(service, c, i, p) if p.top_n_tokens else None,
                 )  # fmt: skip
                 if last and c.finish_reason is not None:
                     event.generated_text = (data.inputs + c.text) if p.return_full_text else c.text
@@ -179,7 +183,27 @@ def _logprob(c: CompletionOutput, i: int) -> float:
 
 
 def _prefill(service: GatewayService, out: RequestOutput) -> list[TGIInputToken]:
+    """Every prompt token with its logprob under the model (the first has none)."""
+    steps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
     return [
-        TGIInputToken(id=t, text=token_text(service.tokenizer, t), logprob=None)
-        for t in out.prompt_token_ids
+        TGIInputToken(
+            id=t,
+            text=token_text(service.tokenizer, t),
+            logprob=step.get(t) if step is not None else None,
+        )
+        for t, step in zip(out.prompt_token_ids, steps, strict=False)
+    ]
+
+
+def _top_tokens(
+    service: GatewayService, c: CompletionOutput, i: int, p: TGIParameters
+) -> list[TGIToken]:
+    """The top_n_tokens likeliest tokens of step i, best first (TGI's top_tokens)."""
+    if c.logprobs is None or i >= len(c.logprobs):
+        return []
+    special = set(service.tokenizer.all_special_ids)
+    ranked = sorted(c.logprobs[i].items(), key=lambda item: -item[1])[: p.top_n_tokens]
+    return [
+        TGIToken(id=t, text=token_text(service.tokenizer, t), logprob=lp, special=t in special)
+        for t, lp in ranked
     ]

@@ -65,6 +65,7 @@ class TGIDetails(msgspec.Struct, kw_only=True):
     seed: int | None = None
     prefill: list[TGIInputToken]
     tokens: list[TGIToken]
+    top_tokens: list[list[TGIToken]] | None = None  # with parameters.top_n_tokens
 
 
 class TGIResponse(msgspec.Struct, kw_only=True):
@@ -81,5 +82,6 @@ class TGIStreamDetails(msgspec.Struct, kw_only=True):
 
 class TGIStreamResponse(msgspec.Struct, kw_only=True):
     token: TGIToken
+    top_tokens: list[TGIToken] | None = None  # with parameters.top_n_tokens
     generated_text: str | None = None
     details: TGIStreamDetails | None = None

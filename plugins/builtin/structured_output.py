@@ -52,10 +52,10 @@ class StructuredOutput:
             return matcher
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error:
-            raise ValueError(f"structured output cannot be compiled: {'; '.join(messages)}")
+            raise ValueError(f"structured_outputs cannot be compiled: {'; '.join(messages)}")
         matcher = llguidance.LLMatcher(tokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"structured output cannot be compiled: {matcher.get_error()}")
+            raise ValueError(f"structured_outputs cannot be compiled: {matcher.get_error()}")
         self._matchers[key] = matcher
         if len(self._matchers) > CACHED_GRAMMARS:
             self._matchers.popitem(last=False)

@@ -156,7 +156,7 @@ def test_bad_specs_are_value_errors_naming_the_field(llm):
         SamplingParams(structured_outputs={"choice": ["a", 3]})
     with pytest.raises(ValueError, match="at most"):
         SamplingParams(structured_outputs={"regex": "a" * 70_000})
-    with pytest.raises(ValueError, match="cannot be compiled"):
+    with pytest.raises(ValueError, match="structured_outputs cannot be compiled"):
         llm.generate(
             [prompt(1)], greedy(structured_outputs={"grammar": "start: ("}), use_tqdm=False
         )

@@ -75,7 +75,8 @@ class Api:
         return self.post("/v1/completions", body)
 
     def register(self, name: str, path: str, **kw) -> httpx.Response:
-        return self.post("/v1/adapters", {"name": name, "path": path, **kw})
+        """Replaces a registration of the same name (`replace=False` to be refused)."""
+        return self.post("/v1/adapters", {"name": name, "path": path, "replace": True, **kw})
 
     def create_tenant(self, name: str, **quota) -> str:
         got = self.post("/v1/tenants", {"name": name, "quota": quota or None})

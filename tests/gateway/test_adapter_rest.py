@@ -29,8 +29,9 @@ def own(start_server, own_root):
     return start_server(gateway={"adapter_root": own_root, "preload_adapters": False})
 
 
-def post_adapter(url, name, path):
-    return httpx.post(f"{url}/v1/adapters", json={"name": name, "path": path}, timeout=60)
+def post_adapter(url, name, path, **kw):
+    body = {"name": name, "path": path, **kw}
+    return httpx.post(f"{url}/v1/adapters", json=body, timeout=60)
 
 
 def complete(url, model, prompt="Hello world", **kw):
@@ -68,7 +69,10 @@ def test_register_list_use_delete(url, adapter_root):
 
 def test_reregistering_a_name_gets_a_new_id(url):
     first = post_adapter(url, "zeta", "beta").json()
-    second = post_adapter(url, "zeta", "gamma").json()
+    refused = post_adapter(url, "zeta", "gamma")  # vLLM's answer to a name in use
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "adapter_exists"
+    assert httpx.get(f"{url}/v1/adapters/zeta").json()["path"] == "beta"
+    second = post_adapter(url, "zeta", "gamma", replace=True).json()
     assert second["id"] != first["id"] and second["path"] == "gamma"
     used = complete(url, "zeta").json()["choices"][0]["text"]
     assert used == complete(url, "gamma").json()["choices"][0]["text"]

@@ -12,6 +12,7 @@ import sys
 import threading
 
 import httpx
+import openai
 import pytest
 from click.testing import CliRunner
 from tenancy_testlib import flush_namespace
@@ -306,3 +307,48 @@ def test_serve_process_with_redis_and_admin_key_from_the_environment(tiny_dir, r
         flush_namespace(redis_url, namespace)
     log = "".join(server.stderr)
     assert admin not in log and created.json()["api_key"] not in log
+
+
+def test_vllm_style_serve_with_lora_modules_api_key_and_several_names(tiny_dir, adapter_root):
+    """`loragate serve MODEL --lora-modules a=DIR {json} --api-key K --served-model-name x y`
+    as vLLM takes it: the adapters answer by name, every API call needs the key."""
+    key = "shared-vllm-key"
+    module = json.dumps({"name": "second", "path": str(adapter_root / "beta")})
+    server = ServeProcess(str(tiny_dir), "--lora-modules", f"first={adapter_root / 'alpha'}",
+                          module, "--api-key", key, "--served-model-name", "tiny-x", "tiny-y",
+                          "--max-model-len", "512", "--num-kv-blocks", "128")  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+        names = {m.id for m in client.models.list().data}
+        assert {"tiny-x", "first", "second"} <= names
+        outs = {
+            model: client.completions.create(
+                model=model, prompt="Once upon a time", max_tokens=8, temperature=0
+            )
+            .choices[0]
+            .text
+            for model in ("first", "second", "tiny-x", "tiny-y")
+        }
+        assert outs["tiny-x"] == outs["tiny-y"]  # one base model, two names
+        assert outs["first"] != outs["tiny-x"] and outs["second"] != outs["first"]
+        keyless = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            keyless.completions.create(model="first", prompt="x", max_tokens=2)
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        tgi = httpx.post(f"{server.url}/generate", json={"inputs": "x"})
+        assert tgi.status_code == 401  # in TGI's shape, which the lorax client parses
+        assert tgi.json()["error_type"] == "authentication" and "API key" in tgi.json()["error"]
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        server.stop()
+    assert key not in "".join(server.stderr)
+
+
+def test_bad_lora_modules_and_api_key_with_admin_key_are_refused(tiny_dir):
+    for args, named in (
+        (["--lora-modules", "nodir"], "lora_modules"),
+        (["--lora-modules", '{"name": "x"}'], "lora_modules"),
+        (["--api-key", "k", "--admin-key", "a" * 32], "api_key"),
+    ):
+        result = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir), *args])
+        assert result.exit_code != 0 and named in result.output, (args, result.output)

@@ -40,15 +40,25 @@ def other_key(key: str) -> str:
     return key[:-1] + ("B" if key[-1] == "A" else "A")
 
 
+TGI_ROUTES = {"/", "/generate", "/generate_stream", "/info"}
+
+
 def assert_401(response, message: str | None = None) -> str:
+    """The same refusal everywhere: OpenAI's error shape, TGI's on the TGI routes."""
     assert response.status_code == 401, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
     assert response.headers["www-authenticate"] == "Bearer"
+    if response.request.url.path in TGI_ROUTES:
+        body = response.json()
+        assert set(body) == {"error", "error_type"} and body["error_type"] == "authentication"
+        text = body["error"]
+    else:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+        text = error["message"]
     if message is not None:
-        assert error["message"] == message, "every refusal must read the same"
-    return error["message"]
+        assert text == message, "every refusal must read the same"
+    return text
 
 
 PROTECTED = [

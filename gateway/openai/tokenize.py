@@ -1,0 +1,92 @@
+"""vLLM's utility routes: POST /tokenize, POST /detokenize, GET /version.
+
+Clients moving from vLLM count tokens and check versions this way. Tokenizing follows the
+engine's rules (the model's BOS rule for text, the chat template for messages), on the
+engine thread like every other use of the tokenizer.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+from litestar import Controller, get, post
+from litestar.params import JSONBody
+
+from loragate.gateway.errors import InvalidRequestError
+from loragate.gateway.openai.schemas import ChatMessage
+from loragate.gateway.serving.prompts import chat_messages
+from loragate.gateway.serving.service import Service
+from loragate.gateway.tenancy.principal import Caller
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """Either `prompt` (text) or `messages` (a chat, rendered by the model's template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+def loragate_version() -> str:
+    try:
+        return version("loragate")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+class TokenizeController(Controller):
+    tags = ["vLLM"]
+
+    @post("/tokenize", status_code=200, summary="Token ids of a prompt or a chat")
+    async def tokenize(
+        self, data: JSONBody[TokenizeRequest], caller: Caller, service: Service
+    ) -> TokenizeResponse:
+        await service.resolve_model(data.model, caller=caller)
+        if (data.prompt is None) == (data.messages is None):
+            raise InvalidRequestError("give exactly one of prompt or messages", param="prompt")
+        if data.messages is not None:
+            ids = service.apply_chat_template(
+                chat_messages(data.messages),
+                data.add_generation_prompt,
+                bool(data.add_special_tokens),
+            )
+        else:
+            special = True if data.add_special_tokens is None else data.add_special_tokens
+            ids = await service.encode(data.prompt, special)
+        return TokenizeResponse(count=len(ids), max_model_len=service.max_model_len, tokens=ids)
+
+    @post("/detokenize", status_code=200, summary="Text of token ids")
+    async def detokenize(
+        self, data: JSONBody[DetokenizeRequest], caller: Caller, service: Service
+    ) -> DetokenizeResponse:
+        await service.resolve_model(data.model, caller=caller)
+        vocab = len(service.tokenizer)
+        bad = [t for t in data.tokens if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"tokens must be ids in [0, {vocab}), got {bad[:5]}", param="tokens"
+            )
+        return DetokenizeResponse(prompt=service.tokenizer.decode(data.tokens))
+
+    @get("/version", summary="loragate's version")
+    async def get_version(self) -> dict[str, Any]:
+        return {"version": loragate_version()}
