@@ -9,24 +9,32 @@ they would hide which plugin produced a result.
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import pluggy
 import torch
 
 from loragate.plugins import hookspecs
+from loragate.plugins.answers import (
+    callable_name,
+    check_marked,
+    checked_tokens,
+    default_name,
+    describe,
+    lookup,
+    named_value_problem,
+    resolve_adapter_choice,
+    spec_names,
+)
 from loragate.plugins.builtin import builtin_plugins
-from loragate.plugins.decoding import STRATEGY_METHODS
 from loragate.plugins.errors import PluginError, PluginLoadError
 from loragate.plugins.loading import discover_entry_points, load_entry_point, load_reference
 from loragate.plugins.markers import PROJECT_NAME
 
 logger = logging.getLogger(__name__)
 
-HOOK_PREFIX = "loragate_"
 ADAPTER_TIERS = ("device", "cpu")
 
 
@@ -87,10 +95,10 @@ class PluginManager:
         """Register ``plugin`` (once: a second registration is ignored); returns its name."""
         if self._pm.is_registered(plugin):
             return self._pm.get_name(plugin)
-        name = name or _default_name(plugin)
+        name = name or default_name(plugin)
         if self._pm.has_plugin(name):
             raise PluginLoadError(name, f"plugin {name!r} is registered twice")
-        _check_marked(name, plugin)
+        check_marked(name, plugin)
         try:
             self._pm.register(plugin, name=name)
         except (pluggy.PluginValidationError, ValueError) as exc:
@@ -111,7 +119,7 @@ class PluginManager:
                 raise PluginLoadError(
                     name,
                     f"plugin {name!r} implements {caller.name!r}, which is not a loragate hook "
-                    f"(known: {sorted(_spec_names())})",
+                    f"(known: {sorted(spec_names())})",
                 )
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
@@ -140,7 +148,7 @@ class PluginManager:
 
     def sampler(self, name: str) -> NamedHook:
         """The sampler called ``name``; ValueError naming the known ones otherwise."""
-        return _lookup(self._named("loragate_samplers", "sampler"), name, "sampler")
+        return lookup(self._named("loragate_samplers", "sampler"), name, "sampler")
 
     def decoding_strategies(self) -> dict[str, NamedHook]:
         """``{name: (plugin_name, strategy)}``; a plugin's strategy beats a built-in's."""
@@ -149,7 +157,7 @@ class PluginManager:
     def decoding_strategy(self, name: str) -> NamedHook:
         """The strategy called ``name``; ValueError naming the known ones otherwise."""
         strategies = self._named("loragate_decoding_strategies", "decoding strategy")
-        return _lookup(strategies, name, "decoding strategy")
+        return lookup(strategies, name, "decoding strategy")
 
     def call_sampler(self, name: str, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
         """Run sampler ``name`` and check its answer: a LongTensor[n] of in-vocabulary ids.
@@ -159,7 +167,7 @@ class PluginManager:
         """
         plugin_name, sampler = self.sampler(name)
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-            raise ValueError(f"logits must be a 2-D tensor [n, vocab], got {_describe(logits)}")
+            raise ValueError(f"logits must be a 2-D tensor [n, vocab], got {describe(logits)}")
         if not logits.is_floating_point():
             raise ValueError(f"logits must be floating point, got {logits.dtype}")
         if not isinstance(args, list) or len(args) != logits.shape[0]:
@@ -171,7 +179,7 @@ class PluginManager:
             tokens = sampler(logits, args)
         except Exception as exc:
             raise PluginError(plugin_name, f"{where} raised {type(exc).__name__}: {exc}") from exc
-        return _checked_tokens(tokens, logits, plugin_name, where)
+        return checked_tokens(tokens, logits, plugin_name, where)
 
     def logits_processors(self, params: dict, model: dict | None = None) -> list[NamedHook]:
         """The processors plugins want applied to the request whose SamplingParams (as a
@@ -179,7 +187,7 @@ class PluginManager:
         ``vocab_size`` and ``eos_token_ids``. A plugin refuses the request's values by
         raising ValueError, which reaches the caller as it is (a 400 over HTTP)."""
         if not isinstance(params, dict):
-            raise ValueError(f"params must be a dict (dataclasses.asdict), got {_describe(params)}")
+            raise ValueError(f"params must be a dict (dataclasses.asdict), got {describe(params)}")
         processors = []
         hook = "loragate_logits_processors"
         for plugin_name, result in self._each(
@@ -200,7 +208,7 @@ class PluginManager:
     ) -> torch.Tensor:
         """``logits`` [vocab] after each processor in turn; PluginError names a bad one."""
         for plugin_name, processor in processors:
-            where = f"logits processor {_callable_name(processor)} of plugin {plugin_name!r}"
+            where = f"logits processor {callable_name(processor)} of plugin {plugin_name!r}"
             try:
                 result = processor(output_token_ids, logits)
             except Exception as exc:
@@ -215,7 +223,7 @@ class PluginManager:
                 raise PluginError(
                     plugin_name,
                     f"{where} must return a float tensor of shape {tuple(logits.shape)}, "
-                    f"got {_describe(result)}",
+                    f"got {describe(result)}",
                 )
             logits = result
         return logits
@@ -233,7 +241,7 @@ class PluginManager:
         plugin_name, choice = self._first(
             "loragate_choose_adapter_victim", candidates=candidates, tier=tier
         )
-        return _resolve_adapter_choice(choice, candidates, tier, plugin_name)
+        return resolve_adapter_choice(choice, candidates, tier, plugin_name)
 
     def choose_preemption_victim(self, running: list[dict]):
         """The request_id of the sequence group to preempt (built-in: the newest)."""
@@ -304,14 +312,14 @@ class PluginManager:
                 raise PluginError(
                     plugin_name,
                     f"plugin {plugin_name!r}: {hook_name} must return a dict "
-                    f"{{name: {kind}}}, got {_describe(result)}",
+                    f"{{name: {kind}}}, got {describe(result)}",
                 )
             for name, value in result.items():
                 if not isinstance(name, str) or not name:
                     raise PluginError(
                         plugin_name, f"plugin {plugin_name!r}: bad {kind} name {name!r}"
                     )
-                problem = _named_value_problem(kind, value)
+                problem = named_value_problem(kind, value)
                 if problem:
                     raise PluginError(
                         plugin_name, f"plugin {plugin_name!r}: {kind} {name!r} {problem}"
@@ -327,90 +335,3 @@ class PluginManager:
                     )
         self._named_cache[hook_name] = merged
         return merged
-
-
-def _named_value_problem(kind: str, value) -> str | None:
-    if kind == "sampler":
-        return None if callable(value) else "is not callable"
-    missing = [m for m in STRATEGY_METHODS if not callable(getattr(value, m, None))]
-    return f"lacks method(s) {missing}" if missing else None
-
-
-def _lookup(named: dict[str, NamedHook], name: str, kind: str) -> NamedHook:
-    found = named.get(name) if isinstance(name, str) else None
-    if found is None:
-        raise ValueError(f"unknown {kind} {name!r}; known {kind}s: {sorted(named)}")
-    return found
-
-
-def _checked_tokens(tokens, logits: torch.Tensor, plugin_name: str, where: str) -> torch.Tensor:
-    rows, vocab = logits.shape
-    if not isinstance(tokens, torch.Tensor):
-        problem = f"returned {_describe(tokens)}, not a tensor"
-    elif tokens.shape != (rows,):
-        problem = f"returned shape {tuple(tokens.shape)}, expected ({rows},)"
-    elif tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        problem = f"returned dtype {tokens.dtype}, expected an integer dtype"
-    elif rows and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
-        problem = f"returned token id {bad}, outside the vocabulary [0, {vocab})"
-    else:
-        return tokens.to(device=logits.device, dtype=torch.long)
-    raise PluginError(plugin_name, f"{where} {problem}")
-
-
-def _resolve_adapter_choice(choice, candidates: list[dict], tier: str, plugin_name: str):
-    """The candidate key ``choice`` designates: a key, a candidate dict, or a unique name."""
-    if isinstance(choice, dict):
-        choice = choice.get("key")
-    if isinstance(choice, list):
-        choice = tuple(choice)
-    keys = [c["key"] for c in candidates]
-    if choice in keys:
-        return choice
-    named = [c["key"] for c in candidates if c.get("name") == choice]
-    if len(named) == 1:
-        return named[0]
-    detail = f"which {len(named)} candidates share" if named else "which is not a candidate"
-    raise PluginError(
-        plugin_name,
-        f"plugin {plugin_name!r}: loragate_choose_adapter_victim returned {choice!r} for the "
-        f"{tier} tier, {detail}: return a candidate's 'key'",
-    )
-
-
-def _spec_names() -> set[str]:
-    return {name for name in vars(hookspecs) if name.startswith(HOOK_PREFIX)}
-
-
-def _check_marked(name: str, plugin: object) -> None:
-    """A ``loragate_*`` function without ``@hookimpl`` would silently never run."""
-    marker = f"{PROJECT_NAME}_impl"
-    for attr in dir(plugin):
-        if not attr.startswith(HOOK_PREFIX):
-            continue
-        value = inspect.getattr_static(plugin, attr, None)
-        value = getattr(value, "__func__", value)
-        if callable(value) and not hasattr(value, marker):
-            raise PluginLoadError(
-                name,
-                f"plugin {name!r} defines {attr}() without @hookimpl "
-                "(from loragate.plugins import hookimpl)",
-            )
-
-
-def _default_name(plugin: object) -> str:
-    if inspect.ismodule(plugin):
-        return plugin.__name__
-    kind = plugin if inspect.isclass(plugin) or inspect.isfunction(plugin) else type(plugin)
-    return f"{kind.__module__}:{kind.__qualname__}"
-
-
-def _callable_name(fn: Callable) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"{type(value).__name__} {value!r}"[:200]

@@ -8,10 +8,8 @@ under the same name, here or on another replica) removes the name at once, lets 
 requests already using it finish, then drops its weights from memory.
 
 An adapter is its weights: the engine runs each request with the files' content as it was
-at admission. When a registered adapter's files change in place, its first request after
-the change gets the new weights, and the registry's record (sha256, size, rank, alpha,
-targets) is brought up to date before that request is answered, so `GET
-/v1/adapters/{name}` shows what is served, on every replica.
+at admission; when a registered adapter's files change in place, weights_update.py brings
+its registry record up to date.
 
 Ownership: the operator's adapters have no tenant; a tenant registers from its own folder,
 `<adapter-root>/<tenant>/`, and owns what it registers. Each owner has its own namespace:
@@ -22,12 +20,11 @@ adapter as `<tenant>/<name>`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
-from loragate.adapters import AdapterError, LoRAAdapter, LoRARequest
-from loragate.engine import EngineDeadError, RequestOutput
+from loragate.adapters import AdapterError, LoRARequest
+from loragate.engine import EngineDeadError
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.adapter_control.paths import (
     AdapterPathError,
@@ -36,6 +33,7 @@ from loragate.gateway.adapter_control.paths import (
 )
 from loragate.gateway.adapter_control.records import AdapterRecord
 from loragate.gateway.adapter_control.usage import AdapterUsage
+from loragate.gateway.adapter_control.weights_update import WeightsUpdates
 from loragate.gateway.errors import (
     APIError,
     ConflictError,
@@ -50,7 +48,6 @@ from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.registry import (
     AdapterQuotaExceeded,
     AdapterSpec,
-    AdapterWeights,
     PublicNameTaken,
     TenantNotFound,
     adapter_key,
@@ -82,7 +79,9 @@ class AdapterManager:
         self.base_model = base_model
         self.catalog = AdapterCatalog(adapter_root, self.retire)
         self.preload_waiting: set[str] = set()
-        self._weights_updates: dict[str, asyncio.Task] = {}
+        self.weights_updates = WeightsUpdates(self.catalog, store, engine, load_timeout)
+        # The engine admitted a request under some weights: note changed files.
+        self.note_served = self.weights_updates.note_served
 
     def scrub(self, text: str) -> str:
         """Error text with the server's adapter root replaced, so no absolute path leaks."""
@@ -230,55 +229,6 @@ class AdapterManager:
             return self.root
         return self.root / owner
 
-    # ---- files changed in place ---------------------------------------------------------
-    async def note_served(self, out: RequestOutput) -> None:
-        """The engine admitted a request under ``out.lora_sha256``: if the registry records
-        other weights for that registration, its files changed: record the new ones."""
-        lora, sha256 = out.lora_request, out.lora_sha256
-        if lora is None or sha256 is None:
-            return
-        record = await self.catalog.get(lora.lora_name)
-        if record is None or record.lora_request != lora or record.sha256 == sha256:
-            return
-        task = self._weights_updates.get(lora.lora_name)
-        if task is None:  # one update per change, however many requests notice it
-            task = asyncio.create_task(self._record_new_weights(record))
-            self._weights_updates[lora.lora_name] = task
-            task.add_done_callback(lambda _: self._weights_updates.pop(lora.lora_name, None))
-        await asyncio.shield(task)
-
-    async def _record_new_weights(self, record: AdapterRecord) -> None:
-        try:
-            adapter = await self.engine.add_adapter(record.lora_request, timeout=self.load_timeout)
-        except AdapterError as exc:  # broken since: requests sent now get the 400
-            log.warning("adapter %s: its files changed and now fail to load: %s", record.name, exc)
-            return
-        if adapter.sha256 == record.sha256:
-            return  # changed back meanwhile
-        try:
-            async with self.catalog.lock:
-                meta = await self.store.update_adapter(
-                    record.key,
-                    lora_int_id=record.lora_request.lora_int_id,
-                    weights=_weights_of(adapter),
-                )
-                if meta is not None:
-                    await self.catalog.apply(meta)
-        except RegistryDownError:
-            log.warning(
-                "adapter %s: its files changed (sha256 %s) but the registry is unreachable; "
-                "the new weights are served and the record is updated on a later request",
-                record.name,
-                adapter.sha256,
-            )
-            return
-        log.info(
-            "adapter %s: its files changed in place; registry now records sha256 %s (was %s)",
-            record.name,
-            adapter.sha256,
-            record.sha256,
-        )
-
     # ---- changing and removing ---------------------------------------------------------
     async def set_public(self, name: str, public: bool) -> AdapterRecord:
         """Operator only (the route checks): let every tenant use `name`, or stop that.
@@ -395,16 +345,6 @@ class AdapterManager:
 
     async def close(self) -> None:
         await self.catalog.close()
-
-
-def _weights_of(adapter: LoRAAdapter) -> AdapterWeights:
-    return AdapterWeights(
-        rank=adapter.rank,
-        alpha=float(adapter.alpha),
-        target_modules=tuple(sorted(adapter.target_modules)),
-        sha256=adapter.sha256,
-        size_bytes=adapter.size_bytes,
-    )
 
 
 def _public_name_taken(exc: PublicNameTaken) -> ConflictError:

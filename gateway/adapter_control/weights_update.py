@@ -1,0 +1,89 @@
+"""An adapter's files changed in place: its registry record follows the weights served.
+
+The engine runs each request with the files' content as it was at admission. The first
+request after a change is served the new weights; before it is answered, the registry's
+record (sha256, size, rank, alpha, targets) is updated, once per change however many
+requests notice it, so every replica shows what is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from loragate.adapters import AdapterError, LoRAAdapter
+from loragate.engine import RequestOutput
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.errors import RegistryDownError
+from loragate.gateway.store_seam import StoreSeam
+from loragate.registry import AdapterWeights
+
+log = logging.getLogger(__name__)
+
+
+class WeightsUpdates:
+    def __init__(self, catalog: AdapterCatalog, store: StoreSeam, engine, load_timeout):
+        self.catalog = catalog
+        self.store = store
+        self.engine = engine
+        self.load_timeout = load_timeout
+        self._running: dict[str, asyncio.Task] = {}
+
+    async def note_served(self, out: RequestOutput) -> None:
+        """The engine admitted a request under ``out.lora_sha256``: if the registry records
+        other weights for that registration, its files changed: record the new ones."""
+        lora, sha256 = out.lora_request, out.lora_sha256
+        if lora is None or sha256 is None:
+            return
+        record = await self.catalog.get(lora.lora_name)
+        if record is None or record.lora_request != lora or record.sha256 == sha256:
+            return
+        task = self._running.get(lora.lora_name)
+        if task is None:  # one update per change, however many requests notice it
+            task = asyncio.create_task(self._record_new_weights(record))
+            self._running[lora.lora_name] = task
+            task.add_done_callback(lambda _: self._running.pop(lora.lora_name, None))
+        await asyncio.shield(task)
+
+    async def _record_new_weights(self, record: AdapterRecord) -> None:
+        try:
+            adapter = await self.engine.add_adapter(record.lora_request, timeout=self.load_timeout)
+        except AdapterError as exc:  # broken since: requests sent now get the 400
+            log.warning("adapter %s: its files changed and now fail to load: %s", record.name, exc)
+            return
+        if adapter.sha256 == record.sha256:
+            return  # changed back meanwhile
+        try:
+            async with self.catalog.lock:
+                meta = await self.store.update_adapter(
+                    record.key,
+                    lora_int_id=record.lora_request.lora_int_id,
+                    weights=weights_of(adapter),
+                )
+                if meta is not None:
+                    await self.catalog.apply(meta)
+        except RegistryDownError:
+            log.warning(
+                "adapter %s: its files changed (sha256 %s) but the registry is unreachable; "
+                "the new weights are served and the record is updated on a later request",
+                record.name,
+                adapter.sha256,
+            )
+            return
+        log.info(
+            "adapter %s: its files changed in place; registry now records sha256 %s (was %s)",
+            record.name,
+            adapter.sha256,
+            record.sha256,
+        )
+
+
+def weights_of(adapter: LoRAAdapter) -> AdapterWeights:
+    return AdapterWeights(
+        rank=adapter.rank,
+        alpha=float(adapter.alpha),
+        target_modules=tuple(sorted(adapter.target_modules)),
+        sha256=adapter.sha256,
+        size_bytes=adapter.size_bytes,
+    )
