@@ -8,8 +8,9 @@ adapter's own error (AdapterChangedError when the files now hold other weights).
 
 Loader threads run at normal priority: a lower one (nice) lets the machine's other work
 starve a loader that holds the GIL, and the step then waits on it (seconds, measured on two
-busy cores). At most one adapter is copied into a device slot per step, and its request starts on the next step: a burst of cold adapters
-spreads its copies and its prefills over as many steps, never both in one.
+busy cores). At most one adapter is copied into a device slot per step, and its request
+starts on the next step: a burst of cold adapters spreads its copies and its prefills over
+as many steps, never both in one.
 """
 
 from __future__ import annotations
