@@ -6,14 +6,15 @@ them, and every other request keeps running; the next step that finds them in me
 schedules it. A load that fails fails the requests waiting for those weights, with the
 adapter's own error (AdapterChangedError when the files now hold other weights).
 
-Loader threads run at the lowest CPU priority, so on a machine with few cores the forward
-pass keeps its cores and loads use what is left. At most one adapter is copied into a
-device slot per step: a burst of cold adapters spreads its copies over as many steps.
+Loader threads run at normal priority: a lower one (nice) lets the machine's other work
+starve a loader that holds the GIL, and the step then waits on it (seconds, measured on two
+busy cores). At most one adapter is copied into a device slot per step, and its request
+starts on the next step: a burst of cold adapters spreads its copies and its prefills over
+as many steps, never both in one.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -31,17 +32,9 @@ class AdapterNotReady(Exception):
     step already copied an adapter into a slot); it waits without holding up the others."""
 
 
-def low_priority_thread() -> None:
-    """Make the calling thread the last to get a core (Linux: per-thread nice 19)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
-        pass
-
-
 def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """Threads that read adapter files, at low priority."""
-    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=low_priority_thread)
+    """Threads that read adapter files."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name)
 
 
 class AdapterLoads:
@@ -72,7 +65,8 @@ class AdapterLoads:
     def acquire(self, request: Request, busy_slots) -> int | None:
         """The slot holding ``request``'s admitted weights; None while every slot is busy.
 
-        Raises AdapterNotReady while they load (or wait for this step's one slot copy), and
+        Raises AdapterNotReady while they load, in the step that copies them into a slot
+        (the request starts next step) and while another adapter takes this step's one copy;
         the load's error once it failed. Never reads a file.
         """
         identity = request.adapter_identity
@@ -96,7 +90,9 @@ class AdapterLoads:
         except AdapterNotInMemory as exc:
             self.start(request)
             raise AdapterNotReady(str(exc)) from exc
-        self._copied_this_step |= copies and slot is not None
+        if copies and slot is not None:
+            self._copied_this_step = True
+            raise AdapterNotReady("copied into a slot this step; it runs from the next")
         return slot
 
     @property
