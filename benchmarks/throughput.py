@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
     ap.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (vLLM's flag)"
+    )
     args = ap.parse_args()
 
     llm = LLM(
@@ -123,6 +126,7 @@ def main() -> None:
         device=args.device,
         dtype=args.dtype,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
+        enforce_eager=args.enforce_eager,
         max_num_seqs=args.max_num_seqs,
         max_model_len=1024,
     )

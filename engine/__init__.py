@@ -13,6 +13,7 @@ from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine
 from loragate.engine.outputs import CompletionOutput, RequestOutput
 from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -24,8 +25,10 @@ __all__ = [
     "EngineArgs",
     "CompletionOutput",
     "EngineConfig",
+    "GuidedDecodingParams",
     "LLMEngine",
     "LoRARequest",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]

@@ -101,6 +101,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching or seq.block_table:
             return 0
+        if seq.request.prompt_logprobs is not None:
+            return 0  # every prompt token's logits are wanted: compute them all
         bs = self.block_size
         self._extend_hashes(seq, (seq.num_tokens - 1) // bs)
         hits = []

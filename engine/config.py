@@ -23,8 +23,8 @@ class EngineConfig:
 
     vLLM's `tensor_parallel_size` is accepted so vLLM code runs unchanged: 1 is the one
     engine on one device; more is refused (no tensor parallelism yet: scale out with
-    replicas, one engine each). `enforce_eager=True` forbids CUDA graphs; False allows them
-    where the engine has any. It has none yet, so today every forward pass runs eagerly.
+    replicas, one engine each). `enforce_eager=True` forbids CUDA graphs; False (the default)
+    replays decode-only steps on CUDA from graphs captured per batch size (engine/cuda_graphs.py).
     """
 
     model: str | None = None

@@ -18,6 +18,7 @@ from loragate.adapters import AdapterCache, LoRAModelSpec, LoRARequest, WeightsI
 from loragate.engine import beam_search, sizing
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
+from loragate.engine.cuda_graphs import DecodeGraphs
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.input_processor import InputProcessor, PromptInput
@@ -88,6 +89,15 @@ class LLMEngine:
             choose_preemption_victim=self._choose_preemption_victim,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
+        if device.type == "cuda" and not config.enforce_eager:
+            self.runner.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                self.adapters,
+                self.runner.lora_rank,
+                max_batch=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+            )
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
@@ -102,6 +112,13 @@ class LLMEngine:
             self._new_sequence,
             lambda seq, reason: self._finish(seq, reason, None),
         )
+        # What logits-processor plugins get to know of the model (structured output needs the
+        # tokenizer's tokens; logit_bias the vocabulary size).
+        self._model_info = {
+            "tokenizer": self.tokenizer,
+            "vocab_size": self.model.vocab_size,
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
         self.requests: dict[str, Request] = {}
         self._seq_ids = count()
         self.num_prompt_tokens = 0
@@ -132,7 +149,9 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt
         )
-        request.logits_processors = self.plugins.logits_processors(asdict(params))
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
         width = 1 if params.use_beam_search else params.best_of
         for index in range(width):
             request.seqs.append(self._new_sequence(request, index))

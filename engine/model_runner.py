@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from loragate import kernels
+from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
 from loragate.engine.sequence import Sequence
 
+log = logging.getLogger(__name__)
+
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager, adapters=None):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        block_manager,
+        adapters=None,
+        decode_graphs: DecodeGraphs | None = None,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -21,14 +33,40 @@ class ModelRunner:
         self.device = model.device
         self.adapters = adapters  # the AdapterCache, when LoRA is enabled
         self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
+        self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
+        self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
 
     def run(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
         """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
         self._copy_on_write()
+        if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
+            try:
+                return self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+            except GraphCaptureError:
+                # The warm-up before a capture computes the step itself, so whatever KV it
+                # wrote is what the eager pass below writes again.
+                log.warning("decode steps run eagerly from now on", exc_info=True)
+                self.decode_graphs = None
         batch, sampled = self.prepare(scheduled)
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens
-        return sampled, self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if self._prompt_rows:
+            record_prompt_logprobs(self._prompt_rows, logits[len(sampled) :])
+            logits = logits[: len(sampled)]
+        return sampled, logits
+
+    def _run_graph(self, decodes: list[ScheduledSeq]) -> tuple[list[Sequence], torch.Tensor]:
+        logits = self.decode_graphs.run(decodes)
+        self.num_computed_tokens_total += len(decodes)
+        rows = [i for i, item in enumerate(decodes) if item.samples]
+        if len(rows) < len(decodes):
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        return [decodes[i].seq for i in rows], logits
+
+    def lora_rank(self) -> int:
+        """The rank the LoRA kernels run at: the largest resident one, aligned."""
+        return _aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank)
 
     def _copy_on_write(self) -> None:
         copies = self.block_manager.take_copies()
@@ -48,9 +86,14 @@ class ModelRunner:
         lora_slots: list[int] = []
         sample_indices: list[int] = []
         sampled: list[Sequence] = []
+        prompt_indices: list[int] = []
+        self._prompt_rows: list[tuple[Sequence, int]] = []
         for item in prefills + decodes:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
+            for p in _prompt_positions_wanted(seq, start, end):
+                prompt_indices.append(len(input_ids) + p - start)
+                self._prompt_rows.append((seq, p))
             input_ids += seq.token_ids[start:end]
             pos = range(start, end)
             positions += pos
@@ -66,7 +109,8 @@ class ModelRunner:
             slot_mapping=self._tensor(slots, torch.long),
             prefill=self._prefill_attention(prefills),
             decode=self._decode_attention(decodes),
-            sample_indices=self._tensor(sample_indices, torch.long),
+            # Rows whose logits are computed: the sampled ones, then prompt-logprob ones.
+            sample_indices=self._tensor(sample_indices + prompt_indices, torch.long),
             lora=self._lora_batch(lora_slots),
         )
         return batch, sampled
@@ -102,7 +146,7 @@ class ModelRunner:
             weights=self.adapters,
             slot_ids=slot_ids,
             index=kernels.lora_index(slot_ids, self.adapters.max_loras),
-            rank=_aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank),
+            rank=self.lora_rank(),
         )
 
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -112,6 +156,35 @@ class ModelRunner:
 
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+def _prompt_positions_wanted(seq: Sequence, start: int, end: int) -> range:
+    """Positions p in [start, end) whose logits give a prompt token's logprob (that of
+    token p + 1) not yet recorded: a recompute after preemption records nothing twice."""
+    got = seq.request.prompt_logprobs
+    if got is None or seq.index != 0:
+        return range(0)
+    first = max(start, len(got) - 1)
+    return range(first, min(end, seq.prompt_len - 1))
+
+
+def record_prompt_logprobs(rows: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+    """Each row's {next prompt token: logprob, top-N alternatives: logprob}, appended in
+    prompt order to its request's prompt_logprobs."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    actual = torch.tensor([seq.token_ids[p + 1] for seq, p in rows], device=logits.device)
+    chosen = logprobs.gather(1, actual[:, None])[:, 0].tolist()
+    top_n = max(seq.request.params.prompt_logprobs for seq, _ in rows)
+    top_values, top_ids = (
+        logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1) if top_n else (None, None)
+    )
+    for i, (seq, p) in enumerate(rows):
+        entry = {seq.token_ids[p + 1]: chosen[i]}
+        n = seq.request.params.prompt_logprobs
+        if n:
+            entry.update(zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist(), strict=True))
+            entry[seq.token_ids[p + 1]] = chosen[i]
+        seq.request.prompt_logprobs.append(entry)
 
 
 def _slot_order(item: ScheduledSeq) -> float:

@@ -30,12 +30,21 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         lora_sha256=request.adapter_identity.sha256 if request.adapter_identity else None,
         error=request.error,
         error_type=request.error_type,
+        prompt_logprobs=_prompt_logprobs(request),
         metrics=RequestMetrics(
             request.arrival_time,
             request.first_token_time,
             time.monotonic() if finished else None,
         ),
     )
+
+
+def _prompt_logprobs(request: Request) -> list | None:
+    """A complete list once the prompt is computed (as vLLM: the first output has it)."""
+    got = request.prompt_logprobs
+    if got is None or len(got) < len(request.prompt_token_ids):
+        return None
+    return list(got)
 
 
 def failed_completions(n: int) -> list[CompletionOutput]:

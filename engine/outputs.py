@@ -44,3 +44,6 @@ class RequestOutput:
     # "plugin_error" (a plugin's hook raised) or "request_failed" (anything else)
     error_type: str | None = None
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each
+    # later one {token_id: logprob} of it and the most likely alternatives.
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from loragate.engine.structured_outputs import StructuredOutputsParams, structured_outputs_from
+
 # Temperatures below this are treated as greedy (vLLM uses the same epsilon).
 GREEDY_TEMPERATURE_EPS = 1e-5
 
@@ -20,6 +22,9 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_TEMPERATURE = 100.0
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_ABS_LENGTH_PENALTY = 10.0
+# OpenAI's range for logit_bias values; vLLM clamps to it too.
+MAX_ABS_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +45,14 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 disables top-k; ``max_tokens=None`` means "until the model's
     context is full" (the engine enforces max_model_len); ``logprobs=N`` returns the N
-    most likely tokens of every step plus the chosen one (0: only the chosen one).
+    most likely tokens of every step plus the chosen one (0: only the chosen one);
+    ``prompt_logprobs=N`` does the same for every prompt token after the first (such a
+    request computes its whole prompt: no prefix-cache hits).
     With ``use_beam_search``, ``temperature`` scales the beam scores (see
     ``beam_temperature``) and ``top_k`` is ignored with a one-time warning.
+    ``structured_outputs`` (or vLLM's older ``guided_decoding``) constrains the output to a
+    JSON schema, regex, choice list or grammar; ``logit_bias`` maps token ids to values in
+    [-100, 100] added to their logits, as OpenAI's field.
     """
 
     n: int = 1
@@ -62,6 +72,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     use_beam_search: bool = False
@@ -69,9 +80,14 @@ class SamplingParams:
     early_stopping: bool | str = False
     sampler: str | None = None
     sampler_args: dict[str, Any] | None = field(default=None)
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self._normalise()
+        self._verify_structured_outputs()
+        self._verify_logit_bias()
         self._verify_counts()
         self._verify_probabilities()
         self._verify_penalties()
@@ -124,8 +140,10 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
@@ -204,6 +222,31 @@ class SamplingParams:
             if self.sampler is None:
                 raise ValueError("sampler_args needs sampler (a plugin sampler name)")
 
+    def _verify_structured_outputs(self) -> None:
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        self.structured_outputs = structured_outputs_from(self.structured_outputs)
+
+    def _verify_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias has more than {MAX_LOGIT_BIAS_ENTRIES} entries")
+        biases = {}
+        for token, value in self.logit_bias.items():
+            token_id = _token_id(token)
+            if not _is_number(value) or abs(value) > MAX_ABS_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias values must be numbers in [-100, 100], got {value!r} for "
+                    f"token {token!r}"
+                )
+            biases[token_id] = float(value)
+        self.logit_bias = biases
+
     # -- derived -------------------------------------------------------------------
 
     @property
@@ -228,6 +271,15 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A deep copy, so per-sequence changes never leak into the caller's object."""
         return copy.deepcopy(self)
+
+
+def _token_id(key: Any) -> int:
+    """OpenAI clients send the ids as JSON object keys, so strings of digits are ids too."""
+    if isinstance(key, str) and key.isdigit():
+        key = int(key)
+    if not _is_int(key) or key < 0:
+        raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+    return key
 
 
 _top_k_warned = False

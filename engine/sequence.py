@@ -97,6 +97,9 @@ class Request:
     error: str | None = None  # set when this request alone failed
     error_type: str | None = None  # "plugin_error" or "request_failed"
     beam: Any = None  # a beam_search.BeamGroup when a decoding strategy drives it
+    # With params.prompt_logprobs: vLLM's list, None for the first prompt token, then
+    # {token: logprob} for each one after, filled in as its prefill chunks run.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def finished(self) -> bool:

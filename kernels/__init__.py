@@ -11,7 +11,7 @@ torch code beside each is its tested reference and its fallback.
 from .decode_attention import paged_decode_attention
 from .kv_cache import write_kv
 from .lora import lora_apply, lora_expand, lora_shrink
-from .lora_groups import LoraIndex, lora_index
+from .lora_groups import LoraIndex, lora_index, static_lora_index
 from .norm import add_rms_norm, rms_norm
 from .prefill_attention import paged_prefill_attention
 from .rope import apply_rope, apply_rope_
@@ -28,5 +28,6 @@ __all__ = [
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "static_lora_index",
     "write_kv",
 ]

@@ -33,7 +33,7 @@ def lora_shrink(
         lambda: f"lora_a d_in {lora_a.shape[2]} != x d_in {x.shape[1]}",
     )
     index = _checked_index(index, slot_ids, x.shape[0], lora_a.shape[0])
-    if resolve_backend(backend, x) == "triton":
+    if _use_triton(backend, x, index):
         from .lora_triton import shrink_triton
 
         return shrink_triton(x, lora_a, index)
@@ -65,7 +65,7 @@ def lora_expand(
     )
     _require_output(out, scales, lora_b, y.shape[0])
     index = _checked_index(index, slot_ids, y.shape[0], lora_b.shape[0])
-    if resolve_backend(backend, y) == "triton":
+    if _use_triton(backend, y, index):
         from .lora_triton import expand_triton
 
         expand_triton(y, lora_b, scales, out, index)
@@ -105,7 +105,7 @@ def lora_apply(
     )
     _require_output(out, scales, lora_b, x.shape[0])
     index = _checked_index(index, slot_ids, x.shape[0], num_slots)
-    if resolve_backend(backend, x) == "triton":
+    if _use_triton(backend, x, index):
         from .lora_triton import expand_triton, shrink_triton
 
         expand_triton(shrink_triton(x, lora_a, index), lora_b, scales, out, index)
@@ -144,3 +144,13 @@ def _checked_index(
         ),
     )
     return index
+
+
+def _use_triton(backend: str | None, tensor: torch.Tensor, index: LoraIndex) -> bool:
+    triton = resolve_backend(backend, tensor) == "triton"
+    require(
+        triton or not index.static,
+        "a static LoRA index (static_lora_index) drives the Triton kernels only; "
+        "the torch backend needs lora_index",
+    )
+    return triton

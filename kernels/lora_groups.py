@@ -29,6 +29,7 @@ class LoraIndex:
     is_identity:  is_sorted and every token has a slot.
     active_rows, active_slots: order and sorted_slots cut to the num_active tokens with a slot.
     window_ends:  group_ends[first_slot : last_slot + 1].
+    static:       host-side fields fixed in advance (static_lora_index), not read off the batch.
     """
 
     slot_ids: torch.Tensor
@@ -44,6 +45,7 @@ class LoraIndex:
     active_rows: torch.Tensor
     active_slots: torch.Tensor
     window_ends: torch.Tensor
+    static: bool = False  # built by static_lora_index: for the Triton kernels only
 
     @property
     def num_tokens(self) -> int:
@@ -111,4 +113,44 @@ def lora_index(slot_ids: torch.Tensor, num_slots: int) -> LoraIndex:
         active_rows=order[:num_active],
         active_slots=sorted_slots[:num_active],
         window_ends=group_ends[max(first_slot, 0) : last_slot + 1],
+    )
+
+
+def static_lora_index(
+    slot_ids: torch.Tensor, group_ends: torch.Tensor, num_slots: int
+) -> LoraIndex:
+    """An index whose host-side fields do not depend on the batch, for CUDA graphs.
+
+    The caller groups the tokens by slot (base-only tokens last) and writes each slot's
+    cumulative token count into `group_ends` [num_slots] int32 itself. Every slot is then
+    visited (empty ones exit at once), so the Triton launches read nothing back to the host
+    and a graph captured once replays correctly after new slot_ids and group_ends are
+    written in place. The torch backend, which reads counts on the host, refuses it.
+    """
+    require(
+        slot_ids.dim() == 1, lambda: f"slot_ids must be 1-D [T], got shape {tuple(slot_ids.shape)}"
+    )
+    require(
+        group_ends.shape == (num_slots,) and group_ends.dtype == torch.int32,
+        lambda: (
+            f"group_ends must be int32 [{num_slots}], got {group_ends.dtype} "
+            f"{tuple(group_ends.shape)}"
+        ),
+    )
+    order = torch.arange(slot_ids.shape[0], device=slot_ids.device)
+    return LoraIndex(
+        slot_ids=slot_ids,
+        order=order,
+        sorted_slots=slot_ids,
+        group_ends=group_ends,
+        num_slots=num_slots,
+        num_active=slot_ids.shape[0],
+        first_slot=0,
+        last_slot=num_slots - 1,
+        is_sorted=True,
+        is_identity=False,
+        active_rows=order,
+        active_slots=slot_ids,
+        window_ends=group_ends,
+        static=True,
     )

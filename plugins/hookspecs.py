@@ -16,7 +16,7 @@ def loragate_samplers():
 
 
 @hookspec
-def loragate_logits_processors(params):
+def loragate_logits_processors(params, model):
     """Return processors ``(output_token_ids, logits[vocab]) -> logits`` for one request."""
 
 

@@ -173,13 +173,18 @@ class PluginManager:
             raise PluginError(plugin_name, f"{where} raised {type(exc).__name__}: {exc}") from exc
         return _checked_tokens(tokens, logits, plugin_name, where)
 
-    def logits_processors(self, params: dict) -> list[NamedHook]:
+    def logits_processors(self, params: dict, model: dict | None = None) -> list[NamedHook]:
         """The processors plugins want applied to the request whose SamplingParams (as a
-        dict) is ``params``, in hook call order."""
+        dict) is ``params``, in hook call order. ``model``: the model's ``tokenizer``,
+        ``vocab_size`` and ``eos_token_ids``. A plugin refuses the request's values by
+        raising ValueError, which reaches the caller as it is (a 400 over HTTP)."""
         if not isinstance(params, dict):
             raise ValueError(f"params must be a dict (dataclasses.asdict), got {_describe(params)}")
         processors = []
-        for plugin_name, result in self._each("loragate_logits_processors", params=params):
+        hook = "loragate_logits_processors"
+        for plugin_name, result in self._each(
+            hook, params=params, model=model or {}, passthrough=(ValueError,)
+        ):
             if not isinstance(result, list | tuple) or not all(map(callable, result)):
                 raise PluginError(
                     plugin_name,
@@ -265,11 +270,14 @@ class PluginManager:
     def _impls(self, hook_name: str) -> list:
         return list(reversed(getattr(self._pm.hook, hook_name).get_hookimpls()))
 
-    def _each(self, hook_name: str, **kwargs) -> Iterator[tuple[str, Any]]:
-        """(plugin_name, result) of every implementation that returns something."""
+    def _each(self, hook_name: str, passthrough: tuple = (), **kwargs) -> Iterator[tuple[str, Any]]:
+        """(plugin_name, result) of every implementation that returns something; exceptions
+        of the ``passthrough`` types reach the caller unwrapped."""
         for impl in self._impls(hook_name):
             try:
                 result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except passthrough:
+                raise
             except Exception as exc:
                 raise PluginError(
                     impl.plugin_name,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from loragate.plugins.builtin.beam_search import BeamSearchPlugin
 from loragate.plugins.builtin.eviction import LruEviction
+from loragate.plugins.builtin.logit_bias import LogitBias
 from loragate.plugins.builtin.preemption import NewestFirstPreemption
 from loragate.plugins.builtin.samplers import BuiltinSamplers
+from loragate.plugins.builtin.structured_output import StructuredOutput
 
 
 def builtin_plugins() -> list[tuple[str, object]]:
@@ -15,4 +17,6 @@ def builtin_plugins() -> list[tuple[str, object]]:
         ("builtin.lru_eviction", LruEviction()),
         ("builtin.newest_first_preemption", NewestFirstPreemption()),
         ("builtin.beam_search", BeamSearchPlugin()),
+        ("builtin.structured_output", StructuredOutput()),
+        ("builtin.logit_bias", LogitBias()),
     ]
