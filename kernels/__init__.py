@@ -2,7 +2,10 @@
 
 Every op has a Triton kernel and a torch version with the same signature and results.
 `backend=None` runs Triton on CUDA tensors and torch otherwise; "triton" or "torch" forces one
-(Triton on CPU tensors needs TRITON_INTERPRET=1).
+(Triton on CPU tensors needs TRITON_INTERPRET=1). On the CPU the torch backend runs native C
+kernels (the .c files here, float32 and bfloat16, built on first use by _native.py) for decode
+attention, RMSNorm, RoPE and multi-slot LoRA wherever they were built and take the tensors; the
+torch code beside each is its tested reference and its fallback.
 """
 
 from .decode_attention import paged_decode_attention

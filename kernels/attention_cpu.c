@@ -17,7 +17,7 @@
         v16 s = {0};                                                                        \
         int64_t i = 0;                                                                      \
         for (; i + W <= d; i += W) s += load_f32(q + i) * LOAD(k + i);                      \
-        float r = hsum(s);                                                                  \
+        float r = hsum_tree(s);                                                             \
         for (; i < d; ++i) r += q[i] * GET(k + i);                                          \
         return r;                                                                           \
     }                                                                                       \
@@ -69,7 +69,7 @@
                     const float rescale = m[g] == -INFINITY ? 0.0f : expf(m[g] - top);      \
                     if (rescale != 1.0f)                                                    \
                         for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= rescale;          \
-                    l[g] = l[g] * rescale + hsum(total);                                    \
+                    l[g] = l[g] * rescale + hsum_tree(total);                                    \
                     m[g] = top;                                                             \
                 }                                                                           \
                 for (int64_t p = 0; p < n; ++p)                                             \

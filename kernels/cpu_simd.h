@@ -63,6 +63,23 @@ static inline float hsum(v16 v) {
     return s;
 }
 
+/* The same sum as a tree (depth 4, not 15 dependent adds): for short dot products such as
+ * one attention score, where the reduction's latency is most of the cost. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+static inline float hsum_tree(v16 v) {
+    v8 lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    const v8 s8 = lo + hi;
+    v4 a, b;
+    memcpy(&a, &s8, sizeof a);
+    memcpy(&b, (const char *)&s8 + sizeof a, sizeof b);
+    const v4 s4 = a + b;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
 static inline float hmax(v16 v) {
     float m = v[0];
     for (int i = 1; i < W; ++i) m = v[i] > m ? v[i] : m;

@@ -38,6 +38,8 @@ def apply_rope_(
 
     One call per layer for q and k together, with no gathered cos/sin: on the CPU the native
     kernel (norm_rope_cpu.py) reads the table rows in place; elsewhere this is apply_rope.
+    Every position must be a row of cos_sin: the native path does not check (that would cost
+    a pass over positions per layer), and the engine's positions are below max_model_len.
     """
     require(x.dim() == 3, lambda: f"x must be [T, H, D], got shape {tuple(x.shape)}")
     require(

@@ -126,3 +126,23 @@ def test_bfloat16_norm_matches_torch_version(hidden):
     assert rel_error(normed, reference) < 1e-2
     assert rel_error(normed, rms_norm_reference(x + residual, weight, 1e-5)) < 1e-2
     assert rel_error(kernels.rms_norm(x, weight, 1e-5), norm._norm_torch(x, weight, 1e-5)) < 1e-2
+
+
+def test_without_a_compiler_norm_and_rope_run_torch_and_say_why(monkeypatch, tmp_path):
+    from loragate.kernels import _native, norm_rope_cpu
+
+    library = _native.Loaded(norm_rope_cpu._library.source, norm_rope_cpu.NativeNormRope)
+    monkeypatch.setattr(norm_rope_cpu, "_library", library)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    x, residual = torch.randn(2, 5, 64)
+    weight = torch.randn(64)
+    normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-5)
+    assert "no-such-compiler" in norm_rope_cpu.native_norm_rope_error()
+    assert rel_error(normed, rms_norm_reference(x + residual, weight, 1e-5)) < 1e-5
+    qk = torch.randn(5, 3, 64)
+    table = torch.randn(10, 128)
+    positions = torch.tensor([0, 3, 9, 1, 1])
+    expected = rope_reference(qk, *table[positions].chunk(2, dim=-1))
+    kernels.apply_rope_(qk, table, positions)
+    assert rel_error(qk, expected) < 1e-5
