@@ -43,6 +43,16 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted({b for b in (*SMALL_BUCKETS, *steps) if b < max_batch} | {max_batch})
 
 
+def decode_graphs_for(config, runner, max_model_len: int) -> DecodeGraphs | None:
+    """The runner's graphs: on CUDA unless enforce_eager (the CPU has none)."""
+    if runner.model.device.type != "cuda" or config.enforce_eager:
+        return None
+    return DecodeGraphs(
+        runner.model, runner.kv_cache, runner.adapters, runner.lora_rank,
+        max_batch=config.max_num_seqs, max_model_len=max_model_len,
+    )  # fmt: skip
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph

@@ -20,7 +20,7 @@ from loragate.engine import beam_search, engine_stats, sizing
 from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
-from loragate.engine.cuda_graphs import DecodeGraphs
+from loragate.engine.cuda_graphs import decode_graphs_for
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.forks import fork_pending
@@ -31,7 +31,7 @@ from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.output_builder import error_output, request_output
 from loragate.engine.outputs import RequestOutput
-from loragate.engine.plugin_data import preemption_victim, request_info
+from loragate.engine.plugin_data import model_info, preemption_victim, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
 from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
@@ -67,15 +67,7 @@ class LLMEngine:
         self.model = LlamaForCausalLM(self.model_config, device, dtype)
         self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
         num_blocks = sizing.num_kv_blocks(config, self.model, self.max_model_len)
-        self.kv_cache = KVCache(
-            self.model.num_layers,
-            num_blocks,
-            config.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            dtype,
-            device,
-        )
+        self.kv_cache = KVCache.for_model(self.model, num_blocks, config.block_size)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -102,15 +94,7 @@ class LLMEngine:
             scheduling_policy=config.scheduling_policy,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
-        if device.type == "cuda" and not config.enforce_eager:
-            self.runner.decode_graphs = DecodeGraphs(
-                self.model,
-                self.kv_cache,
-                self.adapters,
-                self.runner.lora_rank,
-                max_batch=config.max_num_seqs,
-                max_model_len=self.max_model_len,
-            )
+        self.runner.decode_graphs = decode_graphs_for(config, self.runner, self.max_model_len)
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
@@ -127,13 +111,7 @@ class LLMEngine:
             self.dispatcher.apply_logits_processors,
             self._fail,
         )
-        # What logits-processor plugins get to know of the model (structured output needs the
-        # tokenizer's tokens; logit_bias the vocabulary size).
-        self._model_info = {
-            "tokenizer": self.tokenizer,
-            "vocab_size": self.model.vocab_size,
-            "eos_token_ids": sorted(self.eos_token_ids),
-        }
+        self._model_info = model_info(self.tokenizer, self.model.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = count()
         self.num_prompt_tokens = 0

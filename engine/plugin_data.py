@@ -8,6 +8,16 @@ from collections.abc import Callable
 from loragate.engine.sequence import Request, Sequence
 
 
+def model_info(tokenizer, vocab_size: int, eos_token_ids) -> dict:
+    """What logits-processor plugins know of the model: structured output needs the
+    tokenizer's tokens, logit_bias the vocabulary size."""
+    return {
+        "tokenizer": tokenizer,
+        "vocab_size": vocab_size,
+        "eos_token_ids": sorted(eos_token_ids),
+    }
+
+
 def request_info(request: Request) -> dict:
     """Plain data for observer plugins (metering, logging)."""
     finished = request.finished
