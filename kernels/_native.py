@@ -1,6 +1,6 @@
 """Builds a kernels/*.c file into a shared library with the system C compiler, once per machine.
 
-The library goes to ``~/.cache/loragate/kernels`` (``LORAGATE_CACHE_DIR`` moves it), keyed by
+The library goes to ``~/.cache/loragate/kernels`` (``LORAGATE_CACHE`` moves it, as it moves the converted models), keyed by
 the source (with the headers beside it), the flags and the CPU (``-march=native`` code runs
 only on CPUs like the one that built it). No torch headers are needed, so a build takes
 about a second. Callers turn a failed build into a fallback to their torch path and say why.
@@ -34,7 +34,7 @@ def build(source: Path) -> Path:
     # The shared headers beside the source are part of what is built.
     text = b"".join(p.read_bytes() for p in (source, *sorted(source.parent.glob("*.h"))))
     key = hashlib.sha256(text + " ".join((compiler, *FLAGS, cpu_id())).encode()).hexdigest()
-    cache = Path(os.environ.get("LORAGATE_CACHE_DIR") or Path.home() / ".cache" / "loragate")
+    cache = Path(os.environ.get("LORAGATE_CACHE") or "~/.cache/loragate").expanduser()
     target = cache / "kernels" / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target

@@ -83,7 +83,7 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(attention_cpu, "_library", library)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path))
     assert attention_cpu.native_attention() is None
     assert "no-such-compiler" in attention_cpu.native_attention_error()
     k_cache, v_cache, tables = build_paged_cache([5], 2, 64, 16)

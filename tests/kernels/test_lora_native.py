@@ -91,7 +91,7 @@ def test_engine_calls_take_the_native_path_and_agree_with_the_grouped_one(native
 def test_a_failed_build_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(lora_cpu, "_state", {})
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path))
     assert lora_cpu.native_lora() is None
     assert "no-such-compiler" in lora_cpu.native_lora_error()
     a, bt = engine_layout(3, 4, 16, 20)
@@ -103,7 +103,7 @@ def test_a_failed_build_falls_back_to_torch_and_says_why(monkeypatch, tmp_path):
 
 def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(lora_cpu, "_state", {})
-    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path))
     assert lora_cpu.native_lora() is not None
     built = list((tmp_path / "kernels").glob("lora_cpu-*.so"))
     assert len(built) == 1

@@ -134,7 +134,7 @@ def test_without_a_compiler_norm_and_rope_run_torch_and_say_why(monkeypatch, tmp
     library = _native.Loaded(norm_rope_cpu._library.source, norm_rope_cpu.NativeNormRope)
     monkeypatch.setattr(norm_rope_cpu, "_library", library)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("LORAGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path))
     x, residual = torch.randn(2, 5, 64)
     weight = torch.randn(64)
     normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-5)
