@@ -1,8 +1,8 @@
 """Builds a kernels/*.c file into a shared library with the system C compiler, once per machine.
 
 The library goes to ``~/.cache/loragate/kernels`` (``LORAGATE_CACHE`` moves it, as it moves
-the converted models), keyed by the source (with the headers beside it), the flags and the CPU (``-march=native`` code runs
-only on CPUs like the one that built it). No torch headers are needed, so a build takes
+the converted models), keyed by the source (with the headers beside it), the flags and the
+CPU (``-march=native`` code runs only on CPUs like the one that built it). No torch headers are needed, so a build takes
 about a second. Callers turn a failed build into a fallback to their torch path and say why.
 """
 
