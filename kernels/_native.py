@@ -2,8 +2,9 @@
 
 The library goes to ``~/.cache/loragate/kernels`` (``LORAGATE_CACHE`` moves it, as it moves
 the converted models), keyed by the source (with the headers beside it), the flags and the
-CPU (``-march=native`` code runs only on CPUs like the one that built it). No torch headers are needed, so a build takes
-about a second. Callers turn a failed build into a fallback to their torch path and say why.
+CPU (``-march=native`` code runs only on CPUs like the one that built it). No torch headers
+are needed, so a build takes about a second. Callers turn a failed build into a fallback to
+their torch path and say why.
 """
 
 from __future__ import annotations
