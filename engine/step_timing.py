@@ -26,7 +26,7 @@ def time_forward(
     for _ in range(REPEATS):
         for n in sizes:
             n = min(n, bs * blocks, max_model_len)
-            batch = _prompt_batch(n, bs, model.device)
+            batch = _prompt_batch(n, bs, model.device, model.vocab_size)
             start = time.perf_counter()
             with torch.inference_mode():
                 model.compute_logits(model.forward(batch, kv_cache))
@@ -37,15 +37,16 @@ def time_forward(
     return timings
 
 
-def _prompt_batch(n: int, block_size: int, device: torch.device) -> ForwardBatch:
-    """One prompt of n tokens in blocks 0, 1, ...: the shape of a prefill chunk."""
+def _prompt_batch(n: int, block_size: int, device: torch.device, vocab: int) -> ForwardBatch:
+    """One prompt of n tokens (ids inside the vocabulary, however small) in blocks 0, 1, ...:
+    the shape of a prefill chunk."""
     num_blocks = -(-n // block_size)
 
     def tensor(data, dtype):
         return torch.tensor(data, dtype=dtype, device=device)
 
     return ForwardBatch(
-        input_ids=tensor([(7 * i) % 1000 + 1 for i in range(n)], torch.long),
+        input_ids=tensor([(7 * i + 1) % min(vocab, 1000) for i in range(n)], torch.long),
         positions=tensor(list(range(n)), torch.long),
         slot_mapping=tensor(list(range(n)), torch.long),
         prefill=PrefillAttention(
