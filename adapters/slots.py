@@ -88,8 +88,18 @@ class DeviceSlots:
         for (layer, module), (a, b) in sorted(adapter.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
         for module in self.spec.modules:
-            self._zero(module, slot)
             entries = by_module.get(module, [])
+            stacked = adapter.stacked.get(module)
+            if stacked is not None and self._covers(module, slot, stacked):
+                # Every rank row that may be non-zero is overwritten: no zeroing first.
+                first, a_stack, bt_stack = stacked
+                a_all, bt_all = self._views(module, slot)
+                run, r = slice(first, first + a_stack.shape[0]), a_stack.shape[1]
+                a_all[run, :r].copy_(a_stack)
+                bt_all[run, :r].copy_(bt_stack)
+                self._dirty[module][slot] = r
+                continue
+            self._zero(module, slot)
             if entries:
                 self._copy(module, slot, entries)
                 self._dirty[module][slot] = max(a.shape[0] for _, a, _ in entries)
@@ -107,6 +117,15 @@ class DeviceSlots:
         a = self.a[group][:, slot, :, index]
         bt = self.bt[group][:, slot, :, index, offset : offset + d_out]
         return a, bt
+
+    def _covers(self, module: str, slot: int, stacked) -> bool:
+        """Whether writing `stacked` overwrites all of the slot's possibly non-zero rows."""
+        first, a_stack, _ = stacked
+        return (
+            first == 0
+            and a_stack.shape[0] == self.spec.num_layers
+            and a_stack.shape[1] >= self._dirty[module][slot]
+        )
 
     def _zero(self, module: str, slot: int) -> None:
         dirty = self._dirty[module][slot]

@@ -22,7 +22,7 @@ from loragate.engine.async_engine import AsyncLLMEngine
 
 COLD = {f"cold{i}": (64, ALL_MODULES, False) for i in range(4)}
 STREAM_TOKENS = 240  # a bound: the streams leave once the cold requests are done
-COLD_TOKENS = 8
+COLD_TOKENS = 32  # the cold requests decode beside the streams for a while, as in serving
 BURST_AFTER = 8  # stream tokens before the burst of cold requests
 
 
