@@ -394,6 +394,13 @@ class AdapterCache:
                 "held_weights": len(self._holds),
             }
 
+    def tiers(self) -> dict[str, str]:
+        """Each weights sha256 in memory: "device" (in a slot) or "cpu"."""
+        with self._lock:
+            found = {identity.sha256: "cpu" for identity in self._cpu}
+            found.update({identity.sha256: "device" for identity in self._slot_of})
+            return found
+
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
         if identity not in self._cpu and identity not in self._slot_of:
             self._usage.entries.pop(identity, None)

@@ -66,6 +66,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "plugins": {"flag": "--plugin", "multiple": True, "metavar": "MODULE:OBJECT"},
     "redis_url": {"envvar": "LORAGATE_REDIS_URL", "show_envvar": True},
     "admin_key": {"envvar": "LORAGATE_ADMIN_KEY", "show_envvar": True},
+    "metrics_key": {"envvar": "LORAGATE_METRICS_KEY", "show_envvar": True},
 }
 
 # GatewaySettings.engine is the EngineConfig the flags above build.
