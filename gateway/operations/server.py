@@ -94,17 +94,20 @@ async def serve_all(server: uvicorn.Server) -> None:
     """The API server on its bound socket, and the metrics server (if any) once it is up."""
     metrics: MetricsServer | None = server.loragate_metrics
 
-    async def start_metrics() -> None:
+    async def when_started() -> None:
         while not server.started:
             await asyncio.sleep(0.02)
-        await metrics.start()
+        log.info("accepting connections on %s", bound_url(server))
+        if metrics is not None:
+            await metrics.start()
+            log.info("metrics on %s", metrics_url(server))
 
-    starter = asyncio.create_task(start_metrics()) if metrics else None
+    starter = asyncio.create_task(when_started())
     try:
         await server.serve(sockets=[server.loragate_socket])
     finally:
-        if starter is not None:
-            starter.cancel()
+        starter.cancel()
+        if metrics is not None:
             if metrics.server.started:
                 await metrics.stop()
             else:
