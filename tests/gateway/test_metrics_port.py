@@ -89,3 +89,18 @@ def test_a_port_in_use_fails_before_the_model_loads(tiny_dir, caplog):
 def test_bad_metrics_settings_are_refused_by_name(tiny_dir, gateway, problem):
     with pytest.raises(ValueError, match=problem):
         GatewaySettings(engine=EngineConfig(model=str(tiny_dir)), **gateway)
+
+
+def test_per_tenant_series_count_each_tenant_and_the_admin_as_default(tenanted):
+    admin = Api(tenanted.url, ADMIN_KEY)
+    base = admin.base_model()
+    acme = admin.as_key(admin.create_tenant("initech"))
+    globex = admin.as_key(admin.create_tenant("globex"))
+    for caller in (acme, acme, globex, admin):
+        assert caller.complete(base, max_tokens=3).status_code == 200
+    text = httpx.get(tenanted.metrics_url, timeout=30).text
+    model = f'model_name="{base}"'
+    assert f'loragate_tenant_requests_total{{{model},tenant="initech"}} 2.0' in text
+    assert f'loragate_tenant_requests_total{{{model},tenant="globex"}} 1.0' in text
+    assert f'loragate_tenant_generation_tokens_total{{{model},tenant="globex"}} 3.0' in text
+    assert f'loragate_tenant_requests_total{{{model},tenant="default"}}' in text
