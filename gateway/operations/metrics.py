@@ -64,6 +64,7 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.rejected.labels("queue_full")  # exported at 0 from the start, for dashboards
 
     def observe_request(self, record: RequestRecord) -> None:
         self.traffic.observe(record)

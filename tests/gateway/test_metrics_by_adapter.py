@@ -5,8 +5,10 @@ the running and waiting adapters mid-run."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -139,3 +141,14 @@ def test_lora_requests_info_names_running_and_waiting_adapters_mid_run(start_ser
     assert 'max_lora="4"' in labels
     idle = series(metrics(url), "vllm:lora_requests_info")
     assert list(idle) == ['{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""}']
+
+
+def test_the_grafana_dashboard_reads_only_series_the_server_exports(mixed):
+    url, base, plan, m = mixed
+    path = Path(__file__).parents[2] / "examples" / "grafana" / "loragate-dashboard.json"
+    dashboard = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"(vllm:[a-z_:]+|loragate_[a-z_]+)", e)}
+    exported = {k.split("{")[0] for k in m}
+    assert len(names) >= 15
+    assert sorted(names - exported) == []
