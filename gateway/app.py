@@ -21,6 +21,7 @@ from loragate.gateway.openai.chat import ChatController
 from loragate.gateway.openai.completions import CompletionsController
 from loragate.gateway.openai.models import ModelsController
 from loragate.gateway.operations.body_depth import DepthCheckedRequest
+from loragate.gateway.operations.dashboard import DashboardController
 from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.operations.startup_log import log_startup, registry_description
 from loragate.gateway.serving.service import GatewayService
@@ -77,6 +78,7 @@ def create_app(
             HealthController,
             TenantsController,
             UsageController,
+            DashboardController,
         ],
         lifespan=[lifespan],
         middleware=[AuthGate],

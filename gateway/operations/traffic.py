@@ -5,6 +5,7 @@ Adapter and tenant label values are bounded (operations/labels.py)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -75,6 +76,11 @@ class RequestTraffic:
         self.adapter_labels = BoundedLabels(label_limit)
         self.tenant_labels = BoundedLabels(label_limit)
         self.adapter = _Family(registry, "adapter", "adapter")
+        # What the dashboard shows: [requests, prompt, generated tokens] per label, and the
+        # latest TTFTs.
+        self.by_adapter: dict[str, list[int]] = {}
+        self.by_tenant: dict[str, list[int]] = {}
+        self.recent_ttft: deque[float] = deque(maxlen=256)
         self.tenant = _Family(registry, "tenant", "tenant")
         m = ["model_name"]
         self.prompt_tokens = Counter(
@@ -125,6 +131,13 @@ class RequestTraffic:
                 queue.labels(*labels).observe(r.queue_time)
             for gap in r.token_gaps:
                 itl.labels(*labels).observe(gap)
+        for table, key in ((self.by_adapter, adapter), (self.by_tenant, tenant)):
+            row = table.setdefault(key, [0, 0, 0])
+            row[0] += 1
+            row[1] += r.prompt_tokens
+            row[2] += r.generation_tokens
+        if r.ttft is not None:
+            self.recent_ttft.append(r.ttft)
         if r.finish_reason not in (None, "abort"):
             self.success.labels(model, r.finish_reason).inc()
             self.e2e.labels(model).observe(r.e2e)
