@@ -68,6 +68,22 @@ class _Family:
             f"From arrival at the engine to its first step, by {label}",
             labels, buckets=COARSE_BUCKETS, registry=registry,
         )  # fmt: skip
+        self.series = (
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.queue,
+        )  # fmt: skip
+
+
+def _observe(series: tuple, labels: tuple, r: RequestRecord) -> None:
+    """One request into (prompt tokens, generation tokens, TTFT, ITL, queue time)."""
+    prompt, generated, ttft, itl, queue = (metric.labels(*labels) for metric in series)
+    prompt.inc(r.prompt_tokens)
+    generated.inc(r.generation_tokens)
+    if r.ttft is not None:
+        ttft.observe(r.ttft)
+    if r.queue_time is not None:
+        queue.observe(r.queue_time)
+    for gap in r.token_gaps:
+        itl.observe(gap)
 
 
 class RequestTraffic:
@@ -115,22 +131,10 @@ class RequestTraffic:
         adapter = self.adapter_labels.label(r.adapter)
         tenant = self.tenant_labels.label(r.tenant)
         totals = (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.queue)
-        for family, value in ((self.adapter, adapter), (self.tenant, tenant), (None, None)):
-            labels = (model, value) if family else (model,)
-            prompt, gen, ttft, itl, queue = (
-                (family.prompt_tokens, family.generation_tokens, family.ttft, family.itl,
-                 family.queue) if family else totals
-            )  # fmt: skip
-            if family:
-                family.requests.labels(*labels).inc()
-            prompt.labels(*labels).inc(r.prompt_tokens)
-            gen.labels(*labels).inc(r.generation_tokens)
-            if r.ttft is not None:
-                ttft.labels(*labels).observe(r.ttft)
-            if r.queue_time is not None:
-                queue.labels(*labels).observe(r.queue_time)
-            for gap in r.token_gaps:
-                itl.labels(*labels).observe(gap)
+        _observe(totals, (model,), r)
+        for family, value in ((self.adapter, adapter), (self.tenant, tenant)):
+            family.requests.labels(model, value).inc()
+            _observe(family.series, (model, value), r)
         for table, key in ((self.by_adapter, adapter), (self.by_tenant, tenant)):
             row = table.setdefault(key, [0, 0, 0])
             row[0] += 1
