@@ -351,6 +351,7 @@ def _read_stats(engine: LLMEngine) -> EngineStats:
         busy_adapters=busy,
         waiting_adapters=waiting,
         adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
+        adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
     )
 
 

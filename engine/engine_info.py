@@ -49,6 +49,8 @@ class EngineStats:
     waiting_adapters: frozenset[str] = frozenset()
     # Weights in memory by sha256: "device" (a slot) or "cpu"; any other adapter is on disk.
     adapter_tiers: dict = field(default_factory=dict)
+    # sha256 -> (disk loads, their seconds, device slot loads, their seconds)
+    adapter_loads: dict = field(default_factory=dict)
 
 
 def runtime_info(engine) -> dict:

@@ -181,6 +181,24 @@ def adapter_tiers(e: EngineStats, view: AdapterView, labels: BoundedLabels, mode
         counts[tier] += 1
         if key in named:
             each.add_metric([model_name, key, tier], 1)
+    loads = C(
+        "loragate_adapter_weight_loads",
+        "Loads of the adapter's weights into a tier (cpu: read from disk; device: a slot)",
+        labels=["model_name", "adapter", "tier"],
+    )
+    load_seconds = C(
+        "loragate_adapter_weight_load_seconds",
+        "Seconds spent loading the adapter's weights into a tier",
+        labels=["model_name", "adapter", "tier"],
+    )
+    for key, sha256 in sorted(view.sha256_of.items()):
+        row = e.adapter_loads.get(sha256)
+        if key in named and row is not None:
+            for tier, count, seconds in (("cpu", row[0], row[1]), ("device", row[2], row[3])):
+                loads.add_metric([model_name, key, tier], count)
+                load_seconds.add_metric([model_name, key, tier], seconds)
+    yield loads
+    yield load_seconds
     total = G("loragate_adapters_by_tier", "Registered adapters per tier now", labels=["tier"])
     for tier, n in counts.items():
         total.add_metric([tier], n)

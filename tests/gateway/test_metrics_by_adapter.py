@@ -103,6 +103,14 @@ def test_each_named_adapter_shows_its_tier_and_all_are_counted_per_tier(mixed):
     counts = by_label(m, "loragate_adapters_by_tier", "tier")
     assert sum(counts.values()) == m["loragate_adapters_registered"] == len(ADAPTER_NAMES)
     assert counts["device"] >= 1  # adapters just served sit in device slots (max_loras 4)
+    loads = series(m, "loragate_adapter_weight_loads_total")
+    seconds = series(m, "loragate_adapter_weight_load_seconds_total")
+    for name in ("alpha", "beta"):  # read from disk when registered, then put in a slot
+        for tier in ("cpu", "device"):
+            labels = f'{{adapter="{name}",model_name="{base}",tier="{tier}"}}'
+            assert loads[labels] >= 1, labels
+            assert seconds[labels] > 0, labels
+    assert not [k for k in loads if "gamma" in k or "delta" in k]  # no label of their own
 
 
 def test_vllm_gauges_carry_the_model_name(mixed):
