@@ -101,6 +101,8 @@ class AdapterCache:
         self._book = IdentityBook()
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        # sha256 -> [disk loads, their seconds, slot loads, their seconds] (for metrics)
+        self._loads_of: dict[str, list] = {}
         self._seconds = {"load_seconds": 0.0, "slot_load_seconds": 0.0}
 
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
@@ -236,8 +238,10 @@ class AdapterCache:
                     return None
                 slot = self._slot_of[victim]
             adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
-            self._seconds["slot_load_seconds"] += self._device.put(slot, identity, adapter)
+            put_seconds = self._device.put(slot, identity, adapter)
+            self._seconds["slot_load_seconds"] += put_seconds
             self._counters["slot_loads"] += 1
+            self._count_load(identity, 2, put_seconds)
             if victim is not None:
                 self._forget_usage_if_gone(victim)
                 self._counters["device_evictions"] += 1
@@ -319,6 +323,7 @@ class AdapterCache:
     ) -> None:
         self._counters["disk_loads"] += 1
         self._seconds["load_seconds"] += seconds
+        self._count_load(identity, 0, seconds)
         while len(self._cpu) >= self.max_cpu_loras:
             droppable = [held for held in self._cpu if self._may_leave_cpu(held)]
             if not droppable:
@@ -393,6 +398,23 @@ class AdapterCache:
                 "cpu_adapters": len(self._cpu),
                 "held_weights": len(self._holds),
             }
+
+    def tiers(self) -> dict[str, str]:
+        """Each weights sha256 in memory: "device" (in a slot) or "cpu"."""
+        with self._lock:
+            found = {identity.sha256: "cpu" for identity in self._cpu}
+            found.update({identity.sha256: "device" for identity in self._slot_of})
+            return found
+
+    def loads(self) -> dict[str, tuple]:
+        """Each weights sha256 ever loaded: (disk loads, seconds, slot loads, seconds)."""
+        with self._lock:
+            return {sha: tuple(row) for sha, row in self._loads_of.items()}
+
+    def _count_load(self, identity: WeightsIdentity, column: int, seconds: float) -> None:
+        row = self._loads_of.setdefault(identity.sha256, [0, 0.0, 0, 0.0])
+        row[column] += 1
+        row[column + 1] += seconds
 
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
         if identity not in self._cpu and identity not in self._slot_of:

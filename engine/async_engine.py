@@ -22,7 +22,7 @@ from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdent
 from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
-from loragate.engine.engine_info import EngineStats, ModelInfo
+from loragate.engine.engine_info import EngineStats, ModelInfo, runtime_info
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
@@ -115,6 +115,7 @@ class AsyncLLMEngine:
             max_num_seqs=engine.config.max_num_seqs,
             lora_enabled=engine.adapters is not None,
             tokenizer=engine.tokenizer,
+            **runtime_info(engine),
         )
 
     @property
@@ -337,6 +338,7 @@ class AsyncLLMEngine:
 def _read_stats(engine: LLMEngine) -> EngineStats:
     scheduler = engine.scheduler
     busy = frozenset(s.lora_request.lora_name for s in scheduler.running if s.lora_slot >= 0)
+    waiting = frozenset(s.lora_request.lora_name for s in scheduler.waiting if s.lora_request)
     return EngineStats(
         unfinished_requests=len(engine.requests),
         running=len(scheduler.running),
@@ -347,6 +349,9 @@ def _read_stats(engine: LLMEngine) -> EngineStats:
         preemptions=scheduler.num_preemptions,
         adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
         busy_adapters=busy,
+        waiting_adapters=waiting,
+        adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
+        adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
     )
 
 

@@ -18,6 +18,17 @@ class ModelInfo:
     max_num_seqs: int
     lora_enabled: bool
     tokenizer: Any = field(repr=False, compare=False)
+    # What the start-up log and the metrics' info series say about how it runs.
+    dtype: str = ""
+    device: str = ""
+    threads: int = 0
+    block_size: int = 0
+    num_kv_blocks: int = 0
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    max_cpu_loras: int = 0
+    prefix_caching: bool = False
+    plugins: tuple[str, ...] = ()
 
 
 @dataclass
@@ -34,3 +45,29 @@ class EngineStats:
     preemptions: int = 0
     adapters: dict = field(default_factory=dict)
     busy_adapters: frozenset[str] = frozenset()
+    # Adapter names of the sequences waiting for their first step (vllm:lora_requests_info).
+    waiting_adapters: frozenset[str] = frozenset()
+    # Weights in memory by sha256: "device" (a slot) or "cpu"; any other adapter is on disk.
+    adapter_tiers: dict = field(default_factory=dict)
+    # sha256 -> (disk loads, their seconds, device slot loads, their seconds)
+    adapter_loads: dict = field(default_factory=dict)
+
+
+def runtime_info(engine) -> dict:
+    """ModelInfo's fields on how an LLMEngine runs: what its config resolved to."""
+    import torch
+
+    config = engine.config
+    lora = engine.adapters is not None
+    return dict(
+        dtype=str(config.torch_dtype).removeprefix("torch."),
+        device=str(config.torch_device),
+        threads=torch.get_num_threads(),
+        block_size=config.block_size,
+        num_kv_blocks=engine.kv_cache.num_blocks,
+        max_loras=config.max_loras if lora else 0,
+        max_lora_rank=config.max_lora_rank if lora else 0,
+        max_cpu_loras=config.max_cpu_loras if lora else 0,
+        prefix_caching=bool(config.enable_prefix_caching),
+        plugins=tuple(p["name"] for p in engine.plugins.describe()),
+    )

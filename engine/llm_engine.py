@@ -206,6 +206,7 @@ class LLMEngine:
             if not failed and self.adapter_loads is not None:
                 self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
             return failed
+        _mark_scheduled(scheduled)
         sampled, logits = self.runner.run(scheduled)
         outputs = failed + self._postprocess(scheduled, sampled, logits)
         self._record_step(scheduled, (time.perf_counter() - start) * 1e3)
@@ -389,3 +390,11 @@ def _generator(seed: int | None, index: int) -> torch.Generator | None:
     if seed is None:
         return None
     return torch.Generator().manual_seed((seed + index * 0x9E3779B1) % (1 << 63))
+
+
+def _mark_scheduled(scheduled) -> None:
+    """A request's queue time ends at the first step that runs any of its prompt."""
+    now = time.monotonic()
+    for item in scheduled.prefills:
+        if item.seq.request.first_scheduled_time is None:
+            item.seq.request.first_scheduled_time = now

@@ -35,6 +35,7 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
             request.arrival_time,
             request.first_token_time,
             time.monotonic() if finished else None,
+            first_scheduled_time=request.first_scheduled_time,
         ),
     )
 

@@ -27,6 +27,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_prompt_tokens_computed: int = 0
+    first_scheduled_time: float | None = None
 
 
 @dataclass

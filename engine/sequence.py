@@ -92,6 +92,7 @@ class Request:
     tenant: str | None = None  # the tenant's own name, for plugins
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None  # its first step: queue time ends here
     seqs: list[Sequence] = field(default_factory=list)
     pending_forks: list[Sequence] = field(default_factory=list)
     logits_processors: list = field(default_factory=list)

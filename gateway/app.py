@@ -22,7 +22,9 @@ from loragate.gateway.openai.completions import CompletionsController
 from loragate.gateway.openai.models import ModelsController
 from loragate.gateway.openai.tokenize import TokenizeController
 from loragate.gateway.operations.body_depth import DepthCheckedRequest
+from loragate.gateway.operations.dashboard import DashboardController
 from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.operations.startup_log import log_startup, registry_description
 from loragate.gateway.serving.service import GatewayService
 from loragate.gateway.tenancy.auth import AuthGate
 from loragate.gateway.tenancy.principal import Principal, caller_of
@@ -56,6 +58,7 @@ def create_app(
                 settings.adapter_load_timeout_seconds,
             )
         service = GatewayService(settings, running, store)
+        log_startup(service.model, registry_description(service.health.where))
         app.state.service = service
         try:
             await service.startup()
@@ -77,6 +80,7 @@ def create_app(
             HealthController,
             TenantsController,
             UsageController,
+            DashboardController,
         ],
         lifespan=[lifespan],
         middleware=[AuthGate],

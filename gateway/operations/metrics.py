@@ -1,8 +1,9 @@
 """Prometheus metrics: request latencies observed here, engine state read at scrape time.
 
 Each app owns its CollectorRegistry (no process-wide default registry), so several
-servers in one process (tests, the benchmark) never share counters. Labels take only
-values from small fixed sets (finish reasons, cache tiers), never adapter names.
+servers in one process (tests, the benchmark) never share counters. Adapter and tenant
+names appear as label values only through operations/labels.py's bound; every other label
+takes values from small fixed sets (finish reasons, cache tiers).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from loragate.engine import EngineStats
-from loragate.gateway.operations.scrape import GatewayGauges, ScrapeCollector
+from loragate.gateway.operations.scrape import AdapterView, GatewayGauges, ScrapeCollector
+from loragate.gateway.operations.traffic import RequestRecord, RequestTraffic
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -22,9 +24,10 @@ _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "", label_limit: int = 50) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self._scrape = ScrapeCollector()
+        self.traffic = RequestTraffic(self.registry, model_name, label_limit)
+        self._scrape = ScrapeCollector(model_name, self.traffic.adapter_labels)
         self.registry.register(self._scrape)
         self.ttft = Histogram(
             "loragate_time_to_first_token_seconds",
@@ -61,10 +64,12 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.rejected.labels("queue_full")  # exported at 0 from the start, for dashboards
 
-    def observe_request(
-        self, ttft: float | None, e2e: float, num_tokens: int, finish_reason: str | None
-    ) -> None:
+    def observe_request(self, record: RequestRecord) -> None:
+        self.traffic.observe(record)
+        ttft, e2e, finish_reason = record.ttft, record.e2e, record.finish_reason
+        num_tokens = record.output_len
         if finish_reason is None or finish_reason == "abort":
             self.aborted.inc()
             return
@@ -75,7 +80,13 @@ class GatewayMetrics:
             if num_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (num_tokens - 1))
 
-    def render(self, engine: EngineStats | None, gateway: GatewayGauges) -> bytes:
+    def render(
+        self,
+        engine: EngineStats | None,
+        gateway: GatewayGauges,
+        adapters: AdapterView | None = None,
+    ) -> bytes:
         self._scrape.engine = engine
         self._scrape.gateway = gateway
+        self._scrape.adapters = adapters or AdapterView()
         return generate_latest(self.registry)

@@ -4,11 +4,13 @@ name, its help, and where its value comes from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from loragate.engine import EngineStats
+from loragate.gateway.operations.labels import BoundedLabels
 
 
 @dataclass
@@ -20,6 +22,14 @@ class GatewayGauges:
     engine_up: bool = True
     registry_reachable: bool = True
     usage_pending: int = 0
+
+
+@dataclass
+class AdapterView:
+    """The registered adapters' weights, key -> sha256, and the engine's device slots."""
+
+    sha256_of: dict[str, str] = field(default_factory=dict)
+    max_loras: int = 0
 
 
 G, C = GaugeMetricFamily, CounterMetricFamily
@@ -99,18 +109,21 @@ _TIERS = (
 class ScrapeCollector:
     """Yields the engine snapshot and gateway gauges taken just before the scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "", labels: BoundedLabels | None = None) -> None:
         self.engine: EngineStats | None = None
         self.gateway = GatewayGauges()
+        self.adapters = AdapterView()
+        self.model_name = model_name
+        self.labels = labels or BoundedLabels(0)
 
     def collect(self):
-        for kind, name, doc, field in _GATEWAY:
-            yield kind(name, doc, value=int(getattr(self.gateway, field)))
+        for kind, name, doc, attr in _GATEWAY:
+            yield kind(name, doc, value=int(getattr(self.gateway, attr)))
         e = self.engine
         if e is None:
             return
-        for kind, name, doc, field in _ENGINE:
-            value = getattr(e, field) if hasattr(e, field) else e.memory.get(field, 0)
+        for kind, name, doc, attr in _ENGINE:
+            value = getattr(e, attr) if hasattr(e, attr) else e.memory.get(attr, 0)
             yield kind(name, doc, value=value)
         if e.adapters:
             for kind, name, doc, cpu, device in _TIERS:
@@ -118,3 +131,84 @@ class ScrapeCollector:
                 family.add_metric(["cpu"], e.adapters.get(cpu, 0))
                 family.add_metric(["device"], e.adapters.get(device, 0))
                 yield family
+        yield from vllm_gauges(e, self.model_name)
+        yield lora_requests_info(e, self.adapters.max_loras)
+        if e.adapters:
+            yield from adapter_tiers(e, self.adapters, self.labels, self.model_name)
+
+
+def vllm_gauges(e: EngineStats, model_name: str):
+    """vLLM's names for the queues and the KV cache, for dashboards and routers."""
+    for name, doc, value in (
+        ("vllm:num_requests_running", "Sequences in the running batch", e.running),
+        ("vllm:num_requests_waiting", "Sequences waiting in the scheduler", e.waiting),
+        (
+            "vllm:kv_cache_usage_perc", "Fraction of KV blocks allocated (0-1)",
+            e.memory.get("utilization", 0),
+        ),
+    ):  # fmt: skip
+        family = G(name, doc, labels=["model_name"])
+        family.add_metric([model_name], value)
+        yield family
+
+
+def lora_requests_info(e: EngineStats, max_loras: int):
+    """vLLM's info series: the adapters running and waiting now, comma-separated; its value
+    is the time of the snapshot, as in vLLM (routers pick the newest)."""
+    family = G(
+        "vllm:lora_requests_info",
+        "Running and waiting LoRA adapters (value: when this was read)",
+        labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+    )
+    running = ",".join(sorted(e.busy_adapters))
+    waiting = ",".join(sorted(e.waiting_adapters))
+    family.add_metric([running, str(max_loras), waiting], time.time())
+    return family
+
+
+def adapter_tiers(e: EngineStats, view: AdapterView, labels: BoundedLabels, model_name: str):
+    """Where each registered adapter's weights are: a count per tier for all of them, and a
+    1 on the tier of each adapter that has a label of its own (operations/labels.py)."""
+    counts = {"device": 0, "cpu": 0, "disk": 0}
+    named = labels.named()
+    each = G(
+        "loragate_adapter_tier",
+        "1 on the tier the adapter's weights are in (device slot, cpu or disk)",
+        labels=["model_name", "adapter", "tier"],
+    )
+    for key, sha256 in sorted(view.sha256_of.items()):
+        tier = e.adapter_tiers.get(sha256, "disk")
+        counts[tier] += 1
+        if key in named:
+            each.add_metric([model_name, key, tier], 1)
+    loads = C(
+        "loragate_adapter_weight_loads",
+        "Loads of the adapter's weights into a tier (cpu: read from disk; device: a slot)",
+        labels=["model_name", "adapter", "tier"],
+    )
+    load_seconds = C(
+        "loragate_adapter_weight_load_seconds",
+        "Seconds spent loading the adapter's weights into a tier",
+        labels=["model_name", "adapter", "tier"],
+    )
+    for key, sha256 in sorted(view.sha256_of.items()):
+        row = e.adapter_loads.get(sha256)
+        if key in named and row is not None:
+            for tier, count, seconds in (("cpu", row[0], row[1]), ("device", row[2], row[3])):
+                loads.add_metric([model_name, key, tier], count)
+                load_seconds.add_metric([model_name, key, tier], seconds)
+    yield loads
+    yield load_seconds
+    total = G("loragate_adapters_by_tier", "Registered adapters per tier now", labels=["tier"])
+    for tier, n in counts.items():
+        total.add_metric([tier], n)
+    yield total
+    yield each
+    for name, doc, key in (
+        ("loragate_adapter_load_seconds", "Time spent reading adapters from disk", "load_seconds"),
+        (
+            "loragate_adapter_slot_load_seconds", "Time spent copying adapters into device slots",
+            "slot_load_seconds",
+        ),
+    ):  # fmt: skip
+        yield C(name, doc, value=e.adapters.get(key, 0.0))

@@ -70,6 +70,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lora_modules": {"multiple": True, "metavar": "NAME=DIR"},
     "model_aliases": {"multiple": True, "metavar": "NAME"},
     "served_model_name": {"multiple": True, "metavar": "NAME"},
+    "metrics_key": {"envvar": "LORAGATE_METRICS_KEY", "show_envvar": True},
 }
 
 # vLLM's flags that take several values after one flag (argparse nargs='+').

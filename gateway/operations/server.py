@@ -2,11 +2,16 @@
 
 SIGTERM drains: uvicorn stops accepting connections, lets running requests finish for up
 to `shutdown_timeout` seconds, cancels what is left, then the lifespan stops the engine.
+
+The ports are bound before anything else (a port in use fails in a second, not after the
+model loaded) and listened on only once the lifespan has started the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +22,24 @@ from loragate.engine import AsyncLLMEngine
 from loragate.gateway.app import create_app
 from loragate.gateway.operations.access_log import AccessLog
 from loragate.gateway.operations.http_limits import timed_protocol
+from loragate.gateway.operations.metrics_server import MetricsServer
 from loragate.gateway.operations.settings import GatewaySettings
 from loragate.registry import RegistryStore
+
+log = logging.getLogger(__name__)
+
+
+class _NotUvicornError(logging.Filter):
+    """uvicorn logs its INFO lines ("Started server process") as `uvicorn.error`; they are
+    no errors, so they are named `uvicorn` here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.error" and record.levelno < logging.WARNING:
+            record.name = "uvicorn"
+        return True
+
+
+logging.getLogger("uvicorn.error").addFilter(_NotUvicornError())
 
 
 def build_server(
@@ -41,29 +62,92 @@ def build_server(
             settings.max_connections,
         ),
     )
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    server.loragate_socket = bind(settings.host, settings.port, "port")
+    server.loragate_metrics = None
+    if settings.metrics_port is not None:
+        sock = bind(settings.host, settings.metrics_port, "metrics_port")
+        server.loragate_metrics = MetricsServer(config.app.app, settings.metrics_key, sock)
+    return server
+
+
+class PortInUseError(OSError):
+    """A port to listen on is taken (or not ours to bind)."""
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A bound (not yet listening) TCP socket, or PortInUseError naming the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        flag = "--" + what.replace("_", "-")
+        raise PortInUseError(f"cannot listen on {host}:{port} ({flag}): {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_all(server: uvicorn.Server) -> None:
+    """The API server on its bound socket, and the metrics server (if any) once it is up."""
+    metrics: MetricsServer | None = server.loragate_metrics
+
+    async def when_started() -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        log.info("accepting connections on %s", bound_url(server))
+        if metrics is not None:
+            await metrics.start()
+            log.info("metrics on %s", metrics_url(server))
+
+    starter = asyncio.create_task(when_started())
+    try:
+        await server.serve(sockets=[server.loragate_socket])
+    finally:
+        starter.cancel()
+        if metrics is not None:
+            if metrics.server.started:
+                await metrics.stop()
+            else:
+                metrics.sock.close()
 
 
 def bound_url(server: uvicorn.Server) -> str:
     """http://host:port the server listens on (the real port when 0 was asked for)."""
-    sock = server.servers[0].sockets[0]
-    host, port = sock.getsockname()[:2]
+    host, port = server.loragate_socket.getsockname()[:2]
     return f"http://{host}:{port}"
 
 
+def metrics_url(server: uvicorn.Server) -> str | None:
+    """http://host:port/metrics of --metrics-port, or None without one."""
+    if server.loragate_metrics is None:
+        return None
+    host, port = server.loragate_metrics.sock.getsockname()[:2]
+    return f"http://{host}:{port}/metrics"
+
+
 def serve(settings: GatewaySettings, announce: Callable[[str], None] = print) -> bool:
-    """Serve until SIGINT/SIGTERM; False if the app failed to start."""
-    server = build_server(settings)
+    """Serve until SIGINT/SIGTERM; False if the app failed to start (a port in use fails
+    here, before the model loads)."""
+    try:
+        server = build_server(settings)
+    except PortInUseError as exc:
+        log.error("%s", exc)
+        return False
 
     async def main() -> None:
         async def announce_when_started() -> None:
             while not server.started:
                 await asyncio.sleep(0.05)
             announce(f"loragate listening on {bound_url(server)}")
+            if server.loragate_metrics is not None:
+                announce(f"metrics on {metrics_url(server)}")
 
         watcher = asyncio.create_task(announce_when_started())
         try:
-            await server.serve()
+            await serve_all(server)
         finally:
             watcher.cancel()
 
@@ -83,9 +167,13 @@ class BackgroundServer:
     ):
         self.server = build_server(settings, engine, store)
         self.app = self.server.config.app.app  # the Litestar app inside the access log
-        self._thread = threading.Thread(target=self.server.run, name="loragate-http", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="loragate-http", daemon=True)
         self._start_timeout = start_timeout
         self.url = ""
+        self.metrics_url: str | None = None
+
+    def _run(self) -> None:
+        asyncio.run(serve_all(self.server))
 
     def start(self) -> BackgroundServer:
         self._thread.start()
@@ -98,6 +186,12 @@ class BackgroundServer:
                 raise RuntimeError("the server did not start in time")
             time.sleep(0.02)
         self.url = bound_url(self.server)
+        self.metrics_url = metrics_url(self.server)
+        if self.metrics_url is not None:
+            while not self.server.loragate_metrics.server.started:  # starts right after
+                if not self._thread.is_alive():
+                    raise RuntimeError("the metrics server failed to start (see the log)")
+                time.sleep(0.02)
         return self
 
     def stop(self) -> None:

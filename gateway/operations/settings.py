@@ -167,6 +167,31 @@ class GatewaySettings:
         ),
     )
 
+    # Observability (operations/metrics.py, operations/metrics_server.py).
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_help(
+            "Also serve GET /metrics on this port, with no tenant key (vLLM-style; 0 picks a "
+            "free one). Keep it on the operators' network: it names every tenant's adapters. "
+            "Default: /metrics only on --port, with the admin key under tenancy."
+        ),
+    )
+    metrics_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=_help(
+            "Bearer key that --metrics-port requires (not a tenant's or the admin's: a "
+            "scraper holding it can read metrics and nothing else). Default: open."
+        ),
+    )
+    metrics_label_limit: int = field(
+        default=50,
+        metadata=_help(
+            "Adapters, and tenants, that get their own label in per-adapter and per-tenant "
+            "metrics: the first N to serve traffic; later ones are summed under `__other__`."
+        ),
+    )
+
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
@@ -217,6 +242,30 @@ class GatewaySettings:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         lora_modules(self.lora_modules)  # a bad entry fails here, before the model loads
         object.__setattr__(self, "model_aliases", tuple(self.model_aliases))
+        if self.metrics_port is not None and (
+            _not_int(self.metrics_port) or not 0 <= self.metrics_port <= 65535
+        ):
+            raise ValueError(
+                f"metrics_port must be an integer in [0, 65535], got {self.metrics_port!r}"
+            )
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError(f"metrics_port must differ from port ({self.port})")
+        if self.metrics_key is not None and (
+            not isinstance(self.metrics_key, str)
+            or len(self.metrics_key) < MIN_ADMIN_KEY_LENGTH
+            or not self.metrics_key.isprintable()
+            or any(c.isspace() for c in self.metrics_key)
+        ):
+            raise ValueError(
+                f"metrics_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
+                "without spaces"
+            )
+        if self.metrics_key is not None and self.metrics_key == self.admin_key:
+            raise ValueError("metrics_key must differ from admin_key")
+        if _not_int(self.metrics_label_limit) or self.metrics_label_limit < 0:
+            raise ValueError(
+                f"metrics_label_limit must be an integer >= 0, got {self.metrics_label_limit!r}"
+            )
         if _not_int(self.max_connections) or self.max_connections < 1:
             raise ValueError(
                 f"max_connections must be an integer >= 1, got {self.max_connections!r}"

@@ -45,6 +45,9 @@ class Generation:
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        self.token_gaps: list[float] = []  # seconds between output tokens, for the metrics
+        self._tokens_seen = 0
+        self._last_token_at = self.started
         self._outputs = outputs
         self._on_close = on_close
         self._field_names = field_names
@@ -104,6 +107,12 @@ class Generation:
         now = time.perf_counter()
         if self.first_token_at is None and any(c.token_ids for c in out.outputs):
             self.first_token_at = now
+        tokens = sum(len(c.token_ids) for c in out.outputs)
+        if tokens > self._tokens_seen and self._tokens_seen:
+            gap = (now - self._last_token_at) / (tokens - self._tokens_seen)
+            self.token_gaps.extend([gap] * (tokens - self._tokens_seen))
+        if tokens > self._tokens_seen:
+            self._tokens_seen, self._last_token_at = tokens, now
         if out.finished:
             self.finished_at = now
 

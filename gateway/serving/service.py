@@ -23,15 +23,18 @@ from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
+from loragate.gateway.operations.labels import BASE
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
+from loragate.gateway.operations.scrape import AdapterView
 from loragate.gateway.operations.settings import GatewaySettings, lora_modules
+from loragate.gateway.operations.traffic import request_record
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.serving.metered import MeteredRequest
 from loragate.gateway.serving.request_cost import NO_COST, RequestCost, request_cost
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.auth import Authenticator
-from loragate.gateway.tenancy.principal import OPERATOR, Principal
+from loragate.gateway.tenancy.principal import OPERATOR, UNTENANTED, Principal
 from loragate.gateway.tenancy.quotas import QuotaKeeper
 from loragate.gateway.tenancy.tenants import TenantService
 from loragate.gateway.tenancy.usage_meter import UsageMeter
@@ -56,7 +59,7 @@ class GatewayService:
             self.model.max_num_seqs, settings.max_queue, settings.retry_after_seconds
         )
         self.usage = AdapterUsage()
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(self.model.served_name, settings.metrics_label_limit)
         self.adapters = AdapterManager(
             engine,
             self.store,
@@ -224,10 +227,8 @@ class GatewayService:
             if lora is not None:
                 self.usage.release(lora)
             if gen.latest is not None:
-                finish = gen.latest.outputs[0].finish_reason if gen.finished else None
-                ttft = None if gen.first_token_at is None else gen.first_token_at - gen.started
-                e2e = (gen.finished_at or gen.started) - gen.started
-                self.metrics.observe_request(ttft, e2e, gen.num_output_tokens, finish)
+                adapter = BASE if lora is None else lora.lora_name
+                self.metrics.observe_request(request_record(gen, adapter, tenant or UNTENANTED))
 
         outputs = self.engine.generate(
             prompt, params, request_id, lora_request=lora, cache_salt=cache_salt, tenant=tenant
@@ -285,16 +286,21 @@ class GatewayService:
                 snapshot = await self.engine.stats()
             except EngineDeadError:
                 snapshot = None
+        records = await self.adapters.catalog.list(OPERATOR)
         gauges = GatewayGauges(
             in_flight=self.admission.in_flight,
             queued=self.admission.waiting,
             queue_capacity=self.admission.capacity,
-            registered_adapters=len(await self.adapters.catalog.list(OPERATOR)),
+            registered_adapters=len(records),
             engine_up=self.engine.is_running,
             registry_reachable=self.health.reachable,
             usage_pending=self.usage_meter.pending,
         )
-        return self.metrics.render(snapshot, gauges)
+        view = AdapterView(
+            sha256_of={r.key: r.sha256 for r in records},
+            max_loras=self.model.max_loras,
+        )
+        return self.metrics.render(snapshot, gauges, view)
 
 
 def _check_max_tokens(lengths: list[int], max_tokens, max_model_len: int, names: dict) -> None:

@@ -36,7 +36,8 @@ from loragate.registry import TenantRecord
 from loragate.registry.api_keys import parse_api_key
 
 # Load balancers probe this without credentials; it tells nothing about tenants or keys.
-UNAUTHENTICATED_PATHS = frozenset({"/health"})
+# /dashboard is a static page: the data it polls (/dashboard/data) needs the admin key.
+UNAUTHENTICATED_PATHS = frozenset({"/health", "/dashboard"})
 
 _INVALID = "invalid or missing API key: send `Authorization: Bearer <key>`"
 
