@@ -38,6 +38,7 @@ from collections import Counter
 
 import torch
 
+from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, resolve_victim
@@ -59,7 +60,7 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-class AdapterCache:
+class AdapterCache(CacheReports):
     """All known adapters on disk, recent ones in CPU memory, up to max_loras on the device.
 
     ``remove`` refuses (ValueError) to drop an adapter whose slot is in the busy_slots it
@@ -388,33 +389,6 @@ class AdapterCache:
         with self._lock:
             ordered = sorted(self._cpu, key=lambda i: self._usage.entries[i].last_used)
             return [self._usage.request_of(i) for i in ordered]
-
-    def stats(self) -> dict[str, float]:
-        with self._lock:
-            return {
-                **self._counters,
-                **self._seconds,
-                "resident_adapters": len(self._slot_of),
-                "cpu_adapters": len(self._cpu),
-                "held_weights": len(self._holds),
-            }
-
-    def tiers(self) -> dict[str, str]:
-        """Each weights sha256 in memory: "device" (in a slot) or "cpu"."""
-        with self._lock:
-            found = {identity.sha256: "cpu" for identity in self._cpu}
-            found.update({identity.sha256: "device" for identity in self._slot_of})
-            return found
-
-    def loads(self) -> dict[str, tuple]:
-        """Each weights sha256 ever loaded: (disk loads, seconds, slot loads, seconds)."""
-        with self._lock:
-            return {sha: tuple(row) for sha, row in self._loads_of.items()}
-
-    def _count_load(self, identity: WeightsIdentity, column: int, seconds: float) -> None:
-        row = self._loads_of.setdefault(identity.sha256, [0, 0.0, 0, 0.0])
-        row[column] += 1
-        row[column + 1] += seconds
 
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
         if identity not in self._cpu and identity not in self._slot_of:

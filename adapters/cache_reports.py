@@ -1,0 +1,37 @@
+"""What the adapter cache reports for metrics: counters, each weights' tier, and loads.
+
+A mixin of AdapterCache: it reads the cache's own state under the cache's lock.
+"""
+
+from __future__ import annotations
+
+from loragate.adapters.identity import WeightsIdentity
+
+
+class CacheReports:
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                **self._counters,
+                **self._seconds,
+                "resident_adapters": len(self._slot_of),
+                "cpu_adapters": len(self._cpu),
+                "held_weights": len(self._holds),
+            }
+
+    def tiers(self) -> dict[str, str]:
+        """Each weights sha256 in memory: "device" (in a slot) or "cpu"."""
+        with self._lock:
+            found = {identity.sha256: "cpu" for identity in self._cpu}
+            found.update({identity.sha256: "device" for identity in self._slot_of})
+            return found
+
+    def loads(self) -> dict[str, tuple]:
+        """Each weights sha256 ever loaded: (disk loads, seconds, slot loads, seconds)."""
+        with self._lock:
+            return {sha: tuple(row) for sha, row in self._loads_of.items()}
+
+    def _count_load(self, identity: WeightsIdentity, column: int, seconds: float) -> None:
+        row = self._loads_of.setdefault(identity.sha256, [0, 0.0, 0, 0.0])
+        row[column] += 1
+        row[column + 1] += seconds
