@@ -116,6 +116,12 @@ def test_default_model_bfloat16_is_top5_close_to_hf_float32(default_hf_dir, make
         SamplingParams(temperature=0, max_tokens=n, min_tokens=n, logprobs=5),
         use_tqdm=False,
     )
+    assert_top5_close(hf, prompts, outs, n)
+
+
+def assert_top5_close(hf, prompts, outs, n: int) -> None:
+    """vLLM's logprob-closeness: at every step the engine's token is in HF float32's top 5
+    and HF's top token in the engine's (HF teacher-forced on the engine's tokens)."""
     for prompt, out in zip(prompts, outs, strict=True):
         tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs
         assert len(tokens) == len(logprobs) == n

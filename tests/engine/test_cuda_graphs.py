@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cuda_engine import cuda_greedy, cuda_peft_model
+from test_cuda_engine import assert_top5_close, cuda_greedy, cuda_peft_model
 from test_multi_lora import ADAPTERS, requests_for
 from tiny_llama import make_adapters
 from transformers import AutoModelForCausalLM
@@ -115,13 +115,4 @@ def test_bfloat16_graphs_are_top5_close_to_hf_float32(tiny_cuda, make_llm):
         use_tqdm=False,
     )
     assert graphs_of(llm).replays >= n - 1
-    for prompt, out in zip(prompts, outs, strict=True):
-        tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs
-        ids = torch.tensor([prompt + tokens], device="cuda")
-        with torch.inference_mode():
-            logits = hf(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        hf_top5 = logits.topk(5, dim=-1).indices.tolist()
-        for step, (token, engine_top) in enumerate(zip(tokens, logprobs, strict=True)):
-            assert token in hf_top5[step], f"step {step}: engine token {token} not in HF top 5"
-            engine_top5 = sorted(engine_top, key=engine_top.get, reverse=True)[:5]
-            assert hf_top5[step][0] in engine_top5, f"step {step}: HF top not in engine top 5"
+    assert_top5_close(hf, prompts, outs, n)

@@ -13,32 +13,13 @@ import re
 import jsonschema
 import llguidance
 import pytest
+from structured_testlib import COLOR, POINT
 from test_multi_lora import ADAPTERS, requests_for
 from tiny_llama import make_adapters
 
 from loragate.engine import SamplingParams
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from loragate.plugins.builtin.structured_output import grammar_of, token_table
-
-COLOR = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "ok": {"type": "boolean"},
-        "word": {"type": "string", "maxLength": 8},
-    },
-    "required": ["color", "ok", "word"],
-    "additionalProperties": False,
-}
-POINT = {
-    "type": "object",
-    "properties": {
-        "x": {"type": "integer", "minimum": 0, "maximum": 99},
-        "tag": {"enum": ["a", "b"]},
-    },
-    "required": ["x", "tag"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -12,29 +12,10 @@ import jsonschema
 import openai
 import pytest
 from lorax import Client as LoraxClient
+from structured_testlib import COLOR, POINT
 from text_generation import Client as TGIClient
 
 from loragate.engine import SamplingParams
-
-COLOR = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "ok": {"type": "boolean"},
-        "word": {"type": "string", "maxLength": 8},
-    },
-    "required": ["color", "ok", "word"],
-    "additionalProperties": False,
-}
-POINT = {
-    "type": "object",
-    "properties": {
-        "x": {"type": "integer", "minimum": 0, "maximum": 99},
-        "tag": {"enum": ["a", "b"]},
-    },
-    "required": ["x", "tag"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
