@@ -101,7 +101,9 @@ def test_each_named_adapter_shows_its_tier_and_all_are_counted_per_tier(mixed):
     assert set(tiers) == {"alpha", "beta"}  # only adapters with a label of their own
     assert set(tiers.values()) <= {"device", "cpu", "disk"}
     counts = by_label(m, "loragate_adapters_by_tier", "tier")
-    assert sum(counts.values()) == m["loragate_adapters_registered"] == len(ADAPTER_NAMES)
+    # Every registered adapter is in one tier (the shared adapter root may hold more than
+    # the four test adapters: other tests write adapters into it).
+    assert sum(counts.values()) == m["loragate_adapters_registered"] >= len(ADAPTER_NAMES)
     assert counts["device"] >= 1  # adapters just served sit in device slots (max_loras 4)
     loads = series(m, "loragate_adapter_weight_loads_total")
     seconds = series(m, "loragate_adapter_weight_load_seconds_total")
