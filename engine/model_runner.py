@@ -179,11 +179,11 @@ def record_prompt_logprobs(rows: list[tuple[Sequence, int]], logits: torch.Tenso
         logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1) if top_n else (None, None)
     )
     for i, (seq, p) in enumerate(rows):
-        entry = {seq.token_ids[p + 1]: chosen[i]}
         n = seq.request.params.prompt_logprobs
+        entry = {}
         if n:
-            entry.update(zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist(), strict=True))
-            entry[seq.token_ids[p + 1]] = chosen[i]
+            entry = dict(zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist(), strict=True))
+        entry[seq.token_ids[p + 1]] = chosen[i]
         seq.request.prompt_logprobs.append(entry)
 
 
