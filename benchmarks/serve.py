@@ -16,11 +16,13 @@ Workloads: `random` (random-token prompts and output lengths, Poisson or gamma a
 `long-mix` (--streams requests at once; once each streams, --long-prompts prompts of
 --long-len tokens arrive). Reports request and token throughput, TTFT, TPOT, ITL and E2E
 latency (mean, p50, p90, p99) and goodput under an SLO, as a table and a JSON file, with
-PNG plots (latency CDFs; ITL over time of one stream; written without plotting libraries).
+PNG plots drawn with matplotlib (the `bench` extra): latency CDFs, ITL over time of one
+stream, and with --concurrency-sweep, throughput and TTFT against concurrency.
 
     .venv/bin/python benchmarks/serve.py --num-prompts 64 --input-len 256 --output-len 64 \
         --range-ratio 0 --num-adapters 16 --skip-engine
     .venv/bin/python benchmarks/serve.py --workload long-mix --skip-engine --fixed-budget 4096
+    .venv/bin/python benchmarks/serve.py --skip-engine --peer none --concurrency-sweep 1,4,16,64
 
 The prefix-caching workload (16 adapters, each with its own 400-token system prompt; TTFT
 and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on this file.
@@ -28,6 +30,7 @@ and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -41,9 +44,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+from plots import (
+    plot_itl_over_time,
+    plot_latency_distributions,
+    plot_throughput_vs_concurrency,
+)
 from serve_args import parse_args
 from serve_peer import VLLMServer, peer_python
-from serve_report import overhead, plot_cdfs, plot_itl_over_time, summarize, table
+from serve_report import overhead, summarize, sweep_table, table
 from serve_workloads import Request, Result, make_long_mix, make_workload
 
 from loragate.adapters import LoRARequest
@@ -247,6 +255,25 @@ def run_http(
         server.stop()
 
 
+def run_concurrency_sweep(args, config, requests, adapter_dir, result_dir, slo) -> list[dict]:
+    """One loragate server, the same requests at each --concurrency-sweep level."""
+    server = ServerProcess(config, adapter_dir, result_dir / "serve_sweep.log")
+    points = []
+    try:
+        for level in args.concurrency_sweep:
+            sweep_args = argparse.Namespace(**(vars(args) | {"max_concurrency": level}))
+            results, duration = _run_client(sweep_args, server.url, requests)
+            points.append({"max_concurrency": level} | summarize(results, duration, slo))
+            print(
+                f"concurrency {level}: {points[-1]['output_token_throughput']:.1f} tok/s, "
+                f"TTFT p50 {points[-1]['ttft_p50_ms']:.0f} ms",
+                flush=True,
+            )
+    finally:
+        server.stop()
+    return points
+
+
 def run_peer(args, config, requests, adapter_dir, names, result_dir):
     """The same requests through the same client against vLLM-CPU's api_server."""
     server = VLLMServer(
@@ -344,10 +371,19 @@ def main(argv=None) -> dict:
             f"{o['ttft_p50_added_ms']:+.1f} ms p50 TTFT, {o['e2el_p50_added_ms']:+.1f} ms p50 E2E"
         )
     stem = f"serve-{args.workload}-{len(requests)}x{args.max_concurrency}"
+    note = f"{report['machine']}; load average at end {os.getloadavg()[0]:.1f}"
+    plots = [f"{stem}-latency.png", f"{stem}-itl.png"]
+    results_by_run = {name: results for name, (results, _) in raw.items()}
+    plot_latency_distributions(results_by_run, result_dir / plots[0], note)
+    plot_itl_over_time(raw, result_dir / plots[1], note)
+    if args.concurrency_sweep:
+        points = run_concurrency_sweep(args, config, requests, adapter_dir, result_dir, slo)
+        report["concurrency_sweep"] = points
+        print(sweep_table(points))
+        plots.append(f"{stem}-concurrency.png")
+        plot_throughput_vs_concurrency(points, result_dir / plots[-1], note)
     (result_dir / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
-    plot_cdfs({name: results for name, (results, _) in raw.items()}, result_dir / f"{stem}.png")
-    plot_itl_over_time(raw, result_dir / f"{stem}-itl.png")
-    print(f"\nwrote {result_dir / stem}.json, .png and -itl.png")
+    print(f"\nwrote {result_dir / stem}.json and " + ", ".join(plots))
     return report
 
 

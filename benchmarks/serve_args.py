@@ -73,5 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--max-loras", type=int, default=4)
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     p.add_argument("--skip-engine", action="store_true", help="no in-process engine run")
+    p.add_argument(
+        "--concurrency-sweep", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+        help="also run loragate at each of these --max-concurrency levels (e.g. 1,4,16,64) "
+        "and plot throughput and TTFT against them",
+    )  # fmt: skip
     p.add_argument("--result-dir", default="benchmarks/results")
     return p.parse_args(argv)

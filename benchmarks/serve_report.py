@@ -1,12 +1,10 @@
-"""What benchmarks/serve.py reports: latency percentiles, the table, and the plots."""
+"""What benchmarks/serve.py reports: latency percentiles and the table (plots: plots.py)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
-from png_canvas import Canvas
 from serve_workloads import Result
 
 
@@ -89,87 +87,14 @@ def overhead(http: dict, direct: dict) -> dict:
     }
 
 
-# ---- plots ------------------------------------------------------------------------------------
-COLORS = {
-    "loragate": (31, 119, 180),
-    "engine": (255, 127, 14),
-    "vllm": (44, 160, 44),
-    "loragate-fixed": (214, 39, 40),
-}
-
-
-def plot_itl_over_time(runs: dict[str, tuple[list[Result], float]], path: Path) -> None:
-    """ITL of one stream (the first request: it decodes through the burst) against time
-    since its first token, one line per server: a stall shows as a spike."""
-    pw, ph, pad = 900, 300, 60
-    canvas = Canvas(pw + 2 * pad, ph + 2 * pad + 30)
-    series = {}
-    for name, (results, _) in runs.items():
-        r = results[0] if results and results[0].ok else None
-        if r is not None and len(r.token_times) > 1:
-            t0 = r.token_times[0]
-            series[name] = [
-                (b - t0, (b - a) * 1e3)
-                for a, b in zip(r.token_times, r.token_times[1:], strict=False)
-            ]
-    right = max((p[0] for pts in series.values() for p in pts), default=1.0) or 1.0
-    top = max((p[1] for pts in series.values() for p in pts), default=1.0) or 1.0
-    canvas.text(pad, pad - 40, "ITL MS OF ONE STREAM VS SECONDS SINCE ITS FIRST TOKEN")
-    canvas.line(pad, pad + ph, pad + pw, pad + ph, (0, 0, 0), 1)
-    canvas.line(pad, pad, pad, pad + ph, (0, 0, 0), 1)
-    for frac in (0.0, 0.5, 1.0):
-        canvas.text(pad + int(frac * pw) - 8, pad + ph + 8, f"{right * frac:.1f}")
-        canvas.text(4, pad + ph - int(frac * ph) - 5, f"{top * frac:.0f}")
-    for k, (name, pts) in enumerate(series.items()):
-        for t, ms in pts:  # one stem per token: a stall is one tall stem
-            x = pad + t / right * pw + 2 * k
-            canvas.line(x, pad + ph, x, pad + ph - ms / top * ph, COLORS.get(name, (0, 0, 0)), 1)
-    legend_x = pad
-    for name in series:
-        canvas.rect(
-            legend_x, ph + 2 * pad, legend_x + 20, ph + 2 * pad + 10, COLORS.get(name, (0, 0, 0))
-        )
-        canvas.text(legend_x + 28, ph + 2 * pad, name)
-        legend_x += 200
-    canvas.save(path)
-
-
-def plot_cdfs(runs: dict[str, list[Result]], path: Path) -> None:
-    """Latency CDFs (TTFT, ITL, E2E), one panel each, one colour per run."""
-    panels = [
-        ("TTFT MS", lambda rs: [r.ttft * 1e3 for r in rs if r.ok]),
-        ("ITL MS", lambda rs: [x * 1e3 for r in rs if r.ok for x in r.itl]),
-        ("E2E MS", lambda rs: [r.e2e * 1e3 for r in rs if r.ok]),
+def sweep_table(points: list[dict]) -> str:
+    lines = [
+        "| max concurrency | output tok/s | req/s | TTFT p50 (ms) | ITL p50 (ms) |",
+        "|---|---|---|---|---|",
     ]
-    pw, ph, pad = 360, 260, 50
-    canvas = Canvas(pad + len(panels) * (pw + pad), ph + 2 * pad + 30)
-    for i, (title, pick) in enumerate(panels):
-        x0, y0 = pad + i * (pw + pad), pad
-        series = {name: np.sort(np.asarray(pick(rs))) for name, rs in runs.items()}
-        top = max((float(s[-1]) for s in series.values() if len(s)), default=1.0) or 1.0
-        canvas.text(x0, y0 - 25, title)
-        canvas.line(x0, y0 + ph, x0 + pw, y0 + ph, (0, 0, 0), 1)
-        canvas.line(x0, y0, x0, y0 + ph, (0, 0, 0), 1)
-        for frac in (0.0, 0.5, 1.0):
-            canvas.text(x0 + int(frac * pw) - 8, y0 + ph + 8, f"{top * frac:.0f}", scale=2)
-            canvas.text(x0 - 30, y0 + ph - int(frac * ph) - 5, f"{frac:.1f}", scale=2)
-        for name, values in series.items():
-            if not len(values):
-                continue
-            ys = np.arange(1, len(values) + 1) / len(values)
-            points = [
-                (x0 + v / top * pw, y0 + ph - y * ph) for v, y in zip(values, ys, strict=True)
-            ]
-            for (ax, ay), (bx, by) in zip(points, points[1:], strict=False):
-                canvas.line(ax, ay, bx, by, COLORS.get(name, (0, 0, 0)))
-    legend_x = pad
-    for name in runs:
-        canvas.rect(
-            legend_x, ph + 2 * pad, legend_x + 20, ph + 2 * pad + 10, COLORS.get(name, (0, 0, 0))
+    for p in points:
+        lines.append(
+            f"| {p['max_concurrency']} | {p['output_token_throughput']:.1f} | "
+            f"{p['request_throughput']:.2f} | {p['ttft_p50_ms']:.0f} | {p['itl_p50_ms']:.1f} |"
         )
-        canvas.text(legend_x + 28, ph + 2 * pad, name)
-        legend_x += 160
-    canvas.save(path)
-
-
-# ---- main -----------------------------------------------------------------------------------
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ from loragate.engine.beam_search_params import (
     BeamSearchParams,
     BeamSearchSequence,
 )
-from loragate.engine.config import EngineConfig
+from loragate.engine.config import SCHEDULING_POLICIES, EngineConfig
 from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
 from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm import LLM
@@ -33,6 +33,7 @@ __all__ = [
     "LoRARequest",
     "ModelInfo",
     "RequestOutput",
+    "SCHEDULING_POLICIES",
     "SamplingParams",
     "StructuredOutputsParams",
 ]

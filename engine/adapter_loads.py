@@ -16,9 +16,16 @@ as many steps, never both in one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-from loragate.adapters import AdapterCache, AdapterNotInMemory, LoRAModelSpec, WeightsIdentity
+from loragate.adapters import (
+    AdapterCache,
+    AdapterNotInMemory,
+    LoadPacing,
+    LoRAModelSpec,
+    WeightsIdentity,
+)
 from loragate.engine.config import EngineConfig
 from loragate.engine.sequence import Request
 
@@ -112,8 +119,11 @@ class AdapterLoads:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def make_adapter_cache(spec: LoRAModelSpec, config: EngineConfig, plugins, model) -> AdapterCache:
-    """The engine's adapter cache: slots on the model's device and dtype, eviction by plugin."""
+def make_adapter_cache(
+    spec: LoRAModelSpec, config: EngineConfig, plugins, model, steps_running: Callable[[], bool]
+) -> AdapterCache:
+    """The engine's adapter cache: slots on the model's device and dtype, eviction by plugin,
+    loads paced only while `steps_running()` (adapters/pacing.py)."""
     return AdapterCache(
         spec,
         max_loras=config.max_loras,
@@ -123,4 +133,5 @@ def make_adapter_cache(spec: LoRAModelSpec, config: EngineConfig, plugins, model
         dtype=model.dtype,
         strict_base_model=config.strict_lora_base_model,
         choose_victim=plugins.choose_adapter_victim,
+        load_pacing=LoadPacing(busy=steps_running),
     )

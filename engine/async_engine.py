@@ -23,6 +23,7 @@ from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.engine_info import EngineStats, ModelInfo, runtime_info
+from loragate.engine.input_processor import InputProcessor
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
@@ -43,6 +44,8 @@ class _Add:
     cache_salt: str | None
     tenant: str | None
     adapter_identity: WeightsIdentity | None
+    priority: int
+    tenant_weight: float
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     outputs: asyncio.Queue
@@ -119,6 +122,12 @@ class AsyncLLMEngine:
         )
 
     @property
+    def prompt_processor(self) -> InputProcessor:
+        """How prompts become token ids (tokenizer, special-token rule, chat template): plain,
+        picklable data, so an ingress without the model tokenizes exactly as the engine."""
+        return self.engine.inputs
+
+    @property
     def num_requests(self) -> int:
         return len(self._streams)
 
@@ -130,12 +139,16 @@ class AsyncLLMEngine:
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        priority: int = 0,
+        tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs until the request finishes. Leaving early aborts it.
 
         vLLM's call shape: `request_id` may be any hashable value (the seed passes 1); it
         comes back as each output's `request_id`. `cache_salt` (set by the server) keeps
-        prefix-cache sharing in-tenant; `tenant` is the tenant's name, which plugins see.
+        prefix-cache sharing in-tenant; `tenant` is the tenant's name, which plugins see,
+        and `tenant_weight` its share under the `fair` policy. `priority` is vLLM's (lower
+        first, under the `priority` policy).
         """
         _check_request_id(request_id)
         params = sampling_params
@@ -158,6 +171,8 @@ class AsyncLLMEngine:
                 cache_salt,
                 tenant,
                 identity,
+                priority,
+                tenant_weight,
                 loop,
                 accepted,
                 outputs,
@@ -229,10 +244,19 @@ class AsyncLLMEngine:
         return await self._on_engine_thread(lambda engine: engine.encode(text, add_special_tokens))
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        add_special_tokens: bool = False,
+        *,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
-        """The chat's prompt token ids, by the model's chat template."""
-        return self.engine.apply_chat_template(messages, add_generation_prompt, add_special_tokens)
+        """The chat's prompt token ids, by the model's chat template (or `chat_template`)."""
+        return self.engine.apply_chat_template(
+            messages, add_generation_prompt, add_special_tokens,
+            tools=tools, chat_template=chat_template,
+        )  # fmt: skip
 
     async def stats(self) -> EngineStats:
         """One snapshot of queues, KV blocks and adapter residency, copied between steps."""
@@ -295,6 +319,8 @@ class AsyncLLMEngine:
                     item.cache_salt,
                     tenant=item.tenant,
                     adapter_identity=item.adapter_identity,
+                    priority=item.priority,
+                    tenant_weight=item.tenant_weight,
                 )
             except Exception as exc:  # bad input: that request alone fails
                 _resolve(item.loop, item.accepted, error=exc)
@@ -352,6 +378,8 @@ def _read_stats(engine: LLMEngine) -> EngineStats:
         waiting_adapters=waiting,
         adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
         adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
+        tenant_service=dict(engine.fair_share.served),
+        tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
     )
 
 

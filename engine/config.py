@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from loragate.engine.cpu_features import bf16_support
+
 # Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
 # latency"): a step of 64 decodes of the default model takes about 275 ms there and a prompt
 # token about 1.5-2 ms, so 500 ms holds a full decode batch plus ~120-150 prompt tokens, and
 # stays well under half of vLLM-CPU's measured P99 ITL (3.0 s) when a step runs 2x slow.
 DEFAULT_MAX_STEP_MS = 500.0
-SCHEDULING_POLICIES = ("shortest_prefill", "fcfs")
+SCHEDULING_POLICIES = ("shortest_prefill", "fcfs", "priority", "fair")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,7 +70,9 @@ class EngineConfig:
         default="shortest_prefill",
         metadata={
             "help": "Order of waiting prompts: 'shortest_prefill' (shortest first; none waits "
-            "more than 10 s behind shorter ones) or 'fcfs' (arrival order)."
+            "more than 10 s behind shorter ones), 'fcfs' (arrival order), 'priority' (lower "
+            "request priority first, then arrival) or 'fair' (the least-served tenant first, "
+            "weighted by its share (VTC); shortest first within a tenant)."
         },
     )
     enable_chunked_prefill: bool = True
@@ -151,9 +155,17 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+        return self.dtype_choice[0]
+
+    @property
+    def dtype_choice(self) -> tuple[torch.dtype, str]:
+        """The dtype the engine runs in, and why (the start-up log says both)."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype], "asked for"
+        if self.torch_device.type == "cuda":
+            return torch.bfloat16, "auto: a CUDA device"
+        support = bf16_support()
+        return (torch.bfloat16 if support.native else torch.float32), f"auto: {support.reason}"
 
 
 def _check_parallelism(tensor_parallel_size: int) -> None:

@@ -20,6 +20,7 @@ class ModelInfo:
     tokenizer: Any = field(repr=False, compare=False)
     # What the start-up log and the metrics' info series say about how it runs.
     dtype: str = ""
+    dtype_reason: str = ""  # "asked for", or what "auto" read (the CPU's bf16 flags)
     device: str = ""
     threads: int = 0
     block_size: int = 0
@@ -51,6 +52,10 @@ class EngineStats:
     adapter_tiers: dict = field(default_factory=dict)
     # sha256 -> (disk loads, their seconds, device slot loads, their seconds)
     adapter_loads: dict = field(default_factory=dict)
+    # Fair shares (engine/fair_share.py), by tenant (else "adapter:<name>", else "base"):
+    # weighted tokens received since start, and the virtual counters of the active ones.
+    tenant_service: dict = field(default_factory=dict)
+    tenant_virtual_service: dict = field(default_factory=dict)
 
 
 def runtime_info(engine) -> dict:
@@ -59,8 +64,10 @@ def runtime_info(engine) -> dict:
 
     config = engine.config
     lora = engine.adapters is not None
+    dtype, reason = config.dtype_choice
     return dict(
-        dtype=str(config.torch_dtype).removeprefix("torch."),
+        dtype=str(dtype).removeprefix("torch."),
+        dtype_reason=reason,
         device=str(config.torch_device),
         threads=torch.get_num_threads(),
         block_size=config.block_size,

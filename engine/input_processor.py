@@ -68,18 +68,34 @@ class InputProcessor:
             )
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
+        self,
+        messages: list[dict],
+        add_generation_prompt=True,
+        add_special_tokens=False,
+        *,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
-        """Prompt token ids for a conversation, through the model's chat template. The
-        template writes its own special tokens, so the rule's are added only if asked."""
+        """Prompt token ids for a conversation, through the model's chat template (or
+        `chat_template`, vLLM's override). The template writes its own special tokens, so
+        the rule's are added only if asked; `tools` are laid out by templates that know
+        them (OpenAI's function definitions)."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
         add = _flag(add_special_tokens, False)
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise ValueError("tools must be a list of objects")
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            tools=tools or None,
+            chat_template=chat_template,
         )
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         return self.rule.apply(ids) if add else ids

@@ -46,8 +46,11 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
         add_special_tokens: bool | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
+
+        `priority` (vLLM's): one int per prompt, lower first under the `priority` policy.
 
         Text prompts get the model's special tokens (its BOS rule) unless
         `add_special_tokens=False`; token-id prompts are taken as they are."""
@@ -58,11 +61,14 @@ class LLM:
             prompts = [_with_special_tokens_flag(p, add_special_tokens) for p in prompts]
         params = _aligned(sampling_params or SamplingParams(), len(prompts), "sampling_params")
         loras = _aligned(lora_request, len(prompts), "lora_request")
+        if priority is not None and not isinstance(priority, list | tuple):
+            raise ValueError(f"priority must be a list of ints (one per prompt), got {priority!r}")
+        priorities = _aligned(priority or 0, len(prompts), "priority")
         ids = []
         try:
-            for prompt, p, lora in zip(prompts, params, loras, strict=True):
+            for prompt, p, lora, rank in zip(prompts, params, loras, priorities, strict=True):
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, prompt, p, lora)
+                self.engine.add_request(request_id, prompt, p, lora, priority=rank)
                 ids.append(request_id)
         except Exception:
             for request_id in ids:
@@ -78,11 +84,18 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them."""
+        """Apply the model's chat template (or `chat_template`, as vLLM's) to one
+        conversation or a list of them; `tools` for templates that lay them out."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
-            {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)}
+            {
+                "prompt_token_ids": self.apply_chat_template(
+                    c, add_generation_prompt, tools=tools, chat_template=chat_template
+                )
+            }
             for c in conversations
         ]
         return self.generate(prompts, sampling_params, lora_request=lora_request, use_tqdm=use_tqdm)
@@ -102,8 +115,17 @@ class LLM:
         )
         return [beam_search_output(out) for out in outs]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        return self.engine.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt=True,
+        *,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+    ) -> list[int]:
+        return self.engine.apply_chat_template(
+            messages, add_generation_prompt, tools=tools, chat_template=chat_template
+        )
 
     def get_memory_stats(self) -> dict:
         return self.engine.get_memory_stats()

@@ -18,11 +18,14 @@ import torch
 from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.engine import beam_search, engine_stats, sizing
 from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
+from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
+from loragate.engine.cpu_features import bf16_support
 from loragate.engine.cuda_graphs import decode_graphs_for
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
+from loragate.engine.fair_share import FairShare, check_tenant_weight
 from loragate.engine.forks import fork_pending
 from loragate.engine.input_processor import InputProcessor, PromptInput
 from loragate.engine.kv_cache import KVCache
@@ -54,6 +57,7 @@ class LLMEngine:
         self.config = config
         self.plugins = PluginManager.create(plugins=config.plugins)
         device, dtype = config.torch_device, config.torch_dtype
+        _warn_if_emulated_bf16(device, dtype)
         source = resolve_model(config.model, config.weights_cache_dir)
         self.model_name = config.served_model_name or source.name
         self.base_model_name = source.name  # what adapters trained on these weights record
@@ -78,11 +82,14 @@ class LLMEngine:
         self.adapters = None
         if config.enable_lora:
             spec = self.model.lora_spec(self.base_model_name)
-            self.adapters = make_adapter_cache(spec, config, self.plugins, self.model)
+            self.adapters = make_adapter_cache(
+                spec, config, self.plugins, self.model, steps_running=self._steps_running
+            )
         self.adapter_loads = AdapterLoads(self.adapters) if self.adapters is not None else None
         self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
         log.info("step budget: %s", self.step_budget.describe())
         self.step_records = StepRecords()  # what each step ran (tests assert on it)
+        self.fair_share = FairShare()  # service per tenant: the `fair` policy and metrics
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -91,7 +98,9 @@ class LLMEngine:
             adapter_slots=self.adapter_loads,
             swapper=self.swapper,
             choose_preemption_victim=preemption_victim(self.plugins.choose_preemption_victim),
-            scheduling_policy=config.scheduling_policy,
+            admission_order=AdmissionOrder(
+                config.scheduling_policy, self.plugins.order_waiting, self.fair_share
+            ),
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
         self.runner.decode_graphs = decode_graphs_for(config, self.runner, self.max_model_len)
@@ -133,14 +142,21 @@ class LLMEngine:
         *,
         tenant: str | None = None,
         adapter_identity: WeightsIdentity | None = None,
+        priority: int = 0,
+        tenant_weight: float = 1.0,
     ) -> Request:
         """Queue a request. `cache_salt` (set by the server) scopes prefix caching; `tenant`
-        is the tenant's name, for plugins. `adapter_identity` admits it under weights a
-        loader thread already read (AsyncLLMEngine's); without it the adapter's files are
-        checked here (one stat when unchanged since read)."""
+        is the tenant's name, for plugins and fair shares, and `tenant_weight` its share
+        under the `fair` policy. `priority` is vLLM's (lower first, `priority` policy).
+        `adapter_identity` admits it under weights a loader thread already read
+        (AsyncLLMEngine's); without it the adapter's files are checked here (one stat when
+        unchanged since read)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        tenant_weight = check_tenant_weight(tenant_weight)
         text, token_ids = self.inputs.tokenize(prompt)
         adapter_identity = self._validate(token_ids, params, lora_request, adapter_identity)
         if params.max_tokens is None:
@@ -148,6 +164,7 @@ class LLMEngine:
         request = Request(
             request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt, tenant
         )
+        request.priority = priority
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
         request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
@@ -167,6 +184,7 @@ class LLMEngine:
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
+        self.fair_share.arrive(request, tenant_weight)
         if adapter_identity is not None:  # its weights stay loadable until it ends
             self.adapters.hold(adapter_identity)
             self.adapter_loads.start(request)  # unless they are in memory already
@@ -188,9 +206,17 @@ class LLMEngine:
     def _forget(self, request_id: str) -> Request | None:
         """Drop a request from the engine's books; its adapter weights may then age out."""
         request = self.requests.pop(request_id, None)
+        if request is not None:
+            self.fair_share.leave(request)
         if request is not None and request.adapter_identity is not None:
             self.adapters.release(request.adapter_identity)
         return request
+
+    def _steps_running(self) -> bool:
+        """Whether sequences are running, whose steps an adapter load would slow (asked from
+        loader threads: one read of a list's length)."""
+        scheduler = getattr(self, "scheduler", None)
+        return scheduler is not None and bool(scheduler.running)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -227,6 +253,8 @@ class LLMEngine:
         return self._outputs(touched)
 
     def _postprocess(self, scheduled, sampled: list[Sequence], logits) -> list[RequestOutput]:
+        for item in scheduled.prefills:
+            self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
         for item in scheduled.prefills + scheduled.decodes:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
@@ -296,6 +324,7 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, result) -> None:
         seq.token_ids.append(result.token_id)
         self.num_generation_tokens += 1
+        self.fair_share.charge(seq.request, output_tokens=1)
         seq.cumulative_logprob += result.logprob
         if seq.logprobs is not None:
             seq.logprobs.append(result.top_logprobs or {result.token_id: result.logprob})
@@ -339,9 +368,18 @@ class LLMEngine:
         return error_output(request)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt=True, add_special_tokens=False
+        self,
+        messages: list[dict],
+        add_generation_prompt=True,
+        add_special_tokens=False,
+        *,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
-        return self.inputs.apply_chat_template(messages, add_generation_prompt, add_special_tokens)
+        return self.inputs.apply_chat_template(
+            messages, add_generation_prompt, add_special_tokens,
+            tools=tools, chat_template=chat_template,
+        )  # fmt: skip
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text's prompt token ids, with the model's special tokens unless told not to."""
@@ -398,3 +436,15 @@ def _mark_scheduled(scheduled) -> None:
     for item in scheduled.prefills:
         if item.seq.request.first_scheduled_time is None:
             item.seq.request.first_scheduled_time = now
+
+
+def _warn_if_emulated_bf16(device, dtype) -> None:
+    """bf16 asked for on a CPU that only emulates it runs, but slower than float32."""
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        support = bf16_support()
+        if not support.native:
+            log.warning(
+                "dtype bfloat16 on a CPU without native bfloat16 (%s): it runs, but slower "
+                "than float32; dtype='auto' would pick float32 here",
+                support.reason,
+            )

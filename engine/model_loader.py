@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,25 @@ def load_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+class _ConversionStages:
+    """Numbered stage lines with the time spent so far."""
+
+    STAGES = 3
+
+    def __init__(self, gguf: Path):
+        self.gguf, self.started, self.number = gguf, time.perf_counter(), 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def begin(self, what: str) -> None:
+        self.number += 1
+        log.info(
+            "converting %s: stage %d/%d, %s (%.1f s so far)",
+            self.gguf.name, self.number, self.STAGES, what, self.elapsed(),
+        )  # fmt: skip
+
+
 def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     """The converted directory is named after the model, so adapters trained on it record
     a base_model_name_or_path whose basename is the served model's name."""
@@ -110,13 +130,17 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     target = root / "models" / key.hexdigest()[:16] / name
     if (target / "config.json").is_file():
         return target
+    # The first start spends seconds to minutes here: a line per stage says it is alive.
+    stage = _ConversionStages(gguf)
     log.info("converting %s to an HF directory at %s (once)", gguf, target)
     from transformers import AutoModelForCausalLM
 
     try:
+        stage.begin("reading and dequantizing the GGUF weights")
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
+        stage.begin("reading the GGUF tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         gguf_rule = read_gguf_rule(gguf)
     except Exception as exc:  # transformers raises many types for a bad file
@@ -125,6 +149,7 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
+        stage.begin("writing safetensors and the tokenizer")
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         record = {"gguf": str(gguf.resolve()), "special_tokens": gguf_rule}
@@ -134,4 +159,5 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
+    log.info("converted %s in %.1f s; later starts read %s", gguf.name, stage.elapsed(), target)
     return target

@@ -11,14 +11,16 @@ from loragate.engine.stopping import stream_safe_len
 
 def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> RequestOutput:
     finished = request.finished
+    others = None
     if request.beam is not None and request.error is not None and not request.beam.results:
         outputs = failed_completions(request.params.n)  # it failed before any hypothesis
     elif request.beam is not None:
         outputs = _beam_completions(request, tokenizer, eos_token_ids)
     else:
         seqs, n = request.seqs, request.params.n
-        if finished and len(seqs) > n:  # best_of: keep the n most likely
+        if finished and len(seqs) > n:  # best_of: keep the n most likely, report the rest
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
+            others = [completion(seq) for seq in seqs[n:]]
         outputs = [completion(seq) for seq in seqs[:n]]
     return RequestOutput(
         request_id=request.request_id,
@@ -31,6 +33,7 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         error=request.error,
         error_type=request.error_type,
         prompt_logprobs=_prompt_logprobs(request),
+        best_of_sequences=others,
         metrics=RequestMetrics(
             request.arrival_time,
             request.first_token_time,

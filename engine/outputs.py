@@ -48,3 +48,6 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then for each
     # later one {token_id: logprob} of it and the most likely alternatives.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # With best_of > n, once finished: the candidates left out of `outputs`, likeliest
+    # first (what TGI and LoRAX report as best_of_sequences). None otherwise.
+    best_of_sequences: list[CompletionOutput] | None = None

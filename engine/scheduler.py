@@ -3,25 +3,25 @@
 Limits per step: the token budget, the sequence cap, free KV blocks, and device adapter
 slots. Stall-free (Sarathi-Serve): every running decode is in every step, and prompts are
 split into chunks that fill what the budget leaves, so a burst of prompts never freezes the
-streams already decoding. Waiting prompts go in `prefill_order` (shortest first by
-default). When blocks run out, a victim (the built-in plugin's choice, newest first, unless
-another plugin says otherwise) is preempted: swapped to CPU, or dropped and recomputed
+streams already decoding. Waiting prompts go in the `admission_order` (the scheduling
+policy's: shortest prefill first by default, fair shares between tenants with `fair`).
+When blocks run out, a victim (the built-in plugin's choice, newest first, unless another
+plugin says otherwise) is preempted: swapped to CPU, or dropped and recomputed
 later. A request whose adapter weights are still loading (engine/adapter_loads.py) waits
 without holding up the others.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from loragate.engine.adapter_loads import AdapterNotReady
+from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.plugin_data import preemption_victim
-from loragate.engine.prefill_order import prefill_order
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
 from loragate.engine.swap import KVSwapper
 from loragate.plugins.builtin.preemption import newest_first_victim
@@ -79,7 +79,7 @@ class Scheduler:
         adapter_slots: AdapterSlots | None = None,
         swapper: KVSwapper | None = None,
         choose_preemption_victim: Callable[[list[Sequence]], Sequence] | None = None,
-        scheduling_policy: str = "fcfs",
+        admission_order: Callable[[list[Sequence]], list[Sequence]] | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -90,7 +90,7 @@ class Scheduler:
         self.choose_preemption_victim = choose_preemption_victim or preemption_victim(
             newest_first_victim
         )
-        self.scheduling_policy = scheduling_policy  # how waiting prompts are ordered
+        self.admission_order = admission_order or AdmissionOrder("fcfs")
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -194,9 +194,11 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         blocked_on_slot = False
         skipped: list[Sequence] = []
+        for seq in self.waiting:  # once refused a slot, every step waited counts
+            if seq.slot_wait_steps:
+                seq.slot_wait_steps += 1
         if len(self.waiting) > 1:
-            order = prefill_order(self.waiting, self.scheduling_policy, time.monotonic())
-            self.waiting = deque(order)
+            self.waiting = deque(self.admission_order(list(self.waiting)))
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)
@@ -210,7 +212,8 @@ class Scheduler:
                 break
             if seq.lora_request is not None:
                 # Once one request waits for a slot, no later adapter request may take one
-                # first (FCFS among them); base-model requests need no slot and go on.
+                # first, so busy slots drain between requests (the flooding tenant's too)
+                # and it gets one; base-model requests need no slot and go on.
                 try:
                     slot = None if blocked_on_slot else self._acquire_slot(seq)
                 except AdapterNotReady:  # loading off the step: the others go on
@@ -224,6 +227,7 @@ class Scheduler:
                     continue
                 if slot is None:
                     blocked_on_slot = True
+                    seq.slot_wait_steps = seq.slot_wait_steps or 1  # admission order bounds it
                     self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     continue

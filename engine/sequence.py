@@ -37,6 +37,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.lora_slot = -1
+        self.slot_wait_steps = 0  # steps it stayed waiting for lack of an adapter slot
         self.generator: torch.Generator | None = generator
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, float]] | None = (
@@ -89,7 +90,8 @@ class Request:
     # which cached KV the request may reuse.
     adapter_identity: WeightsIdentity | None = None
     cache_salt: str | None = None  # scopes prefix caching (the tenant and its creation)
-    tenant: str | None = None  # the tenant's own name, for plugins
+    tenant: str | None = None  # the tenant's own name, for plugins and fair shares
+    priority: int = 0  # vLLM's: with the `priority` policy, lower values go first
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     first_scheduled_time: float | None = None  # its first step: queue time ends here

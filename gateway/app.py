@@ -25,6 +25,7 @@ from loragate.gateway.operations.body_depth import DepthCheckedRequest
 from loragate.gateway.operations.dashboard import DashboardController
 from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.operations.startup_log import log_startup, registry_description
+from loragate.gateway.replicas.routes import ReplicasController
 from loragate.gateway.serving.service import GatewayService
 from loragate.gateway.tenancy.auth import AuthGate
 from loragate.gateway.tenancy.principal import Principal, caller_of
@@ -42,7 +43,9 @@ def create_app(
     store: RegistryStore | None = None,
 ) -> Litestar:
     """The app for `settings`. The lifespan starts the engine (unless one is given) and
-    stops it on shutdown; a given engine stays the caller's to shut down. The registry
+    stops it on shutdown; a given engine stays the caller's to shut down. With
+    `settings.replicated` the engine is N replicas on Ray Serve (gateway/replicas/), which
+    the lifespan deploys and, on shutdown, drains and removes. The registry
     store is built from the settings unless one is given (used on the app's event loop
     only); the app closes it on shutdown either way."""
 
@@ -50,7 +53,13 @@ def create_app(
     async def lifespan(app: Litestar):
         owned = engine is None
         running = engine
-        if running is None:
+        replicas = None
+        if running is None and settings.replicated:
+            from loragate.gateway.replicas.cluster import RayReplicas
+
+            replicas = RayReplicas(settings)
+            running = await asyncio.to_thread(replicas.start)
+        elif running is None:
             log.info("starting the engine for %s", settings.engine.model or "the default model")
             running = await asyncio.to_thread(
                 AsyncLLMEngine.from_config,
@@ -67,6 +76,8 @@ def create_app(
             await service.shutdown()
             if owned:
                 running.shutdown()
+            if replicas is not None:
+                await asyncio.to_thread(replicas.stop)
 
     return Litestar(
         route_handlers=[
@@ -81,6 +92,7 @@ def create_app(
             TenantsController,
             UsageController,
             DashboardController,
+            ReplicasController,
         ],
         lifespan=[lifespan],
         middleware=[AuthGate],

@@ -1,10 +1,22 @@
-"""Prefill / mixed-batch attention over the paged KV cache (varlen, causal, prefix-aware)."""
+"""Prefill / mixed-batch attention over the paged KV cache (varlen, causal, prefix-aware).
+
+On the CPU, sequences with a short run of new tokens (a short prompt joining a batch, a small
+last chunk) go to the native paged kernel (attention_cpu.c) together, each new token as its
+own query over the context it may see: no gathered copy of the context, no mask, no
+per-sequence ops. Long runs keep torch's SDPA, which reuses each key across many queries.
+`_prefill_torch`, torch for every sequence, is the reference both are tested against."""
 
 import torch
 
 from . import _backend
 from ._backend import compute_dtype, require, resolve_backend
 from ._paged import check_paged_inputs, gather_context
+from .attention_cpu import NativeAttention, native_attention
+
+# Sequences with at most this many new tokens go to the native kernel. Measured on 2 cores
+# (9 heads, 3 KV heads, dim 64, both dtypes): native 3.5-6x faster at 8-13 new tokens, about
+# even at 32, 2-10x slower from 64 up (it reads each key once per query; SDPA reuses it).
+NATIVE_MAX_QUERY_LEN = 16
 
 
 def paged_prefill_attention(
@@ -37,7 +49,7 @@ def paged_prefill_attention(
         from .prefill_attention_triton import prefill_triton
 
         return prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-    return _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
 def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> None:
@@ -56,32 +68,75 @@ def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> N
             )
 
 
+def _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """Short runs through the native kernel in one call, the rest through torch."""
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    check_query_layout(starts, lens, q.shape[0])
+    native = None
+    if NativeAttention.fits(q, k_cache, v_cache, block_tables, seq_lens):
+        native = native_attention()
+    short = [
+        b
+        for b in range(len(lens))
+        if native is not None and 0 < starts[b + 1] - starts[b] <= NATIVE_MAX_QUERY_LEN
+    ]
+    out = _backend.empty_output(tuple(q.shape), q)
+    if short:
+        _attend_short_runs(
+            native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale
+        )
+    skip = set(short)
+    for b in range(len(lens)):
+        if b not in skip:
+            _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale)
+    return out
+
+
+def _attend_short_runs(native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale):
+    """Each new token is one decode query: token i of a run of q_len new tokens at the end of
+    a context of n sees the first n - q_len + i + 1 positions, through its sequence's table."""
+    rows, owners, visible = [], [], []
+    for b in short:
+        begin, end = starts[b], starts[b + 1]
+        rows.extend(range(begin, end))
+        owners.extend([b] * (end - begin))
+        first = lens[b] - (end - begin) + 1
+        visible.extend(range(first, first + end - begin))
+    rows_t = torch.tensor(rows, device=q.device)
+    tables = block_tables.index_select(0, torch.tensor(owners, device=q.device))
+    seen = torch.tensor(visible, dtype=torch.int32, device=q.device)
+    attended = native.decode(q.index_select(0, rows_t), k_cache, v_cache, tables, seen, scale)
+    out.index_copy_(0, rows_t, attended)
+
+
 def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     check_query_layout(starts, lens, q.shape[0])
+    out = _backend.empty_output(tuple(q.shape), q)
+    for b in range(len(lens)):
+        _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale)
+    return out
+
+
+def _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale) -> None:
+    begin, end, context = starts[b], starts[b + 1], lens[b]
+    if end == begin:
+        return
     block_size = k_cache.shape[1]
     dtype = compute_dtype(q.dtype)
-    out = _backend.empty_output(tuple(q.shape), q)
-    for b, context in enumerate(lens):
-        begin, end = starts[b], starts[b + 1]
-        if end == begin:
-            continue
-        table = block_tables[b, : -(-context // block_size)].long()
-        keys = gather_context(k_cache, table)[:context].to(dtype).transpose(0, 1)  # [H_kv, L, D]
-        values = gather_context(v_cache, table)[:context].to(dtype).transpose(0, 1)
-        queries = q[begin:end].to(dtype).transpose(0, 1)  # [H, q_len, D]
-        q_len = end - begin
-        # Query i sits at context position context - q_len + i and sees keys up to there.
-        visible = torch.ones(q_len, context, dtype=torch.bool, device=q.device).tril(
-            context - q_len
-        )
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            queries.unsqueeze(0),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=visible,
-            scale=scale,
-            enable_gqa=queries.shape[0] != keys.shape[0],
-        )
-        out[begin:end] = attended[0].transpose(0, 1).to(q.dtype)
-    return out
+    table = block_tables[b, : -(-context // block_size)].long()
+    keys = gather_context(k_cache, table)[:context].to(dtype).transpose(0, 1)  # [H_kv, L, D]
+    values = gather_context(v_cache, table)[:context].to(dtype).transpose(0, 1)
+    queries = q[begin:end].to(dtype).transpose(0, 1)  # [H, q_len, D]
+    q_len = end - begin
+    # Query i sits at context position context - q_len + i and sees keys up to there.
+    visible = torch.ones(q_len, context, dtype=torch.bool, device=q.device).tril(context - q_len)
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        queries.unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=visible,
+        scale=scale,
+        enable_gqa=queries.shape[0] != keys.shape[0],
+    )
+    out[begin:end] = attended[0].transpose(0, 1).to(q.dtype)

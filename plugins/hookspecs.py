@@ -35,6 +35,11 @@ def loragate_choose_preemption_victim(running):
     """firstresult: return the ``request_id`` of the running sequence group to preempt."""
 
 
+@hookspec(firstresult=True)
+def loragate_order_waiting(waiting, tenants, policy):
+    """firstresult: return the ``seq_id`` of every ``waiting`` entry, in admission order."""
+
+
 @hookspec
 def loragate_request_started(info):
     """Observe a request entering the engine; exceptions are logged, never raised."""

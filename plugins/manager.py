@@ -258,6 +258,32 @@ class PluginManager:
             "which is not the request_id of a running group",
         )
 
+    def order_waiting(self, waiting: list[dict], tenants: dict, policy: str) -> list[int]:
+        """The seq_ids of ``waiting`` in the order to admit them, as the first plugin
+        answering for ``policy`` says (the built-ins answer fcfs, shortest_prefill,
+        priority and fair). The answer must list every entry exactly once."""
+        if not isinstance(waiting, list) or not all(
+            isinstance(e, dict) and "seq_id" in e for e in waiting
+        ):
+            raise ValueError("waiting must be a list of dicts, each with a 'seq_id'")
+        if not isinstance(tenants, dict):
+            raise ValueError(f"tenants must be a dict, got {describe(tenants)}")
+        plugin_name, order = self._first(
+            "loragate_order_waiting", waiting=waiting, tenants=tenants, policy=policy
+        )
+        given = [e["seq_id"] for e in waiting]
+        if (
+            not isinstance(order, list | tuple)
+            or not all(isinstance(i, int) for i in order)
+            or sorted(order) != sorted(given)
+        ):
+            raise PluginError(
+                plugin_name,
+                f"plugin {plugin_name!r}: loragate_order_waiting must return every waiting "
+                f"seq_id once ({len(given)} of them), got {order!r}",
+            )
+        return list(order)
+
     # -- observers ----------------------------------------------------------------------
     def request_started(self, info: dict) -> None:
         """Tell every observer; a failing observer is logged and skipped."""

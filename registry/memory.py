@@ -41,6 +41,7 @@ from loragate.registry.records import (
     check_lease_ttl,
     check_quota,
     check_usage,
+    check_weight,
 )
 from loragate.registry.store import RegistryStore
 
@@ -169,14 +170,21 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
 
     # tenants
 
-    async def create_tenant(self, name: str, quota: TenantQuota | None = None) -> IssuedKey:
+    async def create_tenant(
+        self, name: str, quota: TenantQuota | None = None, weight: float = 1.0
+    ) -> IssuedKey:
         check_tenant_name(name)
         quota = check_quota(quota if quota is not None else TenantQuota())
+        weight = check_weight(weight)
         if name in self._tenants:
             raise TenantExists(name)
         api_key, stored = issue_api_key(name)
         tenant = TenantRecord(
-            name=name, quota=quota, created_at=self._clock(), key_ids=(stored.key_id,)
+            name=name,
+            quota=quota,
+            created_at=self._clock(),
+            key_ids=(stored.key_id,),
+            weight=weight,
         )
         self._tenants[name] = tenant
         self._keys[stored.key_id] = stored
@@ -198,6 +206,13 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
     async def set_tenant_quota(self, name: str, quota: TenantQuota) -> TenantRecord:
         check_quota(quota)
         tenant = msgspec.structs.replace(self._existing_tenant(name), quota=quota)
+        self._tenants[name] = tenant
+        self._changed(ChangeKind.TENANT_UPDATED, name)
+        return tenant
+
+    async def set_tenant_weight(self, name: str, weight: float) -> TenantRecord:
+        weight = check_weight(weight)
+        tenant = msgspec.structs.replace(self._existing_tenant(name), weight=weight)
         self._tenants[name] = tenant
         self._changed(ChangeKind.TENANT_UPDATED, name)
         return tenant

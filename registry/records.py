@@ -45,13 +45,30 @@ class TenantQuota(msgspec.Struct, frozen=True, kw_only=True):
             _check_limit(name, getattr(self, name))
 
 
+def check_weight(weight: object) -> float:
+    """A tenant's share under fair scheduling: a finite number > 0."""
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not 0 < weight < float("inf")
+    ):
+        raise ValueError(f"weight must be a finite number > 0, got {weight!r}")
+    return float(weight)
+
+
 class TenantRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A tenant as clients may see it: key_ids name its keys, the hashes stay in the store."""
+    """A tenant as clients may see it: key_ids name its keys, the hashes stay in the store.
+    `weight` is its share under the `fair` scheduling policy (2.0: twice the tokens of a
+    tenant of weight 1.0 when both wait); records written before it existed read as 1.0."""
 
     name: str
     quota: TenantQuota
     created_at: float
     key_ids: tuple[str, ...] = ()
+    weight: float = 1.0
+
+    def __post_init__(self):
+        msgspec.structs.force_setattr(self, "weight", check_weight(self.weight))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,14 @@ import msgspec
 from loragate.registry.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
 from loragate.registry.errors import TenantExists, TenantNotFound
 from loragate.registry.names import adapter_key, check_tenant_name
-from loragate.registry.records import ChangeKind, IssuedKey, TenantQuota, TenantRecord, check_quota
+from loragate.registry.records import (
+    ChangeKind,
+    IssuedKey,
+    TenantQuota,
+    TenantRecord,
+    check_quota,
+    check_weight,
+)
 from loragate.registry.redis_wire import decode_adapter, decode_tenant, translated
 
 
@@ -20,12 +27,19 @@ class RedisTenants:
     # tenants
 
     @translated
-    async def create_tenant(self, name: str, quota: TenantQuota | None = None) -> IssuedKey:
+    async def create_tenant(
+        self, name: str, quota: TenantQuota | None = None, weight: float = 1.0
+    ) -> IssuedKey:
         check_tenant_name(name)
         quota = check_quota(quota if quota is not None else TenantQuota())
+        weight = check_weight(weight)
         api_key, stored = issue_api_key(name)
         tenant = TenantRecord(
-            name=name, quota=quota, created_at=self._clock(), key_ids=(stored.key_id,)
+            name=name,
+            quota=quota,
+            created_at=self._clock(),
+            key_ids=(stored.key_id,),
+            weight=weight,
         )
 
         async def body(pipe) -> IssuedKey:
@@ -73,6 +87,13 @@ class RedisTenants:
         check_quota(quota)
         return await self._replace_tenant(
             name, lambda old: (msgspec.structs.replace(old, quota=quota), (), None)
+        )
+
+    @translated
+    async def set_tenant_weight(self, name: str, weight: float) -> TenantRecord:
+        weight = check_weight(weight)
+        return await self._replace_tenant(
+            name, lambda old: (msgspec.structs.replace(old, weight=weight), (), None)
         )
 
     @translated

@@ -114,7 +114,9 @@ class RegistryStore(ABC):
     # tenants
 
     @abstractmethod
-    async def create_tenant(self, name: str, quota: TenantQuota | None = None) -> IssuedKey:
+    async def create_tenant(
+        self, name: str, quota: TenantQuota | None = None, weight: float = 1.0
+    ) -> IssuedKey:
         """A new tenant with one API key, returned in clear this once. TenantExists if taken."""
 
     @abstractmethod
@@ -127,6 +129,10 @@ class RegistryStore(ABC):
     @abstractmethod
     async def set_tenant_quota(self, name: str, quota: TenantQuota) -> TenantRecord:
         """Replace the tenant's quota; TenantNotFound if absent."""
+
+    @abstractmethod
+    async def set_tenant_weight(self, name: str, weight: float) -> TenantRecord:
+        """Replace the tenant's fair-share weight; TenantNotFound if absent."""
 
     @abstractmethod
     async def rotate_tenant_key(self, name: str) -> IssuedKey:

@@ -18,13 +18,14 @@ import copy
 import logging
 import random
 import re
-import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from loragate.tools.demo_data import TERSE_MARKER, open_questions, terse_examples
+from loragate.tools.progress import Progress, Report
 
 logger = logging.getLogger(__name__)
 __all__ = ["TERSE_MARKER", "greedy_answers", "train_demo_adapters", "train_lora"]
@@ -127,8 +128,10 @@ def train_lora(
     lr: float = 2e-3,
     batch_size: int = 8,
     base_model_name: str | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Path:
-    """Train one LoRA (upper half of the layers) on (question, answer) pairs; save safetensors."""
+    """Train one LoRA (upper half of the layers) on (question, answer) pairs; save safetensors.
+    `on_step(i)` is called after step i (from 1), for progress lines."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
@@ -155,7 +158,7 @@ def train_lora(
     order: list[int] = []
     peft_model.train()
     with _running_layers(causal_lm, split, num_layers, final_norm=True):
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             if len(order) < batch_size:
                 order += rng.sample(range(len(encoded)), len(encoded))
             picked, order = order[:batch_size], order[batch_size:]
@@ -174,6 +177,8 @@ def train_lora(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
+            if on_step is not None:
+                on_step(step)
     peft_model.eval()
     peft_model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
     return Path(out_dir)
@@ -187,27 +192,32 @@ def train_demo_adapters(
     steps: int = 30,
     seed: int = 0,
     base_model_name: str | None = None,
+    report: Report = logger.info,
 ) -> dict[str, Path]:
     """Train "uppercase" and "terse" on ``model`` (left unchanged); return their directories.
 
     ``base_model_name`` is recorded as the adapters' base_model_name_or_path (PEFT would
-    record the model's local path otherwise).
+    record the model's local path otherwise). ``report`` gets a line per stage and per tenth
+    of each training run (minutes on CPU: silence would look hung).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     out_root = Path(out_root)
     rng = random.Random(seed)
     model.eval()
-    started = time.perf_counter()
+    progress = Progress(report, stages=3)
     questions = open_questions(rng, 48)
+    progress.stage(f"answering {len(questions)} questions with the base model (uppercase's data)")
     answers = greedy_answers(model, tokenizer, questions, max_new_tokens=40)
     upper = [(q, _first_sentences(a).upper()) for q, a in zip(questions, answers, strict=True)]
     terse = terse_examples(rng, 96)
-    logger.info("demo data ready in %.1fs", time.perf_counter() - started)
     common = dict(steps=steps, seed=seed, base_model_name=base_model_name)
     paths = {}
     for name, examples in (("uppercase", upper), ("terse", terse)):
-        started = time.perf_counter()
-        paths[name] = train_lora(model, tokenizer, examples, out_root / name, **common)
-        logger.info("trained %s in %.1fs", name, time.perf_counter() - started)
+        progress.stage(f"training {name} ({steps} steps on {len(examples)} examples)")
+        on_step = progress.steps(name, steps)
+        paths[name] = train_lora(
+            model, tokenizer, examples, out_root / name, on_step=on_step, **common
+        )
+    progress.done("trained the demo adapters")
     return paths

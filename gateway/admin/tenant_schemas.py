@@ -9,6 +9,8 @@ import msgspec
 from loragate.registry import TenantQuota, TenantRecord, UsageCounts, UsageReport
 
 Limit = Annotated[int, msgspec.Meta(ge=1)] | None
+# A tenant's share under --scheduling-policy fair (2.0: twice the tokens of a 1.0 tenant).
+Weight = Annotated[float, msgspec.Meta(gt=0, le=1e6)]
 
 
 class QuotaBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -30,10 +32,14 @@ class QuotaBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class CreateTenantRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     quota: QuotaBody | None = None
+    weight: Weight = 1.0
 
 
 class UpdateTenantRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    quota: QuotaBody
+    """Either or both: a missing field keeps its value."""
+
+    quota: QuotaBody | None = None
+    weight: Weight | None = None
 
 
 class TenantInfo(msgspec.Struct, kw_only=True):
@@ -42,6 +48,7 @@ class TenantInfo(msgspec.Struct, kw_only=True):
     name: str
     object: str = "tenant"
     quota: QuotaBody
+    weight: float
     created_at: float
     key_ids: list[str]
 
@@ -50,6 +57,7 @@ class TenantInfo(msgspec.Struct, kw_only=True):
         return cls(
             name=record.name,
             quota=QuotaBody.of(record.quota),
+            weight=record.weight,
             created_at=record.created_at,
             key_ids=list(record.key_ids),
         )

@@ -21,6 +21,7 @@ from loragate.gateway.admin.tenant_schemas import (
     UpdateTenantRequest,
     UsageList,
 )
+from loragate.gateway.errors import InvalidRequestError
 from loragate.gateway.serving.service import Service
 from loragate.gateway.tenancy.principal import Caller
 
@@ -35,7 +36,7 @@ class TenantsController(Controller):
         self, data: JSONBody[CreateTenantRequest], service: Service
     ) -> IssuedTenantKey:
         quota = data.quota.to_quota() if data.quota is not None else None
-        issued = await service.tenants.create(data.name, quota)
+        issued = await service.tenants.create(data.name, quota, data.weight)
         return IssuedTenantKey(tenant=TenantInfo.of(issued.tenant), api_key=issued.api_key)
 
     @get("/", summary="List tenants")
@@ -46,11 +47,14 @@ class TenantsController(Controller):
     async def get_tenant(self, name: FromPath[str], service: Service) -> TenantInfo:
         return TenantInfo.of(await service.tenants.get(name))
 
-    @patch("/{name:str}", summary="Change a tenant's quota")
+    @patch("/{name:str}", summary="Change a tenant's quota or fair-share weight")
     async def update(
         self, name: FromPath[str], data: JSONBody[UpdateTenantRequest], service: Service
     ) -> TenantInfo:
-        return TenantInfo.of(await service.tenants.set_quota(name, data.quota.to_quota()))
+        if data.quota is None and data.weight is None:
+            raise InvalidRequestError("send a quota, a weight or both", param="quota")
+        quota = data.quota.to_quota() if data.quota is not None else None
+        return TenantInfo.of(await service.tenants.update(name, quota, data.weight))
 
     @delete(
         "/{name:str}",

@@ -9,7 +9,7 @@ from litestar import Controller, Request, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse, InvalidRequestError
+from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
 from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
 from loragate.gateway.openai.schemas import (
     AssistantMessage,
@@ -20,6 +20,7 @@ from loragate.gateway.openai.schemas import (
     ChatCompletionResponse,
     DeltaMessage,
 )
+from loragate.gateway.openai.tool_stream import ToolCallStreamer
 from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
 from loragate.gateway.serving.generation import Generation, outputs_of
 from loragate.gateway.serving.prompts import chat_messages
@@ -42,15 +43,15 @@ class ChatController(Controller):
         caller: Caller,
         service: Service,
     ) -> ChatCompletionResponse | Stream:
-        template = getattr(service.tokenizer, "chat_template", None)
-        plan = tool_plan(data.tools, data.tool_choice, template)
-        if plan is not None and data.stream:
-            raise InvalidRequestError("streaming tool calls is not supported yet", param="stream")
+        plan = tool_plan(
+            data.tools, data.tool_choice, service.chat_template_text, service.auto_tool_parser
+        )
         params = chat_params(data, service.model.max_num_seqs, plan.schema if plan else None)
         lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
-            chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens
-        )
+            chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens,
+            tools=plan.tools if plan is not None else None,
+        )  # fmt: skip
         fields = chat_fields(data)
         (prompt,), cost = await service.measure(
             caller, [{"prompt_token_ids": prompt_ids}], params, fields
@@ -58,25 +59,27 @@ class ChatController(Controller):
         request_id = service.new_request_id("chatcmpl")
         run = await run_generations(
             service, request, caller, lora, cost, [(prompt, request_id)], params,
-            field_names=fields,
+            field_names=fields, priority=data.priority,
         )  # fmt: skip
         created = int(time.time())
         if data.stream:
-            return run.stream(_stream(service, data, run.generations[0], request_id, created))
+            return run.stream(_stream(service, data, plan, run.generations[0], request_id, created))
         (final,) = await run.collect()
         top_n = data.top_logprobs or 0
-        choices = [
-            ChatChoice(
-                index=c.index,
-                message=_message(plan, c.text),
-                logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
-                if data.logprobs and c.logprobs is not None
-                else None,
-                finish_reason=_finish(plan, c),
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in final.outputs:
+            message = _message(plan, c.text)
+            choices.append(
+                ChatChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
+                    if data.logprobs and c.logprobs is not None
+                    else None,
+                    finish_reason=_finish(plan, c.finish_reason, bool(message.tool_calls)),
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in final.outputs
-        ]
         return ChatCompletionResponse(
             id=request_id, created=created, model=data.model, choices=choices,
             usage=usage_of([final]),
@@ -84,25 +87,25 @@ class ChatController(Controller):
 
 
 def _message(plan: ToolPlan | None, text: str) -> AssistantMessage:
-    calls = tool_calls(plan, text) if plan is not None else None
-    return (
-        AssistantMessage(content=None, tool_calls=calls)
-        if calls
-        else AssistantMessage(content=text)
-    )
+    found = tool_calls(plan, text) if plan is not None else None
+    if found is None:
+        return AssistantMessage(content=text)
+    content, calls = found
+    return AssistantMessage(content=content, tool_calls=calls)
 
 
-def _finish(plan: ToolPlan | None, c) -> str | None:
-    """OpenAI's: 'tool_calls' when the model chose to call ('required'); 'stop' when a
-    named function was forced."""
-    if plan is not None and plan.named is None and c.finish_reason == "stop":
+def _finish(plan: ToolPlan | None, reason: str | None, called: bool) -> str | None:
+    """OpenAI's: 'tool_calls' when the model chose to call ('required', 'auto'); the
+    engine's own reason when a named function was forced or nothing was called."""
+    if plan is not None and plan.named is None and called and reason is not None:
         return "tool_calls"
-    return c.finish_reason
+    return reason
 
 
 async def _stream(
     service: GatewayService,
     data: JSONBody[ChatCompletionRequest],
+    plan: ToolPlan | None,
     gen: Generation,
     request_id: str,
     created: int,
@@ -116,6 +119,7 @@ async def _stream(
 
     top_n = data.top_logprobs or 0
     trackers: dict[int, DeltaTracker] = {}
+    calls: dict[int, ToolCallStreamer] = {}
     try:
         for i in range(len(gen.latest.outputs)):
             yield chunk(
@@ -132,18 +136,47 @@ async def _stream(
                     logprobs = chat_logprobs(
                         service.tokenizer, delta.token_ids, delta.logprobs, top_n
                     )
-                choices.append(
-                    ChatChunkChoice(
-                        index=c.index,
-                        delta=DeltaMessage(content=delta.text or None),
-                        logprobs=logprobs,
-                        finish_reason=delta.finish_reason,
+                if plan is None:
+                    choices.append(
+                        ChatChunkChoice(
+                            index=c.index,
+                            delta=DeltaMessage(content=delta.text or None),
+                            logprobs=logprobs,
+                            finish_reason=delta.finish_reason,
+                        )
                     )
-                )
+                    continue
+                streamer = calls.setdefault(c.index, ToolCallStreamer(plan.format))
+                choices += _tool_chunks(plan, streamer, c.index, c.text, delta, logprobs)
             for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                 yield chunk([choice])
         if data.stream_options is not None and data.stream_options.include_usage:
             yield chunk([], usage_of([gen.latest]))
     except APIError as exc:
-        yield sse_event(ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type)))
+        yield sse_event(
+            ErrorResponse(
+                error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
+            )
+        )
     yield DONE
+
+
+def _tool_chunks(
+    plan: ToolPlan, streamer: ToolCallStreamer, index: int, text: str, delta, logprobs
+) -> list[ChatChunkChoice]:
+    """One step of a choice with tools: its content, each tool-call delta on its own, and
+    the finish ('tool_calls' when the model chose to call)."""
+    got = streamer.step(text, final=delta.finish_reason is not None)
+    out = []
+    if got.content or logprobs is not None:
+        out.append(
+            ChatChunkChoice(
+                index=index, delta=DeltaMessage(content=got.content or None), logprobs=logprobs
+            )
+        )
+    out += [ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=[call]))
+            for call in got.tool_calls]  # fmt: skip
+    if delta.finish_reason is not None:
+        reason = _finish(plan, delta.finish_reason, streamer.called)
+        out.append(ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=reason))
+    return out

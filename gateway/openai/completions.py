@@ -51,7 +51,7 @@ class CompletionsController(Controller):
         run = await run_generations(
             service, request, caller, lora, cost,
             [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
-            params, field_names=completion_fields(data),
+            params, field_names=completion_fields(data), priority=data.priority,
         )  # fmt: skip
         created = int(time.time())
         if data.stream:
@@ -121,5 +121,9 @@ async def _stream(
                 )
             )  # fmt: skip
     except APIError as exc:
-        yield sse_event(ErrorResponse(error=ErrorDetail(message=exc.message, type=exc.error_type)))
+        yield sse_event(
+            ErrorResponse(
+                error=ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
+            )
+        )
     yield DONE

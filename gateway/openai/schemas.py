@@ -38,6 +38,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     min_tokens: int = 0
     ignore_eos: bool = False
     use_beam_search: bool = False
+    priority: int = 0  # vLLM's: lower first under --scheduling-policy priority
     best_of: int | None = None
     length_penalty: float = 1.0
     stop_token_ids: list[int] | None = None
@@ -72,9 +73,14 @@ class ContentPart(msgspec.Struct, kw_only=True):
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
+    """`tool_calls` (an assistant's earlier calls) and `tool_call_id` (a tool's answer) go
+    to the chat template as OpenAI sends them, the arguments as an object."""
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -174,9 +180,24 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A call's first delta has its id, type and name; later ones add argument text."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

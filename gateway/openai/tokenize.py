@@ -27,6 +27,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None  # laid out by templates that know tools
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
@@ -68,6 +69,7 @@ class TokenizeController(Controller):
                 chat_messages(data.messages),
                 data.add_generation_prompt,
                 bool(data.add_special_tokens),
+                tools=data.tools,
             )
         else:
             special = True if data.add_special_tokens is None else data.add_special_tokens

@@ -166,8 +166,9 @@ def train_demo(out, model, steps, seed) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.hf_dir)
     try:
         written = train_demo_adapters(
-            base, tokenizer, out, steps=steps, seed=seed, base_model_name=source.name
-        )
+            base, tokenizer, out, steps=steps, seed=seed, base_model_name=source.name,
+            report=lambda line: click.echo(line, err=True),
+        )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     for name, path in written.items():

@@ -8,6 +8,7 @@ anyone is the operator.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -16,10 +17,12 @@ from litestar import Controller, Response, get
 
 from loragate.engine import EngineDeadError
 from loragate.gateway.admin.guards import admin_only
+from loragate.gateway.errors import RegistryDownError
 from loragate.gateway.serving.service import Service
 from loragate.gateway.tenancy.principal import OPERATOR
 
 PAGE = Path(__file__).with_name("dashboard.html")
+MAX_ROWS = 200  # per table: the page stays light with thousands of adapters or tenants
 OPERATOR_ONLY = {"admin_only": "the dashboard shows the whole deployment and needs the admin key"}
 
 
@@ -31,9 +34,17 @@ class AdapterRow(msgspec.Struct):
 
 
 class TenantRow(msgspec.Struct):
+    """Lifetime counts, then usage against each per-minute quota (None: unlimited)."""
+
     name: str
     requests: int
     generation_tokens: int
+    requests_last_minute: int = 0
+    tokens_last_minute: int = 0  # prompt + generated, as tokens_per_minute counts them
+    in_flight: int | None = None  # across replicas (the store's leases); None: not known
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
 
 
 class DashboardData(msgspec.Struct):
@@ -92,9 +103,46 @@ async def dashboard_data(service) -> DashboardData:
         generation_tokens=sum(row[2] for row in traffic.by_tenant.values()),
         ttft_p50=_quantile(ttfts, 0.5),
         ttft_p95=_quantile(ttfts, 0.95),
-        adapters=adapters[:200],
-        tenants=[TenantRow(k, r[0], r[2]) for k, r in sorted(traffic.by_tenant.items())],
+        adapters=adapters[:MAX_ROWS],
+        tenants=await _tenant_rows(service, traffic),
     )
+
+
+async def _tenant_rows(service, traffic) -> list[TenantRow]:
+    """Every tenant that has a record or traffic: the busiest of the last minute first."""
+    try:
+        records = {t.name: t for t in await service.store.list_tenants()}
+    except RegistryDownError:
+        records = {}  # the store is down: traffic only, quotas unknown
+    minute = traffic.tenant_minute.totals()
+    names = sorted(
+        set(records) | set(traffic.by_tenant),
+        key=lambda n: (-minute.get(n, (0, 0))[1], n),
+    )[:MAX_ROWS]
+    rows = []
+    for name in names:
+        lifetime = traffic.by_tenant.get(name, (0, 0, 0))
+        recent = minute.get(name, (0, 0))
+        row = TenantRow(name, lifetime[0], lifetime[2], recent[0], recent[1])
+        record = records.get(name)
+        if record is not None:
+            quota = record.quota
+            row.requests_per_minute = quota.requests_per_minute
+            row.tokens_per_minute = quota.tokens_per_minute
+            row.max_concurrent_requests = quota.max_concurrent_requests
+        rows.append(row)
+    known = [row for row in rows if row.name in records]
+    counts = await asyncio.gather(*(_in_flight(service, row.name) for row in known))
+    for row, count in zip(known, counts, strict=True):
+        row.in_flight = count
+    return rows
+
+
+async def _in_flight(service, tenant: str) -> int | None:
+    try:
+        return await service.store.in_flight(tenant)
+    except RegistryDownError:
+        return None
 
 
 def _quantile(sorted_values: list[float], q: float) -> float | None:

@@ -9,8 +9,10 @@ takes values from small fixed sets (finish reasons, cache tiers).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from loragate.engine import EngineStats
+from loragate.gateway.operations.labels import BoundedLabels
 from loragate.gateway.operations.scrape import AdapterView, GatewayGauges, ScrapeCollector
 from loragate.gateway.operations.traffic import RequestRecord, RequestTraffic
 
@@ -29,6 +31,8 @@ class GatewayMetrics:
         self.traffic = RequestTraffic(self.registry, model_name, label_limit)
         self._scrape = ScrapeCollector(model_name, self.traffic.adapter_labels)
         self.registry.register(self._scrape)
+        self._fair_share = FairShareCollector(model_name, self.traffic.tenant_labels)
+        self.registry.register(self._fair_share)
         self.ttft = Histogram(
             "loragate_time_to_first_token_seconds",
             "From request arrival at the gateway to its first generated token",
@@ -87,6 +91,47 @@ class GatewayMetrics:
         adapters: AdapterView | None = None,
     ) -> bytes:
         self._scrape.engine = engine
+        self._fair_share.engine = engine
         self._scrape.gateway = gateway
         self._scrape.adapters = adapters or AdapterView()
         return generate_latest(self.registry)
+
+
+class FairShareCollector:
+    """The engine's service counters per tenant (engine/fair_share.py), read at scrape time:
+    what the `fair` policy shares out, so an operator can see who got what. Tenants past the
+    label limit are summed under OTHER (their virtual counter: the largest)."""
+
+    def __init__(self, model_name: str, labels: BoundedLabels) -> None:
+        self.engine: EngineStats | None = None
+        self.model_name = model_name
+        self.labels = labels
+
+    def collect(self):
+        e = self.engine
+        if e is None:
+            return
+        served = CounterMetricFamily(
+            "loragate_tenant_service_tokens",
+            "Weighted tokens computed for each tenant (prompt tokens 1, generated 2; without "
+            "a tenant, per adapter): the service --scheduling-policy fair shares out",
+            labels=["model_name", "tenant"],
+        )
+        for label, value in self._by_label(e.tenant_service, sum).items():
+            served.add_metric([self.model_name, label], value)
+        yield served
+        virtual = GaugeMetricFamily(
+            "loragate_tenant_virtual_service",
+            "The fair policy's counter of each active tenant: its service divided by its "
+            "weight, lifted to the lowest active one when it returns from idle",
+            labels=["model_name", "tenant"],
+        )
+        for label, value in self._by_label(e.tenant_virtual_service, max).items():
+            virtual.add_metric([self.model_name, label], value)
+        yield virtual
+
+    def _by_label(self, values: dict, combine) -> dict[str, float]:
+        grouped: dict[str, list[float]] = {}
+        for key, value in values.items():
+            grouped.setdefault(self.labels.label(key), []).append(value)
+        return {label: combine(group) for label, group in grouped.items()}

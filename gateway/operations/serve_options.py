@@ -17,7 +17,8 @@ from typing import Any
 
 import click
 
-from loragate.engine import EngineConfig
+from loragate.engine import SCHEDULING_POLICIES, EngineConfig
+from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
 from loragate.gateway.operations.settings import GatewaySettings
 
 ENGINE_HELP = {
@@ -58,7 +59,7 @@ ENGINE_HELP = {
 OVERRIDES: dict[str, dict[str, Any]] = {
     "dtype": {"type": click.Choice(["auto", "float32", "bfloat16", "float16"])},
     "preemption_mode": {"type": click.Choice(["auto", "recompute", "swap"])},
-    "scheduling_policy": {"type": click.Choice(["shortest_prefill", "fcfs"])},
+    "scheduling_policy": {"type": click.Choice(list(SCHEDULING_POLICIES))},
     "enable_lora": {"flag": "--enable-lora/--disable-lora", "default": True},
     "enable_chunked_prefill": {
         "flag": "--enable-chunked-prefill/--disable-chunked-prefill",
@@ -70,6 +71,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lora_modules": {"multiple": True, "metavar": "NAME=DIR"},
     "model_aliases": {"multiple": True, "metavar": "NAME"},
     "served_model_name": {"multiple": True, "metavar": "NAME"},
+    "tool_call_parser": {"type": click.Choice(sorted(TOOL_PARSERS))},
     "metrics_key": {"envvar": "LORAGATE_METRICS_KEY", "show_envvar": True},
 }
 

@@ -129,8 +129,16 @@ def metrics_url(server: uvicorn.Server) -> str | None:
 
 
 def serve(settings: GatewaySettings, announce: Callable[[str], None] = print) -> bool:
-    """Serve until SIGINT/SIGTERM; False if the app failed to start (a port in use fails
-    here, before the model loads)."""
+    """Serve until SIGINT/SIGTERM; False if the app failed to start (a port in use, or
+    --replicas without Ray Serve installed, fails here, before the model loads)."""
+    if settings.replicated:
+        from loragate.gateway.replicas.availability import RayNotInstalledError, require_ray_serve
+
+        try:
+            require_ray_serve()
+        except RayNotInstalledError as exc:
+            log.error("%s", exc)
+            return False
     try:
         server = build_server(settings)
     except PortInUseError as exc:

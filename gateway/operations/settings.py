@@ -8,6 +8,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from loragate.engine import EngineConfig
+from loragate.gateway.openai.chat_template import load_chat_template
+from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
 from loragate.registry import check_namespace
 
 MIN_ADMIN_KEY_LENGTH = 16
@@ -116,6 +118,27 @@ class GatewaySettings:
             "with several names sets these after the first)."
         ),
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata=_help(
+            "vLLM's --chat-template: a Jinja chat template file (or the template itself) used "
+            "instead of the model's, e.g. one that lays out tools."
+        ),
+    )
+    enable_auto_tool_choice: bool = field(
+        default=False,
+        metadata=_help(
+            "vLLM's flag: let the model decide to call tools (tool_choice 'auto'), read from "
+            "its answer by --tool-call-parser. Needs a chat template that lays out tools."
+        ),
+    )
+    tool_call_parser: str | None = field(
+        default=None,
+        metadata=_help(
+            "How tool calls read in the model's answer, for tool_choice 'auto': 'hermes' "
+            "(<tool_call>{json}</tool_call>) or 'llama3_json'."
+        ),
+    )
     registry_resync_seconds: float = field(
         default=2.0,
         metadata=_help(
@@ -192,6 +215,48 @@ class GatewaySettings:
         ),
     )
 
+    # Replicas on Ray Serve (gateway/replicas/, the `loragate[ray]` extra).
+    replicas: int | None = field(
+        default=None,
+        metadata=_help(
+            "Serve with N engine replicas on Ray Serve behind this one HTTP ingress (needs "
+            "`pip install 'loragate[ray]'`); adapters route to a replica that holds them. "
+            "Default: one engine in this process."
+        ),
+    )
+    min_replicas: int | None = field(
+        default=None,
+        metadata=_help(
+            "Autoscale down to this many replicas (Ray Serve autoscaling; implies replicas)."
+        ),
+    )
+    max_replicas: int | None = field(
+        default=None,
+        metadata=_help(
+            "Autoscale up to this many replicas (Ray Serve autoscaling; implies replicas)."
+        ),
+    )
+    target_ongoing_requests: float = field(
+        default=8.0,
+        metadata=_help("Autoscaling aims at this many requests in flight on each replica."),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=_help(
+            "Join this Ray cluster (e.g. ray://head:10001 or auto) for the replicas. "
+            "Default: start a local one with the command and stop it with it."
+        ),
+    )
+    replica_cpus: float = field(
+        default=1.0,
+        metadata=_help("CPUs Ray reserves for each engine replica (fractions allowed)."),
+    )
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the engines run as replicas on Ray Serve rather than in this process."""
+        return any(v is not None for v in (self.replicas, self.min_replicas, self.max_replicas))
+
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
@@ -242,6 +307,7 @@ class GatewaySettings:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         lora_modules(self.lora_modules)  # a bad entry fails here, before the model loads
         object.__setattr__(self, "model_aliases", tuple(self.model_aliases))
+        self._check_tool_choice()
         if self.metrics_port is not None and (
             _not_int(self.metrics_port) or not 0 <= self.metrics_port <= 65535
         ):
@@ -282,11 +348,22 @@ class GatewaySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        _check_replicas(self)
         if self.adapter_root is not None:
             root = Path(self.adapter_root).expanduser()
             if not root.is_dir():
                 raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
             object.__setattr__(self, "adapter_root", root.resolve())
+
+    def _check_tool_choice(self) -> None:
+        load_chat_template(self.chat_template)  # a missing or broken file fails at start
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {sorted(TOOL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser")
 
 
 def lora_modules(specs: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -311,6 +388,30 @@ def lora_modules(specs: tuple[str, ...]) -> list[tuple[str, str]]:
             raise ValueError(f"lora_modules entry {spec!r} needs a name and a directory")
         modules.append((name, path))
     return modules
+
+
+def _check_replicas(s: GatewaySettings) -> None:
+    for name in ("replicas", "min_replicas", "max_replicas"):
+        value = getattr(s, name)
+        if value is not None and (_not_int(value) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    low = s.min_replicas if s.min_replicas is not None else 1
+    high = s.max_replicas if s.max_replicas is not None else max(low, s.replicas or 1)
+    if low > high:
+        raise ValueError(f"min_replicas ({low}) must not exceed max_replicas ({high})")
+    autoscaled = s.min_replicas is not None or s.max_replicas is not None
+    if autoscaled and s.replicas is not None and not low <= s.replicas <= high:
+        raise ValueError(
+            f"replicas ({s.replicas}) must lie within min_replicas..max_replicas ({low}..{high})"
+        )
+    value = s.target_ongoing_requests
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"target_ongoing_requests must be a number > 0, got {value!r}")
+    value = s.replica_cpus
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"replica_cpus must be a number >= 0, got {value!r}")
+    if s.ray_address is not None and (not isinstance(s.ray_address, str) or not s.ray_address):
+        raise ValueError("ray_address must be a non-empty string")
 
 
 def _not_int(value) -> bool:

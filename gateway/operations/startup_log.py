@@ -22,7 +22,7 @@ def startup_lines(info: ModelInfo, registry: str) -> list[str]:
         lora = "LoRA: off"
     return [
         f"model: {info.served_name} (base {info.base_model_name})",
-        f"dtype: {info.dtype}",
+        f"dtype: {info.dtype}" + (f" ({info.dtype_reason})" if info.dtype_reason else ""),
         f"device: {info.device}",
         f"threads: {info.threads}",
         f"KV cache: {info.num_kv_blocks} blocks of {info.block_size} tokens ({kv_tokens} tokens)",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from loragate.gateway.operations.labels import BoundedLabels
+from loragate.gateway.operations.minute_window import MinuteWindow
 
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -97,6 +98,8 @@ class RequestTraffic:
         self.by_adapter: dict[str, list[int]] = {}
         self.by_tenant: dict[str, list[int]] = {}
         self.recent_ttft: deque[float] = deque(maxlen=256)
+        # Each tenant's own name (not its label), for usage against its per-minute quota.
+        self.tenant_minute = MinuteWindow()
         self.tenant = _Family(registry, "tenant", "tenant")
         m = ["model_name"]
         self.prompt_tokens = Counter(
@@ -142,6 +145,7 @@ class RequestTraffic:
             row[2] += r.generation_tokens
         if r.ttft is not None:
             self.recent_ttft.append(r.ttft)
+        self.tenant_minute.add(r.tenant, r.prompt_tokens + r.generation_tokens)
         if r.finish_reason not in (None, "abort"):
             self.success.labels(model, r.finish_reason).inc()
             self.e2e.labels(model).observe(r.e2e)

@@ -27,6 +27,10 @@ from loragate.gateway.errors import (
 )
 from loragate.plugins import PluginError
 
+# The `code` of a 503 (or a stream's error event) when the engine, or the replica serving
+# the request, stopped: the client may retry, as nothing of the request is kept.
+ENGINE_UNAVAILABLE = "engine_unavailable"
+
 
 class Generation:
     def __init__(
@@ -67,7 +71,9 @@ class Generation:
         except StopAsyncIteration as exc:
             raise EngineUnavailableError("the engine ended the request without output") from exc
         except EngineDeadError as exc:
-            raise EngineUnavailableError(f"the engine is not running: {exc}") from exc
+            raise EngineUnavailableError(
+                f"the engine is not running: {exc}", code=ENGINE_UNAVAILABLE
+            ) from exc
         except AdapterError as exc:
             raise InvalidRequestError(
                 f"adapter could not be loaded: {self._scrub(str(exc))}",
@@ -93,7 +99,9 @@ class Generation:
                 self._seen(out)
                 yield checked(out)
         except EngineDeadError as exc:
-            raise EngineUnavailableError(f"the engine stopped mid-request: {exc}") from exc
+            raise EngineUnavailableError(
+                f"the engine stopped mid-request: {exc}", code=ENGINE_UNAVAILABLE
+            ) from exc
 
     async def result(self) -> RequestOutput:
         """The final output (waits for the request to finish)."""

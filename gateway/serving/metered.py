@@ -44,6 +44,7 @@ class MeteredRequest:
         request_id: str,
         field_names: dict[str, str],
         adapter_param: str = "model",
+        priority: int = 0,
     ) -> Generation:
         """Admit one engine request for this HTTP request (429 if the queue is full)."""
         gen = self._start(
@@ -55,6 +56,8 @@ class MeteredRequest:
             adapter_param=adapter_param,
             cache_salt=self.caller.cache_salt,
             tenant=self.caller.tenant,
+            tenant_weight=self.caller.weight,
+            priority=priority,
         )
         self.generations.append(gen)
         return gen

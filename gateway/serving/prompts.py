@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from loragate.gateway.errors import InvalidRequestError
@@ -35,7 +36,8 @@ def _is_token(value) -> bool:
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Plain {"role", "content"} dicts for the chat template; only text parts are accepted."""
+    """Plain {"role", "content"} dicts for the chat template (with an assistant's
+    `tool_calls` and a tool answer's `tool_call_id`); only text parts are accepted."""
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     out = []
@@ -55,5 +57,27 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
                     )
                 parts.append(part.text)
             text = "".join(parts)
-        out.append({"role": message.role, "content": text})
+        entry = {"role": message.role, "content": text}
+        if message.tool_calls is not None:
+            entry["tool_calls"] = [_call(c, f"messages[{i}].tool_calls[{j}]")
+                                   for j, c in enumerate(message.tool_calls)]  # fmt: skip
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        out.append(entry)
     return out
+
+
+def _call(call: dict, param: str) -> dict:
+    """An earlier tool call as templates read it: the arguments as an object (as vLLM)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidRequestError("a tool call needs function.name", param=f"{param}.function")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"arguments must be JSON: {exc}", param=f"{param}.function.arguments"
+            ) from exc
+    return {**call, "function": {**function, "arguments": arguments}}

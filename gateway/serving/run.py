@@ -59,14 +59,16 @@ async def run_generations(
     *,
     field_names: dict[str, str],
     adapter_param: str = "model",
+    priority: int = 0,
 ) -> Run:
-    """Begin, start each (prompt, request id), and prime; a 4xx here ends the request."""
+    """Begin, start each (prompt, request id), and prime; a 4xx here ends the request.
+    `priority` is vLLM's request field (lower first under the `priority` policy)."""
     metered = await service.begin(caller, lora, cost)
     try:
         for prompt, request_id in prompts:
             metered.start(
                 prompt, params, request_id=request_id,
-                field_names=field_names, adapter_param=adapter_param,
+                field_names=field_names, adapter_param=adapter_param, priority=priority,
             )  # fmt: skip
         await until_disconnect(request.receive, prime_all(metered.generations))
     except BaseException:

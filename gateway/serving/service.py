@@ -23,11 +23,14 @@ from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
+from loragate.gateway.openai.chat_template import load_chat_template
 from loragate.gateway.operations.labels import BASE
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
 from loragate.gateway.operations.scrape import AdapterView
 from loragate.gateway.operations.settings import GatewaySettings, lora_modules
 from loragate.gateway.operations.traffic import request_record
+from loragate.gateway.replicas.metrics import replica_metrics_text
+from loragate.gateway.replicas.wire import ReplicaReport
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.serving.metered import MeteredRequest
@@ -82,6 +85,8 @@ class GatewayService:
             settings.registry_resync_seconds,
         )
         self.auth.check_for_reset = self.sync.resync
+        # vLLM's --chat-template, in place of the model's own (None: the model's).
+        self.chat_template = load_chat_template(settings.chat_template)
         self.started_at = int(time.time())
         self._ids = count()
         self._prefix = uuid4().hex[:8]
@@ -115,13 +120,29 @@ class GatewayService:
             return None
         return (await self.adapters.lookup(name, param, caller)).lora_request
 
+    @property
+    def chat_template_text(self) -> str | None:
+        """The template chats go through: --chat-template's, or the model's own."""
+        return self.chat_template or getattr(self.tokenizer, "chat_template", None)
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The parser of tool_choice "auto", when the server was started to allow it."""
+        settings = self.settings
+        return settings.tool_call_parser if settings.enable_auto_tool_choice else None
+
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        add_special_tokens: bool = False,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         try:
             return self.engine.apply_chat_template(
-                messages, add_generation_prompt, add_special_tokens
-            )
+                messages, add_generation_prompt, add_special_tokens,
+                tools=tools, chat_template=self.chat_template,
+            )  # fmt: skip
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
@@ -205,11 +226,14 @@ class GatewayService:
         adapter_param: str = "model",
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tenant_weight: float = 1.0,
+        priority: int = 0,
     ) -> Generation:
         """Admit one engine request (429 if the queue is full); call `prime()` next.
 
         `cache_salt` (the tenant) keeps prefix-cache blocks from being shared across tenants;
-        `tenant` (its name) is what engine plugins see.
+        `tenant` (its name) is what engine plugins and fair shares see, with its
+        `tenant_weight` (the tenant record's share); `priority` is vLLM's.
         """
         if not self.engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {self.engine.dead_error}")
@@ -231,8 +255,9 @@ class GatewayService:
                 self.metrics.observe_request(request_record(gen, adapter, tenant or UNTENANTED))
 
         outputs = self.engine.generate(
-            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt, tenant=tenant
-        )
+            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt, tenant=tenant,
+            tenant_weight=tenant_weight, priority=priority,
+        )  # fmt: skip
         return Generation(
             outputs,
             request_id,
@@ -300,7 +325,31 @@ class GatewayService:
             sha256_of={r.key: r.sha256 for r in records},
             max_loras=self.model.max_loras,
         )
-        return self.metrics.render(snapshot, gauges, view)
+        text = self.metrics.render(snapshot, gauges, view)
+        if self.settings.replicated:
+            text += replica_metrics_text(await self.replica_reports())
+        return text
+
+    async def replica_reports(self) -> list[ReplicaReport]:
+        """Each engine replica's latest state; the one local engine unless replicated."""
+        if self.settings.replicated:
+            try:
+                return await self.engine.replica_reports()
+            except EngineDeadError:
+                return []
+        if not self.engine.is_running:
+            return []
+        try:
+            return [ReplicaReport("local", "", await self.engine.stats())]
+        except EngineDeadError:
+            return []
+
+    async def adapter_names_by_weights(self) -> dict[str, list[str]]:
+        """Weights sha256 -> the registered adapter keys with those weights."""
+        names: dict[str, list[str]] = {}
+        for record in await self.adapters.catalog.list(OPERATOR):
+            names.setdefault(record.sha256, []).append(record.key)
+        return names
 
 
 def _check_max_tokens(lengths: list[int], max_tokens, max_model_len: int, names: dict) -> None:

@@ -112,7 +112,9 @@ class Authenticator:
             raise AuthenticationError(_INVALID, code="invalid_api_key")
         tenant = await self._tenant_of(token, digest)
         record = self._tenants[tenant]
-        return Principal(tenant, record.quota, cache_salt=f"{tenant}@{record.created_at!r}")
+        return Principal(
+            tenant, record.quota, record.weight, cache_salt=f"{tenant}@{record.created_at!r}"
+        )
 
     async def _tenant_of(self, token: str, digest: bytes) -> str:
         known = self._keys.get(digest)

@@ -31,6 +31,7 @@ class Principal:
 
     tenant: str | None = None
     quota: object | None = None  # the tenant's TenantQuota when it was authenticated
+    weight: float = 1.0  # the tenant's share under the `fair` scheduling policy
     cache_salt: str | None = None
 
     @property

@@ -33,7 +33,7 @@ class TenantService:
         self.adapters = adapters
         self.usage_meter = usage
 
-    async def create(self, name: str, quota: TenantQuota | None) -> IssuedKey:
+    async def create(self, name: str, quota: TenantQuota | None, weight: float = 1.0) -> IssuedKey:
         try:
             check_tenant_name(name)
         except ValueError as exc:
@@ -44,7 +44,7 @@ class TenantService:
                 param="name",
             )
         try:
-            issued = await self.store.create_tenant(name, quota)
+            issued = await self.store.create_tenant(name, quota, weight)
         except TenantExists as exc:
             raise ConflictError(
                 f"tenant {name!r} already exists", param="name", code="tenant_exists"
@@ -61,9 +61,16 @@ class TenantService:
             raise _not_found(name)
         return record
 
-    async def set_quota(self, name: str, quota: TenantQuota) -> TenantRecord:
+    async def update(
+        self, name: str, quota: TenantQuota | None, weight: float | None
+    ) -> TenantRecord:
+        """Replace the quota, the fair-share weight, or both (None keeps one as it is)."""
+        record = None
         try:
-            record = await self.store.set_tenant_quota(_named(name), quota)
+            if quota is not None:
+                record = await self.store.set_tenant_quota(_named(name), quota)
+            if weight is not None:
+                record = await self.store.set_tenant_weight(_named(name), weight)
         except TenantNotFound as exc:
             raise _not_found(name) from exc
         self.auth.forget_tenant(name)

@@ -28,6 +28,7 @@ from loragate.gateway.serving.service import GatewayService, Service
 from loragate.gateway.serving.sse import sse_event
 from loragate.gateway.tenancy.principal import Caller, Principal
 from loragate.gateway.tgi.schemas import (
+    TGIBestOfSequence,
     TGIDetails,
     TGIInputToken,
     TGIParameters,
@@ -103,25 +104,16 @@ async def _generate(
     text = (data.inputs + c.text) if p.return_full_text else c.text
     details = None
     if p.details:
-        special = set(service.tokenizer.all_special_ids)
+        prefill = _prefill(service, final) if p.decoder_input_details else []
         details = TGIDetails(
             finish_reason=tgi_finish_reason(c),
             prompt_tokens=len(final.prompt_token_ids),
             generated_tokens=len(c.token_ids),
             seed=p.seed,
-            prefill=_prefill(service, final) if p.decoder_input_details else [],
-            tokens=[
-                TGIToken(
-                    id=t,
-                    text=token_text(service.tokenizer, t),
-                    logprob=_logprob(c, i),
-                    special=t in special,
-                )
-                for i, t in enumerate(c.token_ids)
-            ],  # fmt: skip
-            top_tokens=[_top_tokens(service, c, i, p) for i in range(len(c.token_ids))]
-            if p.top_n_tokens
-            else None,
+            prefill=prefill,
+            tokens=_tokens(service, c),
+            top_tokens=_all_top_tokens(service, c, p),
+            best_of_sequences=_best_of_sequences(service, data, p, final, prefill),
         )
     return TGIResponse(generated_text=text, details=details)
 
@@ -129,6 +121,11 @@ async def _generate(
 async def _generate_stream(
     data: TGIRequest, request: Request, caller: Principal, service: GatewayService
 ) -> Stream:
+    best_of = (data.parameters or TGIParameters()).best_of
+    if best_of is not None and best_of > 1:  # the best is known only at the end, as in TGI
+        raise InvalidRequestError(
+            "best_of > 1 is not supported when streaming", param="parameters.best_of"
+        )
     run, p = await _run(data, request, caller, service)
     return run.stream(_events(service, data, p, run.generations[0]))
 
@@ -180,6 +177,49 @@ def _logprob(c: CompletionOutput, i: int) -> float:
     if c.logprobs is None or i >= len(c.logprobs):
         return 0.0
     return c.logprobs[i].get(c.token_ids[i], 0.0)
+
+
+def _best_of_sequences(
+    service: GatewayService,
+    data: TGIRequest,
+    p: TGIParameters,
+    final: RequestOutput,
+    prefill: list[TGIInputToken],
+) -> list[TGIBestOfSequence] | None:
+    """best_of's other candidates, likeliest first, as TGI details them."""
+    if not final.best_of_sequences:
+        return None
+    return [
+        TGIBestOfSequence(
+            generated_text=(data.inputs + o.text) if p.return_full_text else o.text,
+            finish_reason=tgi_finish_reason(o),
+            generated_tokens=len(o.token_ids),
+            seed=p.seed,
+            prefill=prefill,
+            tokens=_tokens(service, o),
+            top_tokens=_all_top_tokens(service, o, p),
+        )
+        for o in final.best_of_sequences
+    ]
+
+
+def _tokens(service: GatewayService, c: CompletionOutput) -> list[TGIToken]:
+    special = set(service.tokenizer.all_special_ids)
+    return [
+        TGIToken(
+            id=t, text=token_text(service.tokenizer, t), logprob=_logprob(c, i),
+            special=t in special,
+        )
+        for i, t in enumerate(c.token_ids)
+    ]  # fmt: skip
+
+
+def _all_top_tokens(
+    service: GatewayService, c: CompletionOutput, p: TGIParameters
+) -> list[list[TGIToken]] | None:
+    if not p.top_n_tokens:
+        return None
+    return [_top_tokens(service, c, i, p) for i in range(len(c.token_ids))]
 
 
 def _prefill(service: GatewayService, out: RequestOutput) -> list[TGIInputToken]:

@@ -58,6 +58,18 @@ class TGIInputToken(msgspec.Struct, kw_only=True):
     logprob: float | None = None
 
 
+class TGIBestOfSequence(msgspec.Struct, kw_only=True):
+    """One of best_of's other candidates, as TGI reports it."""
+
+    generated_text: str
+    finish_reason: str
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[TGIInputToken]
+    tokens: list[TGIToken]
+    top_tokens: list[list[TGIToken]] | None = None
+
+
 class TGIDetails(msgspec.Struct, kw_only=True):
     finish_reason: str
     prompt_tokens: int
@@ -66,6 +78,7 @@ class TGIDetails(msgspec.Struct, kw_only=True):
     prefill: list[TGIInputToken]
     tokens: list[TGIToken]
     top_tokens: list[list[TGIToken]] | None = None  # with parameters.top_n_tokens
+    best_of_sequences: list[TGIBestOfSequence] | None = None  # with parameters.best_of > 1
 
 
 class TGIResponse(msgspec.Struct, kw_only=True):

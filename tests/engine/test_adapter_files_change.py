@@ -171,7 +171,9 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     lora = LoRARequest("a", 1, str(paths["A"]))
     hashes = []
     real = loader_module.sha256_hex
-    monkeypatch.setattr(loader_module, "sha256_hex", lambda data: hashes.append(1) or real(data))
+    monkeypatch.setattr(
+        loader_module, "sha256_hex", lambda data, *pacing: hashes.append(1) or real(data, *pacing)
+    )
     assert run(llm, lora) == expected["A"]
     # A stamp taken within RACY_NS of the files' last write is not trusted (a write in the same
     # clock tick could hide); the files here were written at the start of this module.

@@ -90,3 +90,21 @@ class TenantObserver:
 
 
 TENANT_OBSERVER = TenantObserver()
+
+
+class AdmissionObserver:
+    """Records what the admission-order hook is told (the waiting entries and the tenants'
+    counters and weights) and leaves the order to the built-ins."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] = []
+        self.tenants: list[dict] = []
+
+    @hookimpl
+    def loragate_order_waiting(self, waiting, tenants, policy):
+        self.entries.extend(waiting)
+        self.tenants.append({**tenants, "policy": policy})
+        return None
+
+
+ADMISSION_OBSERVER = AdmissionObserver()

@@ -4,6 +4,10 @@ sys.path)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 from gateway_testlib import ENGINE
@@ -21,3 +25,43 @@ def tiny_settings(tiny_dir: Path, engine: dict | None = None, **gateway) -> Gate
 def start_tiny_server(tiny_dir: Path, engine: dict | None = None, **gateway) -> BackgroundServer:
     """A running server on the tiny model; stop it with `.stop()`."""
     return BackgroundServer(tiny_settings(tiny_dir, engine, **gateway)).start()
+
+
+CLI_MODULE = "loragate.gateway.operations.cli"
+
+
+class ServeProcess:
+    """`python -m loragate.gateway.operations.cli serve ...`, its output collected on threads."""
+
+    def __init__(self, *args, env: dict | None = None):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", CLI_MODULE, "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.listening = threading.Event()
+        threading.Thread(
+            target=self._read, args=(self.proc.stdout, self.stdout), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._read, args=(self.proc.stderr, self.stderr), daemon=True
+        ).start()
+        if not self.listening.wait(300) or not any("listening on" in x for x in self.stdout):
+            self.proc.kill()
+            raise AssertionError("server did not start:\n" + "".join(self.stderr[-30:]))
+        line = next(line for line in self.stdout if "listening on" in line)
+        self.url = line.split("listening on", 1)[1].strip()
+
+    def _read(self, pipe, into):
+        for line in pipe:
+            into.append(line)
+            if "listening on" in line:
+                self.listening.set()
+        self.listening.set()  # the process ended: stop waiting for it to listen
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

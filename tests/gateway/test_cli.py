@@ -7,14 +7,13 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import httpx
 import openai
 import pytest
 from click.testing import CliRunner
+from servers_testlib import ServeProcess
 from tenancy_testlib import flush_namespace
 
 from loragate.engine import EngineConfig
@@ -144,46 +143,6 @@ def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root
     assert httpx.delete(f"{url}/v1/adapters/cli-made", timeout=60).status_code == 200
 
 
-CLI_MODULE = "loragate.gateway.operations.cli"
-
-
-class ServeProcess:
-    """`python -m loragate.gateway.operations.cli serve ...`, its output collected on threads."""
-
-    def __init__(self, *args, env: dict | None = None):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", CLI_MODULE, "serve", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self.listening = threading.Event()
-        threading.Thread(
-            target=self._read, args=(self.proc.stdout, self.stdout), daemon=True
-        ).start()
-        threading.Thread(
-            target=self._read, args=(self.proc.stderr, self.stderr), daemon=True
-        ).start()
-        if not self.listening.wait(300) or not any("listening on" in x for x in self.stdout):
-            self.proc.kill()
-            raise AssertionError("server did not start:\n" + "".join(self.stderr[-30:]))
-        line = next(line for line in self.stdout if "listening on" in line)
-        self.url = line.split("listening on", 1)[1].strip()
-
-    def _read(self, pipe, into):
-        for line in pipe:
-            into.append(line)
-            if "listening on" in line:
-                self.listening.set()
-        self.listening.set()  # the process ended: stop waiting for it to listen
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
 def stream_body(model, max_tokens):
     return {
         "model": model, "prompt": "Go on", "max_tokens": max_tokens, "ignore_eos": True,
@@ -246,9 +205,19 @@ def test_train_demo_writes_adapters_the_server_accepts(tiny_dir, adapter_root, u
     out = adapter_root / "demo"
     result = CliRunner().invoke(
         main,
-        ["adapters", "train-demo", "--out", str(out), "--model", str(tiny_dir), "--steps", "1"],
+        ["adapters", "train-demo", "--out", str(out), "--model", str(tiny_dir), "--steps", "2"],
     )
     assert result.exit_code == 0, result.output
+    # a line per stage, and per step (two steps: each is a tenth or more), on stderr
+    progress = [line for line in result.stderr.splitlines() if line.strip()]
+    assert [line.split(" (")[0] for line in progress if line.startswith("[")] == [
+        "[1/3] answering 48 questions with the base model", "[2/3] training uppercase",
+        "[3/3] training terse",
+    ]  # fmt: skip
+    steps = [line.split(",")[0].strip() for line in progress if "step " in line]
+    assert steps == [f"{name}: step {i}/2" for name in ("uppercase", "terse") for i in (1, 2)]
+    assert progress[-1].startswith("trained the demo adapters in ")
+    assert all("about" in line and "s left" in line for line in progress if "step " in line)
     for name in ("uppercase", "terse"):
         assert f"wrote adapter {name}" in result.output
         got = httpx.post(
@@ -349,6 +318,33 @@ def test_bad_lora_modules_and_api_key_with_admin_key_are_refused(tiny_dir):
         (["--lora-modules", "nodir"], "lora_modules"),
         (["--lora-modules", '{"name": "x"}'], "lora_modules"),
         (["--api-key", "k", "--admin-key", "a" * 32], "api_key"),
+    ):
+        result = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir), *args])
+        assert result.exit_code != 0 and named in result.output, (args, result.output)
+
+
+def test_vllm_tool_flags_reach_the_settings(tiny_dir, served_settings, tmp_path):
+    template = tmp_path / "tools.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}")
+    result = CliRunner().invoke(
+        main,
+        ["serve", str(tiny_dir), "--enable-auto-tool-choice", "--tool-call-parser",
+         "llama3_json", "--chat-template", str(template)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    settings = served_settings[-1]
+    assert settings.enable_auto_tool_choice and settings.tool_call_parser == "llama3_json"
+    assert settings.chat_template == str(template)
+
+
+def test_bad_tool_flags_are_refused_naming_the_flag(tiny_dir, tmp_path):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}")
+    for args, named in (
+        (["--enable-auto-tool-choice"], "tool_call_parser"),
+        (["--tool-call-parser", "mistral"], "'mistral' is not one of"),
+        (["--chat-template", str(tmp_path / "missing.jinja")], "chat_template"),
+        (["--chat-template", str(broken)], "chat_template does not parse"),
     ):
         result = CliRunner().invoke(main, ["serve", "--model", str(tiny_dir), *args])
         assert result.exit_code != 0 and named in result.output, (args, result.output)

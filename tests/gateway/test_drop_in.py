@@ -14,6 +14,7 @@ import pytest
 from lorax import Client as LoraxClient
 from structured_testlib import COLOR, POINT
 from text_generation import Client as TGIClient
+from tools_testlib import ASK, TIME, WEATHER
 
 from loragate.engine import SamplingParams
 
@@ -174,37 +175,6 @@ def test_tokenize_detokenize_and_version(url, base_name, offline):
     unknown = httpx.post(f"{url}/tokenize", json={"model": "nope", "prompt": "x"})
     assert unknown.status_code == 404
     assert httpx.get(f"{url}/version").json()["version"]
-
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 12},
-                "unit": {"enum": ["C", "F"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def test_named_and_required_tool_choice_return_valid_tool_calls(client, base_name):

@@ -89,3 +89,32 @@ def test_sampling_is_seeded(url, offline):
     assert sampled(3) == ref.outputs[0].text
     assert sampled(3) == ref.outputs[0].text
     assert len({sampled(seed) for seed in range(3, 8)}) > 1
+
+
+def test_lorax_best_of_lists_the_other_candidates(url):
+    got = LoraxClient(url, timeout=60).generate(
+        "Tell me a story", adapter_id="gamma", max_new_tokens=6, best_of=3, do_sample=True,
+        details=True, decoder_input_details=True,
+    )  # fmt: skip
+    details = got.details
+    others = details.best_of_sequences
+    assert len(others) == 2
+
+    def score(tokens):
+        return sum(t.logprob for t in tokens)
+
+    assert score(details.tokens) >= max(score(o.tokens) for o in others)
+    for o in others:
+        assert o.generated_tokens == len(o.tokens) > 0
+        assert o.generated_text == "".join(t.text for t in o.tokens)
+        assert o.finish_reason.value in ("length", "eos_token")
+        assert [t.id for t in o.prefill] == [t.id for t in details.prefill]
+    plain = TGIClient(url).generate("Tell me a story", max_new_tokens=3)
+    assert plain.details.best_of_sequences is None
+
+
+def test_best_of_cannot_stream(url):
+    body = {"inputs": "x", "parameters": {"best_of": 2, "do_sample": True}, "stream": True}
+    for path in ("/generate_stream", "/"):
+        got = httpx.post(f"{url}{path}", json=body)
+        assert got.status_code == 400 and "best_of" in got.json()["error"]

@@ -91,3 +91,51 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     seq_lens = torch.tensor([5], dtype=torch.int32)
     out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
     check(out, q, k_cache, v_cache, tables, [5], 0.125, 1e-5)
+
+
+# (new tokens, context): short runs the native kernel takes (a whole short prompt, the last
+# few tokens after a cached prefix, one token, at the limit) beside long runs torch keeps.
+PREFILL_MIX = [(7, 7), (16, 16), (3, 40), (1, 23), (17, 17), (0, 9), (40, 70), (16, 600)]
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads,heads_kv", [(9, 3), (8, 2)])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_prefill_short_runs_go_native_and_match_float64(
+    native, monkeypatch, dtype, tolerance, heads, heads_kv, block_size
+):
+    from kernel_reference import attention_reference as reference
+
+    from loragate.kernels import prefill_attention
+
+    torch.manual_seed(heads + block_size)
+    q_lens = [q_len for q_len, _ in PREFILL_MIX]
+    contexts = [context for _, context in PREFILL_MIX]
+    k_cache, v_cache, tables = build_paged_cache(contexts, heads_kv, 64, block_size, dtype)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(contexts, dtype=torch.int32)
+    q = torch.randn(sum(q_lens), heads, 64).to(dtype)
+    queries = []
+    real = attention_cpu.NativeAttention.decode
+    monkeypatch.setattr(
+        attention_cpu.NativeAttention,
+        "decode",
+        lambda self, q, *args: queries.append(q.shape[0]) or real(self, q, *args),
+    )
+    out = kernels.paged_prefill_attention(q, k_cache, v_cache, tables, seq_lens, starts, 0.125)
+    limit = prefill_attention.NATIVE_MAX_QUERY_LEN
+    assert queries == [sum(n for n in q_lens if 0 < n <= limit)], "one native call, short runs"
+    torch_only = prefill_attention._prefill_torch(
+        q, k_cache, v_cache, tables, seq_lens, starts, 0.125
+    )
+    for result in (out, torch_only):
+        assert result.shape == q.shape and result.dtype == dtype
+        for b, (q_len, context) in enumerate(PREFILL_MIX):
+            if q_len == 0:
+                continue
+            rows = slice(int(starts[b]), int(starts[b + 1]))
+            keys = context_rows(k_cache, tables[b], context)
+            values = context_rows(v_cache, tables[b], context)
+            positions = list(range(context - q_len, context))
+            expected = reference(q[rows], keys, values, 0.125, positions)
+            assert rel_error(result[rows], expected) < tolerance, f"{q_len} of {context}"

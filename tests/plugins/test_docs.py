@@ -131,6 +131,18 @@ def check_choose_preemption_victim(plugins, module):
     assert plugins.choose_preemption_victim(running) == "big"
 
 
+def check_order_waiting(plugins, module):
+    entry = {"priority": 0, "cost": 5, "num_new_tokens": 5, "resumed": False}
+    waiting = [
+        {**entry, "seq_id": 1, "tenant": "free"},
+        {**entry, "seq_id": 2, "tenant": "premium"},
+        {**entry, "seq_id": 3, "tenant": "free"},
+    ]
+    tenants = {"free": {"service": 0.0, "weight": 1.0}, "premium": {"service": 9.0, "weight": 1.0}}
+    assert plugins.order_waiting(waiting, tenants, "fcfs") == [2, 1, 3]
+    assert plugins.order_waiting(waiting, tenants, "fair") == [1, 3, 2]  # the built-in VTC
+
+
 def check_request_started(plugins, module):
     plugins.request_started(INFO)  # logs; must not raise
 

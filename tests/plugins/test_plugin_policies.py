@@ -8,7 +8,7 @@ import logging
 import plugins_testlib as lib
 import pytest
 
-from loragate.plugins import PluginError, PluginManager
+from loragate.plugins import PluginError, PluginManager, hookimpl
 
 
 def manager(*plugins) -> PluginManager:
@@ -176,3 +176,40 @@ def test_managers_are_independent():
     first = manager(lib.LastTokenSamplers())
     assert "last" in first.samplers()
     assert "last" not in manager().samplers()
+
+
+def waiting(seq_id, tenant, cost=10, priority=0):
+    return {"seq_id": seq_id, "tenant": tenant, "cost": cost, "priority": priority}
+
+
+def test_builtin_fair_order_gives_a_weight_2_tenant_two_turns_to_one():
+    """VTC: the least-served tenant's head goes next, and admitting it adds cost / weight
+    to its counter; the order within a tenant stays as given; ties go to the earlier head."""
+    entries = [waiting(i, "light") for i in range(4)] + [waiting(10 + i, "heavy") for i in range(4)]
+    tenants = {"light": {"service": 0.0, "weight": 1.0}, "heavy": {"service": 0.0, "weight": 2.0}}
+    order = manager().order_waiting(entries, tenants, "fair")
+    assert order == [0, 10, 11, 1, 12, 13, 2, 3]
+    behind = {"light": {"service": 0.0, "weight": 1.0}, "heavy": {"service": 25.0, "weight": 1.0}}
+    assert manager().order_waiting(entries, behind, "fair")[:3] == [0, 1, 2]
+
+
+def test_builtin_orders_for_fcfs_shortest_prefill_and_priority():
+    entries = [waiting(1, "a", priority=3), waiting(2, "b", priority=0), waiting(3, "a")]
+    plugins = manager()
+    assert plugins.order_waiting(entries, {}, "fcfs") == [1, 2, 3]
+    assert plugins.order_waiting(entries, {}, "shortest_prefill") == [1, 2, 3]
+    assert plugins.order_waiting(entries, {}, "priority") == [2, 3, 1]
+
+
+class DropsOne:
+    @hookimpl
+    def loragate_order_waiting(self, waiting):
+        return [entry["seq_id"] for entry in waiting[1:]]
+
+
+def test_an_order_that_is_not_every_seq_id_once_names_the_plugin():
+    entries = [waiting(1, "a"), waiting(2, "b")]
+    with pytest.raises(PluginError, match="DropsOne|must return every waiting seq_id"):
+        manager(DropsOne()).order_waiting(entries, {}, "fcfs")
+    with pytest.raises(ValueError, match="waiting must be a list of dicts"):
+        manager().order_waiting([{"tenant": "a"}], {}, "fcfs")

@@ -51,6 +51,29 @@ async def test_tenant_create_verify_rotate_delete(store, peer):
             await missing
 
 
+async def test_a_tenants_weight_is_kept_changed_and_checked(store, peer):
+    """The fair-share weight sits next to the quota: 1.0 unless given, changed alone (the
+    quota stays), refused unless a finite number > 0, and seen by every replica."""
+    assert (await store.create_tenant("acme")).tenant.weight == 1.0
+    heavy = await store.create_tenant("globex", TenantQuota(requests_per_minute=5), weight=3)
+    assert heavy.tenant.weight == 3.0
+    assert (await peer.get_tenant("globex")).weight == 3.0
+    changed = await peer.set_tenant_weight("acme", 0.5)
+    assert changed.weight == 0.5 and changed.quota == TenantQuota()
+    assert (await store.get_tenant("acme")).weight == 0.5
+    await store.set_tenant_quota("globex", TenantQuota(max_adapters=2))
+    assert (await peer.get_tenant("globex")).weight == 3.0, "a quota change keeps the weight"
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="weight must be a finite number > 0"):
+            await store.set_tenant_weight("acme", bad)
+        with pytest.raises(ValueError, match="weight must be a finite number > 0"):
+            await store.create_tenant("initech", weight=bad)
+    assert await store.get_tenant("initech") is None
+    assert (await store.get_tenant("acme")).weight == 0.5
+    with pytest.raises(TenantNotFound):
+        await store.set_tenant_weight("nobody", 2.0)
+
+
 async def test_deleting_a_tenant_removes_only_its_adapters(store, peer):
     await store.create_tenant("acme")
     await store.create_tenant("globex")

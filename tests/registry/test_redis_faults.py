@@ -47,6 +47,7 @@ def every_call(store: RedisRegistryStore):
         "get_tenant": store.get_tenant("acme"),
         "list_tenants": store.list_tenants(),
         "set_tenant_quota": store.set_tenant_quota("acme", quota),
+        "set_tenant_weight": store.set_tenant_weight("acme", 2.0),
         "rotate_tenant_key": store.rotate_tenant_key("acme"),
         "delete_tenant": store.delete_tenant("acme"),
         "verify_api_key": store.verify_api_key(f"lg-{'0' * 16}-{'A' * 43}"),

@@ -1,0 +1,141 @@
+"""The ingress's engine when replicas serve: AsyncLLMEngine's public surface, each call
+forwarded through a Ray Serve handle to the EngineReplica deployment.
+
+A request for an adapter names it as the multiplexed model id (Ray Serve routes it to a
+replica holding it, or to the one holding fewest); a base-model request names none (the
+least loaded of two replicas picked at random). Streams come back through Ray Serve's
+streaming handles, and closing one cancels the request on its replica (which aborts it).
+A replica that dies mid-call ends the call with EngineDeadError, which the gateway answers
+with 503; Ray Serve starts a replacement, and later calls go to live replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
+
+from loragate.adapters import LoRARequest
+from loragate.engine import EngineDeadError, EngineStats, ModelInfo, RequestOutput, SamplingParams
+from loragate.gateway.replicas.aggregate import combined_stats
+from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
+
+# Errors that mean "the replica (or Ray) went away", not "the request was bad".
+_GONE = (RayError, RayServeException)
+
+
+class ReplicatedEngine:
+    def __init__(self, handle, board, model_info: ModelInfo, prompts):
+        self._handle = handle
+        self._board = board
+        self.model_info = model_info
+        self._prompts = prompts  # a replica's own, so the ingress tokenizes exactly as it
+        self.dead_error: BaseException | None = None
+        self._stopped = False
+
+    # ---- what the gateway calls, as on AsyncLLMEngine ---------------------------------
+    @property
+    def is_running(self) -> bool:
+        return not self._stopped
+
+    @property
+    def tokenizer(self):
+        return self.model_info.tokenizer
+
+    async def generate(
+        self,
+        prompt,
+        sampling_params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        tenant_weight: float = 1.0,
+    ) -> AsyncIterator[RequestOutput]:
+        call = GenerateCall(
+            prompt, sampling_params, request_id, lora_request, cache_salt, tenant,
+            priority, tenant_weight,
+        )  # fmt: skip
+        options = {"stream": True}
+        if lora_request is not None:
+            options["multiplexed_model_id"] = lora_request.lora_name
+        stream = self._handle.options(**options).generate.remote(call)
+        finished = False
+        try:
+            async for item in _replica_stream(stream):
+                if isinstance(item, Failure):
+                    raise item.error
+                finished = item.finished
+                yield item
+            if not finished:
+                raise EngineDeadError("the replica ended the request without finishing it")
+        finally:
+            if not finished:
+                stream.cancel()  # the replica's generator is cancelled and aborts the request
+
+    async def add_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
+        """Read and validate the adapter on the replica its requests will go to (into its CPU
+        tier): its summary."""
+        routed = self._handle.options(multiplexed_model_id=lora_request.lora_name)
+        summary = await self._call(routed.add_adapter, lora_request, timeout)
+        assert isinstance(summary, AdapterSummary)
+        return summary
+
+    async def remove_adapter(self, lora_request: LoRARequest) -> bool:
+        """Every replica drops the adapter's weights when it next reports (within a second)."""
+        await _ray(self._board.retire.remote(lora_request))
+        return True
+
+    async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        return self._prompts.encode(text, add_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+    ) -> list[int]:
+        return self._prompts.apply_chat_template(
+            messages, add_generation_prompt, add_special_tokens
+        )
+
+    async def stats(self) -> EngineStats:
+        """The whole deployment as one engine: every live replica's counts added up."""
+        return combined_stats([r.stats for r in await self.replica_reports()])
+
+    async def replica_reports(self) -> list[ReplicaReport]:
+        """Each live replica's latest state (GET /v1/replicas, /metrics by replica)."""
+        return await _ray(self._board.reports.remote())
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopped = True
+
+    # ---- inside -------------------------------------------------------------------------
+    async def _call(self, method, *args):
+        try:
+            result = await method.remote(*args)
+        except _GONE as exc:
+            raise EngineDeadError(f"the replica is not reachable: {_first_line(exc)}") from exc
+        if isinstance(result, Failure):
+            raise result.error
+        return result
+
+
+async def _replica_stream(stream) -> AsyncIterator:
+    """The stream's items; EngineDeadError if its replica dies or cannot be reached."""
+    try:
+        async for item in stream:
+            yield item
+    except _GONE as exc:
+        raise EngineDeadError(f"the replica serving it stopped: {_first_line(exc)}") from exc
+
+
+async def _ray(ref):
+    try:
+        return await ref
+    except _GONE as exc:
+        raise EngineDeadError(f"the replicas' board is not reachable: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,54 @@
+"""What crosses between the ingress and a replica: plain, picklable data (never tensors)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from loragate.adapters import LoRARequest
+from loragate.engine import EngineStats, SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One engine request, as AsyncLLMEngine.generate takes it."""
+
+    prompt: object
+    params: SamplingParams
+    request_id: str
+    lora_request: LoRARequest | None = None
+    cache_salt: str | None = None
+    tenant: str | None = None
+    priority: int = 0
+    tenant_weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """What registration reads of a loaded adapter (the weights stay on the replica)."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    sha256: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception raised on the replica, carried back as a value so that the ingress
+    re-raises it as itself (a ValueError stays a 400), not as Ray's wrapper of it."""
+
+    error: BaseException
+
+
+@dataclass
+class ReplicaReport:
+    """One replica's state, as it last reported it to the board."""
+
+    replica: str  # Ray Serve's replica id
+    actor_name: str  # the replica's Ray actor (what `ray.kill` takes)
+    stats: EngineStats
+    multiplexed: tuple[str, ...] = ()  # adapter names Ray Serve routes here (its LRU)
+    reported_at: float = field(default_factory=time.time)
+    retired_seen: int = 0  # how many retired adapters the board has handed this replica
