@@ -67,11 +67,14 @@ def run_vllm(args, requests: list[dict], adapter_dir: Path) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(requests, file)
     command = [
-        args.vllm_python, args.peer_script, "--requests", file.name,
+        args.vllm_python, str(Path(args.peer_script).resolve()), "--requests", file.name,
         "--adapters", str(adapter_dir), "--glob", "r8-*", "--max-loras", str(NUM_ADAPTERS),
         "--max-lora-rank", "8", "--dtype", args.dtype,
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    # Run outside benchmarks/: vLLM imports a module named `kernels`, and this folder has one.
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir()
+    )
     if done.returncode != 0:
         sys.exit(f"vLLM peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["tok_s"]

@@ -10,6 +10,7 @@ torch code beside each is its tested reference and its fallback.
 
 from .decode_attention import paged_decode_attention
 from .kv_cache import write_kv
+from .linear import PackedWeight, linear, pack_weight
 from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index, static_lora_index
 from .norm import add_rms_norm, rms_norm
@@ -18,14 +19,17 @@ from .rope import apply_rope, apply_rope_
 
 __all__ = [
     "LoraIndex",
+    "PackedWeight",
     "add_rms_norm",
     "apply_rope",
     "apply_rope_",
     "lora_apply",
     "lora_expand",
     "lora_index",
+    "linear",
     "lora_shrink",
     "paged_decode_attention",
+    "pack_weight",
     "paged_prefill_attention",
     "rms_norm",
     "static_lora_index",

@@ -14,7 +14,7 @@
 
 #define DEFINE_DECODE(NAME, E, LOAD, STORE, GET, PUT)                                        \
     static inline float NAME##_dot(const float *q, const E *k, int64_t d) {                  \
-        v16 s = {0};                                                                        \
+        vf s = {0};                                                                        \
         int64_t i = 0;                                                                      \
         for (; i + W <= d; i += W) s += load_f32(q + i) * LOAD(k + i);                      \
         float r = hsum_tree(s);                                                             \
@@ -59,10 +59,10 @@
                     float top = m[g];                                                       \
                     for (int64_t p = 0; p < n; ++p) top = sg[p] > top ? sg[p] : top;        \
                     for (int64_t p = n; p < padded; ++p) sg[p] = -INFINITY;                 \
-                    const v16 shift = (v16){0} + top;                                      \
-                    v16 total = {0};                                                        \
+                    const vf shift = (vf){0} + top;                                      \
+                    vf total = {0};                                                        \
                     for (int64_t p = 0; p < padded; p += W) {                               \
-                        const v16 w = exp16(load_f32(sg + p) - shift);                      \
+                        const vf w = vexp(load_f32(sg + p) - shift);                      \
                         store_f32(sg + p, w);                                               \
                         total += w;                                                         \
                     }                                                                       \

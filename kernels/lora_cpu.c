@@ -18,10 +18,10 @@
 #define DEFINE_DOT(E, LOAD, GET)                                                            \
     static inline void dot4_##E(const E *x, const E *a0, const E *a1, const E *a2,          \
                                 const E *a3, int64_t n, float *out) {                       \
-        v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
+        vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
         int64_t k = 0;                                                                      \
         for (; k + W <= n; k += W) {                                                        \
-            const v16 xv = LOAD(x + k);                                                     \
+            const vf xv = LOAD(x + k);                                                     \
             s0 += xv * LOAD(a0 + k);                                                        \
             s1 += xv * LOAD(a1 + k);                                                        \
             s2 += xv * LOAD(a2 + k);                                                        \
@@ -38,7 +38,7 @@
         out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;                                 \
     }                                                                                       \
     static inline float dot1_##E(const E *x, const E *a, int64_t n) {                       \
-        v16 s = {0};                                                                        \
+        vf s = {0};                                                                        \
         int64_t k = 0;                                                                      \
         for (; k + W <= n; k += W) s += LOAD(x + k) * LOAD(a + k);                          \
         float r = hsum(s);                                                                  \
@@ -93,7 +93,7 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
 #define DEFINE_EXPAND(NAME, E, Y, LOAD, STORE, GET, PUT, GETY)                               \
     static inline void NAME##_64(const Y *yt, const E *b, int64_t b_row, int64_t rank,       \
                                  float scale, E *ot) {                                       \
-        v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
+        vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                         \
         for (int64_t j = 0; j < rank; ++j) {                                                \
             const float c = GETY(yt + j);                                                   \
             const E *bj = b + j * b_row;                                                    \

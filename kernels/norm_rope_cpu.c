@@ -33,10 +33,10 @@
                 for (; i < hidden; ++i) PUT(st + i, GET(xt + i) + GET(rt + i));             \
                 src = st;                                                                   \
             }                                                                               \
-            v16 sq = {0};                                                                   \
+            vf sq = {0};                                                                   \
             int64_t i = 0;                                                                  \
             for (; i + W <= hidden; i += W) {                                               \
-                const v16 v = LOAD(src + i);                                                \
+                const vf v = LOAD(src + i);                                                \
                 sq += v * v;                                                                \
             }                                                                               \
             float total = hsum(sq);                                                         \

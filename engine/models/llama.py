@@ -118,7 +118,10 @@ class LlamaForCausalLM:
                 "down": take(p + "mlp.down_proj.weight"),
             }
             _expect_shape(p + "gate_up", layer["gate_up"], (2 * self.intermediate_size, None))
+            for name in ("qkv", "o", "gate_up", "down"):
+                layer[name] = kernels.pack_weight(layer[name])
             self.layers.append(layer)
+        self.lm_head = kernels.pack_weight(self.lm_head)  # the embedding keeps its own copy
         self.cos_sin = _rope_table(self.config, max_positions, self.device).to(self.dtype)
 
     # ---- forward ------------------------------------------------------------------------
@@ -141,13 +144,13 @@ class LlamaForCausalLM:
         return kernels.rms_norm(residual[rows] + down[rows], self.norm, self.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return kernels.linear(hidden, self.lm_head).float()
 
     def _layer(self, i, layer, x, residual, batch: ForwardBatch, kv: KVCache):
         """x = the layer's normed input, residual = the stream it was normed from; returns
         the MLP output and the residual stream after attention (their sum is the output)."""
         t = x.shape[0]
-        qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])
+        qkv = kernels.linear(x, layer["qkv"], layer["qkv_bias"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "qkv_proj", x, qkv)
         rotated = self.num_heads + self.num_kv_heads  # q and k heads, side by side in qkv
@@ -163,16 +166,16 @@ class LlamaForCausalLM:
         k_cache, v_cache = kv.layer(i)
         kernels.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         attn = self._attention(q, k_cache, v_cache, batch).reshape(t, self.q_size)
-        o = F.linear(attn, layer["o"])
+        o = kernels.linear(attn, layer["o"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "o_proj", attn, o)
         x, residual = kernels.add_rms_norm(o, residual, layer["post_norm"], self.eps)
-        gate_up = F.linear(x, layer["gate_up"])
+        gate_up = kernels.linear(x, layer["gate_up"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "gate_up_proj", x, gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.silu(gate) * up
-        down = F.linear(act, layer["down"])
+        down = kernels.linear(act, layer["down"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "down_proj", act, down)
         return down, residual

@@ -1,0 +1,65 @@
+"""Linear layers with their weights laid out once, at load, for the CPU's matrix multiply.
+
+torch's float32 `F.linear` on the CPU calls MKL's sgemm, which repacks the weight on every
+call, and on CPUs that are not Intel's takes a slower generic path: on an AMD EPYC (AVX2,
+2 cores) oneDNN with the weight reordered once ran the model's projections 1.3-2.3x faster
+at decode and prefill sizes, and the vocabulary projection 2.2x (BENCHMARKS.md). vLLM's CPU
+backend packs its weights for oneDNN the same way. The sums run in another order than
+sgemm's, so results differ from `F.linear` in the last bits (float32 rounding), never more:
+tests/kernels/test_linear.py holds both to a float64 reference.
+
+`LORAGATE_CPU_PACKED_LINEAR=0` keeps plain `F.linear` (to compare, or where oneDNN misbehaves).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DISABLE_ENV = "LORAGATE_CPU_PACKED_LINEAR"
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [out, in] weight in oneDNN's blocked layout (opaque: only `linear` reads it)."""
+
+    packed: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether weights on `device` in `dtype` are packed: float32 on a CPU with oneDNN."""
+    setting = os.environ.get(DISABLE_ENV, "1").strip()
+    if setting not in ("0", "1"):
+        raise ValueError(f"{DISABLE_ENV} must be 0 or 1, got {setting!r}")
+    return (
+        setting == "1"
+        and torch.device(device).type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | PackedWeight:
+    """`weight` in the layout `linear` multiplies fastest; unchanged where none is better."""
+    if not packing_available(weight.device, weight.dtype):
+        return weight
+    out_features, in_features = weight.shape
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    return PackedWeight(packed, out_features, in_features)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a plain or a packed weight; x is [tokens, in]."""
+    if not isinstance(weight, PackedWeight):
+        return F.linear(x, weight, bias)
+    if x.shape[0] == 0:
+        out = x.new_empty((0, weight.out_features))
+        return out
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.packed, bias, "none", [], "")
