@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,7 +70,11 @@ class VLLMServer:
             "--lora-modules", *(f"{name}={adapter_dir / name}" for name in adapters),
         ]  # fmt: skip
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # Started outside benchmarks/: `python -m` puts the working directory first on the
+        # path, and vLLM imports a module named `kernels`, which this folder also has.
+        self.proc = subprocess.Popen(
+            args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir()
+        )
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 900
         while True:
