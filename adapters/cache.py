@@ -381,22 +381,6 @@ class AdapterCache(CacheReports):
                 self._forget_usage_if_gone(identity)
             return found
 
-    def resident(self) -> dict[int, LoRARequest]:
-        """Slot -> the request that last used the weights in it, for every occupied slot."""
-        with self._lock:
-            return {s: self._usage.request_of(i) for s, i in self._device.occupied().items()}
-
-    def resident_identities(self) -> dict[int, WeightsIdentity]:
-        """Slot -> the weights in it, for every occupied slot."""
-        with self._lock:
-            return self._device.occupied()
-
-    def cpu_resident(self) -> list[LoRARequest]:
-        """The request that last used each CPU-tier entry, least recently used first."""
-        with self._lock:
-            ordered = sorted(self._cpu, key=lambda i: self._usage.entries[i].last_used)
-            return [self._usage.request_of(i) for i in ordered]
-
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
         if identity not in self._cpu and identity not in self._slot_of:
             self._usage.entries.pop(identity, None)

@@ -1,4 +1,4 @@
-"""What the adapter cache reports for metrics: counters, each weights' tier, and loads.
+"""What the adapter cache reports: counters, each weights' tier, loads and residents.
 
 A mixin of AdapterCache: it reads the cache's own state under the cache's lock.
 """
@@ -6,6 +6,7 @@ A mixin of AdapterCache: it reads the cache's own state under the cache's lock.
 from __future__ import annotations
 
 from loragate.adapters.identity import WeightsIdentity
+from loragate.adapters.request import LoRARequest
 
 
 class CacheReports:
@@ -35,3 +36,19 @@ class CacheReports:
         row = self._loads_of.setdefault(identity.sha256, [0, 0.0, 0, 0.0])
         row[column] += 1
         row[column + 1] += seconds
+
+    def resident(self) -> dict[int, LoRARequest]:
+        """Slot -> the request that last used the weights in it, for every occupied slot."""
+        with self._lock:
+            return {s: self._usage.request_of(i) for s, i in self._device.occupied().items()}
+
+    def resident_identities(self) -> dict[int, WeightsIdentity]:
+        """Slot -> the weights in it, for every occupied slot."""
+        with self._lock:
+            return self._device.occupied()
+
+    def cpu_resident(self) -> list[LoRARequest]:
+        """The request that last used each CPU-tier entry, least recently used first."""
+        with self._lock:
+            ordered = sorted(self._cpu, key=lambda i: self._usage.entries[i].last_used)
+            return [self._usage.request_of(i) for i in ordered]

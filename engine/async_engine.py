@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
+from loragate.engine import engine_stats
 from loragate.engine.adapter_loads import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
@@ -27,6 +28,7 @@ from loragate.engine.input_processor import InputProcessor
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.thread_bridge import check_request_id, drop_result, resolve
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class AsyncLLMEngine:
         and `tenant_weight` its share under the `fair` policy. `priority` is vLLM's (lower
         first, under the `priority` policy).
         """
-        _check_request_id(request_id)
+        check_request_id(request_id)
         params = sampling_params
         self._check_alive()
         cache = self.engine.adapters
@@ -205,7 +207,7 @@ class AsyncLLMEngine:
         try:
             return await asyncio.wait_for(asyncio.shield(work), limit)
         except TimeoutError as exc:
-            work.add_done_callback(_drop_result)
+            work.add_done_callback(drop_result)
             raise AdapterLoadTimeoutError(
                 f"reading and validating the adapter took longer than {limit:g} s"
             ) from exc
@@ -260,7 +262,7 @@ class AsyncLLMEngine:
 
     async def stats(self) -> EngineStats:
         """One snapshot of queues, KV blocks and adapter residency, copied between steps."""
-        return await self._on_engine_thread(_read_stats)
+        return await self._on_engine_thread(engine_stats.snapshot)
 
     async def check_integrity(self) -> None:
         """Between steps: AssertionError if any KV block or reference count is astray."""
@@ -323,18 +325,18 @@ class AsyncLLMEngine:
                     tenant_weight=item.tenant_weight,
                 )
             except Exception as exc:  # bad input: that request alone fails
-                _resolve(item.loop, item.accepted, error=exc)
+                resolve(item.loop, item.accepted, error=exc)
                 return
             self._streams[item.request_id] = (item.loop, item.outputs)
-            _resolve(item.loop, item.accepted, result=None)
+            resolve(item.loop, item.accepted, result=None)
         elif isinstance(item, _Abort):
             self.engine.abort_request(item.request_id)
             self._streams.pop(item.request_id, None)
         elif isinstance(item, _Call):
             try:
-                _resolve(item.loop, item.done, result=item.fn(self.engine))
+                resolve(item.loop, item.done, result=item.fn(self.engine))
             except Exception as exc:
-                _resolve(item.loop, item.done, error=exc)
+                resolve(item.loop, item.done, error=exc)
 
     def _publish(self, out: RequestOutput) -> None:
         target = self._streams.get(out.request_id)
@@ -352,61 +354,10 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return
             if isinstance(item, _Add):
-                _resolve(item.loop, item.accepted, error=EngineDeadError(str(exc)))
+                resolve(item.loop, item.accepted, error=EngineDeadError(str(exc)))
             elif isinstance(item, _Call):
-                _resolve(item.loop, item.done, error=EngineDeadError(str(exc)))
+                resolve(item.loop, item.done, error=EngineDeadError(str(exc)))
 
     def _check_alive(self) -> None:
         if not self.is_running:
             raise EngineDeadError(f"engine is not running: {self.dead_error}")
-
-
-def _read_stats(engine: LLMEngine) -> EngineStats:
-    scheduler = engine.scheduler
-    busy = frozenset(s.lora_request.lora_name for s in scheduler.running if s.lora_slot >= 0)
-    waiting = frozenset(s.lora_request.lora_name for s in scheduler.waiting if s.lora_request)
-    return EngineStats(
-        unfinished_requests=len(engine.requests),
-        running=len(scheduler.running),
-        waiting=len(scheduler.waiting),
-        memory=dict(engine.get_memory_stats()),
-        prompt_tokens=engine.num_prompt_tokens,
-        generation_tokens=engine.num_generation_tokens,
-        preemptions=scheduler.num_preemptions,
-        adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
-        busy_adapters=busy,
-        waiting_adapters=waiting,
-        adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
-        adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
-        tenant_service=dict(engine.fair_share.served),
-        tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
-    )
-
-
-def _check_request_id(request_id) -> None:
-    try:
-        hash(request_id)
-    except TypeError:
-        ok = False
-    else:
-        ok = request_id is not None
-    if not ok:
-        raise TypeError(f"request_id must be hashable (a str or int, say), got {request_id!r}")
-
-
-def _drop_result(future: asyncio.Future) -> None:
-    """A load given up on: its late result, or error, goes nowhere (and is not logged)."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _resolve(loop, future: asyncio.Future, result=None, error: BaseException | None = None):
-    def settle():
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    loop.call_soon_threadsafe(settle)

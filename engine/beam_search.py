@@ -31,12 +31,18 @@ class BeamGroup:
         self.results: list = []
 
 
-def start(
-    request: Request, strategy, eos_token_ids: set[int], max_tokens: int, plugin_name: str
-) -> None:
+def start(request: Request, plugins, eos_token_ids: set[int], max_tokens: int) -> None:
+    """Begin a beam search with the plugin that provides it; its failure names the plugin
+    (a ValueError about the request stays one)."""
     params = request.params
+    plugin_name, strategy = plugins.decoding_strategy("beam")
     eos = set() if params.ignore_eos else set(eos_token_ids)
-    state = strategy.start(asdict(params), eos, max_tokens)
+    try:
+        state = strategy.start(asdict(params), eos, max_tokens)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise strategy_error(exc, plugin_name) from exc
     request.beam = BeamGroup(strategy, state, request.seqs[0], plugin_name)
 
 

@@ -9,9 +9,14 @@ pinning float32 on a bf16 machine, or a test suite that compares with float32 re
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 flags; Arm's "Features" bf16
 OVERRIDE_ENV = "LORAGATE_CPU_BF16"
@@ -48,3 +53,15 @@ def bf16_support(flags: frozenset[str] | None = None) -> Bf16Support:
     if found:
         return Bf16Support(True, f"the CPU has {', '.join(found)}")
     return Bf16Support(False, "the CPU has no native bfloat16 (no avx512_bf16, amx_bf16 or bf16)")
+
+
+def warn_if_emulated_bf16(device, dtype) -> None:
+    """bf16 asked for on a CPU that only emulates it runs, but slower than float32."""
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        support = bf16_support()
+        if not support.native:
+            log.warning(
+                "dtype bfloat16 on a CPU without native bfloat16 (%s): it runs, but slower "
+                "than float32; dtype='auto' would pick float32 here",
+                support.reason,
+            )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from loragate.engine.engine_info import EngineStats
+
 
 def memory_stats(scheduler, swapper, block_size: int) -> dict:
     """The block manager's counts, plus swapped blocks, fragmentation and preemptions."""
@@ -34,3 +36,26 @@ def check_integrity(scheduler, swapper) -> None:
         held = sum(len(s.swapped_blocks) for s in live)
         if held != swapper.num_swapped_blocks:
             raise AssertionError(f"{swapper.num_swapped_blocks} CPU blocks used, {held} held")
+
+
+def snapshot(engine) -> EngineStats:
+    """One consistent read of an engine's counters (run on the engine thread)."""
+    scheduler = engine.scheduler
+    busy = frozenset(s.lora_request.lora_name for s in scheduler.running if s.lora_slot >= 0)
+    waiting = frozenset(s.lora_request.lora_name for s in scheduler.waiting if s.lora_request)
+    return EngineStats(
+        unfinished_requests=len(engine.requests),
+        running=len(scheduler.running),
+        waiting=len(scheduler.waiting),
+        memory=dict(engine.get_memory_stats()),
+        prompt_tokens=engine.num_prompt_tokens,
+        generation_tokens=engine.num_generation_tokens,
+        preemptions=scheduler.num_preemptions,
+        adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
+        busy_adapters=busy,
+        waiting_adapters=waiting,
+        adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
+        adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
+        tenant_service=dict(engine.fair_share.served),
+        tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.special_tokens import SpecialTokenRule
 
 PromptInput = str | dict[str, Any]
@@ -107,3 +108,14 @@ def _flag(value, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"add_special_tokens must be true or false, got {value!r}")
     return value
+
+
+def check_request(inputs: InputProcessor, plugins, token_ids: list[int], params) -> None:
+    """Raise a ValueError naming what is wrong with a request's prompt or parameters."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+    inputs.check(token_ids)
+    if params.use_beam_search:
+        plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
+    if params.sampler is not None:
+        plugins.sampler(params.sampler)  # ValueError naming the known samplers

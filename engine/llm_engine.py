@@ -21,31 +21,31 @@ from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
 from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
-from loragate.engine.cpu_features import bf16_support
+from loragate.engine.cpu_features import warn_if_emulated_bf16
 from loragate.engine.cuda_graphs import decode_graphs_for
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.fair_share import FairShare, check_tenant_weight
 from loragate.engine.forks import fork_pending
-from loragate.engine.input_processor import InputProcessor, PromptInput
+from loragate.engine.input_processor import InputProcessor, PromptInput, check_request
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.output_builder import error_output, request_output
+from loragate.engine.output_builder import error_output, record_failure, request_output
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.plugin_data import model_info, preemption_victim, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
 from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
-from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.sequence import Request, Sequence, SequenceStatus, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.step_budget import step_budget_for
-from loragate.engine.step_record import StepRecords
-from loragate.engine.stopping import StopDecision, check_stop
+from loragate.engine.step_record import StepRecords, mark_scheduled
+from loragate.engine.stopping import stop_after
 from loragate.engine.swap import KVSwapper
-from loragate.plugins import PluginError, PluginManager
+from loragate.plugins import PluginManager
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LLMEngine:
         self.config = config
         self.plugins = PluginManager.create(plugins=config.plugins)
         device, dtype = config.torch_device, config.torch_dtype
-        _warn_if_emulated_bf16(device, dtype)
+        warn_if_emulated_bf16(device, dtype)
         source = resolve_model(config.model, config.weights_cache_dir)
         self.model_name = config.served_model_name or source.name
         self.base_model_name = source.name  # what adapters trained on these weights record
@@ -173,13 +173,7 @@ class LLMEngine:
             request.seqs.append(self._new_sequence(request, index))
         if params.use_beam_search:  # before anything is queued: a refusal leaves no trace
             max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
-            plugin_name, strategy = self.plugins.decoding_strategy("beam")
-            try:
-                beam_search.start(request, strategy, self.eos_token_ids, max_tokens, plugin_name)
-            except ValueError:
-                raise
-            except Exception as exc:
-                raise beam_search.strategy_error(exc, plugin_name) from exc
+            beam_search.start(request, self.plugins, self.eos_token_ids, max_tokens)
         # One sequence computes the prompt; the others fork from it and share its blocks.
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
@@ -232,7 +226,7 @@ class LLMEngine:
             if not failed and self.adapter_loads is not None:
                 self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
             return failed
-        _mark_scheduled(scheduled)
+        mark_scheduled(scheduled)
         sampled, logits = self.runner.run(scheduled)
         outputs = failed + self._postprocess(scheduled, sampled, logits)
         self._record_step(scheduled, (time.perf_counter() - start) * 1e3)
@@ -283,16 +277,7 @@ class LLMEngine:
         """Something failed for this request alone: finish it (freeing its KV blocks) and
         say why; the engine and every other request go on. A plugin's error names the
         plugin; anything else is logged in full and reported without internals."""
-        if isinstance(error, PluginError):
-            log.error("request %s failed: %s", request.request_id, error)
-            request.error, request.error_type = str(error), "plugin_error"
-        elif request.error is None:
-            log.error("request %s failed", request.request_id, exc_info=error)
-            request.error = (
-                f"this request failed on the engine ({type(error).__name__}); "
-                "other requests are unaffected"
-            )
-            request.error_type = "request_failed"
+        record_failure(request, error)
         for seq in request.seqs:
             if not seq.finished:
                 self._finish(seq, "error", None)
@@ -312,7 +297,7 @@ class LLMEngine:
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         params = request.params
-        seq = Sequence(next(self._seq_ids), request, index, _generator(params.seed, index))
+        seq = Sequence(next(self._seq_ids), request, index, sample_generator(params.seed, index))
         seq.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             request.prompt_token_ids,
@@ -330,20 +315,10 @@ class LLMEngine:
             seq.logprobs.append(result.top_logprobs or {result.token_id: result.logprob})
         delta = seq.detokenizer.step([result.token_id])
         seq.text += delta
-        decision = check_stop(
-            seq.request.params,
-            seq.output_token_ids,
-            result.token_id,
-            seq.text,
-            len(delta),
-            self.eos_token_ids,
+        decision = stop_after(
+            seq, result.token_id, len(delta), self.eos_token_ids, self.max_model_len
         )
-        if decision is None and seq.num_tokens >= self.max_model_len:
-            decision = StopDecision("length", None, None)
         if decision is not None:
-            seq.text += seq.detokenizer.flush()
-            if decision.truncate_to is not None:
-                seq.text = seq.text[: decision.truncate_to]
             self._finish(seq, decision.finish_reason, decision.stop_reason)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
@@ -392,13 +367,7 @@ class LLMEngine:
         """Raise for anything wrong; return the weights the request is admitted under (the
         adapter files' content now, unless a loader read them already), which it runs with
         and which scope its KV."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        self.inputs.check(token_ids)
-        if params.use_beam_search:
-            self.plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
-        if params.sampler is not None:
-            self.plugins.sampler(params.sampler)  # ValueError naming the known samplers
+        check_request(self.inputs, self.plugins, token_ids, params)
         if lora_request is not None:
             if self.adapters is None:
                 raise ValueError(
@@ -421,30 +390,3 @@ class LLMEngine:
     def check_integrity(self) -> None:
         """Every KV block free, cached or owned, with consistent reference counts."""
         engine_stats.check_integrity(self.scheduler, self.swapper)
-
-
-def _generator(seed: int | None, index: int) -> torch.Generator | None:
-    """Per-sample generator: the same seed gives the same tokens, whatever shares the batch."""
-    if seed is None:
-        return None
-    return torch.Generator().manual_seed((seed + index * 0x9E3779B1) % (1 << 63))
-
-
-def _mark_scheduled(scheduled) -> None:
-    """A request's queue time ends at the first step that runs any of its prompt."""
-    now = time.monotonic()
-    for item in scheduled.prefills:
-        if item.seq.request.first_scheduled_time is None:
-            item.seq.request.first_scheduled_time = now
-
-
-def _warn_if_emulated_bf16(device, dtype) -> None:
-    """bf16 asked for on a CPU that only emulates it runs, but slower than float32."""
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        support = bf16_support()
-        if not support.native:
-            log.warning(
-                "dtype bfloat16 on a CPU without native bfloat16 (%s): it runs, but slower "
-                "than float32; dtype='auto' would pick float32 here",
-                support.reason,
-            )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from loragate.engine.sequence import Request, Sequence
 from loragate.engine.stopping import stream_safe_len
+from loragate.plugins import PluginError
+
+log = logging.getLogger(__name__)
 
 
 def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> RequestOutput:
@@ -101,3 +105,18 @@ def _beam_completions(request: Request, tokenizer, eos_token_ids) -> list[Comple
             )
         )
     return outputs
+
+
+def record_failure(request: Request, error: Exception) -> None:
+    """Say why a request failed: a plugin's error names the plugin; anything else is logged
+    in full and reported without internals. The first reason given is kept."""
+    if isinstance(error, PluginError):
+        log.error("request %s failed: %s", request.request_id, error)
+        request.error, request.error_type = str(error), "plugin_error"
+    elif request.error is None:
+        log.error("request %s failed", request.request_id, exc_info=error)
+        request.error = (
+            f"this request failed on the engine ({type(error).__name__}); "
+            "other requests are unaffected"
+        )
+        request.error_type = "request_failed"

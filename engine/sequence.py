@@ -114,3 +114,10 @@ class Request:
         weights = self.adapter_identity.key if self.adapter_identity is not None else ""
         key = f"{weights}|{self.cache_salt or ''}"
         return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def sample_generator(seed: int | None, index: int) -> torch.Generator | None:
+    """Per-sample generator: the same seed gives the same tokens, whatever shares the batch."""
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed((seed + index * 0x9E3779B1) % (1 << 63))

@@ -4,6 +4,7 @@ not in wall-clock time."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -46,3 +47,11 @@ class StepRecords(deque):
         )
         self.append(record)
         return record
+
+
+def mark_scheduled(scheduled) -> None:
+    """A request's queue time ends at the first step that runs any of its prompt."""
+    now = time.monotonic()
+    for item in scheduled.prefills:
+        if item.seq.request.first_scheduled_time is None:
+            item.seq.request.first_scheduled_time = now

@@ -1,8 +1,8 @@
 """When a sequence stops, decided after each new token from plain data (vLLM's rules).
 
 Order: nothing stops before ``min_tokens`` outputs exist; then EOS (unless ignore_eos),
-stop_token_ids, stop strings, and finally ``max_tokens`` ("length"). The engine checks
-max_model_len itself.
+stop_token_ids, stop strings, and finally ``max_tokens`` ("length"); `stop_after` adds the
+context limit and cuts the text.
 """
 
 from __future__ import annotations
@@ -97,3 +97,20 @@ def _drop_token_text(text: str, num_new_chars: int, params: SamplingParams) -> i
     if params.include_stop_str_in_output or num_new_chars == 0:
         return None
     return len(text) - num_new_chars
+
+
+def stop_after(
+    seq, token_id: int, num_new_chars: int, eos_token_ids: Collection[int], max_model_len: int
+) -> StopDecision | None:
+    """`check_stop` for a sequence that just took `token_id`, plus the context limit; the
+    text of a sequence that stops is flushed and cut to what it keeps."""
+    decision = check_stop(
+        seq.request.params, seq.output_token_ids, token_id, seq.text, num_new_chars, eos_token_ids
+    )
+    if decision is None and seq.num_tokens >= max_model_len:
+        decision = StopDecision("length", None, None)
+    if decision is not None:
+        seq.text += seq.detokenizer.flush()
+        if decision.truncate_to is not None:
+            seq.text = seq.text[: decision.truncate_to]
+    return decision

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from loragate.engine import EngineConfig
-from loragate.gateway.openai.chat_template import load_chat_template
-from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
-from loragate.registry import check_namespace
-
-MIN_ADMIN_KEY_LENGTH = 16
+from loragate.gateway.operations.settings_checks import check_settings
 
 
 def _help(text: str) -> dict:
@@ -258,161 +252,11 @@ class GatewaySettings:
         return any(v is not None for v in (self.replicas, self.min_replicas, self.max_replicas))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.engine, EngineConfig):
-            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
-        if _not_int(self.port) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
-        if _not_int(self.max_queue) or self.max_queue < 0:
-            raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
-        if _not_int(self.max_body_bytes) or self.max_body_bytes < 1024:
-            raise ValueError(
-                f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}"
-            )
-        if not isinstance(self.shutdown_timeout, int | float) or self.shutdown_timeout < 0:
-            raise ValueError(
-                f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}"
-            )
-        if _not_int(self.retry_after_seconds) or self.retry_after_seconds < 1:
-            raise ValueError(
-                f"retry_after_seconds must be an integer >= 1, got {self.retry_after_seconds!r}"
-            )
-        if self.redis_url is not None and (
-            not isinstance(self.redis_url, str)
-            or urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix")
-        ):
-            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
-        check_namespace(self.redis_namespace, "redis_namespace")
-        if self.admin_key is not None and (
-            not isinstance(self.admin_key, str)
-            or len(self.admin_key) < MIN_ADMIN_KEY_LENGTH
-            or not self.admin_key.isprintable()
-            or any(c.isspace() for c in self.admin_key)
-        ):
-            raise ValueError(
-                f"admin_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
-                "without spaces"
-            )
-        if self.api_key is not None:
-            if (
-                not isinstance(self.api_key, str)
-                or not self.api_key
-                or not self.api_key.isprintable()
-            ):
-                raise ValueError("api_key must be a non-empty printable string")
-            if self.admin_key is not None:
-                raise ValueError(
-                    "api_key is vLLM's single shared key, for a server without tenancy; with "
-                    "admin_key (tenancy) clients use their tenant keys"
-                )
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
-        lora_modules(self.lora_modules)  # a bad entry fails here, before the model loads
         object.__setattr__(self, "model_aliases", tuple(self.model_aliases))
-        self._check_tool_choice()
-        if self.metrics_port is not None and (
-            _not_int(self.metrics_port) or not 0 <= self.metrics_port <= 65535
-        ):
-            raise ValueError(
-                f"metrics_port must be an integer in [0, 65535], got {self.metrics_port!r}"
-            )
-        if self.metrics_port is not None and self.metrics_port == self.port != 0:
-            raise ValueError(f"metrics_port must differ from port ({self.port})")
-        if self.metrics_key is not None and (
-            not isinstance(self.metrics_key, str)
-            or len(self.metrics_key) < MIN_ADMIN_KEY_LENGTH
-            or not self.metrics_key.isprintable()
-            or any(c.isspace() for c in self.metrics_key)
-        ):
-            raise ValueError(
-                f"metrics_key must be at least {MIN_ADMIN_KEY_LENGTH} printable characters "
-                "without spaces"
-            )
-        if self.metrics_key is not None and self.metrics_key == self.admin_key:
-            raise ValueError("metrics_key must differ from admin_key")
-        if _not_int(self.metrics_label_limit) or self.metrics_label_limit < 0:
-            raise ValueError(
-                f"metrics_label_limit must be an integer >= 0, got {self.metrics_label_limit!r}"
-            )
-        if _not_int(self.max_connections) or self.max_connections < 1:
-            raise ValueError(
-                f"max_connections must be an integer >= 1, got {self.max_connections!r}"
-            )
-        for name in (
-            "registry_resync_seconds",
-            "auth_cache_seconds",
-            "quota_lease_seconds",
-            "header_timeout_seconds",
-            "body_timeout_seconds",
-            "keep_alive_seconds",
-            "adapter_load_timeout_seconds",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-        _check_replicas(self)
+        check_settings(self)
         if self.adapter_root is not None:
             root = Path(self.adapter_root).expanduser()
             if not root.is_dir():
                 raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
             object.__setattr__(self, "adapter_root", root.resolve())
-
-    def _check_tool_choice(self) -> None:
-        load_chat_template(self.chat_template)  # a missing or broken file fails at start
-        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
-            raise ValueError(
-                f"tool_call_parser must be one of {sorted(TOOL_PARSERS)}, "
-                f"got {self.tool_call_parser!r}"
-            )
-        if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("enable_auto_tool_choice needs tool_call_parser")
-
-
-def lora_modules(specs: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(name, directory) of each --lora-modules entry: `name=DIR` or vLLM's JSON form."""
-    modules = []
-    for spec in specs:
-        if not isinstance(spec, str):
-            raise ValueError(f"lora_modules entries must be strings, got {spec!r}")
-        if spec.lstrip().startswith("{"):
-            try:
-                entry = json.loads(spec)
-            except ValueError:
-                entry = None
-            if not isinstance(entry, dict) or not {"name", "path"} <= set(entry):
-                raise ValueError(f"lora_modules entry {spec!r} must be JSON with name and path")
-            name, path = entry["name"], entry["path"]
-        else:
-            name, sep, path = spec.partition("=")
-            if not sep:
-                raise ValueError(f"lora_modules entry {spec!r} must be name=DIR")
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ValueError(f"lora_modules entry {spec!r} needs a name and a directory")
-        modules.append((name, path))
-    return modules
-
-
-def _check_replicas(s: GatewaySettings) -> None:
-    for name in ("replicas", "min_replicas", "max_replicas"):
-        value = getattr(s, name)
-        if value is not None and (_not_int(value) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    low = s.min_replicas if s.min_replicas is not None else 1
-    high = s.max_replicas if s.max_replicas is not None else max(low, s.replicas or 1)
-    if low > high:
-        raise ValueError(f"min_replicas ({low}) must not exceed max_replicas ({high})")
-    autoscaled = s.min_replicas is not None or s.max_replicas is not None
-    if autoscaled and s.replicas is not None and not low <= s.replicas <= high:
-        raise ValueError(
-            f"replicas ({s.replicas}) must lie within min_replicas..max_replicas ({low}..{high})"
-        )
-    value = s.target_ongoing_requests
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"target_ongoing_requests must be a number > 0, got {value!r}")
-    value = s.replica_cpus
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"replica_cpus must be a number >= 0, got {value!r}")
-    if s.ray_address is not None and (not isinstance(s.ray_address, str) or not s.ray_address):
-        raise ValueError("ray_address must be a non-empty string")
-
-
-def _not_int(value) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int)

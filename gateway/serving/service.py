@@ -27,7 +27,8 @@ from loragate.gateway.openai.chat_template import load_chat_template
 from loragate.gateway.operations.labels import BASE
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
 from loragate.gateway.operations.scrape import AdapterView
-from loragate.gateway.operations.settings import GatewaySettings, lora_modules
+from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.operations.settings_checks import lora_modules
 from loragate.gateway.operations.traffic import request_record
 from loragate.gateway.replicas.metrics import replica_metrics_text
 from loragate.gateway.replicas.wire import ReplicaReport

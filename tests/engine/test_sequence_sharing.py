@@ -44,7 +44,7 @@ def test_forked_samples_equal_independent_runs(tiny_model_dir, make_llm):
         SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=20, ignore_eos=True),
         use_tqdm=False,
     )[0]
-    from loragate.engine.llm_engine import _generator
+    from loragate.engine.sequence import sample_generator
 
     for out in shared.outputs:
         # Reproduce sample i alone with the generator the engine derives for it.
@@ -52,7 +52,7 @@ def test_forked_samples_equal_independent_runs(tiny_model_dir, make_llm):
         engine.add_request(
             "solo", PROMPT, SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True)
         )
-        engine.requests["solo"].seqs[0].generator = _generator(11, out.index)
+        engine.requests["solo"].seqs[0].generator = sample_generator(11, out.index)
         tokens = None
         while engine.has_unfinished_requests():
             for o in engine.step():
