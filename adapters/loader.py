@@ -1,15 +1,17 @@
 """Reading a PEFT LoRA directory into plain float32 CPU tensors, or refusing it.
 
 The weights file is read once: the same bytes are hashed (sha256, for the registry and
-every cache tier) and parsed by safetensors, which never runs code. The config file is
-hashed too, and both files are stat'ed before and after the read: a directory rewritten
-mid-read is read again, so the hashes always describe the tensors. Pickle formats are
-refused outright.
+every cache tier) and parsed as safetensors (adapters/safetensors_views.py), which runs no
+code. The config file is hashed too, and both files are stat'ed before and after the read:
+a directory rewritten mid-read is read again, so the hashes always describe the tensors.
+Pickle formats are refused outright.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import re
 import time
 import warnings
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as load_safetensors
 
 from loragate.adapters.errors import (
     AdapterError,
@@ -39,6 +40,7 @@ from loragate.adapters.identity import (
 )
 from loragate.adapters.pacing import ALWAYS_PACED, CHUNK_BYTES, LoadPacing
 from loragate.adapters.peft_config import LoraConfigFields, read_lora_config
+from loragate.adapters.safetensors_views import SafetensorsError, tensor_views
 from loragate.adapters.spec import LoRAModelSpec
 
 # Reads of a directory that keeps changing under them before giving up.
@@ -80,13 +82,17 @@ class LoRAAdapter:
             layers = [layer for layer, _, _ in entries]
             ranks = {a.shape[0] for _, a, _ in entries}
             if len(ranks) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
-                began = time.perf_counter()
-                a_stack = torch.stack([a for _, a, _ in entries])
-                bt_stack = torch.stack([b.T for _, _, b in entries])
+                a0, b0 = entries[0][1], entries[0][2]
+                a_stack = a0.new_empty(len(entries), *a0.shape)
+                bt_stack = b0.new_empty(len(entries), b0.shape[1], b0.shape[0])
+                for i, (_, a, b) in enumerate(entries):  # a layer at a time, paced
+                    began = time.perf_counter()
+                    a_stack[i].copy_(a)
+                    bt_stack[i].copy_(b.T)
+                    pacing.pause_after(began)
                 self.stacked[module] = (layers[0], a_stack, bt_stack)
                 for i, layer in enumerate(layers):  # views: the weights are held once
                     self.weights[(layer, module)] = (a_stack[i], bt_stack[i].T)
-                pacing.pause_after(began)
 
     @property
     def identity(self) -> WeightsIdentity:
@@ -152,18 +158,22 @@ def sha256_hex(data: bytes, pacing: LoadPacing = ALWAYS_PACED) -> str:
     return digest.hexdigest()
 
 
-def paced_read(path: Path, pacing: LoadPacing = ALWAYS_PACED) -> bytes:
-    """The file's bytes, read in chunks with pauses (adapters/pacing.py)."""
-    chunks = []
+def paced_read(path: Path, pacing: LoadPacing = ALWAYS_PACED) -> memoryview:
+    """The file's bytes, read in chunks with pauses (adapters/pacing.py) straight into one
+    anonymous mapping: its pages are touched by the reads, which leave the GIL free, where a
+    zeroed bytearray or joined chunks would fill tens of MB under it."""
     with open(path, "rb") as file:
-        while True:
+        size = os.fstat(file.fileno()).st_size
+        view, done = memoryview(mmap.mmap(-1, size)) if size else memoryview(b""), 0
+        while done < size:
             began = time.perf_counter()
-            chunk = file.read(CHUNK_BYTES)
-            if not chunk:
+            count = file.readinto(view[done : done + CHUNK_BYTES])
+            if not count:  # the file shrank since fstat
                 break
-            chunks.append(chunk)
+            done += count
             pacing.pause_after(began)
-    return b"".join(chunks)
+        extra = file.read()  # or grew: the stat check after the read tells
+    return view[:done] if not extra else memoryview(bytes(view[:done]) + extra)
 
 
 def _read(
@@ -182,11 +192,13 @@ def _read(
     _check_base_model(config, spec, strict)
 
     data = paced_read(weights_path, pacing)
+    began = time.perf_counter()
     try:
-        tensors = load_safetensors(data)
-    except Exception as exc:  # safetensors raises several types for bad bytes
+        tensors = tensor_views(data)
+    except SafetensorsError as exc:
         raise CorruptWeightsError(f"cannot parse safetensors: {exc}", path=weights_path) from exc
     weights = _lora_weights(tensors, config, spec, weights_path)
+    pacing.pause_after(began)
     adapter = LoRAAdapter(
         path=root,
         rank=max(a.shape[0] for a, _ in weights.values()),

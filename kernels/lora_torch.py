@@ -20,13 +20,19 @@ from .lora_groups import LoraIndex
 
 # Above this many tokens (long prefills) the grouped matmul's BLAS calls win.
 NATIVE_MAX_TOKENS = 512
+# One slot for every active token: up to this many of them the native loops beat one BLAS
+# matmul, whose fixed cost is 20-70 us per call at these shapes (measured on 2 cores, ranks
+# 8-64, float32 and bf16: at 1-4 tokens 2-5x, at 16 about even, at 64 BLAS ahead).
+NATIVE_MAX_SINGLE_SLOT_TOKENS = 8
 
 
 def _native(index: LoraIndex, *tensors: torch.Tensor) -> NativeLoRA | None:
     """The native per-token kernels, where they serve this call better than a grouped matmul:
-    several slots in use, decode-sized batches, float32 or bfloat16 tensors with contiguous
-    rows (scales, read as float32, are not among `tensors`)."""
-    if index.single_slot is not None or index.num_tokens > NATIVE_MAX_TOKENS:
+    several slots in use or a few tokens on one, decode-sized batches, float32 or bfloat16
+    tensors with contiguous rows (scales, read as float32, are not among `tensors`)."""
+    if index.num_tokens > NATIVE_MAX_TOKENS:
+        return None
+    if index.single_slot is not None and index.num_active > NATIVE_MAX_SINGLE_SLOT_TOKENS:
         return None
     if not (NativeLoRA.fits(*tensors) and index.slot_ids.is_contiguous()):
         return None
