@@ -14,6 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from loragate import kernels
 from loragate.adapters.spec import LoRAModelSpec
+from loragate.engine.cpu_features import bf16_support
 from loragate.engine.forward_batch import ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 
@@ -101,6 +102,7 @@ class LlamaForCausalLM:
             self.lm_head = take("lm_head.weight")
         _expect_shape("model.embed_tokens.weight", self.embed_tokens, (self.vocab_size, None))
         self.layers = []
+        native_bf16 = self.dtype == torch.bfloat16 and bf16_support().native
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
             qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
@@ -119,9 +121,10 @@ class LlamaForCausalLM:
             }
             _expect_shape(p + "gate_up", layer["gate_up"], (2 * self.intermediate_size, None))
             for name in ("qkv", "o", "gate_up", "down"):
-                layer[name] = kernels.pack_weight(layer[name])
+                layer[name] = kernels.pack_weight(layer[name], native_bf16)
             self.layers.append(layer)
-        self.lm_head = kernels.pack_weight(self.lm_head)  # the embedding keeps its own copy
+        # the embedding keeps its own copy
+        self.lm_head = kernels.pack_weight(self.lm_head, native_bf16)
         self.cos_sin = _rope_table(self.config, max_positions, self.device).to(self.dtype)
 
     # ---- forward ------------------------------------------------------------------------

@@ -5,12 +5,15 @@ token is in the engine's top 5 (the reference teacher-forced on the engine's tok
 
 from __future__ import annotations
 
+import pytest
 import torch
 from peft import PeftModel
 from test_multi_lora import ADAPTERS, make_adapters, requests_for
 from transformers import AutoModelForCausalLM
 
+from loragate import kernels
 from loragate.engine import SamplingParams
+from loragate.engine.cpu_features import NATIVE_BF16_FLAGS, OVERRIDE_ENV, cpu_flags
 
 QUESTIONS = [
     "Name a large animal that lives in the sea.",
@@ -29,9 +32,26 @@ def reference_logits(model, name, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
+# Where the CPU has native bf16 the engine packs bf16 weights for oneDNN (kernels/linear.py);
+# the suite's conftest says "not native" so that dtype="auto" means float32, so the packed
+# run says "native" itself.
+@pytest.mark.parametrize(
+    "native",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                not set(NATIVE_BF16_FLAGS) & cpu_flags(), reason="the CPU has no native bf16"
+            ),
+        ),
+    ],
+    ids=["plain", "packed"],
+)
 def test_default_model_bfloat16_mixed_batch_is_top5_close_to_float32(
-    default_hf_dir, tmp_path, make_llm
+    default_hf_dir, tmp_path, make_llm, monkeypatch, native
 ):
+    monkeypatch.setenv(OVERRIDE_ENV, "1" if native else "0")
     n = 24
     specs = {k: ADAPTERS[k] for k in ("r8-all", "r16-mlp-rslora", "r64-ko")}
     paths = make_adapters(default_hf_dir, tmp_path, specs, init_scale=0.5)
@@ -50,6 +70,10 @@ def test_default_model_bfloat16_mixed_batch_is_top5_close_to_float32(
     for name in names[1:]:
         model.load_adapter(paths[name], adapter_name=name)
     model.eval()
+    packed = [
+        isinstance(layer["qkv"], kernels.PackedWeight) for layer in llm.llm_engine.model.layers
+    ]
+    assert all(packed) if native else not any(packed)
     prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
     rows = [(name, prompts[i % len(prompts)]) for i, name in enumerate([None, *names, None])]
     outs = llm.generate(

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from loragate import kernels
+from loragate.engine.cpu_features import NATIVE_BF16_FLAGS, cpu_flags
 from loragate.kernels.linear import DISABLE_ENV, packing_available
 
 needs_onednn = pytest.mark.skipif(
@@ -37,6 +38,28 @@ def test_packed_weight_matches_a_float64_reference(out_features, in_features, to
         bound = 4 * in_features**0.5 * 2**-24 * magnitude + 1e-6
         excess = ((got - reference).abs() - bound).max()
         assert excess <= 0, f"off by {excess.item():.3g} beyond float32 rounding"
+
+
+@pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and set(NATIVE_BF16_FLAGS) & cpu_flags()),
+    reason="bf16 weights are packed only on CPUs with native bf16 (AVX512-BF16 or AMX)",
+)
+@pytest.mark.parametrize("out_features,in_features", SHAPES)
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+def test_packed_bf16_weight_matches_a_float64_reference(out_features, in_features, tokens):
+    gen = torch.Generator().manual_seed(out_features * 5 + tokens)
+    weight = (torch.randn(out_features, in_features, generator=gen) * in_features**-0.5).bfloat16()
+    x = torch.randn(tokens, in_features, generator=gen).bfloat16()
+    packed = kernels.pack_weight(weight, native_bf16=True)
+    assert isinstance(packed, kernels.PackedWeight), "bf16 weights are packed where native"
+    got = kernels.linear(x, packed)
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, out_features)
+    reference = F.linear(x.double(), weight.double())
+    # float32 sums of exact bf16 products, then one rounding to bf16 (8 significant bits)
+    magnitude = x.double().abs() @ weight.double().abs().T
+    bound = 2**-8 * reference.abs() + 4 * in_features**0.5 * 2**-24 * magnitude + 1e-6
+    excess = ((got.double() - reference).abs() - bound).max()
+    assert excess <= 0, f"off by {excess.item():.3g} beyond bf16 rounding"
 
 
 @needs_onednn
