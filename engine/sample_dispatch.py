@@ -23,15 +23,19 @@ class SampleDispatcher:
         """Each request's plugin processors; a failure is stored in results[i]."""
         if not any(s.request.logits_processors for s in seqs):
             return logits
-        logits = logits.clone()
+        logits = logits.clone()  # processors get rows of this copy: they may change them in place
         for i, seq in enumerate(seqs):
             if seq.request.logits_processors:
+                row = logits[i]
                 try:
-                    logits[i] = self.plugins.apply_logits_processors(
-                        seq.request.logits_processors, seq.output_token_ids, logits[i]
+                    result = self.plugins.apply_logits_processors(
+                        seq.request.logits_processors, seq.output_token_ids, row
                     )
                 except PluginError as exc:
                     results[i] = exc
+                    continue
+                if result.data_ptr() != row.data_ptr():
+                    row.copy_(result)
         return logits
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:

@@ -16,6 +16,7 @@ from .lora_groups import LoraIndex, lora_index, static_lora_index
 from .norm import add_rms_norm, rms_norm
 from .prefill_attention import paged_prefill_attention
 from .rope import apply_rope, apply_rope_
+from .token_mask import apply_token_mask_
 
 __all__ = [
     "LoraIndex",
@@ -23,6 +24,7 @@ __all__ = [
     "add_rms_norm",
     "apply_rope",
     "apply_rope_",
+    "apply_token_mask_",
     "lora_apply",
     "lora_expand",
     "lora_index",

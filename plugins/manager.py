@@ -208,10 +208,10 @@ class PluginManager:
     ) -> torch.Tensor:
         """``logits`` [vocab] after each processor in turn; PluginError names a bad one."""
         for plugin_name, processor in processors:
-            where = f"logits processor {callable_name(processor)} of plugin {plugin_name!r}"
             try:
                 result = processor(output_token_ids, logits)
             except Exception as exc:
+                where = _processor_name(processor, plugin_name)
                 raise PluginError(
                     plugin_name, f"{where} raised {type(exc).__name__}: {exc}"
                 ) from exc
@@ -222,8 +222,8 @@ class PluginManager:
             ):
                 raise PluginError(
                     plugin_name,
-                    f"{where} must return a float tensor of shape {tuple(logits.shape)}, "
-                    f"got {describe(result)}",
+                    f"{_processor_name(processor, plugin_name)} must return a float tensor of "
+                    f"shape {tuple(logits.shape)}, got {describe(result)}",
                 )
             logits = result
         return logits
@@ -361,3 +361,9 @@ class PluginManager:
                     )
         self._named_cache[hook_name] = merged
         return merged
+
+
+def _processor_name(processor, plugin_name: str) -> str:
+    """How an error names a logits processor (built only when one fails: this runs per
+    request and step)."""
+    return f"logits processor {callable_name(processor)} of plugin {plugin_name!r}"

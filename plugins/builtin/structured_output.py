@@ -17,6 +17,7 @@ import llguidance
 import llguidance.torch
 import torch
 
+from loragate import kernels
 from loragate.plugins.markers import hookimpl
 
 CACHED_GRAMMARS = 128
@@ -130,14 +131,15 @@ class GrammarProcessor:
         self._start = start
         self._by_prefix: dict[tuple[int, ...], llguidance.LLMatcher] = {(): start.deep_copy()}
         self._vocab_size = vocab_size
+        self._mask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # refilled each step
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         prefix = tuple(output_token_ids)
         matcher = self._matcher_for(prefix)
-        mask = llguidance.torch.allocate_token_bitmask(1, self._vocab_size)
-        llguidance.torch.fill_next_token_bitmask(matcher, mask, 0)
-        allowed = _unpack(mask[0], logits.shape[-1]).to(logits.device)
-        return logits.masked_fill(~allowed, float("-inf"))
+        llguidance.torch.fill_next_token_bitmask(matcher, self._mask, 0)
+        # The engine hands processors a row of its own copy of the step's logits: masking it
+        # in place spares a vocabulary-sized allocation per request and step.
+        return kernels.apply_token_mask_(logits, self._mask[0])
 
     def _matcher_for(self, prefix: tuple[int, ...]) -> llguidance.LLMatcher:
         matcher = self._by_prefix.get(prefix)
@@ -157,15 +159,3 @@ class GrammarProcessor:
             )
         self._by_prefix[prefix] = matcher
         return matcher
-
-
-_BITS = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
-
-
-def _unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Bool [vocab] from llguidance's int32 bitmask words (bit i of word w is token 32w+i)."""
-    bits = (words.to(torch.int64)[:, None] & _BITS) != 0
-    allowed = bits.flatten()
-    if allowed.shape[0] < vocab:
-        allowed = torch.cat([allowed, allowed.new_zeros(vocab - allowed.shape[0])])
-    return allowed[:vocab]
