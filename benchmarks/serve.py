@@ -166,6 +166,7 @@ def engine_sender(engine: AsyncLLMEngine, loras: dict[str, LoRARequest]):
 
 # ---- the two servers ------------------------------------------------------------------------
 def engine_config(args, adapter_dir: Path) -> EngineConfig:
+    slots = args.num_adapters if args.max_loras is None else args.max_loras
     return EngineConfig(
         model=args.model,
         max_model_len=args.max_model_len,
@@ -175,9 +176,9 @@ def engine_config(args, adapter_dir: Path) -> EngineConfig:
         scheduling_policy=args.scheduling_policy,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         enable_lora=True,
-        max_loras=max(1, min(args.max_loras, max(args.num_adapters, 1))),
+        max_loras=max(1, min(slots, max(args.num_adapters, 1))),
         max_lora_rank=max(8, args.adapter_rank),
-        max_cpu_loras=max(args.num_adapters, args.max_loras, 1),
+        max_cpu_loras=max(args.num_adapters, slots, 1),
     )
 
 

@@ -70,7 +70,12 @@ def parse_args(argv=None):
         help="also run vLLM-CPU's api_server on the same requests (needs the peer venv)",
     )  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-loras", type=int, default=4)
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        help="loragate's device slots; default: --num-adapters, as the vLLM peer gets",
+    )
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     p.add_argument("--skip-engine", action="store_true", help="no in-process engine run")
     p.add_argument(
