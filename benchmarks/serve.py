@@ -169,6 +169,7 @@ def engine_config(args, adapter_dir: Path) -> EngineConfig:
     slots = args.num_adapters if args.max_loras is None else args.max_loras
     return EngineConfig(
         model=args.model,
+        dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -197,7 +198,7 @@ class ServerProcess:
             "--scheduling-policy", config.scheduling_policy,
             "--kv-cache-memory-gb", str(config.kv_cache_memory_gb),
             "--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank),
-            "--max-cpu-loras", str(config.max_cpu_loras),
+            "--max-cpu-loras", str(config.max_cpu_loras), "--dtype", config.dtype,
         ] + (["--model", config.model] if config.model else []) + list(extra_args)  # fmt: skip
         if config.max_num_batched_tokens is not None:
             args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
@@ -281,6 +282,7 @@ def run_peer(args, config, requests, adapter_dir, names, result_dir):
         peer_python(), adapter_dir, names,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
         max_lora_rank=config.max_lora_rank, log_path=result_dir / "serve_vllm.log",
+        dtype=config.dtype,
     )  # fmt: skip
     try:
         return _run_client(args, server.url, requests)

@@ -69,6 +69,12 @@ def parse_args(argv=None):
         "--peer", choices=["vllm", "none"], default="vllm" if peer_python() else "none",
         help="also run vLLM-CPU's api_server on the same requests (needs the peer venv)",
     )  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both servers' dtype (the same on each side)",
+    )
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument(
         "--max-loras",

@@ -47,6 +47,7 @@ class VLLMServer:
         max_lora_rank: int,
         log_path: Path,
         model: Path | None = None,
+        dtype: str = "float32",
     ):
         port = _free_port()
         ncpu = os.cpu_count() or 1
@@ -62,7 +63,7 @@ class VLLMServer:
         env.setdefault("LD_PRELOAD", ":".join(str(p) for p in libs if p.exists()))
         args = [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model or PEERS / "smollm2-hf"), "--dtype", "float32",
+            "--model", str(model or PEERS / "smollm2-hf"), "--dtype", dtype,
             "--port", str(port), "--max-num-seqs", str(max_num_seqs),
             "--max-model-len", str(max_model_len), "--enable-lora",
             # One spare slot: vLLM-CPU 0.32 gives base rows the last slot's adapter.

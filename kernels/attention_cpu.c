@@ -21,31 +21,10 @@
         for (; i < d; ++i) r += q[i] * GET(k + i);                                          \
         return r;                                                                           \
     }                                                                                       \
-    /* The G heads' scores of one key: the key is loaded once for all of them. */           \
-    static inline void NAME##_dots(const float *q, const E *k, int64_t d, int64_t group,     \
-                                   float *out, int64_t out_stride) {                         \
-        if (d % W != 0 || group > 8) {                                                      \
-            for (int64_t g = 0; g < group; ++g) out[g * out_stride] = NAME##_dot(q + g * d, k, d); \
-            return;                                                                         \
-        }                                                                                   \
-        vf s[8] = {{0}};                                                                    \
-        for (int64_t i = 0; i < d; i += W) {                                                \
-            const vf kv = LOAD(k + i);                                                      \
-            for (int64_t g = 0; g < group; ++g) s[g] += load_f32(q + g * d + i) * kv;       \
-        }                                                                                   \
-        for (int64_t g = 0; g < group; ++g) out[g * out_stride] = hsum_tree(s[g]);          \
-    }                                                                                       \
-    /* acc += sum_p w[p] v[p], a vector of acc held in a register over every position. */   \
-    static inline void NAME##_weighted_sum(float *acc, const float *w, const E *v,          \
-                                           int64_t v_stride, int64_t n, int64_t d) {        \
+    static inline void NAME##_axpy(float *acc, float w, const E *v, int64_t d) {            \
         int64_t i = 0;                                                                      \
-        for (; i + W <= d; i += W) {                                                        \
-            vf a = load_f32(acc + i);                                                       \
-            for (int64_t p = 0; p < n; ++p) a += w[p] * LOAD(v + p * v_stride + i);         \
-            store_f32(acc + i, a);                                                          \
-        }                                                                                   \
-        for (; i < d; ++i)                                                                  \
-            for (int64_t p = 0; p < n; ++p) acc[i] += w[p] * GET(v + p * v_stride + i);     \
+        for (; i + W <= d; i += W) store_f32(acc + i, load_f32(acc + i) + w * LOAD(v + i)); \
+        for (; i < d; ++i) acc[i] += w * GET(v + i);                                        \
     }                                                                                       \
     void NAME(const E *q, int64_t q_seq, int64_t q_head, const E *k_cache,                   \
               const E *v_cache, int64_t c_block, int64_t c_pos, int64_t c_head,              \
@@ -73,7 +52,8 @@
                 const E *kb = k_cache + block * c_block + kvh * c_head;                     \
                 const E *vb = v_cache + block * c_block + kvh * c_head;                     \
                 for (int64_t p = 0; p < n; ++p)                                             \
-                    NAME##_dots(qs, kb + p * c_pos, d, group, scores + p, padded);          \
+                    for (int64_t g = 0; g < group; ++g)                                     \
+                        scores[g * padded + p] = NAME##_dot(qs + g * d, kb + p * c_pos, d);  \
                 for (int64_t g = 0; g < group; ++g) {                                       \
                     float *sg = scores + g * padded;                                        \
                     float top = m[g];                                                       \
@@ -92,8 +72,9 @@
                     l[g] = l[g] * rescale + hsum_tree(total);                                    \
                     m[g] = top;                                                             \
                 }                                                                           \
-                for (int64_t g = 0; g < group; ++g)                                         \
-                    NAME##_weighted_sum(acc + g * d, scores + g * padded, vb, c_pos, n, d);  \
+                for (int64_t p = 0; p < n; ++p)                                             \
+                    for (int64_t g = 0; g < group; ++g)                                     \
+                        NAME##_axpy(acc + g * d, scores[g * padded + p], vb + p * c_pos, d); \
             }                                                                               \
             for (int64_t g = 0; g < group; ++g) {                                           \
                 E *og = out + b * out_seq + (kvh * group + g) * out_head;                   \
