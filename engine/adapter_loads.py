@@ -28,6 +28,7 @@ from loragate.adapters import (
 )
 from loragate.engine.config import EngineConfig
 from loragate.engine.sequence import Request
+from loragate.kernels import use_one_thread
 
 # Loads run beside the engine's step; two keep a burst of cold adapters moving without
 # taking every core from the forward pass.
@@ -40,8 +41,9 @@ class AdapterNotReady(Exception):
 
 
 def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """Threads that read adapter files."""
-    return ThreadPoolExecutor(workers, thread_name_prefix=name)
+    """Threads that read adapter files. Their torch ops run on the thread itself: an OpenMP
+    pool of their own would slow every parallel region of the step (kernels/omp_runtime.py)."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=use_one_thread)
 
 
 class AdapterLoads:

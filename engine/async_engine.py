@@ -28,7 +28,8 @@ from loragate.engine.input_processor import InputProcessor
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
-from loragate.engine.thread_bridge import check_request_id, drop_result, resolve
+from loragate.engine.thread_bridge import check_request_id, deliver, drop_result, resolve
+from loragate.kernels import release_thread_pool
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,9 @@ class AsyncLLMEngine:
         self._stop = threading.Event()
         self.dead_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="loragate-engine", daemon=True)
+        # The step runs on the engine thread from now on: this thread's OpenMP workers (left
+        # from loading the model) would halve its speed (kernels/omp_runtime.py).
+        release_thread_pool()
         self._thread.start()
 
     @classmethod
@@ -294,7 +298,7 @@ class AsyncLLMEngine:
             log.exception("engine thread died")
             self.dead_error = exc
             for loop, outputs in list(self._streams.values()):
-                loop.call_soon_threadsafe(outputs.put_nowait, exc)
+                deliver(loop, outputs.put_nowait, exc)
             self._streams.clear()
             self._fail_inbox(exc)
 
@@ -328,7 +332,8 @@ class AsyncLLMEngine:
                 resolve(item.loop, item.accepted, error=exc)
                 return
             self._streams[item.request_id] = (item.loop, item.outputs)
-            resolve(item.loop, item.accepted, result=None)
+            if not resolve(item.loop, item.accepted, result=None):
+                self._caller_gone(item.request_id)
         elif isinstance(item, _Abort):
             self.engine.abort_request(item.request_id)
             self._streams.pop(item.request_id, None)
@@ -345,7 +350,13 @@ class AsyncLLMEngine:
         if out.finished:
             del self._streams[out.request_id]
         loop, outputs = target
-        loop.call_soon_threadsafe(outputs.put_nowait, out)
+        if not deliver(loop, outputs.put_nowait, out):
+            self._caller_gone(out.request_id)
+
+    def _caller_gone(self, request_id) -> None:
+        """The request's event loop closed: nobody reads its outputs any more."""
+        self._streams.pop(request_id, None)
+        self.engine.abort_request(request_id)
 
     def _fail_inbox(self, exc: BaseException) -> None:
         while True:

@@ -22,7 +22,22 @@ def drop_result(future: asyncio.Future) -> None:
         future.exception()
 
 
-def resolve(loop, future: asyncio.Future, result=None, error: BaseException | None = None):
+def deliver(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Run ``fn(*args)`` on ``loop``; False when that loop has closed. A caller whose event
+    loop ended without waiting for its requests is gone, and only its own requests end with
+    it: the engine thread that serves every other caller goes on."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        if loop.is_closed():
+            return False
+        raise
+    return True
+
+
+def resolve(loop, future: asyncio.Future, result=None, error: BaseException | None = None) -> bool:
+    """Settle ``future`` on its loop; False when the loop has closed."""
+
     def settle():
         if future.done():
             return
@@ -31,4 +46,4 @@ def resolve(loop, future: asyncio.Future, result=None, error: BaseException | No
         else:
             future.set_result(result)
 
-    loop.call_soon_threadsafe(settle)
+    return deliver(loop, settle)

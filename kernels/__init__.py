@@ -14,6 +14,7 @@ from .linear import PackedWeight, linear, pack_weight
 from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index, static_lora_index
 from .norm import add_rms_norm, rms_norm
+from .omp_runtime import release_thread_pool, use_one_thread
 from .prefill_attention import paged_prefill_attention
 from .rope import apply_rope, apply_rope_
 from .token_mask import apply_token_mask_
@@ -33,7 +34,9 @@ __all__ = [
     "paged_decode_attention",
     "pack_weight",
     "paged_prefill_attention",
+    "release_thread_pool",
     "rms_norm",
     "static_lora_index",
+    "use_one_thread",
     "write_kv",
 ]

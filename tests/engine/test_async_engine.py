@@ -81,3 +81,40 @@ async def test_dead_engine_fails_waiters_and_new_requests(async_engine):
     with pytest.raises(EngineDeadError):
         await collect(async_engine, "after", PROMPTS[0])
     async_engine.engine.abort_request("doomed")  # let the fixture's leak check pass
+
+
+def test_a_caller_whose_event_loop_closed_ends_only_its_own_request(tiny_model_dir):
+    """A caller that closes its event loop with a stream still open (no abort sent) leaves:
+    its request is aborted, and the engine thread goes on serving everyone else."""
+    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    engine = AsyncLLMEngine(LLMEngine(config))
+    long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+    async def first_tokens():
+        stream = engine.generate(PROMPTS[0], long, "gone")
+        async for out in stream:
+            if len(out.outputs[0].token_ids) == 2:
+                return stream  # left open: its loop closes under it
+
+    async def settled():
+        for _ in range(100):
+            if (await engine.stats()).unfinished_requests == 0:
+                break
+            await asyncio.sleep(0.02)
+        return await engine.stats()
+
+    gone = asyncio.new_event_loop()
+    try:
+        left_open = gone.run_until_complete(first_tokens())
+        gone.close()
+        # Bounded: an engine thread that died on the closed loop would leave this hanging.
+        served = asyncio.run(asyncio.wait_for(collect(engine, "next", PROMPTS[1]), 60))
+        assert len(served[-1].outputs[0].token_ids) == 12
+        assert engine.is_running, engine.dead_error
+        stats = asyncio.run(settled())
+        assert stats.unfinished_requests == 0
+        assert stats.memory["allocated_blocks"] == 0
+        del left_open
+    finally:
+        engine.shutdown()
+    engine.engine.check_integrity()
