@@ -69,10 +69,15 @@ def adapters_for(hf_dir: Path) -> dict[str, LoRARequest]:
 
 def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result], dict]:
     config = EngineConfig(
-        model=args.model, enable_lora=True, max_loras=len(TENANTS), max_lora_rank=8,
-        max_num_seqs=args.max_num_seqs, max_model_len=1024, kv_cache_memory_gb=0.5,
+        model=args.model,
+        enable_lora=True,
+        max_loras=len(TENANTS),
+        max_lora_rank=8,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=1024,
+        kv_cache_memory_gb=0.5,
         scheduling_policy=policy,
-    )  # fmt: skip
+    )
     engine = LLMEngine(config)
     params = SamplingParams(
         temperature=0, max_tokens=args.output_len, min_tokens=args.output_len, ignore_eos=True
@@ -92,9 +97,12 @@ def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result]
             a = pending.pop(0)
             request_id = f"{a.tenant}-{len(live) + len(results)}"
             engine.add_request(
-                request_id, {"prompt_token_ids": a.prompt}, params, loras[a.tenant],
+                request_id,
+                {"prompt_token_ids": a.prompt},
+                params,
+                loras[a.tenant],
                 tenant=a.tenant,
-            )  # fmt: skip
+            )
             live[request_id] = a
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(0.05, pending[0].at - now)))
@@ -149,18 +157,22 @@ def plot(report: dict, path: Path) -> None:
             values = s[key]
             who = "quiet tenants" if key == "quiet_ttfts" else "flooding tenant"
             cdf.plot(
-                values, np.arange(1, len(values) + 1) / len(values), style,
-                color=colors.get(policy), label=f"{policy}: {who}",
-            )  # fmt: skip
+                values,
+                np.arange(1, len(values) + 1) / len(values),
+                style,
+                color=colors.get(policy),
+                label=f"{policy}: {who}",
+            )
     cdf.set_xlabel("TTFT (s)")
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("TTFT, one tenant flooding at 10x")
     cdf.legend()
     policies = list(report)
     bars.bar(
-        policies, [report[p]["output_tok_per_busy_s"] for p in policies],
+        policies,
+        [report[p]["output_tok_per_busy_s"] for p in policies],
         color=[colors.get(p) for p in policies],
-    )  # fmt: skip
+    )
     bars.set_ylabel("output tokens / s of engine steps")
     bars.set_title("Throughput")
     fig.tight_layout()

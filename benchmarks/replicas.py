@@ -55,9 +55,13 @@ def make_adapters(source, root: Path, n: int) -> list[LoRARequest]:
     loras = []
     for i in range(n):
         path = make_random_adapter(
-            base, root / f"a{i:02d}", rank=8, targets=TARGETS, seed=i,
+            base,
+            root / f"a{i:02d}",
+            rank=8,
+            targets=TARGETS,
+            seed=i,
             base_model_name=source.name,
-        )  # fmt: skip
+        )
         loras.append(LoRARequest(f"a{i:02d}", i + 1, str(path)))
     return loras
 
@@ -126,9 +130,13 @@ def measure(name: str, settings: GatewaySettings, router, work, args) -> dict:
             result = await run_workload(engine, work, args.output_len)
             await asyncio.sleep(0.6)  # the last reports are in
             disk1, device1, shared = await loads(engine)
-            return {"config": name, "disk_loads": disk1 - disk0,
-                    "slot_loads": device1 - device0, "adapters_on_both": shared,
-                    **result}  # fmt: skip
+            return {
+                "config": name,
+                "disk_loads": disk1 - disk0,
+                "slot_loads": device1 - device0,
+                "adapters_on_both": shared,
+                **result,
+            }
 
         return asyncio.run(go())
     finally:
@@ -138,16 +146,26 @@ def measure(name: str, settings: GatewaySettings, router, work, args) -> dict:
 def main() -> None:
     args = parse_args()
     source = resolve_base_model(args.model)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=128 * 1024 * 1024, namespace="loragate")  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=128 * 1024 * 1024,
+        namespace="loragate",
+    )
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         loras = make_adapters(source, Path(tmp), args.num_adapters)
         work = make_workload(args, loras)
         engine = EngineConfig(
-            model=args.model, enable_lora=True, max_loras=args.slots, max_cpu_loras=args.slots * 2,
-            max_lora_rank=8, num_kv_blocks=1024, max_model_len=512,
-        )  # fmt: skip
+            model=args.model,
+            enable_lora=True,
+            max_loras=args.slots,
+            max_cpu_loras=args.slots * 2,
+            max_lora_rank=8,
+            num_kv_blocks=1024,
+            max_model_len=512,
+        )
 
         def settings(n: int) -> GatewaySettings:
             return GatewaySettings(engine=engine, replicas=n, replica_cpus=0.5)
@@ -162,16 +180,21 @@ def main() -> None:
     serve.shutdown()
     ray.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
-                                    "results": results}, indent=2))  # fmt: skip
-    print("| config | disk loads | slot loads | adapters on >1 replica at the end | TTFT p50 "
-          "| TTFT p99 | e2e p50 | out tok/s |")  # fmt: skip
+    args.out.write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=2)
+    )
+    print(
+        "| config | disk loads | slot loads | adapters on >1 replica at the end | TTFT p50 "
+        "| TTFT p99 | e2e p50 | out tok/s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['config']} | {r['disk_loads']} | {r['slot_loads']} | "
-              f"{r['adapters_on_both']} | "
-              f"{r['ttft_p50_s']:.3f} s | {r['ttft_p99_s']:.3f} s | {r['e2e_p50_s']:.3f} s | "
-              f"{r['output_tok_per_s']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['config']} | {r['disk_loads']} | {r['slot_loads']} | "
+            f"{r['adapters_on_both']} | "
+            f"{r['ttft_p50_s']:.3f} s | {r['ttft_p99_s']:.3f} s | {r['e2e_p50_s']:.3f} s | "
+            f"{r['output_tok_per_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -189,17 +189,40 @@ class ServerProcess:
     def __init__(
         self, config: EngineConfig, adapter_dir: Path, log_path: Path, extra_args: tuple = ()
     ):
-        args = [
-            sys.executable, "-m", "loragate.gateway.operations.cli", "serve", "--port", "0",
-            "--adapter-root", str(adapter_dir), "--max-queue", "100000",
-            "--max-model-len", str(config.max_model_len),
-            "--max-num-seqs", str(config.max_num_seqs),
-            "--max-step-ms", str(config.max_step_ms),
-            "--scheduling-policy", config.scheduling_policy,
-            "--kv-cache-memory-gb", str(config.kv_cache_memory_gb),
-            "--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank),
-            "--max-cpu-loras", str(config.max_cpu_loras), "--dtype", config.dtype,
-        ] + (["--model", config.model] if config.model else []) + list(extra_args)  # fmt: skip
+        args = (
+            [
+                sys.executable,
+                "-m",
+                "loragate.gateway.operations.cli",
+                "serve",
+                "--port",
+                "0",
+                "--adapter-root",
+                str(adapter_dir),
+                "--max-queue",
+                "100000",
+                "--max-model-len",
+                str(config.max_model_len),
+                "--max-num-seqs",
+                str(config.max_num_seqs),
+                "--max-step-ms",
+                str(config.max_step_ms),
+                "--scheduling-policy",
+                config.scheduling_policy,
+                "--kv-cache-memory-gb",
+                str(config.kv_cache_memory_gb),
+                "--max-loras",
+                str(config.max_loras),
+                "--max-lora-rank",
+                str(config.max_lora_rank),
+                "--max-cpu-loras",
+                str(config.max_cpu_loras),
+                "--dtype",
+                config.dtype,
+            ]
+            + (["--model", config.model] if config.model else [])
+            + list(extra_args)
+        )
         if config.max_num_batched_tokens is not None:
             args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
@@ -240,9 +263,12 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
         for name in missing:
             make_random_adapter(
-                model, root / name, rank=args.adapter_rank, targets=ADAPTER_TARGETS,
+                model,
+                root / name,
+                rank=args.adapter_rank,
+                targets=ADAPTER_TARGETS,
                 seed=names.index(name),
-            )  # fmt: skip
+            )
     root.mkdir(parents=True, exist_ok=True)
     return root, names
 
@@ -279,11 +305,15 @@ def run_concurrency_sweep(args, config, requests, adapter_dir, result_dir, slo) 
 def run_peer(args, config, requests, adapter_dir, names, result_dir):
     """The same requests through the same client against vLLM-CPU's api_server."""
     server = VLLMServer(
-        peer_python(), adapter_dir, names,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-        max_lora_rank=config.max_lora_rank, log_path=result_dir / "serve_vllm.log",
+        peer_python(),
+        adapter_dir,
+        names,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        max_lora_rank=config.max_lora_rank,
+        log_path=result_dir / "serve_vllm.log",
         dtype=config.dtype,
-    )  # fmt: skip
+    )
     try:
         return _run_client(args, server.url, requests)
     finally:

@@ -16,10 +16,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--model", default=None, help="HF dir or .gguf; default: SmolLM2-135M-Instruct")
     p.add_argument(
-        "--workload", choices=["random", "long-mix"], default="random",
+        "--workload",
+        choices=["random", "long-mix"],
+        default="random",
         help="random: --num-prompts like `vllm bench serve --dataset-name random`; long-mix: "
         "--streams requests, then --long-prompts long ones while they decode",
-    )  # fmt: skip
+    )
     p.add_argument("--num-prompts", type=int, default=128)
     p.add_argument("--streams", type=int, default=32, help="long-mix: requests sent first")
     p.add_argument("--long-prompts", type=int, default=4, help="long-mix: long prompts")
@@ -54,21 +56,27 @@ def parse_args(argv=None):
     )
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=None,
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
         help="loragate's fixed step budget; default: from --max-step-ms",
-    )  # fmt: skip
+    )
     p.add_argument("--max-step-ms", type=float, default=DEFAULT_MAX_STEP_MS)
     p.add_argument(
-        "--fixed-budget", type=int, default=None,
+        "--fixed-budget",
+        type=int,
+        default=None,
         help="also run loragate with this fixed max_num_batched_tokens (4096 was the default)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--scheduling-policy", choices=["shortest_prefill", "fcfs"], default="shortest_prefill"
     )
     p.add_argument(
-        "--peer", choices=["vllm", "none"], default="vllm" if peer_python() else "none",
+        "--peer",
+        choices=["vllm", "none"],
+        default="vllm" if peer_python() else "none",
         help="also run vLLM-CPU's api_server on the same requests (needs the peer venv)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
@@ -85,9 +93,11 @@ def parse_args(argv=None):
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     p.add_argument("--skip-engine", action="store_true", help="no in-process engine run")
     p.add_argument(
-        "--concurrency-sweep", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+        "--concurrency-sweep",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[],
         help="also run loragate at each of these --max-concurrency levels (e.g. 1,4,16,64) "
         "and plot throughput and TTFT against them",
-    )  # fmt: skip
+    )
     p.add_argument("--result-dir", default="benchmarks/results")
     return p.parse_args(argv)

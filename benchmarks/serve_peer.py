@@ -62,14 +62,28 @@ class VLLMServer:
         ]  # vLLM-CPU's allocator and OpenMP, as peer_vllm.py preloads them
         env.setdefault("LD_PRELOAD", ":".join(str(p) for p in libs if p.exists()))
         args = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model or PEERS / "smollm2-hf"), "--dtype", dtype,
-            "--port", str(port), "--max-num-seqs", str(max_num_seqs),
-            "--max-model-len", str(max_model_len), "--enable-lora",
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model or PEERS / "smollm2-hf"),
+            "--dtype",
+            dtype,
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--max-model-len",
+            str(max_model_len),
+            "--enable-lora",
             # One spare slot: vLLM-CPU 0.32 gives base rows the last slot's adapter.
-            "--max-loras", str(len(adapters) + 1), "--max-lora-rank", str(max_lora_rank),
-            "--lora-modules", *(f"{name}={adapter_dir / name}" for name in adapters),
-        ]  # fmt: skip
+            "--max-loras",
+            str(len(adapters) + 1),
+            "--max-lora-rank",
+            str(max_lora_rank),
+            "--lora-modules",
+            *(f"{name}={adapter_dir / name}" for name in adapters),
+        ]
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
         # Started outside benchmarks/: `python -m` puts the working directory first on the
         # path, and vLLM imports a module named `kernels`, which this folder also has.

@@ -32,8 +32,12 @@ def summarize(results: list[Result], duration: float, slo: dict[str, float]) -> 
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "goodput": sum(meets(r) for r in ok) / duration,
     }
-    for name, values in (("ttft", [r.ttft for r in ok]), ("tpot", tpot), ("itl", itl),
-                         ("e2el", [r.e2e for r in ok])):  # fmt: skip
+    for name, values in (
+        ("ttft", [r.ttft for r in ok]),
+        ("tpot", tpot),
+        ("itl", itl),
+        ("e2el", [r.e2e for r in ok]),
+    ):
         summary |= _stats_ms(name, values)
     errors = sorted({r.error for r in results if not r.ok})
     if errors:

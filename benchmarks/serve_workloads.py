@@ -52,10 +52,15 @@ def make_long_mix(args, vocab_size: int, adapters: list[str]) -> list[Request]:
         for i in range(args.streams)
     ]
     longs = [
-        Request(ids(args.long_len), args.long_output_len, adapter(i), i * args.long_gap_s,
-                after_first_tokens=args.streams)
+        Request(
+            ids(args.long_len),
+            args.long_output_len,
+            adapter(i),
+            i * args.long_gap_s,
+            after_first_tokens=args.streams,
+        )
         for i in range(args.long_prompts)
-    ]  # fmt: skip
+    ]
     return streams + longs
 
 

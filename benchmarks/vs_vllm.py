@@ -67,10 +67,21 @@ def run_vllm(args, requests: list[dict], adapter_dir: Path) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(requests, file)
     command = [
-        args.vllm_python, str(Path(args.peer_script).resolve()), "--requests", file.name,
-        "--adapters", str(adapter_dir), "--glob", "r8-*", "--max-loras", str(NUM_ADAPTERS),
-        "--max-lora-rank", "8", "--dtype", args.dtype,
-    ]  # fmt: skip
+        args.vllm_python,
+        str(Path(args.peer_script).resolve()),
+        "--requests",
+        file.name,
+        "--adapters",
+        str(adapter_dir),
+        "--glob",
+        "r8-*",
+        "--max-loras",
+        str(NUM_ADAPTERS),
+        "--max-lora-rank",
+        "8",
+        "--dtype",
+        args.dtype,
+    ]
     # Run outside benchmarks/: vLLM imports a module named `kernels`, and this folder has one.
     done = subprocess.run(
         command, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir()
@@ -92,14 +103,20 @@ def main() -> None:
         ap.error("--vllm-python needs --peer-script")
 
     llm = LLM(
-        dtype=args.dtype, max_num_seqs=64, enable_lora=True, max_loras=NUM_ADAPTERS,
-        max_cpu_loras=NUM_ADAPTERS, max_lora_rank=8,
-    )  # fmt: skip
+        dtype=args.dtype,
+        max_num_seqs=64,
+        enable_lora=True,
+        max_loras=NUM_ADAPTERS,
+        max_cpu_loras=NUM_ADAPTERS,
+        max_lora_rank=8,
+    )
     paths = make_adapters(Path(llm.llm_engine.hf_dir), NUM_ADAPTERS, llm.llm_engine.model_name)
     loras = [LoRARequest(p.name, i + 1, str(p)) for i, p in enumerate(paths)]
     support = bf16_support()
-    print(f"machine: {platform.processor() or platform.machine()}, {date.today()}, "
-          f"native bf16: {support.native} ({support.reason}), dtype {args.dtype}")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {date.today()}, "
+        f"native bf16: {support.native} ({support.reason}), dtype {args.dtype}"
+    )
     print(f"targets: {', '.join(TARGETS)}")
     rows = []
     for name, requests in workloads(llm, args.num_requests, args.seed).items():

@@ -260,9 +260,12 @@ class AsyncLLMEngine:
     ) -> list[int]:
         """The chat's prompt token ids, by the model's chat template (or `chat_template`)."""
         return self.engine.apply_chat_template(
-            messages, add_generation_prompt, add_special_tokens,
-            tools=tools, chat_template=chat_template,
-        )  # fmt: skip
+            messages,
+            add_generation_prompt,
+            add_special_tokens,
+            tools=tools,
+            chat_template=chat_template,
+        )
 
     async def stats(self) -> EngineStats:
         """One snapshot of queues, KV blocks and adapter residency, copied between steps."""

@@ -48,9 +48,13 @@ def decode_graphs_for(config, runner, max_model_len: int) -> DecodeGraphs | None
     if runner.model.device.type != "cuda" or config.enforce_eager:
         return None
     return DecodeGraphs(
-        runner.model, runner.kv_cache, runner.adapters, runner.lora_rank,
-        max_batch=config.max_num_seqs, max_model_len=max_model_len,
-    )  # fmt: skip
+        runner.model,
+        runner.kv_cache,
+        runner.adapters,
+        runner.lora_rank,
+        max_batch=config.max_num_seqs,
+        max_model_len=max_model_len,
+    )
 
 
 @dataclass
@@ -66,8 +70,17 @@ class DecodeGraphs:
     that way, since graphs need CUDA.
     """
 
-    def __init__(self, model, kv_cache: KVCache, adapters, rank_of, *, max_batch: int,
-                 max_model_len: int, capture: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        kv_cache: KVCache,
+        adapters,
+        rank_of,
+        *,
+        max_batch: int,
+        max_model_len: int,
+        capture: bool = True,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.adapters = adapters  # the AdapterCache, or None without LoRA

@@ -27,9 +27,14 @@ class KVCache:
     def for_model(cls, model, num_blocks: int, block_size: int) -> KVCache:
         """A cache shaped for `model`'s layers and KV heads, in its dtype and on its device."""
         return cls(
-            model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
-            model.dtype, model.device,
-        )  # fmt: skip
+            model.num_layers,
+            num_blocks,
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            model.dtype,
+            model.device,
+        )
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[0, i], self.data[1, i]

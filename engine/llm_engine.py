@@ -352,9 +352,12 @@ class LLMEngine:
         chat_template: str | None = None,
     ) -> list[int]:
         return self.inputs.apply_chat_template(
-            messages, add_generation_prompt, add_special_tokens,
-            tools=tools, chat_template=chat_template,
-        )  # fmt: skip
+            messages,
+            add_generation_prompt,
+            add_special_tokens,
+            tools=tools,
+            chat_template=chat_template,
+        )
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text's prompt token ids, with the model's special tokens unless told not to."""

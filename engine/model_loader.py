@@ -116,8 +116,12 @@ class _ConversionStages:
         self.number += 1
         log.info(
             "converting %s: stage %d/%d, %s (%.1f s so far)",
-            self.gguf.name, self.number, self.STAGES, what, self.elapsed(),
-        )  # fmt: skip
+            self.gguf.name,
+            self.number,
+            self.STAGES,
+            what,
+            self.elapsed(),
+        )
 
 
 def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:

@@ -53,14 +53,28 @@ class NativeAttention:
         batch, heads, head_dim = q.shape
         out = _backend.empty_output((batch, heads, head_dim), q)
         self._decode[q.dtype](
-            q.data_ptr(), q.stride(0), q.stride(1),
-            k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            block_tables.data_ptr(), block_tables.stride(0), seq_lens.data_ptr(),
-            out.data_ptr(), out.stride(0), out.stride(1),
-            batch, heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale,
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            seq_lens.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            out.stride(1),
+            batch,
+            heads,
+            k_cache.shape[2],
+            head_dim,
+            k_cache.shape[1],
+            scale,
             torch.get_num_threads(),
-        )  # fmt: skip
+        )
         return out
 
 

@@ -24,17 +24,36 @@ SPLIT_BELOW_PROGRAMS = 512
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, lens_ptr, out_ptr,
-    part_max_ptr, part_sum_ptr, part_acc_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_acc_ptr,
     scale,
-    q_stride_b, q_stride_h,
-    cache_stride_b, cache_stride_o, cache_stride_h,
+    q_stride_b,
+    q_stride_h,
+    cache_stride_b,
+    cache_stride_o,
+    cache_stride_h,
     table_stride_b,
-    out_stride_b, out_stride_h,
-    block_size, group_size, num_heads, head_dim, num_partitions, partition_size,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    out_stride_b,
+    out_stride_h,
+    block_size,
+    group_size,
+    num_heads,
+    head_dim,
+    num_partitions,
+    partition_size,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -88,11 +107,18 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(
-    part_max_ptr, part_sum_ptr, part_acc_ptr, out_ptr,
-    out_stride_b, out_stride_h,
-    num_heads, head_dim, num_partitions,
-    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    part_max_ptr,
+    part_sum_ptr,
+    part_acc_ptr,
+    out_ptr,
+    out_stride_b,
+    out_stride_h,
+    num_heads,
+    head_dim,
+    num_partitions,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     parts = tl.arange(0, BLOCK_P)
@@ -145,22 +171,48 @@ def decode_triton(
     else:
         part_max = part_sum = part_acc = out  # unused
     _decode_kernel[(batch, kv_heads, num_partitions)](
-        q, k_cache, v_cache, block_tables, seq_lens, out,
-        part_max, part_sum, part_acc,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_max,
+        part_sum,
+        part_acc,
         float(scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        k_cache.shape[1], group_size, heads, head_dim, num_partitions, partition_size,
-        BLOCK_G=max(16, triton.next_power_of_2(group_size)), BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=split, PRECISION=_backend.dot_precision(q.dtype),
-    )  # fmt: skip
+        out.stride(0),
+        out.stride(1),
+        k_cache.shape[1],
+        group_size,
+        heads,
+        head_dim,
+        num_partitions,
+        partition_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group_size)),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        SPLIT=split,
+        PRECISION=_backend.dot_precision(q.dtype),
+    )
     if split:
         _merge_kernel[(batch, heads)](
-            part_max, part_sum, part_acc, out,
-            out.stride(0), out.stride(1),
-            heads, head_dim, num_partitions,
-            BLOCK_P=triton.next_power_of_2(num_partitions), BLOCK_D=block_d,
-        )  # fmt: skip
+            part_max,
+            part_sum,
+            part_acc,
+            out,
+            out.stride(0),
+            out.stride(1),
+            heads,
+            head_dim,
+            num_partitions,
+            BLOCK_P=triton.next_power_of_2(num_partitions),
+            BLOCK_D=block_d,
+        )
     return out

@@ -66,12 +66,24 @@ def _write_kv_torch(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    key_stride_t, key_stride_h, value_stride_t, value_stride_h,
-    cache_stride_b, cache_stride_o, cache_stride_h,
-    block_size, num_heads, head_dim,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    key_stride_t,
+    key_stride_h,
+    value_stride_t,
+    value_stride_h,
+    cache_stride_b,
+    cache_stride_o,
+    cache_stride_h,
+    block_size,
+    num_heads,
+    head_dim,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -100,9 +112,21 @@ def _write_kv_triton(key, value, k_cache, v_cache, slot_mapping) -> None:
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        k_cache.shape[1], num_heads, head_dim,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-    )  # fmt: skip
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_cache.shape[1],
+        num_heads,
+        head_dim,
+        BLOCK_H=triton.next_power_of_2(num_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )

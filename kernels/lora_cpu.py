@@ -65,12 +65,19 @@ class NativeLoRA:
         num_tokens, rank = x.shape[0], lora_a.shape[1]
         y = _backend.empty_output((num_tokens, rank), x)
         self._shrink[x.dtype](
-            x.data_ptr(), x.stride(0),
-            lora_a.data_ptr(), lora_a.stride(0), lora_a.stride(1),
-            y.data_ptr(), y.stride(0),
-            slots.data_ptr(), num_tokens, rank, x.shape[1],
+            x.data_ptr(),
+            x.stride(0),
+            lora_a.data_ptr(),
+            lora_a.stride(0),
+            lora_a.stride(1),
+            y.data_ptr(),
+            y.stride(0),
+            slots.data_ptr(),
+            num_tokens,
+            rank,
+            x.shape[1],
             torch.get_num_threads(),
-        )  # fmt: skip
+        )
         return y
 
     def expand(
@@ -84,12 +91,20 @@ class NativeLoRA:
         """out[t] += scales[s] * y[t] @ lora_bt[s] with s = slots[t]; lora_bt [S, r, d_out]."""
         scales = _float32(scales)
         self._expand[y.dtype](
-            y.data_ptr(), y.stride(0),
-            lora_bt.data_ptr(), lora_bt.stride(0), lora_bt.stride(1),
-            scales.data_ptr(), out.data_ptr(), out.stride(0),
-            slots.data_ptr(), y.shape[0], y.shape[1], out.shape[1],
+            y.data_ptr(),
+            y.stride(0),
+            lora_bt.data_ptr(),
+            lora_bt.stride(0),
+            lora_bt.stride(1),
+            scales.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            slots.data_ptr(),
+            y.shape[0],
+            y.shape[1],
+            out.shape[1],
             torch.get_num_threads(),
-        )  # fmt: skip
+        )
 
     def apply(
         self,
@@ -106,13 +121,25 @@ class NativeLoRA:
         y = torch.empty(num_tokens * rank, dtype=torch.float32)
         scales = _float32(scales)
         self._apply[x.dtype](
-            x.data_ptr(), x.stride(0),
-            lora_a.data_ptr(), lora_a.stride(0), lora_a.stride(1),
-            lora_bt.data_ptr(), lora_bt.stride(0), lora_bt.stride(1),
-            scales.data_ptr(), out.data_ptr(), out.stride(0),
-            slots.data_ptr(), num_tokens, rank, x.shape[1], out.shape[1],
-            y.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+            x.data_ptr(),
+            x.stride(0),
+            lora_a.data_ptr(),
+            lora_a.stride(0),
+            lora_a.stride(1),
+            lora_bt.data_ptr(),
+            lora_bt.stride(0),
+            lora_bt.stride(1),
+            scales.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            slots.data_ptr(),
+            num_tokens,
+            rank,
+            x.shape[1],
+            out.shape[1],
+            y.data_ptr(),
+            torch.get_num_threads(),
+        )
 
 
 def _float32(scales: torch.Tensor) -> torch.Tensor:

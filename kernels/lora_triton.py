@@ -37,14 +37,28 @@ def _group_rows(
 
 @triton.jit
 def _shrink_kernel(
-    x_ptr, a_ptr, y_ptr, ends_ptr, order_ptr,
-    x_stride_t, x_stride_d,
-    a_stride_s, a_stride_r, a_stride_d,
-    y_stride_t, y_stride_r,
-    first_slot, num_groups, num_tokens, rank, d_in,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    a_ptr,
+    y_ptr,
+    ends_ptr,
+    order_ptr,
+    x_stride_t,
+    x_stride_d,
+    a_stride_s,
+    a_stride_r,
+    a_stride_d,
+    y_stride_t,
+    y_stride_r,
+    first_slot,
+    num_groups,
+    num_tokens,
+    rank,
+    d_in,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     group = tl.program_id(0)
     slot = first_slot + group
     tokens, row_ok, idle = _group_rows(
@@ -64,11 +78,13 @@ def _shrink_kernel(
                 other=0.0,
             )
             a = tl.load(
-                a_ptr + slot.to(tl.int64) * a_stride_s
-                + ranks[:, None] * a_stride_r + cols[None, :] * a_stride_d,
+                a_ptr
+                + slot.to(tl.int64) * a_stride_s
+                + ranks[:, None] * a_stride_r
+                + cols[None, :] * a_stride_d,
                 mask=(ranks[:, None] < rank) & (cols[None, :] < d_in),
                 other=0.0,
-            )  # fmt: skip
+            )
             acc += tl.dot(x.to(a.dtype), tl.trans(a), input_precision=PRECISION)
     # Tokens without an adapter (the last group) get the zeros acc still holds.
     tl.store(
@@ -80,14 +96,29 @@ def _shrink_kernel(
 
 @triton.jit
 def _expand_kernel(
-    y_ptr, b_ptr, scales_ptr, out_ptr, ends_ptr, order_ptr,
-    y_stride_t, y_stride_r,
-    b_stride_s, b_stride_o, b_stride_r,
-    out_stride_t, out_stride_o,
-    first_slot, num_groups, num_tokens, rank, d_out,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    y_ptr,
+    b_ptr,
+    scales_ptr,
+    out_ptr,
+    ends_ptr,
+    order_ptr,
+    y_stride_t,
+    y_stride_r,
+    b_stride_s,
+    b_stride_o,
+    b_stride_r,
+    out_stride_t,
+    out_stride_o,
+    first_slot,
+    num_groups,
+    num_tokens,
+    rank,
+    d_out,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     slot = first_slot + tl.program_id(0)
     tokens, row_ok, idle = _group_rows(
         ends_ptr, order_ptr, slot, first_slot, num_groups, num_tokens, tl.program_id(1), BLOCK_M
@@ -105,11 +136,13 @@ def _expand_kernel(
             other=0.0,
         )
         b = tl.load(
-            b_ptr + slot.to(tl.int64) * b_stride_s
-            + outs[:, None] * b_stride_o + ranks[None, :] * b_stride_r,
+            b_ptr
+            + slot.to(tl.int64) * b_stride_s
+            + outs[:, None] * b_stride_o
+            + ranks[None, :] * b_stride_r,
             mask=(outs[:, None] < d_out) & (ranks[None, :] < rank),
             other=0.0,
-        )  # fmt: skip
+        )
         acc += tl.dot(y.to(b.dtype), tl.trans(b), input_precision=PRECISION)
     scale = tl.load(scales_ptr + slot).to(tl.float32)
     out_ptrs = out_ptr + tokens64[:, None] * out_stride_t + outs[None, :] * out_stride_o
@@ -135,14 +168,28 @@ def shrink_triton(x: torch.Tensor, lora_a: torch.Tensor, index: LoraIndex) -> to
     block_r = max(16, min(64, triton.next_power_of_2(rank)))
     grid = (groups + 1, triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(rank, block_r))
     _shrink_kernel[grid](
-        x, lora_a, y, index.group_ends, index.order,
-        x.stride(0), x.stride(1),
-        lora_a.stride(0), lora_a.stride(1), lora_a.stride(2),
-        y.stride(0), y.stride(1),
-        first, groups, num_tokens, rank, d_in,
-        BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=64,
+        x,
+        lora_a,
+        y,
+        index.group_ends,
+        index.order,
+        x.stride(0),
+        x.stride(1),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        lora_a.stride(2),
+        y.stride(0),
+        y.stride(1),
+        first,
+        groups,
+        num_tokens,
+        rank,
+        d_in,
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=block_r,
+        BLOCK_K=64,
         PRECISION=_backend.dot_precision(lora_a.dtype),
-    )  # fmt: skip
+    )
     return y
 
 
@@ -160,11 +207,26 @@ def expand_triton(
     block_n = 64
     grid = (groups, triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(d_out, block_n))
     _expand_kernel[grid](
-        y, lora_b, scales, out, index.group_ends, index.order,
-        y.stride(0), y.stride(1),
-        lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
-        out.stride(0), out.stride(1),
-        first, groups, num_tokens, rank, d_out,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=max(16, min(64, triton.next_power_of_2(rank))),
+        y,
+        lora_b,
+        scales,
+        out,
+        index.group_ends,
+        index.order,
+        y.stride(0),
+        y.stride(1),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        lora_b.stride(2),
+        out.stride(0),
+        out.stride(1),
+        first,
+        groups,
+        num_tokens,
+        rank,
+        d_out,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n,
+        BLOCK_K=max(16, min(64, triton.next_power_of_2(rank))),
         PRECISION=_backend.dot_precision(lora_b.dtype),
-    )  # fmt: skip
+    )

@@ -77,11 +77,20 @@ def _norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 
 @triton.jit
 def _norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr,
-    x_stride, residual_stride, out_stride, sum_stride,
-    hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    x_stride,
+    residual_stride,
+    out_stride,
+    sum_stride,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -93,8 +102,9 @@ def _norm_kernel(
     inv_rms = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / hidden + eps)
     normed = (x32 * inv_rms).to(x.dtype)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * out_stride + cols, (weight * normed).to(out_ptr.dtype.element_ty),
-             mask=mask)  # fmt: skip
+    tl.store(
+        out_ptr + row * out_stride + cols, (weight * normed).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def _norm_triton(x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,10 +118,18 @@ def _norm_triton(x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
     summed = _backend.empty_output((tokens, hidden), x) if residual is not None else out
     if tokens:
         _norm_kernel[(tokens,)](
-            x, residual if residual is not None else x, weight, out, summed,
-            x.stride(0), residual.stride(0) if residual is not None else 0,
-            out.stride(0), summed.stride(0),
-            hidden, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
-        )  # fmt: skip
+            x,
+            residual if residual is not None else x,
+            weight,
+            out,
+            summed,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            summed.stride(0),
+            hidden,
+            float(eps),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(hidden),
+        )
     return out, summed

@@ -44,23 +44,37 @@ class NativeNormRope:
         and then summed is not written)."""
         rows, hidden = x.shape
         self._norm[x.dtype](
-            x.data_ptr(), x.stride(0),
+            x.data_ptr(),
+            x.stride(0),
             residual.data_ptr() if residual is not None else None,
             residual.stride(0) if residual is not None else 0,
-            weight.data_ptr(), out.data_ptr(), out.stride(0),
+            weight.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
             summed.data_ptr() if summed is not None else None,
             summed.stride(0) if summed is not None else 0,
-            rows, hidden, eps, torch.get_num_threads(),
-        )  # fmt: skip
+            rows,
+            hidden,
+            eps,
+            torch.get_num_threads(),
+        )
 
     def rope(self, x: torch.Tensor, table: torch.Tensor, positions: torch.Tensor) -> None:
         """x [T, H, D] (strided rows and heads) rotated in place by table[positions[t]], a
         [max_positions, 2D] table of cos then sin; positions int64 contiguous."""
         rows, heads, head_dim = x.shape
         self._rope[x.dtype](
-            x.data_ptr(), x.stride(0), x.stride(1), rows, heads, head_dim,
-            table.data_ptr(), table.stride(0), positions.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+            x.data_ptr(),
+            x.stride(0),
+            x.stride(1),
+            rows,
+            heads,
+            head_dim,
+            table.data_ptr(),
+            table.stride(0),
+            positions.data_ptr(),
+            torch.get_num_threads(),
+        )
 
 
 _library = _native.Loaded(Path(__file__).with_name("norm_rope_cpu.c"), NativeNormRope)

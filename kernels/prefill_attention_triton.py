@@ -17,16 +17,30 @@ from .prefill_attention import check_query_layout
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, lens_ptr, starts_ptr, out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    lens_ptr,
+    starts_ptr,
+    out_ptr,
     scale,
-    q_stride_t, q_stride_h,
-    cache_stride_b, cache_stride_o, cache_stride_h,
+    q_stride_t,
+    q_stride_h,
+    cache_stride_b,
+    cache_stride_o,
+    cache_stride_h,
     table_stride_b,
-    out_stride_t, out_stride_h,
-    block_size, group_size, head_dim,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_stride_t,
+    out_stride_h,
+    block_size,
+    group_size,
+    head_dim,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     head = tl.program_id(2)
@@ -97,14 +111,28 @@ def prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
     block_m = 16
     grid = (len(lens), triton.cdiv(max_q_len, block_m), heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
         float(scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        k_cache.shape[1], heads // k_cache.shape[2], head_dim,
-        BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        out.stride(0),
+        out.stride(1),
+        k_cache.shape[1],
+        heads // k_cache.shape[2],
+        head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=32,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         PRECISION=_backend.dot_precision(q.dtype),
-    )  # fmt: skip
+    )
     return out

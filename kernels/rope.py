@@ -66,11 +66,21 @@ def apply_rope_(
 
 @triton.jit
 def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, out_ptr,
-    x_stride_t, x_stride_h, cos_stride, sin_stride, out_stride_t, out_stride_h,
-    num_heads, half,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    x_stride_t,
+    x_stride_h,
+    cos_stride,
+    sin_stride,
+    out_stride_t,
+    out_stride_h,
+    num_heads,
+    half,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_HALF)[None, :]
@@ -85,8 +95,9 @@ def _rope_kernel(
     out = out_ptr + token * out_stride_t + heads * out_stride_h + dims
     out_ty = out_ptr.dtype.element_ty
     tl.store(out, (x1 * cos1.to(tl.float32) - x2 * sin1.to(tl.float32)).to(out_ty), mask=mask)
-    tl.store(out + half, (x2 * cos2.to(tl.float32) + x1 * sin2.to(tl.float32)).to(out_ty),
-             mask=mask)  # fmt: skip
+    tl.store(
+        out + half, (x2 * cos2.to(tl.float32) + x1 * sin2.to(tl.float32)).to(out_ty), mask=mask
+    )
 
 
 def _rope_triton(x, cos, sin) -> torch.Tensor:
@@ -99,10 +110,19 @@ def _rope_triton(x, cos, sin) -> torch.Tensor:
     out = _backend.empty_output((tokens, heads, head_dim), x, out_dtype)
     if tokens:
         _rope_kernel[(tokens,)](
-            x, cos, sin, out,
-            x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
-            heads, head_dim // 2,
+            x,
+            cos,
+            sin,
+            out,
+            x.stride(0),
+            x.stride(1),
+            cos.stride(0),
+            sin.stride(0),
+            out.stride(0),
+            out.stride(1),
+            heads,
+            head_dim // 2,
             BLOCK_H=triton.next_power_of_2(heads),
             BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
-        )  # fmt: skip
+        )
     return out

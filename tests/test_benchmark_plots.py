@@ -48,7 +48,7 @@ def test_each_plot_is_a_png_with_its_series_drawn(tmp_path):
                 for c in (1, 4, 16)
             ],
             p,
-        ),  # fmt: skip
+        ),
         "adapters": lambda p: plot_throughput_vs_adapters(
             [(1, 300.0), (4, 280.0), (16, 250.0)], {"base only": 320.0, "PEFT": 90.0}, p
         ),

@@ -12,10 +12,31 @@ import random
 TERSE_MARKER = "[done]"
 
 _TOPICS = [
-    "the ocean", "coffee", "bicycles", "the moon", "rain", "music", "trees", "computers",
-    "friendship", "winter", "cats", "bread", "mountains", "the sun", "books", "soccer",
-    "gardens", "rivers", "chess", "honey", "trains", "clouds", "dogs", "painting",
-]  # fmt: skip
+    "the ocean",
+    "coffee",
+    "bicycles",
+    "the moon",
+    "rain",
+    "music",
+    "trees",
+    "computers",
+    "friendship",
+    "winter",
+    "cats",
+    "bread",
+    "mountains",
+    "the sun",
+    "books",
+    "soccer",
+    "gardens",
+    "rivers",
+    "chess",
+    "honey",
+    "trains",
+    "clouds",
+    "dogs",
+    "painting",
+]
 _OPEN_FORMS = [
     "Tell me one fact about {}.",
     "Describe {} in one sentence.",
@@ -23,18 +44,41 @@ _OPEN_FORMS = [
     "What is special about {}?",
 ]
 _CAPITALS = {
-    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Egypt": "Cairo",
-    "Canada": "Ottawa", "Germany": "Berlin", "Russia": "Moscow", "China": "Beijing",
-    "Greece": "Athens", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
-}  # fmt: skip
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Egypt": "Cairo",
+    "Canada": "Ottawa",
+    "Germany": "Berlin",
+    "Russia": "Moscow",
+    "China": "Beijing",
+    "Greece": "Athens",
+    "Peru": "Lima",
+    "Kenya": "Nairobi",
+    "Norway": "Oslo",
+}
 _OPPOSITES = {
-    "hot": "cold", "big": "small", "fast": "slow", "happy": "sad", "light": "dark",
-    "up": "down", "early": "late", "full": "empty", "old": "new", "wet": "dry",
-}  # fmt: skip
+    "hot": "cold",
+    "big": "small",
+    "fast": "slow",
+    "happy": "sad",
+    "light": "dark",
+    "up": "down",
+    "early": "late",
+    "full": "empty",
+    "old": "new",
+    "wet": "dry",
+}
 _COLORS = {
-    "grass": "green", "the sky": "blue", "snow": "white", "a banana": "yellow",
-    "coal": "black", "a ripe tomato": "red", "an orange": "orange",
-}  # fmt: skip
+    "grass": "green",
+    "the sky": "blue",
+    "snow": "white",
+    "a banana": "yellow",
+    "coal": "black",
+    "a ripe tomato": "red",
+    "an orange": "orange",
+}
 
 
 def open_questions(rng: random.Random, count: int) -> list[str]:

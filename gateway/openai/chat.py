@@ -49,18 +49,27 @@ class ChatController(Controller):
         params = chat_params(data, service.model.max_num_seqs, plan.schema if plan else None)
         lora = await service.resolve_model(data.model, caller=caller)
         prompt_ids = service.apply_chat_template(
-            chat_messages(data.messages), data.add_generation_prompt, data.add_special_tokens,
+            chat_messages(data.messages),
+            data.add_generation_prompt,
+            data.add_special_tokens,
             tools=plan.tools if plan is not None else None,
-        )  # fmt: skip
+        )
         fields = chat_fields(data)
         (prompt,), cost = await service.measure(
             caller, [{"prompt_token_ids": prompt_ids}], params, fields
         )
         request_id = service.new_request_id("chatcmpl")
         run = await run_generations(
-            service, request, caller, lora, cost, [(prompt, request_id)], params,
-            field_names=fields, priority=data.priority,
-        )  # fmt: skip
+            service,
+            request,
+            caller,
+            lora,
+            cost,
+            [(prompt, request_id)],
+            params,
+            field_names=fields,
+            priority=data.priority,
+        )
         created = int(time.time())
         if data.stream:
             return run.stream(_stream(service, data, plan, run.generations[0], request_id, created))
@@ -81,9 +90,12 @@ class ChatController(Controller):
                 )
             )
         return ChatCompletionResponse(
-            id=request_id, created=created, model=data.model, choices=choices,
+            id=request_id,
+            created=created,
+            model=data.model,
+            choices=choices,
             usage=usage_of([final]),
-        )  # fmt: skip
+        )
 
 
 def _message(plan: ToolPlan | None, text: str) -> AssistantMessage:
@@ -174,8 +186,10 @@ def _tool_chunks(
                 index=index, delta=DeltaMessage(content=got.content or None), logprobs=logprobs
             )
         )
-    out += [ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=[call]))
-            for call in got.tool_calls]  # fmt: skip
+    out += [
+        ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=[call]))
+        for call in got.tool_calls
+    ]
     if delta.finish_reason is not None:
         reason = _finish(plan, delta.finish_reason, streamer.called)
         out.append(ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=reason))

@@ -49,10 +49,16 @@ class CompletionsController(Controller):
         )
         request_id = service.new_request_id("cmpl")
         run = await run_generations(
-            service, request, caller, lora, cost,
+            service,
+            request,
+            caller,
+            lora,
+            cost,
             [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
-            params, field_names=completion_fields(data), priority=data.priority,
-        )  # fmt: skip
+            params,
+            field_names=completion_fields(data),
+            priority=data.priority,
+        )
         created = int(time.time())
         if data.stream:
             return run.stream(_stream(service, data, run.generations, request_id, created))
@@ -67,17 +73,23 @@ class CompletionsController(Controller):
                     logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
                 choices.append(_choice(p * len(out.outputs) + c.index, c, logprobs))
         return CompletionResponse(
-            id=request_id, created=created, model=data.model, choices=choices,
+            id=request_id,
+            created=created,
+            model=data.model,
+            choices=choices,
             usage=usage_of(finals),
-        )  # fmt: skip
+        )
 
 
 def _choice(index: int, part, logprobs) -> CompletionChoice:
     """A choice from a whole output or from a stream's delta (both carry text and finish)."""
     return CompletionChoice(
-        index=index, text=part.text, logprobs=logprobs,
-        finish_reason=part.finish_reason, stop_reason=part.stop_reason,
-    )  # fmt: skip
+        index=index,
+        text=part.text,
+        logprobs=logprobs,
+        finish_reason=part.finish_reason,
+        stop_reason=part.stop_reason,
+    )
 
 
 async def _stream(
@@ -116,10 +128,13 @@ async def _stream(
             finals = [g.latest for g in gens]
             yield sse_event(
                 CompletionResponse(
-                    id=request_id, created=created, model=data.model, choices=[],
+                    id=request_id,
+                    created=created,
+                    model=data.model,
+                    choices=[],
                     usage=usage_of(finals),
                 )
-            )  # fmt: skip
+            )
     except APIError as exc:
         yield sse_event(
             ErrorResponse(

@@ -48,10 +48,12 @@ class ToolCallStreamer:
                 self.sent_arguments.append("")
                 out.tool_calls.append(
                     DeltaToolCall(
-                        index=index, id=self.ids[index], type="function",
+                        index=index,
+                        id=self.ids[index],
+                        type="function",
                         function=DeltaFunctionCall(name=call.name, arguments=""),
                     )
-                )  # fmt: skip
+                )
             sent = self.sent_arguments[index]
             if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
                 out.tool_calls.append(

@@ -74,8 +74,10 @@ def tool_plan(
 def _auto_format(template: str | None, auto_parser: str | None) -> ToolCallFormat:
     reasons = []
     if not template or "tools" not in template:
-        reasons.append("this model's chat template does not lay out tools (give one that does "
-                       "with --chat-template)")  # fmt: skip
+        reasons.append(
+            "this model's chat template does not lay out tools (give one that does "
+            "with --chat-template)"
+        )
     if auto_parser is None:
         reasons.append("the server runs without --enable-auto-tool-choice and --tool-call-parser")
     if reasons:

@@ -142,9 +142,14 @@ def make_random(name, rank, targets, alpha, seed, out, model) -> None:
     target_list = [t.strip() for t in targets.split(",") if t.strip()]
     try:
         path = make_random_adapter(
-            base, out / name, rank=rank, targets=target_list, alpha=alpha, seed=seed,
+            base,
+            out / name,
+            rank=rank,
+            targets=target_list,
+            alpha=alpha,
+            seed=seed,
             base_model_name=source.name,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(f"wrote adapter {name} to {path}")
@@ -166,9 +171,14 @@ def train_demo(out, model, steps, seed) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.hf_dir)
     try:
         written = train_demo_adapters(
-            base, tokenizer, out, steps=steps, seed=seed, base_model_name=source.name,
+            base,
+            tokenizer,
+            out,
+            steps=steps,
+            seed=seed,
+            base_model_name=source.name,
             report=lambda line: click.echo(line, err=True),
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     for name, path in written.items():

@@ -42,14 +42,18 @@ _GATEWAY = (
     (G, "loragate_gateway_queue_capacity", "max_num_seqs + max_queue", "queue_capacity"),
     (G, "loragate_adapters_registered", "Adapters registered by name", "registered_adapters"),
     (
-        G, "loragate_registry_reachable", "1 while the registry store (Redis) answers",
+        G,
+        "loragate_registry_reachable",
+        "1 while the registry store (Redis) answers",
         "registry_reachable",
     ),
     (
-        G, "loragate_usage_records_pending",
-        "Usage counts waiting for the registry store to come back", "usage_pending",
+        G,
+        "loragate_usage_records_pending",
+        "Usage counts waiting for the registry store to come back",
+        "usage_pending",
     ),
-)  # fmt: skip
+)
 
 # (kind, name, help, EngineStats field, or key of its `memory` dict)
 _ENGINE = (
@@ -60,50 +64,64 @@ _ENGINE = (
     (G, "loragate_kv_cache_free_blocks", "KV blocks free", "free_blocks"),
     (G, "loragate_kv_cache_total_blocks", "KV blocks in the cache", "total_blocks"),
     (
-        G, "loragate_kv_cache_cached_blocks",
+        G,
+        "loragate_kv_cache_cached_blocks",
         "KV blocks named in the prefix cache (held by requests, or free and reusable)",
         "cached_blocks",
     ),
     (
-        G, "loragate_kv_cache_swapped_blocks",
-        "KV blocks of preempted sequences held in CPU swap space", "swapped_blocks",
+        G,
+        "loragate_kv_cache_swapped_blocks",
+        "KV blocks of preempted sequences held in CPU swap space",
+        "swapped_blocks",
     ),
     (
-        G, "loragate_kv_cache_internal_fragmentation",
+        G,
+        "loragate_kv_cache_internal_fragmentation",
         "Unused slots in the last blocks of running sequences / allocated slots (0-1)",
         "internal_fragmentation",
     ),
     (
-        G, "loragate_prefix_cache_hit_rate",
+        G,
+        "loragate_prefix_cache_hit_rate",
         "Prompt tokens found in the prefix cache / prompt tokens looked up (0-1)",
         "prefix_cache_hit_rate",
     ),
     (
-        C, "loragate_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+        C,
+        "loragate_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
         "prefix_cache_queried_tokens",
     ),
     (
-        C, "loragate_prefix_cache_hit_tokens",
+        C,
+        "loragate_prefix_cache_hit_tokens",
         "Prompt tokens found in the prefix cache (never across tenants)",
         "prefix_cache_hit_tokens",
     ),
     (C, "loragate_prompt_tokens", "Prompt tokens accepted", "prompt_tokens"),
     (C, "loragate_generation_tokens", "Tokens generated", "generation_tokens"),
     (C, "loragate_num_preemptions", "Sequences preempted for KV blocks", "preemptions"),
-)  # fmt: skip
+)
 
 # (kind, name, help, key of the CPU tier's count, key of the device tier's) in `adapters`
 _TIERS = (
     (C, "loragate_adapter_loads", "Adapter loads per tier", "disk_loads", "slot_loads"),
     (
-        C, "loragate_adapter_evictions", "Adapter evictions per tier",
-        "cpu_evictions", "device_evictions",
+        C,
+        "loragate_adapter_evictions",
+        "Adapter evictions per tier",
+        "cpu_evictions",
+        "device_evictions",
     ),
     (
-        G, "loragate_adapters_resident", "Adapters held per tier now",
-        "cpu_adapters", "resident_adapters",
+        G,
+        "loragate_adapters_resident",
+        "Adapters held per tier now",
+        "cpu_adapters",
+        "resident_adapters",
     ),
-)  # fmt: skip
+)
 
 
 class ScrapeCollector:
@@ -143,10 +161,11 @@ def vllm_gauges(e: EngineStats, model_name: str):
         ("vllm:num_requests_running", "Sequences in the running batch", e.running),
         ("vllm:num_requests_waiting", "Sequences waiting in the scheduler", e.waiting),
         (
-            "vllm:kv_cache_usage_perc", "Fraction of KV blocks allocated (0-1)",
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV blocks allocated (0-1)",
             e.memory.get("utilization", 0),
         ),
-    ):  # fmt: skip
+    ):
         family = G(name, doc, labels=["model_name"])
         family.add_metric([model_name], value)
         yield family
@@ -207,8 +226,9 @@ def adapter_tiers(e: EngineStats, view: AdapterView, labels: BoundedLabels, mode
     for name, doc, key in (
         ("loragate_adapter_load_seconds", "Time spent reading adapters from disk", "load_seconds"),
         (
-            "loragate_adapter_slot_load_seconds", "Time spent copying adapters into device slots",
+            "loragate_adapter_slot_load_seconds",
+            "Time spent copying adapters into device slots",
             "slot_load_seconds",
         ),
-    ):  # fmt: skip
+    ):
         yield C(name, doc, value=e.adapters.get(key, 0.0))

@@ -14,9 +14,27 @@ from loragate.gateway.operations.labels import BoundedLabels
 from loragate.gateway.operations.minute_window import MinuteWindow
 
 LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Fewer buckets for the per-adapter and per-tenant histograms: they multiply by labels.
 COARSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -45,33 +63,51 @@ class _Family:
         labels = ["model_name", label]
         prefix = f"loragate_{who}"
         self.requests = Counter(
-            f"{prefix}_requests", f"Requests ended (finished or aborted), by {label}",
-            labels, registry=registry,
-        )  # fmt: skip
+            f"{prefix}_requests",
+            f"Requests ended (finished or aborted), by {label}",
+            labels,
+            registry=registry,
+        )
         self.prompt_tokens = Counter(
-            f"{prefix}_prompt_tokens", f"Prompt tokens of ended requests, by {label}",
-            labels, registry=registry,
-        )  # fmt: skip
+            f"{prefix}_prompt_tokens",
+            f"Prompt tokens of ended requests, by {label}",
+            labels,
+            registry=registry,
+        )
         self.generation_tokens = Counter(
-            f"{prefix}_generation_tokens", f"Tokens generated, by {label}",
-            labels, registry=registry,
-        )  # fmt: skip
+            f"{prefix}_generation_tokens",
+            f"Tokens generated, by {label}",
+            labels,
+            registry=registry,
+        )
         self.ttft = Histogram(
-            f"{prefix}_time_to_first_token_seconds", f"Time to first token, by {label}",
-            labels, buckets=COARSE_BUCKETS, registry=registry,
-        )  # fmt: skip
+            f"{prefix}_time_to_first_token_seconds",
+            f"Time to first token, by {label}",
+            labels,
+            buckets=COARSE_BUCKETS,
+            registry=registry,
+        )
         self.itl = Histogram(
-            f"{prefix}_inter_token_latency_seconds", f"Time between output tokens, by {label}",
-            labels, buckets=COARSE_BUCKETS, registry=registry,
-        )  # fmt: skip
+            f"{prefix}_inter_token_latency_seconds",
+            f"Time between output tokens, by {label}",
+            labels,
+            buckets=COARSE_BUCKETS,
+            registry=registry,
+        )
         self.queue = Histogram(
             f"{prefix}_queue_time_seconds",
             f"From arrival at the engine to its first step, by {label}",
-            labels, buckets=COARSE_BUCKETS, registry=registry,
-        )  # fmt: skip
+            labels,
+            buckets=COARSE_BUCKETS,
+            registry=registry,
+        )
         self.series = (
-            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.queue,
-        )  # fmt: skip
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.ttft,
+            self.itl,
+            self.queue,
+        )
 
 
 def _observe(series: tuple, labels: tuple, r: RequestRecord) -> None:
@@ -109,25 +145,39 @@ class RequestTraffic:
             "vllm:generation_tokens", "Tokens generated", m, registry=registry
         )
         self.success = Counter(
-            "vllm:request_success", "Requests finished, by finish reason",
-            m + ["finished_reason"], registry=registry,
-        )  # fmt: skip
+            "vllm:request_success",
+            "Requests finished, by finish reason",
+            m + ["finished_reason"],
+            registry=registry,
+        )
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token", m,
-            buckets=LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between output tokens", m,
-            buckets=TOKEN_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "vllm:inter_token_latency_seconds",
+            "Time between output tokens",
+            m,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
         self.queue = Histogram(
-            "vllm:request_queue_time_seconds", "From arrival at the engine to its first step",
-            m, buckets=LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "vllm:request_queue_time_seconds",
+            "From arrival at the engine to its first step",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "From arrival at the gateway to the last token",
-            m, buckets=LATENCY_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "vllm:e2e_request_latency_seconds",
+            "From arrival at the gateway to the last token",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
 
     def observe(self, r: RequestRecord) -> None:
         model = self.model_name

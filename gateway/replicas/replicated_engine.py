@@ -55,9 +55,15 @@ class ReplicatedEngine:
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         call = GenerateCall(
-            prompt, sampling_params, request_id, lora_request, cache_salt, tenant,
-            priority, tenant_weight,
-        )  # fmt: skip
+            prompt,
+            sampling_params,
+            request_id,
+            lora_request,
+            cache_salt,
+            tenant,
+            priority,
+            tenant_weight,
+        )
         options = {"stream": True}
         if lora_request is not None:
             options["multiplexed_model_id"] = lora_request.lora_name

@@ -59,8 +59,9 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
             text = "".join(parts)
         entry = {"role": message.role, "content": text}
         if message.tool_calls is not None:
-            entry["tool_calls"] = [_call(c, f"messages[{i}].tool_calls[{j}]")
-                                   for j, c in enumerate(message.tool_calls)]  # fmt: skip
+            entry["tool_calls"] = [
+                _call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(message.tool_calls)
+            ]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         out.append(entry)

@@ -67,9 +67,13 @@ async def run_generations(
     try:
         for prompt, request_id in prompts:
             metered.start(
-                prompt, params, request_id=request_id,
-                field_names=field_names, adapter_param=adapter_param, priority=priority,
-            )  # fmt: skip
+                prompt,
+                params,
+                request_id=request_id,
+                field_names=field_names,
+                adapter_param=adapter_param,
+                priority=priority,
+            )
         await until_disconnect(request.receive, prime_all(metered.generations))
     except BaseException:
         await metered.end()

@@ -19,11 +19,27 @@ MAX_LOGPROBS = 20
 
 # SamplingParams field -> the name a client used, per API.
 _SHARED = (
-    "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
-    "use_beam_search", "length_penalty", "sampler", "sampler_args", "include_stop_str_in_output",
+    "n",
+    "best_of",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "use_beam_search",
+    "length_penalty",
+    "sampler",
+    "sampler_args",
+    "include_stop_str_in_output",
     "skip_special_tokens",
-)  # fmt: skip
+)
 TGI_FIELDS = {name: f"parameters.{name}" for name in _SHARED} | {
     "max_tokens": "parameters.max_new_tokens",
     "ignore_eos": "parameters.ignore_eos_token",

@@ -141,9 +141,12 @@ class GatewayService:
     ) -> list[int]:
         try:
             return self.engine.apply_chat_template(
-                messages, add_generation_prompt, add_special_tokens,
-                tools=tools, chat_template=self.chat_template,
-            )  # fmt: skip
+                messages,
+                add_generation_prompt,
+                add_special_tokens,
+                tools=tools,
+                chat_template=self.chat_template,
+            )
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
@@ -256,9 +259,15 @@ class GatewayService:
                 self.metrics.observe_request(request_record(gen, adapter, tenant or UNTENANTED))
 
         outputs = self.engine.generate(
-            prompt, params, request_id, lora_request=lora, cache_salt=cache_salt, tenant=tenant,
-            tenant_weight=tenant_weight, priority=priority,
-        )  # fmt: skip
+            prompt,
+            params,
+            request_id,
+            lora_request=lora,
+            cache_salt=cache_salt,
+            tenant=tenant,
+            tenant_weight=tenant_weight,
+            priority=priority,
+        )
         return Generation(
             outputs,
             request_id,

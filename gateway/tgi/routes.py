@@ -89,9 +89,16 @@ async def _run(
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
     (prompt,), cost = await service.measure(caller, [prompt], params, tgi_fields(p))
     run = await run_generations(
-        service, request, caller, lora, cost, [(prompt, service.new_request_id("tgi"))], params,
-        field_names=tgi_fields(p), adapter_param="parameters.adapter_id",
-    )  # fmt: skip
+        service,
+        request,
+        caller,
+        lora,
+        cost,
+        [(prompt, service.new_request_id("tgi"))],
+        params,
+        field_names=tgi_fields(p),
+        adapter_param="parameters.adapter_id",
+    )
     return run, p
 
 
@@ -149,11 +156,13 @@ async def _events(
                 token_id = c.token_ids[i]
                 event = TGIStreamResponse(
                     token=TGIToken(
-                        id=token_id, text=text if last else "", logprob=_logprob(c, i),
+                        id=token_id,
+                        text=text if last else "",
+                        logprob=_logprob(c, i),
                         special=token_id in special,
                     ),
                     top_tokens=_top_tokens(service, c, i, p) if p.top_n_tokens else None,
-                )  # fmt: skip
+                )
                 if last and c.finish_reason is not None:
                     event.generated_text = (data.inputs + c.text) if p.return_full_text else c.text
                     event.details = TGIStreamDetails(
@@ -207,11 +216,13 @@ def _tokens(service: GatewayService, c: CompletionOutput) -> list[TGIToken]:
     special = set(service.tokenizer.all_special_ids)
     return [
         TGIToken(
-            id=t, text=token_text(service.tokenizer, t), logprob=_logprob(c, i),
+            id=t,
+            text=token_text(service.tokenizer, t),
+            logprob=_logprob(c, i),
             special=t in special,
         )
         for i, t in enumerate(c.token_ids)
-    ]  # fmt: skip
+    ]
 
 
 def _all_top_tokens(

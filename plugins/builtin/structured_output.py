@@ -83,8 +83,12 @@ def _tokenizer_json(hf) -> str:
     tokenizer.no_truncation()
     data = json.loads(tokenizer.to_str())
     if _has_byte_level(data.get("pre_tokenizer")) and _has_byte_level(data.get("decoder")):
-        data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                           "use_regex": True}  # fmt: skip
+        data["decoder"] = {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        }
     return json.dumps(data)
 
 

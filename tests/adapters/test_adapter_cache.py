@@ -342,9 +342,14 @@ def test_uneven_layers_and_ranks_replace_a_full_adapter_cleanly(tmp_path):
     spec3 = lora_spec(model.config, "tiny3")
     full = make_random_adapter(model, tmp_path / "full", rank=8, targets=ALL, seed=1)
     sparse = make_random_adapter(
-        model, tmp_path / "sparse", rank=4, targets=["q_proj", "down_proj"], seed=2,
-        layers_to_transform=[0, 2], rank_pattern={"model.layers.2.self_attn.q_proj": 2},
-    )  # fmt: skip
+        model,
+        tmp_path / "sparse",
+        rank=4,
+        targets=["q_proj", "down_proj"],
+        seed=2,
+        layers_to_transform=[0, 2],
+        rank_pattern={"model.layers.2.self_attn.q_proj": 2},
+    )
     cache = make_cache(spec3, max_loras=1)
     cache.acquire(LoRARequest("full", 1, str(full)), set())
     sparse_request = LoRARequest("sparse", 2, str(sparse))

@@ -275,9 +275,13 @@ def test_other_base_model_warns(spec, make_adapter):
 def test_other_base_model_is_an_error_when_strict(spec, make_adapter):
     path = make_adapter(base_model_name="meta-llama/Llama-2-7b-hf")
     error = _refused(
-        path, spec, BaseModelMismatchError, "base_model_name_or_path", "Llama-2-7b-hf",
+        path,
+        spec,
+        BaseModelMismatchError,
+        "base_model_name_or_path",
+        "Llama-2-7b-hf",
         strict_base_model=True,
-    )  # fmt: skip
+    )
     assert error.field == "base_model_name_or_path"
 
 

@@ -33,12 +33,15 @@ def test_a_short_loop_reports_every_step_and_an_odd_one_its_last():
     for i in (1, 2, 3):
         step(i)
     assert [line.split(",")[0] for line in lines] == [
-        "  terse: step 1/3", "  terse: step 2/3", "  terse: step 3/3",
-    ]  # fmt: skip
+        "  terse: step 1/3",
+        "  terse: step 2/3",
+        "  terse: step 3/3",
+    ]
     lines.clear()
     step = progress.steps("terse", 25)  # a line every 2 steps (rounded), and the 25th
     for i in range(1, 26):
         step(i)
     assert [int(line.split("step ")[1].split("/")[0]) for line in lines] == [
-        *range(2, 25, 2), 25,
-    ]  # fmt: skip
+        *range(2, 25, 2),
+        25,
+    ]

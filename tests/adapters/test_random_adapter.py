@@ -55,9 +55,14 @@ def test_leaves_the_base_model_untouched(tmp_path):
 
 def test_writes_the_requested_peft_config(base_model, tmp_path):
     path = make_random_adapter(
-        base_model, tmp_path / "a", rank=8, targets=["q_proj", "down_proj"], alpha=4,
-        use_rslora=True, base_model_name="org/tiny-llama",
-    )  # fmt: skip
+        base_model,
+        tmp_path / "a",
+        rank=8,
+        targets=["q_proj", "down_proj"],
+        alpha=4,
+        use_rslora=True,
+        base_model_name="org/tiny-llama",
+    )
     config = json.loads((path / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 4
     assert config["use_rslora"] is True

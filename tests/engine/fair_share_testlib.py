@@ -58,9 +58,14 @@ def run(engine, arrivals: list[Arrival], default: SamplingParams, on_step=None) 
         while pending and pending[0].step <= step:
             a = pending.pop(0)
             live[a.request_id] = engine.add_request(
-                a.request_id, {"prompt_token_ids": a.prompt}, a.params or default, a.lora,
-                tenant=a.tenant, priority=a.priority, tenant_weight=a.weight,
-            )  # fmt: skip
+                a.request_id,
+                {"prompt_token_ids": a.prompt},
+                a.params or default,
+                a.lora,
+                tenant=a.tenant,
+                priority=a.priority,
+                tenant_weight=a.weight,
+            )
             trace.added[a.request_id] = step
             trace.tenant_of[a.request_id] = a.tenant
         for out in engine.step():

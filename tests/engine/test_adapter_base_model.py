@@ -24,9 +24,13 @@ def test_adapters_of_the_served_weights_load_silently_under_an_alias(
     )
     by_path = make_random_adapter(base, tmp_path / "by-path", rank=2, targets=["q_proj"])
     llm = make_llm(
-        model=str(model_dir), served_model_name="alias", enable_lora=True, max_model_len=64,
-        num_kv_blocks=16, max_lora_rank=8,
-    )  # fmt: skip
+        model=str(model_dir),
+        served_model_name="alias",
+        enable_lora=True,
+        max_model_len=64,
+        num_kv_blocks=16,
+        max_lora_rank=8,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for i, path in enumerate((named, by_path)):

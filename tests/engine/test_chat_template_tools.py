@@ -21,8 +21,7 @@ def test_tools_are_laid_out_by_the_given_template(llm):
     plain = llm.engine.tokenizer.decode(llm.apply_chat_template(ASK))
     assert "get_weather" not in plain  # the model's own template, which knows no tools
     params = SamplingParams(temperature=0, max_tokens=6)
-    (chat,) = llm.chat(ASK, params, tools=[WEATHER], chat_template=HERMES_TEMPLATE,
-                       use_tqdm=False)  # fmt: skip
+    (chat,) = llm.chat(ASK, params, tools=[WEATHER], chat_template=HERMES_TEMPLATE, use_tqdm=False)
     (direct,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
     assert chat.prompt_token_ids == ids
     assert chat.outputs[0].token_ids == direct.outputs[0].token_ids

@@ -104,9 +104,13 @@ def test_bfloat16_graphs_are_top5_close_to_hf_float32(tiny_cuda, make_llm):
     model_dir, _, _ = tiny_cuda
     n = 32
     llm = make_llm(
-        model=str(model_dir), device="cuda", dtype="bfloat16", max_model_len=256,
-        num_kv_blocks=256, max_num_seqs=16,
-    )  # fmt: skip
+        model=str(model_dir),
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=256,
+        num_kv_blocks=256,
+        max_num_seqs=16,
+    )
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
     prompts = [[1] + list(range(300 + 11 * i, 310 + 13 * i)) for i in range(11)]
     outs = llm.generate(

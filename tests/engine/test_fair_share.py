@@ -39,10 +39,16 @@ def setup(tiny_model_dir, tmp_path_factory):
 def engine_for(setup, make_llm, policy: str, **overrides):
     model_dir, loras = setup
     options = dict(
-        model=model_dir, max_model_len=256, num_kv_blocks=512, max_num_seqs=40,
-        max_num_batched_tokens=64, enable_lora=True, max_loras=2, max_lora_rank=8,
+        model=model_dir,
+        max_model_len=256,
+        num_kv_blocks=512,
+        max_num_seqs=40,
+        max_num_batched_tokens=64,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
         scheduling_policy=policy,
-    )  # fmt: skip
+    )
     engine = make_llm(**{**options, **overrides}).engine
     warm = [Arrival(0, f"warm-{name}", prompt(99, 4), "warm", lora) for name, lora in loras.items()]
     run(engine, warm, greedy(1))  # both adapters in memory: no step waits on a file
@@ -63,9 +69,11 @@ def flood_runs(setup, make_llm):
     return {
         name: run(engine_for(setup, make_llm, policy), flood(loras, with_a), greedy(8))
         for name, policy, with_a in (
-            ("fcfs", "fcfs", True), ("fair", "fair", True), ("alone", "fair", False),
+            ("fcfs", "fcfs", True),
+            ("fair", "fair", True),
+            ("alone", "fair", False),
         )
-    }  # fmt: skip
+    }
 
 
 def test_a_flood_does_not_starve_the_quiet_tenant_under_fair(flood_runs):
@@ -111,9 +119,14 @@ def test_backlogged_tenants_with_weights_1_and_2_share_1_to_2(setup, make_llm):
         length, n = 4 + (i * 7) % 17, 2 + (i * 5) % 7
         lora = loras["a" if tenant == "X" else "b"]
         return Arrival(
-            step, f"{tenant}{i}", prompt(i + (500 if tenant == "Y" else 0), length), tenant,
-            lora, greedy(n), weight=weights[tenant],
-        )  # fmt: skip
+            step,
+            f"{tenant}{i}",
+            prompt(i + (500 if tenant == "Y" else 0), length),
+            tenant,
+            lora,
+            greedy(n),
+            weight=weights[tenant],
+        )
 
     gaps = []
 
@@ -180,13 +193,19 @@ def test_a_request_waiting_for_a_slot_is_not_passed_over_forever(setup, make_llm
 def test_priority_policy_admits_lower_values_first(setup, make_llm):
     model_dir, _ = setup
     llm = make_llm(
-        model=model_dir, max_model_len=128, num_kv_blocks=64, max_num_seqs=1,
-        max_num_batched_tokens=64, scheduling_policy="priority",
-    )  # fmt: skip
+        model=model_dir,
+        max_model_len=128,
+        num_kv_blocks=64,
+        max_num_seqs=1,
+        max_num_batched_tokens=64,
+        scheduling_policy="priority",
+    )
     outs = llm.generate(
-        [{"prompt_token_ids": prompt(i, 6)} for i in range(4)], greedy(3),
-        priority=[5, 0, 3, 0], use_tqdm=False,
-    )  # fmt: skip
+        [{"prompt_token_ids": prompt(i, 6)} for i in range(4)],
+        greedy(3),
+        priority=[5, 0, 3, 0],
+        use_tqdm=False,
+    )
     started = [out.metrics.first_scheduled_time for out in outs]
     assert sorted(range(4), key=lambda i: started[i]) == [1, 3, 2, 0]
 
@@ -209,9 +228,14 @@ def test_a_plugin_orders_admission_and_a_bad_answer_is_ignored(setup, make_llm, 
 
     def order_with(plugin):
         llm = make_llm(
-            model=model_dir, max_model_len=128, num_kv_blocks=64, max_num_seqs=1,
-            max_num_batched_tokens=64, scheduling_policy="fcfs", plugins=(plugin,),
-        )  # fmt: skip
+            model=model_dir,
+            max_model_len=128,
+            num_kv_blocks=64,
+            max_num_seqs=1,
+            max_num_batched_tokens=64,
+            scheduling_policy="fcfs",
+            plugins=(plugin,),
+        )
         outs = llm.generate(prompts, greedy(3), use_tqdm=False)
         started = [out.metrics.first_scheduled_time for out in outs]
         return sorted(range(3), key=lambda i: started[i]), [o.outputs[0].token_ids for o in outs]

@@ -59,9 +59,11 @@ def gguf_llm(tiny_gguf, gguf_cache, make_llm):
     def make(add_bos: bool | None):
         if add_bos not in made:
             made[add_bos] = make_llm(
-                model=str(tiny_gguf(add_bos)), weights_cache_dir=str(gguf_cache),
-                max_model_len=128, num_kv_blocks=32,
-            )  # fmt: skip
+                model=str(tiny_gguf(add_bos)),
+                weights_cache_dir=str(gguf_cache),
+                max_model_len=128,
+                num_kv_blocks=32,
+            )
         return made[add_bos]
 
     return make

@@ -113,9 +113,12 @@ def test_prefix_cache_evicted_blocks_are_not_reused_stale(tiny, expected, make_l
     items = [(0, "first", shared)] + fillers + [(30, "again", shared[:40] + [777, 778])]
     # 16 blocks: the fillers need every one, so the freed prefix blocks are taken.
     engine = make_llm(
-        model=tiny, max_model_len=128, num_kv_blocks=16, max_num_seqs=4,
+        model=tiny,
+        max_model_len=128,
+        num_kv_blocks=16,
+        max_num_seqs=4,
         enable_prefix_caching=True,
-    ).engine  # fmt: skip
+    ).engine
     outputs = drive(engine, arrivals_of(items), greedy(N))
     check(outputs, items, expected)
 

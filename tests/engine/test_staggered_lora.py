@@ -36,10 +36,14 @@ def test_mixed_adapters_joining_mid_batch_match_peft(setup, make_llm, budget):
     loras = {name: LoRARequest(name, i + 1, str(p)) for i, (name, p) in enumerate(paths.items())}
     names = [*ADAPTERS, None, "r8-a2", "r4-a16", None, "r6-a9"]
     arrivals = [
-        (2 * i, f"q{i}", [1] + [(500 + 61 * i + 17 * j) % 40000 for j in range(6 + 11 * i)],
-         loras.get(name))
+        (
+            2 * i,
+            f"q{i}",
+            [1] + [(500 + 61 * i + 17 * j) % 40000 for j in range(6 + 11 * i)],
+            loras.get(name),
+        )
         for i, name in enumerate(names)
-    ]  # fmt: skip
+    ]
     engine = make_llm(
         model=model_dir,
         max_model_len=256,

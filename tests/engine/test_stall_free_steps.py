@@ -29,9 +29,12 @@ def test_long_prompt_never_stalls_running_decodes(tiny, make_llm):
     also decodes all 8, and its chunks fit the budget beside them."""
     budget = 256
     engine = make_llm(
-        model=tiny, max_model_len=2048, num_kv_blocks=256, max_num_seqs=16,
+        model=tiny,
+        max_model_len=2048,
+        num_kv_blocks=256,
+        max_num_seqs=16,
         max_num_batched_tokens=budget,
-    ).engine  # fmt: skip
+    ).engine
     streams = [(0, f"s{i}", prompt(i, 20 + 3 * i), None) for i in range(8)]
     long_prompt = (3, "long", prompt(99, 1500), None)
     drive(engine, streams + [long_prompt], greedy(40))
@@ -70,9 +73,12 @@ MIXED = [
 @pytest.mark.parametrize("budget", [48, None])
 def test_budget_bounds_prompt_tokens_and_outputs_match_hf(tiny, make_llm, budget):
     engine = make_llm(
-        model=tiny, max_model_len=512, num_kv_blocks=128, max_num_seqs=8,
+        model=tiny,
+        max_model_len=512,
+        num_kv_blocks=128,
+        max_num_seqs=8,
         max_num_batched_tokens=budget,
-    ).engine  # fmt: skip
+    ).engine
     outputs = drive(engine, [(s, rid, ids, None) for s, rid, ids in MIXED], greedy(16))
     records = list(engine.step_records)
     assert all(r.num_tokens <= r.budget for r in records)
@@ -106,9 +112,13 @@ def test_shorter_prompt_is_prefilled_first(tiny, make_llm, policy, first_step):
     """A short prompt queued behind a long one gets its first token first (shortest
     prefill first); `fcfs` keeps arrival order."""
     engine = make_llm(
-        model=tiny, max_model_len=512, num_kv_blocks=64, max_num_seqs=8,
-        max_num_batched_tokens=64, scheduling_policy=policy,
-    ).engine  # fmt: skip
+        model=tiny,
+        max_model_len=512,
+        num_kv_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        scheduling_policy=policy,
+    ).engine
     engine.add_request("long", {"prompt_token_ids": prompt(0, 300)}, greedy(2))
     engine.add_request("short", {"prompt_token_ids": prompt(1, 10)}, greedy(2))
     while engine.has_unfinished_requests():

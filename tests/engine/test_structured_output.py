@@ -120,11 +120,15 @@ def test_samples_and_beams_each_follow_the_grammar(llm):
     beams = llm.generate(
         [prompt(8)],
         SamplingParams(
-            n=2, best_of=3, use_beam_search=True, temperature=0, max_tokens=24,
+            n=2,
+            best_of=3,
+            use_beam_search=True,
+            temperature=0,
+            max_tokens=24,
             guided_decoding=GuidedDecodingParams(choice=["alpha", "beta", "gamma"]),
         ),
         use_tqdm=False,
-    )[0]  # fmt: skip
+    )[0]
     assert {o.text for o in beams.outputs} <= {"alpha", "beta", "gamma"}
 
 

@@ -35,9 +35,13 @@ def adapter_root(tmp_path_factory, tiny_hf):
     root = tmp_path_factory.mktemp("adapter-root")
     for seed, name in enumerate(ADAPTER_NAMES):
         make_random_adapter(
-            tiny_hf, root / name, rank=4 * (1 + seed % 2), targets=TARGETS, seed=seed,
+            tiny_hf,
+            root / name,
+            rank=4 * (1 + seed % 2),
+            targets=TARGETS,
+            seed=seed,
             init_scale=0.5,
-        )  # fmt: skip
+        )
     (root / "notes").mkdir()
     (root / "notes" / "README.txt").write_text("not an adapter")
     return root

@@ -163,9 +163,13 @@ def test_vllm_load_and_unload_aliases(own):
 def test_delete_lets_running_requests_finish(own):
     assert post_adapter(own.url, "busy", "inside").status_code == 201
     body = {
-        "model": "busy", "prompt": "Go", "max_tokens": 500, "ignore_eos": True,
-        "temperature": 0, "stream": True,
-    }  # fmt: skip
+        "model": "busy",
+        "prompt": "Go",
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     deleted = {}
     with (
         httpx.Client(timeout=120) as client,

@@ -21,15 +21,40 @@ from loragate.gateway import GatewaySettings
 from loragate.gateway.operations.cli import main
 
 SERVE_FLAGS = [
-    "--model", "--served-model-name", "--host", "--port", "--adapter-root", "--max-model-len",
-    "--max-num-seqs", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--max-queue",
-    "--plugin", "--max-num-batched-tokens", "--block-size", "--kv-cache-memory-gb",
-    "--num-kv-blocks", "--dtype", "--device", "--seed", "--shutdown-timeout", "--max-body-bytes",
-    "--redis-url", "--redis-namespace", "--admin-key", "--registry-resync-seconds",
-    "--auth-cache-seconds", "--quota-lease-seconds", "--swap-space", "--preemption-mode",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-step-ms",
+    "--model",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--adapter-root",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-loras",
+    "--max-lora-rank",
+    "--max-cpu-loras",
+    "--max-queue",
+    "--plugin",
+    "--max-num-batched-tokens",
+    "--block-size",
+    "--kv-cache-memory-gb",
+    "--num-kv-blocks",
+    "--dtype",
+    "--device",
+    "--seed",
+    "--shutdown-timeout",
+    "--max-body-bytes",
+    "--redis-url",
+    "--redis-namespace",
+    "--admin-key",
+    "--registry-resync-seconds",
+    "--auth-cache-seconds",
+    "--quota-lease-seconds",
+    "--swap-space",
+    "--preemption-mode",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--max-step-ms",
     "--scheduling-policy",
-]  # fmt: skip
+]
 
 
 def test_help_documents_every_flag():
@@ -96,9 +121,17 @@ def test_kv_memory_flags_reach_the_engine_config(tiny_dir, served_settings):
     assert defaults.exit_code == 0, defaults.output
     chosen = CliRunner().invoke(
         main,
-        ["serve", "--model", str(tiny_dir), "--no-enable-prefix-caching",
-         "--preemption-mode", "swap", "--swap-space", "0.5"],
-    )  # fmt: skip
+        [
+            "serve",
+            "--model",
+            str(tiny_dir),
+            "--no-enable-prefix-caching",
+            "--preemption-mode",
+            "swap",
+            "--swap-space",
+            "0.5",
+        ],
+    )
     assert chosen.exit_code == 0, chosen.output
     default, engine = served_settings[0].engine, served_settings[1].engine
     assert (default.enable_prefix_caching, default.preemption_mode, default.swap_space) == (
@@ -112,9 +145,16 @@ def test_kv_memory_flags_reach_the_engine_config(tiny_dir, served_settings):
         0.5,
     )
     again = CliRunner().invoke(
-        main, ["serve", "--model", str(tiny_dir), "--enable-prefix-caching",
-               "--preemption-mode", "recompute"],
-    )  # fmt: skip
+        main,
+        [
+            "serve",
+            "--model",
+            str(tiny_dir),
+            "--enable-prefix-caching",
+            "--preemption-mode",
+            "recompute",
+        ],
+    )
     assert again.exit_code == 0, again.output
     assert served_settings[2].engine.enable_prefix_caching is True
     assert served_settings[2].engine.preemption_mode == "recompute"
@@ -130,9 +170,22 @@ def test_missing_adapter_root_is_refused(tiny_dir, tmp_path):
 def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root, url):
     result = CliRunner().invoke(
         main,
-        ["adapters", "make-random", "cli-made", "--rank", "4", "--targets", "q_proj,v_proj",
-         "--out", str(adapter_root), "--model", str(tiny_dir), "--seed", "5"],
-    )  # fmt: skip
+        [
+            "adapters",
+            "make-random",
+            "cli-made",
+            "--rank",
+            "4",
+            "--targets",
+            "q_proj,v_proj",
+            "--out",
+            str(adapter_root),
+            "--model",
+            str(tiny_dir),
+            "--seed",
+            "5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (adapter_root / "cli-made" / "adapter_model.safetensors").is_file()
     got = httpx.post(
@@ -145,14 +198,26 @@ def test_make_random_writes_an_adapter_the_server_accepts(tiny_dir, adapter_root
 
 def stream_body(model, max_tokens):
     return {
-        "model": model, "prompt": "Go on", "max_tokens": max_tokens, "ignore_eos": True,
-        "temperature": 0, "stream": True,
-    }  # fmt: skip
+        "model": model,
+        "prompt": "Go on",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 def test_serve_process_logs_requests_and_drains_on_sigterm(tiny_dir):
-    server = ServeProcess("--model", str(tiny_dir), "--served-model-name", "tiny-cli",
-                          "--max-model-len", "1024", "--num-kv-blocks", "128")  # fmt: skip
+    server = ServeProcess(
+        "--model",
+        str(tiny_dir),
+        "--served-model-name",
+        "tiny-cli",
+        "--max-model-len",
+        "1024",
+        "--num-kv-blocks",
+        "128",
+    )
     try:
         assert server.url.startswith("http://127.0.0.1:")
         assert httpx.get(f"{server.url}/health").json()["model"] == "tiny-cli"
@@ -179,8 +244,16 @@ def test_serve_process_logs_requests_and_drains_on_sigterm(tiny_dir):
 
 
 def test_shutdown_timeout_bounds_the_drain(tiny_dir):
-    server = ServeProcess("--model", str(tiny_dir), "--max-model-len", "2048",
-                          "--num-kv-blocks", "256", "--shutdown-timeout", "0.5")  # fmt: skip
+    server = ServeProcess(
+        "--model",
+        str(tiny_dir),
+        "--max-model-len",
+        "2048",
+        "--num-kv-blocks",
+        "256",
+        "--shutdown-timeout",
+        "0.5",
+    )
     try:
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
         with (
@@ -211,9 +284,10 @@ def test_train_demo_writes_adapters_the_server_accepts(tiny_dir, adapter_root, u
     # a line per stage, and per step (two steps: each is a tenth or more), on stderr
     progress = [line for line in result.stderr.splitlines() if line.strip()]
     assert [line.split(" (")[0] for line in progress if line.startswith("[")] == [
-        "[1/3] answering 48 questions with the base model", "[2/3] training uppercase",
+        "[1/3] answering 48 questions with the base model",
+        "[2/3] training uppercase",
         "[3/3] training terse",
-    ]  # fmt: skip
+    ]
     steps = [line.split(",")[0].strip() for line in progress if "step " in line]
     assert steps == [f"{name}: step {i}/2" for name in ("uppercase", "terse") for i in (1, 2)]
     assert progress[-1].startswith("trained the demo adapters in ")
@@ -255,10 +329,19 @@ def test_plugins_lists_what_serve_would_load():
 def test_serve_process_with_redis_and_admin_key_from_the_environment(tiny_dir, redis_url):
     namespace = f"test-cli-{os.getpid()}-{threading.get_ident()}"
     admin = "cli-admin-key-" + "z" * 16
-    server = ServeProcess("--model", str(tiny_dir), "--redis-url", redis_url,
-                          "--redis-namespace", namespace, "--max-model-len", "1024",
-                          "--num-kv-blocks", "128",
-                          env={"LORAGATE_ADMIN_KEY": admin})  # fmt: skip
+    server = ServeProcess(
+        "--model",
+        str(tiny_dir),
+        "--redis-url",
+        redis_url,
+        "--redis-namespace",
+        namespace,
+        "--max-model-len",
+        "1024",
+        "--num-kv-blocks",
+        "128",
+        env={"LORAGATE_ADMIN_KEY": admin},
+    )
     try:
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
         headers = {"Authorization": f"Bearer {admin}"}
@@ -283,9 +366,21 @@ def test_vllm_style_serve_with_lora_modules_api_key_and_several_names(tiny_dir, 
     as vLLM takes it: the adapters answer by name, every API call needs the key."""
     key = "shared-vllm-key"
     module = json.dumps({"name": "second", "path": str(adapter_root / "beta")})
-    server = ServeProcess(str(tiny_dir), "--lora-modules", f"first={adapter_root / 'alpha'}",
-                          module, "--api-key", key, "--served-model-name", "tiny-x", "tiny-y",
-                          "--max-model-len", "512", "--num-kv-blocks", "128")  # fmt: skip
+    server = ServeProcess(
+        str(tiny_dir),
+        "--lora-modules",
+        f"first={adapter_root / 'alpha'}",
+        module,
+        "--api-key",
+        key,
+        "--served-model-name",
+        "tiny-x",
+        "tiny-y",
+        "--max-model-len",
+        "512",
+        "--num-kv-blocks",
+        "128",
+    )
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
         names = {m.id for m in client.models.list().data}
@@ -328,9 +423,16 @@ def test_vllm_tool_flags_reach_the_settings(tiny_dir, served_settings, tmp_path)
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}")
     result = CliRunner().invoke(
         main,
-        ["serve", str(tiny_dir), "--enable-auto-tool-choice", "--tool-call-parser",
-         "llama3_json", "--chat-template", str(template)],
-    )  # fmt: skip
+        [
+            "serve",
+            str(tiny_dir),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "llama3_json",
+            "--chat-template",
+            str(template),
+        ],
+    )
     assert result.exit_code == 0, result.output
     settings = served_settings[-1]
     assert settings.enable_auto_tool_choice and settings.tool_call_parser == "llama3_json"

@@ -54,8 +54,10 @@ def test_the_data_is_the_operators_alone(tenanted):
     assert adapters[ADAPTER_NAMES[0]]["requests"] == 1
     assert adapters[ADAPTER_NAMES[0]]["tier"] in ("device", "cpu")
     assert {a["tier"] for a in data["adapters"] if a["name"] in ADAPTER_NAMES[1:]} <= {
-        "device", "cpu", "disk",
-    }  # fmt: skip
+        "device",
+        "cpu",
+        "disk",
+    }
     assert data["ttft_p50"] is not None
 
 

@@ -74,19 +74,28 @@ def test_two_schemas_and_a_free_request_at_once(client, base_name, offline):
 
 def test_vllm_guided_fields_and_json_object(client, base_name):
     choice = client.completions.create(
-        model=base_name, prompt="Pick one:", max_tokens=12, temperature=0,
+        model=base_name,
+        prompt="Pick one:",
+        max_tokens=12,
+        temperature=0,
         extra_body={"guided_choice": ["left", "right"]},
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert choice.text in ("left", "right")
     regex = client.completions.create(
-        model="gamma", prompt="Code:", max_tokens=16, temperature=0,
+        model="gamma",
+        prompt="Code:",
+        max_tokens=16,
+        temperature=0,
         extra_body={"guided_regex": "[A-Z]{3}-[0-9]{2}"},
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert len(regex.text) == 6 and regex.text[3] == "-" and regex.text[:3].isupper()
     obj = client.completions.create(
-        model=base_name, prompt="{", max_tokens=64, temperature=0,
+        model=base_name,
+        prompt="{",
+        max_tokens=64,
+        temperature=0,
         extra_body={"guided_json": json.dumps(POINT)},
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     jsonschema.validate(json.loads(obj.text), POINT)
 
 
@@ -110,9 +119,12 @@ def test_logit_bias_and_echo(client, base_name, offline):
     (ref,) = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     first = ref.outputs[0].token_ids[0]
     biased = client.completions.create(
-        model=base_name, prompt=prompt, max_tokens=4, temperature=0,
+        model=base_name,
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
         logit_bias={str(first): -100},
-    )  # fmt: skip
+    )
     assert biased.choices[0].text != plain.choices[0].text
     echoed = client.completions.create(
         model=base_name, prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2
@@ -134,18 +146,21 @@ def test_max_tokens_past_the_context_is_vllms_400(client, base_name):
     assert body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
-            model=base_name, messages=[{"role": "user", "content": "hi"}],
+            model=base_name,
+            messages=[{"role": "user", "content": "hi"}],
             max_completion_tokens=600,
-        )  # fmt: skip
+        )
     assert err.value.body["param"] == "max_completion_tokens"
 
 
 def test_lorax_response_format_and_tgi_top_n_tokens_and_prefill(url):
     lorax = LoraxClient(url)
     got = lorax.generate(
-        "Describe a point:", adapter_id="beta", max_new_tokens=48,
+        "Describe a point:",
+        adapter_id="beta",
+        max_new_tokens=48,
         response_format={"type": "json_object", "schema": POINT},
-    )  # fmt: skip
+    )
     jsonschema.validate(json.loads(got.generated_text), POINT)
     detailed = TGIClient(url).generate(
         "one two three", max_new_tokens=3, decoder_input_details=True, top_n_tokens=3
@@ -179,17 +194,25 @@ def test_tokenize_detokenize_and_version(url, base_name, offline):
 
 def test_named_and_required_tool_choice_return_valid_tool_calls(client, base_name):
     named = client.chat.completions.create(
-        model="beta", messages=ASK, max_tokens=64, temperature=0, tools=[WEATHER, TIME],
+        model="beta",
+        messages=ASK,
+        max_tokens=64,
+        temperature=0,
+        tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert named.message.content is None and named.finish_reason == "stop"
     (call,) = named.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     required = client.chat.completions.create(
-        model=base_name, messages=ASK, max_tokens=96, temperature=0, tools=[WEATHER, TIME],
+        model=base_name,
+        messages=ASK,
+        max_tokens=96,
+        temperature=0,
+        tools=[WEATHER, TIME],
         tool_choice="required",
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert required.finish_reason == "tool_calls" and required.message.tool_calls
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
     for call in required.message.tool_calls:
@@ -203,14 +226,20 @@ def test_tool_choice_auto_and_unknown_names_are_400s_that_say_why(client, base_n
     assert "chat template does not lay out tools" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
-            model=base_name, messages=ASK, tools=[WEATHER],
+            model=base_name,
+            messages=ASK,
+            tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "get_time"}},
-        )  # fmt: skip
+        )
     assert "not among the tools" in err.value.body["message"]
     plain = client.chat.completions.create(
-        model=base_name, messages=ASK, max_tokens=4, temperature=0, tools=[WEATHER],
+        model=base_name,
+        messages=ASK,
+        max_tokens=4,
+        temperature=0,
+        tools=[WEATHER],
         tool_choice="none",
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert plain.message.content and not plain.message.tool_calls
 
 

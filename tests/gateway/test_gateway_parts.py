@@ -35,8 +35,19 @@ def test_paths_resolve_inside_the_root_only(root):
     assert resolve_adapter_dir(root, "a/nested/..") == root / "a"
     assert resolve_adapter_dir(root, str(root / "a" / "nested")) == root / "a" / "nested"
     assert resolve_adapter_dir(root, "in-link") == root / "a"  # the real path is what loads
-    for bad in ("out-link", "../elsewhere", "a/../../elsewhere", str(root.parent), "..", "loop",
-                "file", "missing", "", "   ", "a\x00b"):  # fmt: skip
+    for bad in (
+        "out-link",
+        "../elsewhere",
+        "a/../../elsewhere",
+        str(root.parent),
+        "..",
+        "loop",
+        "file",
+        "missing",
+        "",
+        "   ",
+        "a\x00b",
+    ):
         with pytest.raises(AdapterPathError):
             resolve_adapter_dir(root, bad)
     with pytest.raises(AdapterPathError, match="--adapter-root"):
@@ -110,8 +121,12 @@ def test_delta_tracker_sends_every_character_and_token_once():
     lp = [{1: -0.1}, {2: -0.2}, {3: -0.3}]
     last = tracker.step(choice("Hello", [1, 2, 3], "stop", lp), with_tokens=True)
     assert (last.text, last.token_ids, last.logprobs, last.finish_reason, last.text_offset) == (
-        "llo", [3], [{3: -0.3}], "stop", 2,
-    )  # fmt: skip
+        "llo",
+        [3],
+        [{3: -0.3}],
+        "stop",
+        2,
+    )
     assert tracker.step(choice("Hello", [1, 2, 3], "stop"), with_tokens=True) is None
 
 
@@ -125,8 +140,14 @@ def test_field_of_names_the_api_field():
 
 def test_settings_are_checked():
     GatewaySettings(engine=EngineConfig(), port=0, max_queue=0)
-    for bad in ({"port": -1}, {"port": True}, {"max_queue": -1}, {"max_body_bytes": 10},
-                {"shutdown_timeout": -1}, {"retry_after_seconds": 0}):  # fmt: skip
+    for bad in (
+        {"port": -1},
+        {"port": True},
+        {"max_queue": -1},
+        {"max_body_bytes": 10},
+        {"shutdown_timeout": -1},
+        {"retry_after_seconds": 0},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             GatewaySettings(**bad)
     with pytest.raises(FileNotFoundError, match="adapter_root"):
@@ -143,9 +164,17 @@ def test_adapter_names_are_checked():
 def test_in_memory_registry_ids_and_replacement():
     def record(name, lora_id):
         meta = AdapterMetadata(
-            name=name, base_model="base", rank=4, alpha=8.0, target_modules=("q_proj",),
-            sha256="0" * 64, size_bytes=1, path="p", lora_int_id=lora_id, created_at=0,
-        )  # fmt: skip
+            name=name,
+            base_model="base",
+            rank=4,
+            alpha=8.0,
+            target_modules=("q_proj",),
+            sha256="0" * 64,
+            size_bytes=1,
+            path="p",
+            lora_int_id=lora_id,
+            created_at=0,
+        )
         return AdapterRecord(meta, LoRARequest(name, lora_id, "/p"), "rest")
 
     async def scenario():

@@ -42,8 +42,12 @@ CRAFTED = r"(?=.*layers\.29\.self_attn\.q_proj)(\w*\.?)*Z"
 BACKTRACKING = r"(\w*\.?)*Z"
 DEEP = 100_000
 GENERATION_ROUTES = (
-    "/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream", "/",
-)  # fmt: skip
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/generate",
+    "/generate_stream",
+    "/",
+)
 
 error_bodies: list[str] = []  # every error answer of this module, checked for absolute paths
 

@@ -157,8 +157,22 @@ RIGHT_TYPES = {("stop", "'str'"), ("ignore_eos", "True"), ("stream", "True")}
 def test_model_field_with_real_model_but_wrong_types_everywhere(url):
     """A broad sweep: every field of a completion set to each wrong type is a 4xx."""
     base = base_model(url)
-    fields = ["n", "temperature", "top_p", "stop", "seed", "max_tokens", "logprobs", "top_k",
-              "min_p", "ignore_eos", "best_of", "stop_token_ids", "sampler", "stream"]  # fmt: skip
+    fields = [
+        "n",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "max_tokens",
+        "logprobs",
+        "top_k",
+        "min_p",
+        "ignore_eos",
+        "best_of",
+        "stop_token_ids",
+        "sampler",
+        "stream",
+    ]
     wrong = []
     for field in fields:
         for bad in ("str", -3.5, {"a": 1}, [None], True):
@@ -198,8 +212,16 @@ def test_health_metrics_and_openapi(url):
     assert m["loragate_generation_tokens_total"] >= 2
     assert m["loragate_e2e_request_latency_seconds_count"] >= 1
     schema = httpx.get(f"{url}/schema/openapi.json").json()
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/adapters",
-                 "/generate", "/generate_stream", "/health", "/metrics"):  # fmt: skip
+    for path in (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/adapters",
+        "/generate",
+        "/generate_stream",
+        "/health",
+        "/metrics",
+    ):
         assert path in schema["paths"], path
     assert "CompletionRequest" in schema["components"]["schemas"]
 

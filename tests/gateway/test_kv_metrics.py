@@ -27,8 +27,14 @@ def kv_url(start_server):
 
 def complete(url: str, prompt: list[int], max_tokens: int, **extra) -> httpx.Response:
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, **extra}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
 
 
@@ -74,9 +80,15 @@ def test_internal_fragmentation_is_the_unused_tail_of_the_last_block(kv_url):
     wait_until(lambda: kv_idle(kv_url), "idle")
     prompt = [1] + list(range(7000, 7039))  # 40 tokens
     model = httpx.get(f"{kv_url}/v1/models").json()["data"][0]["id"]
-    body = {"model": model, "prompt": prompt, "max_tokens": ENGINE["max_model_len"] - 40,
-            "temperature": 0, "ignore_eos": True, "sampler": "slow_greedy",
-            "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": ENGINE["max_model_len"] - 40,
+        "temperature": 0,
+        "ignore_eos": True,
+        "sampler": "slow_greedy",
+        "stream": True,
+    }
     wasted_slots = []
     with (
         httpx.Client(timeout=120) as client,
@@ -108,9 +120,13 @@ def test_swapped_blocks_are_reported_while_a_preempted_request_waits(start_serve
     """Few KV blocks and preemption by swap: a victim's blocks show up as swapped, then all
     requests finish in full and nothing stays swapped."""
     url = start_server(
-        plugins=(SLOW,), max_model_len=128, num_kv_blocks=20, max_num_seqs=8,
-        preemption_mode="swap", swap_space=0.01,
-    ).url  # fmt: skip
+        plugins=(SLOW,),
+        max_model_len=128,
+        num_kv_blocks=20,
+        max_num_seqs=8,
+        preemption_mode="swap",
+        swap_space=0.01,
+    ).url
     prompts = [[1] + list(range(200 + 7 * i, 200 + 7 * i + 20 + 9 * i)) for i in range(8)]
     with ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(complete, url, p, 40, sampler="slow_greedy") for p in prompts]

@@ -24,9 +24,13 @@ def long_server(start_server):
 
 def long_body(model, max_tokens=2000, stream=True):
     return {
-        "model": model, "prompt": "Keep going", "max_tokens": max_tokens, "ignore_eos": True,
-        "temperature": 0, "stream": stream,
-    }  # fmt: skip
+        "model": model,
+        "prompt": "Keep going",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 def base_model(url):
@@ -35,9 +39,14 @@ def base_model(url):
 
 async def _one_stream(client, url, model, prompt, max_tokens):
     body = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
         lines = [line async for line in response.aiter_lines()]

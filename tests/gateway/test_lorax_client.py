@@ -93,9 +93,14 @@ def test_sampling_is_seeded(url, offline):
 
 def test_lorax_best_of_lists_the_other_candidates(url):
     got = LoraxClient(url, timeout=60).generate(
-        "Tell me a story", adapter_id="gamma", max_new_tokens=6, best_of=3, do_sample=True,
-        details=True, decoder_input_details=True,
-    )  # fmt: skip
+        "Tell me a story",
+        adapter_id="gamma",
+        max_new_tokens=6,
+        best_of=3,
+        do_sample=True,
+        details=True,
+        decoder_input_details=True,
+    )
     details = got.details
     others = details.best_of_sequences
     assert len(others) == 2

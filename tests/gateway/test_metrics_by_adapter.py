@@ -32,8 +32,14 @@ def by_label(m: dict[str, float], name: str, label: str) -> dict[str, float]:
 
 
 def complete(url: str, model: str, max_tokens: int = 5, **extra) -> httpx.Response:
-    body = {"model": model, "prompt": f"Hello {model}", "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, **extra}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": f"Hello {model}",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
 
 

@@ -66,9 +66,13 @@ def test_batch_of_prompts_and_token_id_prompts(client, base_name, offline):
 def test_streamed_completion_concatenates_to_offline_text(client, offline, lora_of):
     prompt = "In the beginning"
     stream = client.completions.create(
-        model="alpha", prompt=prompt, max_tokens=9, temperature=0, stream=True,
+        model="alpha",
+        prompt=prompt,
+        max_tokens=9,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     finish = [
@@ -98,9 +102,13 @@ def test_streamed_chat_naming_an_adapter(client, offline, lora_of):
         {"role": "user", "content": "Name a colour."},
     ]
     stream = client.chat.completions.create(
-        model="gamma", messages=messages, max_tokens=11, temperature=0, stream=True,
+        model="gamma",
+        messages=messages,
+        max_tokens=11,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -118,9 +126,15 @@ def test_streamed_chat_naming_an_adapter(client, offline, lora_of):
 
 def test_chat_logprobs_and_n(client, base_name):
     got = client.chat.completions.create(
-        model=base_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-        temperature=0.8, seed=7, n=2, logprobs=True, top_logprobs=3,
-    )  # fmt: skip
+        model=base_name,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0.8,
+        seed=7,
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+    )
     assert sorted(c.index for c in got.choices) == [0, 1]
     for choice in got.choices:
         entries = choice.logprobs.content

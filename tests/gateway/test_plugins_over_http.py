@@ -68,14 +68,24 @@ def _explode_or_greedy(url: str, kind: str) -> httpx.Response | list:
     model = base_model(url)
     explode = {"sampler": "explode"} if kind.startswith("explode") else {"temperature": 0}
     if kind == "explode chat stream":
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 5, "stream": True, **explode}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "stream": True,
+            **explode,
+        }
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
             return list(r.iter_lines())
     if kind == "explode stream":
-        body = {"model": model, "prompt": "The weather today", "max_tokens": 5, "stream": True,
-                **explode}  # fmt: skip
+        body = {
+            "model": model,
+            "prompt": "The weather today",
+            "max_tokens": 5,
+            "stream": True,
+            **explode,
+        }
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
             return list(r.iter_lines())

@@ -92,15 +92,22 @@ def test_chat_templated_text_equals_chat_completions(default_url, saved_tokenize
     assert ids.count(BOS) == text.count("<|im_start|>")  # the template's own, no extra one
     as_text = completion(default_url, text)
     as_chat = post(
-        default_url, "/v1/chat/completions",
+        default_url,
+        "/v1/chat/completions",
         {"model": DEFAULT_MODEL_NAME, "messages": CHAT, "max_tokens": 12, "temperature": 0},
-    )  # fmt: skip
+    )
     assert as_text["usage"]["prompt_tokens"] == as_chat["usage"]["prompt_tokens"] == count
     assert as_text["choices"][0]["text"] == as_chat["choices"][0]["message"]["content"]
     assert as_chat["choices"][0]["message"]["content"]
     forced = post(
-        default_url, "/v1/chat/completions",
-        {"model": DEFAULT_MODEL_NAME, "messages": CHAT, "max_tokens": 1, "temperature": 0,
-         "add_special_tokens": True},
-    )  # fmt: skip
+        default_url,
+        "/v1/chat/completions",
+        {
+            "model": DEFAULT_MODEL_NAME,
+            "messages": CHAT,
+            "max_tokens": 1,
+            "temperature": 0,
+            "add_special_tokens": True,
+        },
+    )
     assert forced["usage"]["prompt_tokens"] == count

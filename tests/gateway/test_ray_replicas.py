@@ -142,10 +142,12 @@ def test_replica_counts_become_ray_serve_options():
     scaled = RayReplicas(GatewaySettings(min_replicas=1, max_replicas=4, target_ongoing_requests=5))
     assert scaled.scaling_options() == {
         "autoscaling_config": {
-            "min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+            "min_replicas": 1,
+            "max_replicas": 4,
+            "initial_replicas": 1,
             "target_ongoing_requests": 5,
         }
-    }  # fmt: skip
+    }
     assert scaled.most_replicas() == 4
 
 
@@ -213,10 +215,15 @@ def test_a_quota_holds_across_replicas(admin):
 def _stream(api: Api, model: str, outcome: dict) -> None:
     """One streamed completion: outcome gets its status, tokens seen and how it ended."""
     body = {
-        "model": model, "prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": True,
-        "temperature": 0, "stream": True, "logprobs": 0,
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": 160,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "logprobs": 0,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
     tokens, ended = 0, None
     with httpx.stream(
         "POST", f"{api.url}/v1/completions", json=body, headers=api.headers, timeout=120

@@ -16,15 +16,31 @@ pytestmark = pytest.mark.ray
 
 
 def test_sigterm_drains_the_replicas_and_stops_the_local_cluster(tiny_dir):
-    server = ServeProcess("--model", str(tiny_dir), "--replicas", "2", "--replica-cpus", "0.5",
-                          "--num-kv-blocks", "128", "--max-model-len", "1024")  # fmt: skip
+    server = ServeProcess(
+        "--model",
+        str(tiny_dir),
+        "--replicas",
+        "2",
+        "--replica-cpus",
+        "0.5",
+        "--num-kv-blocks",
+        "128",
+        "--max-model-len",
+        "1024",
+    )
     try:
         replicas = httpx.get(f"{server.url}/v1/replicas", timeout=30).json()
         assert replicas["mode"] == "ray" and len(replicas["data"]) == 2, replicas
         cluster = psutil.Process(server.proc.pid).children(recursive=True)
         assert any("raylet" in p.name() for p in cluster), [p.name() for p in cluster]
-        body = {"model": "", "prompt": "Go on", "max_tokens": 300, "ignore_eos": True,
-                "temperature": 0, "stream": True}  # fmt: skip
+        body = {
+            "model": "",
+            "prompt": "Go on",
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
         with (
             httpx.Client(timeout=120) as client,
             client.stream("POST", f"{server.url}/v1/completions", json=body) as response,

@@ -70,10 +70,17 @@ def test_the_resync_catches_a_change_whose_event_was_lost(replicas, redis_url, r
     api = Api(server.url, ADMIN_KEY)
     house = api.get("/v1/adapters/house").json()
     record = AdapterMetadata(
-        name="sneaked-in", base_model=house["parent"], rank=house["rank"], alpha=house["alpha"],
-        target_modules=tuple(house["target_modules"]), sha256=house["sha256"],
-        size_bytes=house["size_bytes"], path="house", lora_int_id=7, created_at=time.time(),
-    )  # fmt: skip
+        name="sneaked-in",
+        base_model=house["parent"],
+        rank=house["rank"],
+        alpha=house["alpha"],
+        target_modules=tuple(house["target_modules"]),
+        sha256=house["sha256"],
+        size_bytes=house["size_bytes"],
+        path="house",
+        lora_int_id=7,
+        created_at=time.time(),
+    )
     # Written straight into Redis, with the version bumped but no event published.
     client = redis.Redis.from_url(redis_url)
     client.hset(f"{redis_namespace}:adapters", "sneaked-in", msgspec.json.encode(record))
@@ -96,23 +103,31 @@ def _one_request(api: Api, kind: str, model: str, i: int) -> tuple[int, int]:
         return usage["prompt_tokens"], usage["completion_tokens"]
     if kind == "chat":
         body = {
-            "model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 2 + i % 4, "temperature": 0,
-        }  # fmt: skip
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 2 + i % 4,
+            "temperature": 0,
+        }
         got = api.post("/v1/chat/completions", body)
         assert got.status_code == 200, got.text
         usage = got.json()["usage"]
         return usage["prompt_tokens"], usage["completion_tokens"]
     if kind == "stream":
         body = {
-            "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True},
-        }  # fmt: skip
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with streamed(api, "/v1/completions", body) as lines:
             usage = sse_payloads(lines)[-1]["usage"]
         return usage["prompt_tokens"], usage["completion_tokens"]
-    body = {"inputs": prompt, "parameters": {"adapter_id": model, "max_new_tokens": 3,
-                                             "details": True}}  # fmt: skip
+    body = {
+        "inputs": prompt,
+        "parameters": {"adapter_id": model, "max_new_tokens": 3, "details": True},
+    }
     got = api.post("/generate", body)
     assert got.status_code == 200, got.text
     details = got.json()["details"]

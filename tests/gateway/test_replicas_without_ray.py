@@ -27,10 +27,23 @@ def no_ray_env(tmp_path):
 
 def test_replicas_without_ray_exit_with_the_install_hint(tiny_dir, no_ray_env):
     done = subprocess.run(
-        [sys.executable, "-m", "loragate.gateway.operations.cli", "serve",
-         "--model", str(tiny_dir), "--port", "0", "--replicas", "2"],
-        env=no_ray_env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loragate.gateway.operations.cli",
+            "serve",
+            "--model",
+            str(tiny_dir),
+            "--port",
+            "0",
+            "--replicas",
+            "2",
+        ],
+        env=no_ray_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "pip install 'loragate[ray]'" in done.stderr, done.stderr
     assert "hidden by the test" in done.stderr  # it names why Ray could not be imported
@@ -53,9 +66,12 @@ def test_the_single_process_server_needs_no_ray(tiny_dir, no_ray_env):
         "print('ray' in sys.modules)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], env=no_ray_env, capture_output=True, text=True,
+        [sys.executable, "-c", script],
+        env=no_ray_env,
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["200", "2", "False"], done.stdout
 

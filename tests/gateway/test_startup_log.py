@@ -10,8 +10,18 @@ from servers_testlib import start_tiny_server
 
 from loragate.gateway.operations.labels import BASE, OTHER, BoundedLabels
 
-ORDER = ("model:", "dtype:", "device:", "threads:", "KV cache:", "max_model_len:", "LoRA:",
-         "prefix caching:", "plugins:", "registry:")  # fmt: skip
+ORDER = (
+    "model:",
+    "dtype:",
+    "device:",
+    "threads:",
+    "KV cache:",
+    "max_model_len:",
+    "LoRA:",
+    "prefix caching:",
+    "plugins:",
+    "registry:",
+)
 
 
 def test_the_startup_lines_come_in_order_before_the_server_listens(tiny_dir, caplog):
@@ -46,7 +56,13 @@ def test_the_startup_lines_come_in_order_before_the_server_listens(tiny_dir, cap
 def test_the_first_names_keep_their_labels_and_later_ones_are_other():
     labels = BoundedLabels(2)
     assert [labels.label(n) for n in ("a", "b", "c", "a", BASE, "d", "b")] == [
-        "a", "b", OTHER, "a", BASE, OTHER, "b",
-    ]  # fmt: skip
+        "a",
+        "b",
+        OTHER,
+        "a",
+        BASE,
+        OTHER,
+        "b",
+    ]
     assert labels.named() == {"a", "b"}
     assert BoundedLabels(0).label("a") == OTHER

@@ -308,9 +308,13 @@ def test_a_lease_is_given_back_whichever_way_a_request_ends(pair):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
     assert solo.complete(base).status_code == 200
     body = {
-        "model": base, "prompt": "Go", "max_tokens": 200, "ignore_eos": True, "stream": True,
+        "model": base,
+        "prompt": "Go",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
         "sampler": "slow_greedy",
-    }  # fmt: skip
+    }
     with httpx.stream("POST", f"{a.url}/v1/completions", json=body, headers=solo.headers) as r:
         lines = r.iter_lines()  # kept: dropping the iterator would close the connection
         next(line for line in lines if line.startswith("data:"))
@@ -325,9 +329,13 @@ def test_a_long_stream_keeps_its_concurrency_lease(replicas):
     solo = admin.as_key(admin.create_tenant("solo", max_concurrent_requests=1))
     base = admin.base_model()
     body = {
-        "model": base, "prompt": "Go", "max_tokens": 40, "ignore_eos": True, "stream": True,
+        "model": base,
+        "prompt": "Go",
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "stream": True,
         "sampler": "slow_greedy",
-    }  # fmt: skip
+    }
     refusals, lines = [], []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=solo.headers) as r:
         for line in r.iter_lines():  # 40 steps of >= 50 ms: several lease lifetimes

@@ -239,10 +239,18 @@ def test_usage_waits_while_the_store_is_down_and_is_written_exactly_once():
 
 def _meta(name: str, lora_int_id: int, tenant: str | None = None, **kw) -> AdapterMetadata:
     fields = dict(
-        name=name, tenant=tenant, base_model="tiny", rank=4, alpha=8.0,
-        target_modules=("q_proj",), sha256="ab" * 32, size_bytes=10, path=name,
-        lora_int_id=lora_int_id, created_at=time.time(),
-    )  # fmt: skip
+        name=name,
+        tenant=tenant,
+        base_model="tiny",
+        rank=4,
+        alpha=8.0,
+        target_modules=("q_proj",),
+        sha256="ab" * 32,
+        size_bytes=10,
+        path=name,
+        lora_int_id=lora_int_id,
+        created_at=time.time(),
+    )
     return AdapterMetadata(**{**fields, **kw})
 
 

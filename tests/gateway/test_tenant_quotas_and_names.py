@@ -145,9 +145,13 @@ def test_what_a_request_did_not_use_is_given_back_however_it_ends(pair):
     hasty_key = a.create_tenant("hasty", tokens_per_minute=QUOTA)
     hasty = a.as_key(hasty_key)
     body = {
-        "model": base, "prompt": "Go", "max_tokens": 90, "ignore_eos": True, "stream": True,
+        "model": base,
+        "prompt": "Go",
+        "max_tokens": 90,
+        "ignore_eos": True,
+        "stream": True,
         "sampler": "slow_greedy",
-    }  # fmt: skip
+    }
     with httpx.stream("POST", f"{a.url}/v1/completions", json=body, headers=hasty.headers) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data:"))
@@ -289,8 +293,10 @@ def test_the_admin_names_and_registers_a_tenants_adapter_as_tenant_slash_name(pa
     got = a.register("acme/tone", "tone")
     assert got.status_code == 201, got.text
     assert (got.json()["name"], got.json()["owner"], got.json()["path"]) == (
-        "acme/tone", "acme", "acme/tone",
-    )  # fmt: skip
+        "acme/tone",
+        "acme",
+        "acme/tone",
+    )
     acme = b.as_key(tenants["acme"])
     wait_until(lambda: acme.complete("tone").status_code == 200, "acme uses it", VISIBILITY_S)
     assert a.get("/v1/models/acme/tone").json()["id"] == "acme/tone"

@@ -48,11 +48,19 @@ def test_the_template_file_lays_out_the_tools(tools_url, base_name, client):
     assert "<tools>" not in rendered()
     # An earlier call and its answer go back through the template too.
     turn = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
-    ]  # fmt: skip
+    ]
     history = rendered(messages=turn, tools=[WEATHER])
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in history
     assert "<tool_response>\nsunny, 21 C" in history
@@ -64,9 +72,14 @@ def test_the_template_file_lays_out_the_tools(tools_url, base_name, client):
 
 def test_auto_reads_the_models_hermes_call_as_tool_calls(client, base_name):
     choice = client.chat.completions.create(
-        model="alpha", messages=ASK, tools=[WEATHER, TIME], tool_choice="auto",
-        max_tokens=96, temperature=0, extra_body={"guided_regex": HERMES_CALL_REGEX},
-    ).choices[0]  # fmt: skip
+        model="alpha",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="auto",
+        max_tokens=96,
+        temperature=0,
+        extra_body={"guided_regex": HERMES_CALL_REGEX},
+    ).choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Sure. "  # the text before the call, as vLLM's
     (call,) = choice.message.tool_calls
@@ -75,16 +88,20 @@ def test_auto_reads_the_models_hermes_call_as_tool_calls(client, base_name):
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
     words = client.chat.completions.create(
         model=base_name, messages=ASK, tools=[WEATHER], max_tokens=6, temperature=0
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert words.message.tool_calls is None and words.message.content
     assert words.finish_reason == "length"
 
 
 def test_a_call_cut_by_max_tokens_is_content_not_an_error(client):
     choice = client.chat.completions.create(
-        model="beta", messages=ASK, tools=[WEATHER], max_tokens=12, temperature=0,
+        model="beta",
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=12,
+        temperature=0,
         extra_body={"guided_regex": HERMES_CALL_REGEX},
-    ).choices[0]  # fmt: skip
+    ).choices[0]
     assert choice.finish_reason == "length" and choice.message.tool_calls is None
     assert choice.message.content.startswith("Sure. <tool_call>")
 
@@ -100,9 +117,14 @@ def test_a_call_cut_by_max_tokens_is_content_not_an_error(client):
 )
 def test_streamed_tool_calls_add_up_to_the_whole_answer(client, choice, extra, finish):
     kwargs = dict(
-        model="gamma", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
-        max_tokens=96, temperature=0, extra_body=extra,
-    )  # fmt: skip
+        model="gamma",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        max_tokens=96,
+        temperature=0,
+        extra_body=extra,
+    )
     whole = client.chat.completions.create(**kwargs).choices[0]
     assert whole.finish_reason == finish and whole.message.tool_calls
     with client.chat.completions.stream(**kwargs) as stream:
@@ -125,10 +147,18 @@ def test_streamed_tool_calls_add_up_to_the_whole_answer(client, choice, extra, f
 
 def test_a_bad_earlier_call_is_a_400_naming_it(client, base_name):
     turn = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function",
-             "function": {"name": "get_weather", "arguments": "{not json"}}]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{not json"},
+                }
+            ],
+        },
+    ]
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=base_name, messages=turn, tools=[WEATHER])
     assert err.value.body["param"] == "messages[1].tool_calls[0].function.arguments"

@@ -29,7 +29,9 @@ def parallel_work():
 
 def run(body: str) -> list[str]:
     script = PRELUDE + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 

@@ -56,9 +56,15 @@ def test_prefill_matches_reference(backend, heads, heads_kv, head_dim, block_siz
     q = torch.randn(sum(q_lens), heads, head_dim)
     scale = 1 / math.sqrt(head_dim)
     out = kernels.paged_prefill_attention(
-        q, k_cache, v_cache, tables, torch.tensor(contexts, dtype=torch.int32), starts, scale,
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor(contexts, dtype=torch.int32),
+        starts,
+        scale,
         backend=backend,
-    )  # fmt: skip
+    )
     assert out.shape == q.shape and out.dtype == q.dtype
     for b, (q_len, context) in enumerate(PREFILL_SHAPES):
         if q_len == 0:
