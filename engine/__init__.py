@@ -9,9 +9,10 @@ from loragate.engine.beam_search_params import (
 )
 from loragate.engine.config import SCHEDULING_POLICIES, EngineConfig
 from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
+from loragate.engine.engine_client import EngineClient
 from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.llm import LLM
-from loragate.engine.llm_engine import LLMEngine
+from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import CompletionOutput, RequestOutput
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
@@ -25,6 +26,7 @@ __all__ = [
     "BeamSearchSequence",
     "EngineArgs",
     "CompletionOutput",
+    "EngineClient",
     "EngineConfig",
     "EngineDeadError",
     "EngineStats",
@@ -32,6 +34,7 @@ __all__ = [
     "LLMEngine",
     "LoRARequest",
     "ModelInfo",
+    "PromptInput",
     "RequestOutput",
     "SCHEDULING_POLICIES",
     "SamplingParams",

@@ -12,7 +12,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from loragate.engine import AsyncLLMEngine
+from loragate.engine import AsyncLLMEngine, EngineClient
 from loragate.gateway.admin.adapters import AdaptersController, VLLMLoRAController
 from loragate.gateway.admin.health import HealthController
 from loragate.gateway.admin.tenants import TenantsController, UsageController
@@ -39,7 +39,7 @@ API_VERSION = "0.1.0"
 
 def create_app(
     settings: GatewaySettings,
-    engine: AsyncLLMEngine | None = None,
+    engine: EngineClient | None = None,
     store: RegistryStore | None = None,
 ) -> Litestar:
     """The app for `settings`. The lifespan starts the engine (unless one is given) and
@@ -66,7 +66,8 @@ def create_app(
                 settings.engine,
                 settings.adapter_load_timeout_seconds,
             )
-        service = GatewayService(settings, running, store)
+        reports = replicas.engine.replica_reports if replicas is not None else None
+        service = GatewayService(settings, running, store, reports)
         log_startup(service.model, registry_description(service.health.where))
         app.state.service = service
         try:

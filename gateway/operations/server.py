@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from loragate.engine import AsyncLLMEngine
+from loragate.engine import EngineClient
 from loragate.gateway.app import create_app
 from loragate.gateway.operations.access_log import AccessLog
 from loragate.gateway.operations.http_limits import timed_protocol
@@ -44,7 +44,7 @@ logging.getLogger("uvicorn.error").addFilter(_NotUvicornError())
 
 def build_server(
     settings: GatewaySettings,
-    engine: AsyncLLMEngine | None = None,
+    engine: EngineClient | None = None,
     store: RegistryStore | None = None,
 ) -> uvicorn.Server:
     config = uvicorn.Config(
@@ -169,7 +169,7 @@ class BackgroundServer:
     def __init__(
         self,
         settings: GatewaySettings,
-        engine: AsyncLLMEngine | None = None,
+        engine: EngineClient | None = None,
         store: RegistryStore | None = None,
         start_timeout: float = 600.0,
     ):

@@ -11,13 +11,20 @@ with 503; Ray Serve starts a replacement, and later calls go to live replicas.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from loragate.adapters import LoRARequest
-from loragate.engine import EngineDeadError, EngineStats, ModelInfo, RequestOutput, SamplingParams
+from loragate.engine import (
+    EngineDeadError,
+    EngineStats,
+    ModelInfo,
+    PromptInput,
+    RequestOutput,
+    SamplingParams,
+)
 from loragate.gateway.replicas.aggregate import combined_stats
 from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
 
@@ -26,6 +33,8 @@ _GONE = (RayError, RayServeException)
 
 
 class ReplicatedEngine:
+    """An EngineClient (loragate.engine) whose engine is the replicas behind a handle."""
+
     def __init__(self, handle, board, model_info: ModelInfo, prompts):
         self._handle = handle
         self._board = board
@@ -33,6 +42,7 @@ class ReplicatedEngine:
         self._prompts = prompts  # a replica's own, so the ingress tokenizes exactly as it
         self.dead_error: BaseException | None = None
         self._stopped = False
+        self._streams: dict[Hashable, object] = {}  # request id -> its open replica stream
 
     # ---- what the gateway calls, as on AsyncLLMEngine ---------------------------------
     @property
@@ -45,9 +55,9 @@ class ReplicatedEngine:
 
     async def generate(
         self,
-        prompt,
+        prompt: PromptInput,
         sampling_params: SamplingParams,
-        request_id: str,
+        request_id: Hashable,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
@@ -68,6 +78,7 @@ class ReplicatedEngine:
         if lora_request is not None:
             options["multiplexed_model_id"] = lora_request.lora_name
         stream = self._handle.options(**options).generate.remote(call)
+        self._streams[request_id] = stream
         finished = False
         try:
             async for item in _replica_stream(stream):
@@ -78,8 +89,15 @@ class ReplicatedEngine:
             if not finished:
                 raise EngineDeadError("the replica ended the request without finishing it")
         finally:
+            self._streams.pop(request_id, None)
             if not finished:
                 stream.cancel()  # the replica's generator is cancelled and aborts the request
+
+    async def abort(self, request_id: Hashable) -> None:
+        """Cancel the request's stream: its replica aborts it (and its generate ends)."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.cancel()
 
     async def add_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
         """Read and validate the adapter on the replica its requests will go to (into its CPU
@@ -98,10 +116,21 @@ class ReplicatedEngine:
         return self._prompts.encode(text, add_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool = False
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        add_special_tokens: bool = False,
+        *,
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
+        """By a replica's own prompt processor, so the ingress templates exactly as it."""
         return self._prompts.apply_chat_template(
-            messages, add_generation_prompt, add_special_tokens
+            messages,
+            add_generation_prompt,
+            add_special_tokens,
+            tools=tools,
+            chat_template=chat_template,
         )
 
     async def stats(self) -> EngineStats:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from itertools import count
 from uuid import uuid4
 
 from litestar.di import NamedDependency
 
 from loragate.adapters import LoRARequest
-from loragate.engine import AsyncLLMEngine, EngineDeadError, SamplingParams
+from loragate.engine import EngineClient, EngineDeadError, SamplingParams
 from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
@@ -51,11 +52,14 @@ class GatewayService:
     def __init__(
         self,
         settings: GatewaySettings,
-        engine: AsyncLLMEngine,
+        engine: EngineClient,
         store: RegistryStore | None = None,
+        replica_reports: Callable[[], Awaitable[list[ReplicaReport]]] | None = None,
     ):
         self.settings = settings
         self.engine = engine
+        # The replicas' own reports (Ray Serve); None: this process's engine is the one.
+        self._replica_reports = replica_reports
         self.model = engine.model_info
         self.store = StoreSeam(store if store is not None else build_store(settings))
         self.health = self.store.health
@@ -342,9 +346,9 @@ class GatewayService:
 
     async def replica_reports(self) -> list[ReplicaReport]:
         """Each engine replica's latest state; the one local engine unless replicated."""
-        if self.settings.replicated:
+        if self._replica_reports is not None:
             try:
-                return await self.engine.replica_reports()
+                return await self._replica_reports()
             except EngineDeadError:
                 return []
         if not self.engine.is_running:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import ray  # the `ray` extra, in `dev`: CI fails here rather than skip without it
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, metrics, wait_until
+from route_matrix_testlib import route_matrix
 from servers_testlib import start_tiny_server
 from tenancy_testlib import ADMIN_KEY, Api, flush_namespace, requests_naming_an_adapter
 
@@ -121,6 +122,21 @@ def test_each_adapter_is_served_by_one_replica_and_loaded_once(admin, url):
     single = Api(url)
     assert one_round(single, ADAPTER_NAMES) == warm
     assert one_round(single, [single.base_model()]) == one_round(admin, [base])
+
+
+def test_every_route_answers_as_in_one_process(admin, url):
+    """Chat (plain, streamed, with tools named and required), completions (plain, streamed
+    with logprobs, n > 1 seeded), structured output, /tokenize with messages and tools, and
+    the TGI routes, on the base model and an adapter: the replicas answer exactly what the
+    single-process server answers (issue 35: chat failed through replicas)."""
+    single = Api(url)
+    base = admin.base_model()
+    assert single.base_model() == base
+    through_replicas = route_matrix(admin, base, ADAPTER_NAMES[0])
+    in_one_process = route_matrix(single, base, ADAPTER_NAMES[0])
+    assert through_replicas.keys() == in_one_process.keys()
+    for route, answer in in_one_process.items():
+        assert through_replicas[route] == answer, route
 
 
 def test_bad_input_is_refused_as_in_one_process(admin):
