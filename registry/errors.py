@@ -52,3 +52,7 @@ class TenantNotFound(RegistryError):
     def __init__(self, name: str):
         super().__init__(f"tenant {name!r} does not exist")
         self.name = name
+
+
+class RegistryChanged(RegistryError):
+    """The store changed between the read an import was planned on and its write."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -18,12 +19,14 @@ from loragate.registry.errors import (
     AdapterNameTaken,
     AdapterQuotaExceeded,
     PublicNameTaken,
+    RegistryChanged,
     StaleAdapterId,
     TenantExists,
     TenantNotFound,
 )
 from loragate.registry.memory_quotas import MemoryQuotas, TenantLoad
 from loragate.registry.names import adapter_key, check_adapter_key, check_tenant_name
+from loragate.registry.persistence import Persistence, in_memory
 from loragate.registry.records import (
     AdapterMetadata,
     AdapterSpec,
@@ -43,6 +46,7 @@ from loragate.registry.records import (
     check_usage,
     check_weight,
 )
+from loragate.registry.snapshot import RegistrySnapshot
 from loragate.registry.store import RegistryStore
 
 
@@ -61,6 +65,7 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
         self._watchers: set[asyncio.Queue[ChangeEvent]] = set()
         self._version = 0
         self._opened = False
+        self._epoch = uuid.uuid4().hex
 
     def _changed(self, kind: ChangeKind, name: str) -> None:
         self._version += 1
@@ -82,6 +87,43 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
 
     async def close(self) -> None:
         return None
+
+    async def persistence(self) -> Persistence:
+        return in_memory()
+
+    # backups
+
+    async def snapshot(self) -> RegistrySnapshot:
+        return RegistrySnapshot(
+            tenants=tuple(await self.list_tenants()),
+            keys=tuple(self._keys[k] for k in sorted(self._keys)),
+            adapters=tuple(await self.list_adapters()),
+            usage=tuple(await self.list_usage()),
+            last_lora_int_id=self._last_lora_int_id,
+            epoch=self._epoch,
+            version=self._version,
+        )
+
+    async def restore(self, snapshot: RegistrySnapshot, *, expect_version: int | None) -> None:
+        if expect_version is not None and expect_version != self._version:
+            raise RegistryChanged(
+                f"the registry changed while the import was planned (version {expect_version} "
+                f"-> {self._version}); run it again"
+            )
+        for tenant in snapshot.tenants:
+            kind = ChangeKind.TENANT_UPDATED if tenant.name in self._tenants else None
+            self._tenants[tenant.name] = tenant
+            self._changed(kind or ChangeKind.TENANT_CREATED, tenant.name)
+        for stored in snapshot.keys:
+            self._keys[stored.key_id] = stored
+        for adapter in snapshot.adapters:
+            self._adapters[adapter.key] = adapter
+            self._changed(ChangeKind.ADAPTER_REGISTERED, adapter.key)
+        for report in snapshot.usage:
+            counters = self._usage.setdefault(report.tenant, {})
+            for key, add in ((None, report.total), *report.by_adapter.items()):
+                counters[key] = _plus(counters.get(key, UsageCounts()), add)
+        self._last_lora_int_id = max(self._last_lora_int_id, snapshot.highest_lora_int_id)
 
     # adapters
 

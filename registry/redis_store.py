@@ -63,6 +63,7 @@ from loragate.registry.records import (
     check_count,
     check_lease_ttl,
 )
+from loragate.registry.redis_backup import RedisBackup
 from loragate.registry.redis_lua import (
     ACQUIRE_LUA,
     ADD_TOKENS_LUA,
@@ -86,7 +87,7 @@ from loragate.registry.redis_wire import (
 from loragate.registry.store import RegistryStore
 
 
-class RedisRegistryStore(RedisTenants, RedisUsageAndQuotas, RegistryStore):
+class RedisRegistryStore(RedisTenants, RedisUsageAndQuotas, RedisBackup, RegistryStore):
     """The shared store, one per gateway replica.
 
     A command is retried once, at once, when its connection turns out to be dropped (a

@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
+from loragate.registry.persistence import Persistence
 from loragate.registry.records import (
     AdapterMetadata,
     AdapterSpec,
@@ -38,6 +39,7 @@ from loragate.registry.records import (
     TenantRecord,
     UsageReport,
 )
+from loragate.registry.snapshot import RegistrySnapshot
 
 
 class RegistryStore(ABC):
@@ -63,6 +65,26 @@ class RegistryStore(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    @abstractmethod
+    async def persistence(self) -> Persistence:
+        """Whether the backend keeps the registry over its own restart, as it says itself."""
+
+    # backups (see loragate.registry.backup)
+
+    @abstractmethod
+    async def snapshot(self) -> RegistrySnapshot:
+        """Tenants with their keys' digests, adapters, usage counts and the lora_int_id
+        counter, read together (one transaction on Redis), with the store's version."""
+
+    @abstractmethod
+    async def restore(self, snapshot: RegistrySnapshot, *, expect_version: int | None) -> None:
+        """Write the snapshot's records as they are (tenants and keys, adapters with their
+        lora_int_ids), add its usage counts to the store's, raise the lora_int_id counter to
+        at least its own, and announce every change, in one atomic step. With
+        `expect_version`, RegistryChanged (writing nothing) if the store's version moved
+        since: the caller decided what to write from an older read. Conflicts are the
+        caller's to rule out (backup.import_snapshot does)."""
 
     # adapters
 
