@@ -19,6 +19,14 @@ from loragate.registry.names import (
 ADAPTER_STATUSES = ("loading", "ready", "deleting")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_STORE_OBJECT = re.compile(r"[0-9a-f]{64}-[0-9a-f]{64}")
+
+
+def check_store_object(value: object) -> str:
+    """An adapter store object id: `<weights sha256>-<config sha256>`."""
+    if not isinstance(value, str) or not _STORE_OBJECT.fullmatch(value):
+        raise ValueError(f"store_object must be <sha256>-<sha256> in lowercase hex, got {value!r}")
+    return value
 
 
 def check_count(field_name: str, value: object, minimum: int = 0) -> int:
@@ -33,12 +41,15 @@ def _check_limit(field_name: str, value: object) -> None:
 
 
 class TenantQuota(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-tenant limits; None means unlimited."""
+    """Per-tenant limits; None means unlimited. `max_adapter_bytes` bounds the sum of the
+    weights' sizes over the tenant's adapters (each name counts, even when its bytes are
+    stored once for several)."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent_requests: int | None = None
     max_adapters: int | None = None
+    max_adapter_bytes: int | None = None
 
     def __post_init__(self):
         for name in self.__struct_fields__:
@@ -80,7 +91,10 @@ class IssuedKey:
 
 
 class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What a caller registers; the store adds lora_int_id and created_at."""
+    """What a caller registers; the store adds lora_int_id and created_at. `store_object`
+    is the adapter store's object id (`<sha256>-<config sha256>`) of uploaded adapters and
+    of those fetched from a source URI: every replica fetches the files by it; None for an
+    adapter served from its folder under the adapter root (`path`)."""
 
     name: str
     tenant: str | None = None
@@ -93,6 +107,7 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
     size_bytes: int
     path: str
     status: str = "ready"
+    store_object: str | None = None
 
     def __post_init__(self):
         check_adapter_name(self.name)
@@ -123,6 +138,8 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"path must be a non-empty string, got {self.path!r}")
         if self.status not in ADAPTER_STATUSES:
             raise ValueError(f"status must be one of {ADAPTER_STATUSES}, got {self.status!r}")
+        if self.store_object is not None:
+            check_store_object(self.store_object)
 
 
 class AdapterWeights(msgspec.Struct, frozen=True, kw_only=True):

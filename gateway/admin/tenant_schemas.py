@@ -20,6 +20,7 @@ class QuotaBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens_per_minute: Limit = None
     max_concurrent_requests: Limit = None
     max_adapters: Limit = None
+    max_adapter_bytes: Limit = None
 
     def to_quota(self) -> TenantQuota:
         return TenantQuota(**msgspec.structs.asdict(self))
