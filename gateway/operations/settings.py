@@ -80,6 +80,30 @@ class GatewaySettings:
         default="loragate",
         metadata=_help("Prefix of every Redis key: replicas of one deployment share it."),
     )
+    require_durable_registry: bool = field(
+        default=False,
+        metadata=_help(
+            "Refuse to start unless the Redis of --redis-url keeps the registry over its own "
+            "restart (appendonly yes, as CONFIG GET says). Without it, a Redis that would "
+            "lose tenants, keys and usage on restart is a warning in the log and /health."
+        ),
+    )
+    registry_backup_dir: Path | None = field(
+        default=None,
+        metadata=_help(
+            "Export the registry (tenants, key digests, adapters, usage) into this directory "
+            "every --registry-backup-every seconds, as files `loragate registry import` "
+            "reads. Default: no scheduled backups."
+        ),
+    )
+    registry_backup_every: float = field(
+        default=3600.0,
+        metadata=_help("Seconds between scheduled registry backups (with --registry-backup-dir)."),
+    )
+    registry_backup_keep: int = field(
+        default=48,
+        metadata=_help("Scheduled registry backups kept in --registry-backup-dir (the newest)."),
+    )
     admin_key: str | None = field(
         default=None,
         repr=False,
@@ -260,3 +284,10 @@ class GatewaySettings:
             if not root.is_dir():
                 raise FileNotFoundError(f"adapter_root is not a directory: {self.adapter_root}")
             object.__setattr__(self, "adapter_root", root.resolve())
+        if self.registry_backup_dir is not None:
+            folder = Path(self.registry_backup_dir).expanduser()
+            if not folder.is_dir():
+                raise FileNotFoundError(
+                    f"registry_backup_dir is not a directory: {self.registry_backup_dir}"
+                )
+            object.__setattr__(self, "registry_backup_dir", folder.resolve())

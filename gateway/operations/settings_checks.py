@@ -35,6 +35,7 @@ def check_settings(s) -> None:
     ):
         raise ValueError("redis_url must start with redis://, rediss:// or unix://")
     check_namespace(s.redis_namespace, "redis_namespace")
+    _check_registry_care(s)
     _check_key("admin_key", s.admin_key)
     if s.api_key is not None:
         if not isinstance(s.api_key, str) or not s.api_key or not s.api_key.isprintable():
@@ -149,3 +150,21 @@ def _check_replicas(s) -> None:
 
 def _not_int(value) -> bool:
     return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _check_registry_care(s) -> None:
+    """--require-durable-registry and the scheduled backups."""
+    if not isinstance(s.require_durable_registry, bool):
+        raise ValueError("require_durable_registry must be a bool")
+    if s.require_durable_registry and s.redis_url is None:
+        raise ValueError(
+            "require_durable_registry needs redis_url: an in-memory registry never outlives "
+            "its process"
+        )
+    every = s.registry_backup_every
+    if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < 1e9:
+        raise ValueError(f"registry_backup_every must be > 0 seconds, got {every!r}")
+    if _not_int(s.registry_backup_keep) or s.registry_backup_keep < 1:
+        raise ValueError(
+            f"registry_backup_keep must be an integer >= 1, got {s.registry_backup_keep!r}"
+        )
