@@ -33,6 +33,17 @@ class MemoryStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """What a prefix-cache lookup found: cached blocks and the tokens they hold."""
+
+    blocks: tuple[int, ...] = ()
+    num_tokens: int = 0
+
+
+NO_HIT = PrefixHit()
+
+
 def block_hash(parent: bytes | None, token_ids: list[int], cache_key: bytes) -> bytes:
     """Content address of one full block; collisions would leak KV, so a real digest."""
     digest = hashlib.blake2b(digest_size=16)
@@ -80,10 +91,16 @@ class BlockManager:
     def num_total_blocks(self) -> int:
         return self.num_blocks
 
-    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        total = seq.num_computed_tokens + num_new_tokens
-        new = max(0, -(-total // self.block_size) - len(seq.block_table))
-        return new + (1 if self._shared_write_block(seq) is not None else 0)
+    def blocks_needed(
+        self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None
+    ) -> int:
+        """Free blocks the next `num_new_tokens` take: new ones, a copy of a shared block
+        they would write into, and the cached blocks of `hit` that sit in the free list."""
+        hit = hit or NO_HIT
+        total = seq.num_computed_tokens + hit.num_tokens + num_new_tokens
+        new = max(0, -(-total // self.block_size) - len(seq.block_table) - len(hit.blocks))
+        revived = sum(1 for block in hit.blocks if self.ref_counts[block] == 0)
+        return new + revived + (1 if self._shared_write_block(seq) is not None else 0)
 
     def _shared_write_block(self, seq: Sequence) -> int | None:
         """Index in the block table of a shared block the next token would write into."""
@@ -93,36 +110,27 @@ class BlockManager:
         return None
 
     # ---- prefix cache -------------------------------------------------------------------
-    def match_prefix(self, seq: Sequence) -> int:
-        """Give a new sequence the cached blocks of its longest cached prefix.
+    def lookup_prefix(self, seq: Sequence) -> PrefixHit:
+        """The cached blocks of a new sequence's longest cached prefix. Looking changes
+        nothing: `allocate` commits the hit (takes the blocks, counts their tokens as
+        computed), so a sequence refused this step needs nothing undone.
 
         At least the last token is always left to compute, since its logits are needed.
-        Returns the number of tokens found; they count as computed.
         """
         if not self.enable_prefix_caching or seq.block_table:
-            return 0
+            return NO_HIT
         if seq.request.prompt_logprobs is not None:
-            return 0  # every prompt token's logits are wanted: compute them all
+            return NO_HIT  # every prompt token's logits are wanted: compute them all
         bs = self.block_size
-        self._extend_hashes(seq, (seq.num_tokens - 1) // bs)
+        full = (seq.num_tokens - 1) // bs
+        self._extend_hashes(seq, full)  # the blocks' names, memoized on the sequence
         hits = []
-        for h in seq.block_hashes[: (seq.num_tokens - 1) // bs]:
+        for h in seq.block_hashes[:full]:
             block = self.block_of_hash.get(h)
             if block is None:
                 break
             hits.append(block)
-        for block in hits:
-            if self.ref_counts[block] == 0:
-                del self.free_ids[block]
-            self.ref_counts[block] += 1
-        seq.block_table = hits
-        seq.num_computed_tokens = len(hits) * bs
-        return seq.num_computed_tokens
-
-    def count_admitted(self, seq: Sequence) -> None:
-        """Hit-rate bookkeeping, once per admission (a match may be undone and retried)."""
-        self.queried_tokens += seq.num_tokens
-        self.hit_tokens += seq.num_computed_tokens
+        return PrefixHit(tuple(hits), len(hits) * bs)
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publish the hashes of blocks whose every token's KV is now written."""
@@ -144,13 +152,32 @@ class BlockManager:
             hashes.append(block_hash(hashes[-1] if hashes else None, tokens, seq.cache_key))
 
     # ---- allocation ---------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence, num_new_tokens: int | None = None) -> bool:
-        """Whether a waiting sequence's next tokens fit, keeping the watermark free."""
-        n = seq.num_uncomputed_tokens if num_new_tokens is None else num_new_tokens
-        return self.blocks_needed(seq, n) <= self.num_free_blocks - self.watermark_blocks
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int | None = None, hit: PrefixHit | None = None
+    ) -> bool:
+        """Whether a waiting sequence's next tokens (after its prefix-cache `hit`) fit,
+        keeping the watermark free."""
+        hit = hit or NO_HIT
+        n = seq.num_uncomputed_tokens - hit.num_tokens if num_new_tokens is None else num_new_tokens
+        return self.blocks_needed(seq, n, hit) <= self.num_free_blocks - self.watermark_blocks
 
-    def allocate(self, seq: Sequence, num_new_tokens: int | None = None) -> None:
-        n = seq.num_uncomputed_tokens if num_new_tokens is None else num_new_tokens
+    def allocate(
+        self, seq: Sequence, num_new_tokens: int | None = None, hit: PrefixHit | None = None
+    ) -> None:
+        """Admit a waiting sequence: commit its prefix-cache `hit` (the blocks become its
+        own references, their tokens count as computed, the hit rate counts it), then
+        give it blocks for its next `num_new_tokens`."""
+        hit = hit or NO_HIT
+        n = seq.num_uncomputed_tokens - hit.num_tokens if num_new_tokens is None else num_new_tokens
+        if hit.blocks:
+            for block in hit.blocks:
+                if self.ref_counts[block] == 0:
+                    del self.free_ids[block]
+                self.ref_counts[block] += 1
+            seq.block_table = list(hit.blocks)
+            seq.num_computed_tokens = hit.num_tokens
+        self.queried_tokens += seq.num_tokens
+        self.hit_tokens += hit.num_tokens
         self._grow(seq, self.blocks_needed(seq, n))
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:

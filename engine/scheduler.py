@@ -201,14 +201,12 @@ class Scheduler:
             self.waiting = deque(self.admission_order(list(self.waiting)))
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            self.block_manager.match_prefix(seq)
-            n = seq.num_uncomputed_tokens
+            hit = self.block_manager.lookup_prefix(seq)  # changes nothing until allocate
+            n = seq.num_uncomputed_tokens - hit.num_tokens
             if n > budget and not self.enable_chunked_prefill:
-                self._unmatch(seq)
                 break
             n = min(n, budget)
-            if not self.block_manager.can_allocate(seq, n):
-                self._unmatch(seq)
+            if not self.block_manager.can_allocate(seq, n, hit):
                 break
             if seq.lora_request is not None:
                 # Once one request waits for a slot, no later adapter request may take one
@@ -217,33 +215,25 @@ class Scheduler:
                 try:
                     slot = None if blocked_on_slot else self._acquire_slot(seq)
                 except AdapterNotReady:  # loading off the step: the others go on
-                    self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     continue
                 except Exception as exc:  # this request's adapter alone: it fails alone
-                    self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     out.failed.append((seq, exc))
                     continue
                 if slot is None:
                     blocked_on_slot = True
                     seq.slot_wait_steps = seq.slot_wait_steps or 1  # admission order bounds it
-                    self._unmatch(seq)
                     skipped.append(self.waiting.popleft())
                     continue
                 seq.lora_slot = slot
             self.waiting.popleft()
-            self.block_manager.count_admitted(seq)
-            self.block_manager.allocate(seq, n)
+            self.block_manager.allocate(seq, n, hit)  # commits the prefix hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.add(seq, n)
             budget -= n
         self.waiting.extendleft(reversed(skipped))
-
-    def _unmatch(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
 
     def busy_slots(self) -> set[int]:
         """The adapter slots running sequences use: never evicted or cleared under them."""

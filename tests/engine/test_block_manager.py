@@ -68,3 +68,30 @@ def test_integrity_check_catches_a_leak():
     bm.allocate(seq)
     with pytest.raises(AssertionError, match="ref_count 1, referenced 0"):
         bm.check_integrity([])
+
+
+def test_a_prefix_lookup_changes_nothing_and_allocate_commits_it():
+    """vLLM V1's split: looking up the prefix cache takes no block and advances nothing, so a
+    sequence the scheduler then refuses needs nothing undone; `allocate` commits the hit."""
+    bm = BlockManager(num_blocks=8, block_size=4, watermark=0, enable_prefix_caching=True)
+    first = make_seq(10, 0)
+    bm.allocate(first)
+    first.num_computed_tokens = 10
+    bm.register_full_blocks(first)  # blocks 0 and 1 are full and named
+    cached = first.block_table[:2]
+    bm.free(first)  # cached blocks stay named in the free list
+
+    again = make_seq(10, 1)
+    state = (list(bm.ref_counts), list(bm.free_ids), bm.stats())
+    hit = bm.lookup_prefix(again)
+    assert hit.blocks == tuple(cached) and hit.num_tokens == 8
+    assert (list(bm.ref_counts), list(bm.free_ids), bm.stats()) == state
+    assert again.num_computed_tokens == 0 and again.block_table == []
+
+    # The two cached blocks come back out of the free list, plus one new block.
+    assert bm.blocks_needed(again, 2, hit) == 3
+    bm.allocate(again, 2, hit)
+    assert again.block_table[:2] == cached and len(again.block_table) == 3
+    assert again.num_computed_tokens == 8
+    assert bm.stats().prefix_cache_hit_tokens == 8
+    bm.check_integrity([again])
