@@ -5,6 +5,7 @@ picks the backend. The engine never imports this layer; the gateway reaches it t
 seam (`loragate.gateway.adapter_control.store_seam`).
 """
 
+from loragate.registry.adapter_objects import AdapterBytesQuotaExceeded
 from loragate.registry.errors import (
     AdapterNameTaken,
     AdapterQuotaExceeded,
@@ -41,6 +42,7 @@ from loragate.registry.records import (
 from loragate.registry.store import RegistryStore, make_registry_store
 
 __all__ = [
+    "AdapterBytesQuotaExceeded",
     "AdapterMetadata",
     "AdapterNameTaken",
     "AdapterQuotaExceeded",

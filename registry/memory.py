@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
+from loragate.registry.adapter_objects import MemoryObjects, check_adapter_room
 from loragate.registry.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
 from loragate.registry.errors import (
     AdapterNameTaken,
-    AdapterQuotaExceeded,
     PublicNameTaken,
     RegistryChanged,
     StaleAdapterId,
@@ -50,7 +50,7 @@ from loragate.registry.snapshot import RegistrySnapshot
 from loragate.registry.store import RegistryStore
 
 
-class MemoryRegistryStore(MemoryQuotas, RegistryStore):
+class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
     """The default store: everything lives and dies with this process."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time, lease_ttl_s: float = 300.0):
@@ -156,10 +156,8 @@ class MemoryRegistryStore(MemoryQuotas, RegistryStore):
             tenant = self._tenants.get(spec.tenant)
             if tenant is None:
                 raise TenantNotFound(spec.tenant)
-            limit = tenant.quota.max_adapters
-            owned = sum(1 for a in self._adapters.values() if a.tenant == spec.tenant)
-            if old is None and limit is not None and owned >= limit:
-                raise AdapterQuotaExceeded(spec.tenant, limit)
+            owned = (a for a in self._adapters.values() if a.tenant == spec.tenant)
+            check_adapter_room(tenant, owned, old, spec)
         if lora_int_id is None:
             lora_int_id = self._next_lora_int_id()
         adapter = AdapterMetadata(

@@ -39,9 +39,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import WatchError
 
+from loragate.registry.adapter_objects import check_adapter_room
 from loragate.registry.errors import (
     AdapterNameTaken,
-    AdapterQuotaExceeded,
     PublicNameTaken,
     RegistryUnavailable,
     StaleAdapterId,
@@ -72,6 +72,7 @@ from loragate.registry.redis_lua import (
     RELEASE_LUA,
 )
 from loragate.registry.redis_migrate import move_tenant_adapters_to_their_namespaces
+from loragate.registry.redis_objects import RedisObjects
 from loragate.registry.redis_tenants import RedisTenants
 from loragate.registry.redis_usage import RedisUsageAndQuotas
 from loragate.registry.redis_wire import (
@@ -87,7 +88,9 @@ from loragate.registry.redis_wire import (
 from loragate.registry.store import RegistryStore
 
 
-class RedisRegistryStore(RedisTenants, RedisUsageAndQuotas, RedisBackup, RegistryStore):
+class RedisRegistryStore(
+    RedisObjects, RedisTenants, RedisUsageAndQuotas, RedisBackup, RegistryStore
+):
     """The shared store, one per gateway replica.
 
     A command is retried once, at once, when its connection turns out to be dropped (a
@@ -223,10 +226,9 @@ class RedisRegistryStore(RedisTenants, RedisUsageAndQuotas, RedisBackup, Registr
                 record = decode_tenant(await pipe.hget(keys.tenants, tenant))
                 if record is None:
                     raise TenantNotFound(tenant)
-                limit = record.quota.max_adapters
-                owned = await pipe.scard(keys.owned(tenant))
-                if old is None and limit is not None and owned >= limit:
-                    raise AdapterQuotaExceeded(tenant, limit)
+                every = (await pipe.hgetall(keys.adapters)).values()
+                owned = [a for a in map(decode_adapter, every) if a.tenant == tenant]
+                check_adapter_room(record, owned, old, spec)
             pipe.multi()
             pipe.hset(keys.adapters, name, msgspec.json.encode(adapter))
             if tenant is not None:
