@@ -9,8 +9,7 @@ adapter's own error (AdapterChangedError when the files now hold other weights).
 Loader threads run at normal priority: a lower one (nice) lets the machine's other work
 starve a loader that holds the GIL, and the step then waits on it (seconds, measured on two
 busy cores). At most one adapter is copied into a device slot per step, and its request
-starts on the next step: a burst of cold adapters spreads its copies and its prefills over
-as many steps, never both in one.
+runs in that step: a burst of cold adapters spreads its copies over as many steps.
 """
 
 from __future__ import annotations
@@ -74,9 +73,9 @@ class AdapterLoads:
     def acquire(self, request: Request, busy_slots) -> int | None:
         """The slot holding ``request``'s admitted weights; None while every slot is busy.
 
-        Raises AdapterNotReady while they load, in the step that copies them into a slot
-        (the request starts next step) and while another adapter takes this step's one copy;
-        the load's error once it failed. Never reads a file.
+        Raises AdapterNotReady while they load and while another adapter takes this step's
+        one copy into a slot; the load's error once it failed. Never reads a file. A request
+        whose weights are copied into a slot here runs in this step.
         """
         identity = request.adapter_identity
         with self._lock:
@@ -100,8 +99,7 @@ class AdapterLoads:
             self.start(request)
             raise AdapterNotReady(str(exc)) from exc
         if copies and slot is not None:
-            self._copied_this_step = True
-            raise AdapterNotReady("copied into a slot this step; it runs from the next")
+            self._copied_this_step = True  # it runs in this step; the next copy waits
         return slot
 
     @property

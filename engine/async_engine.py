@@ -228,11 +228,7 @@ class AsyncLLMEngine:
         cached. ValueError, changing nothing, while running sequences use its slot."""
         if not self.is_running or self.engine.adapters is None:
             return False
-
-        def remove(engine: LLMEngine) -> bool:
-            return engine.adapters.remove(lora_request, engine.scheduler.busy_slots())
-
-        return await self._on_engine_thread(remove)
+        return await self._on_engine_thread(lambda engine: engine.remove_adapter(lora_request))
 
     async def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
         """Evict the adapter last (or, unpinned, as any other); eviction candidates say so.

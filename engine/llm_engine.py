@@ -380,11 +380,25 @@ class LLMEngine:
             return identity or self.adapters.preload(lora_request).identity
         return None
 
+    def add_adapter(self, lora_request: LoRARequest):
+        """Read and validate the adapter's files into the CPU tier (one stat when they are
+        unchanged since read): its LoRAAdapter. AdapterError for a bad one."""
+        return self._lora_cache().preload(lora_request)
+
+    def remove_adapter(self, lora_request: LoRARequest) -> bool:
+        """Drop the adapter's weights from every tier; True if any were cached. ValueError,
+        changing nothing, while running sequences use its slot; weights that admitted
+        requests still need stay in the CPU tier until those requests end."""
+        return self._lora_cache().remove(lora_request, self.scheduler.busy_slots())
+
     def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
         """Pin (or unpin) an adapter: eviction candidates say so, LRU evicts it last."""
+        self._lora_cache().pin(lora_request, pinned)
+
+    def _lora_cache(self):
         if self.adapters is None:
             raise ValueError("the engine was started without enable_lora=True")
-        self.adapters.pin(lora_request, pinned)
+        return self.adapters
 
     # ---- stats --------------------------------------------------------------------------
     def get_memory_stats(self) -> dict:
