@@ -73,6 +73,8 @@ def backup_lines(snapshot: RegistrySnapshot, *, source: str, exported_at: float)
         "exported_at": exported_at,
         "source": source,
         "epoch": snapshot.epoch,
+        "tenants": len(snapshot.tenants),
+        "adapters": len(snapshot.adapters),
     }
     lines = [encode(header)]
     keys_of: dict[str, list[StoredKey]] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
@@ -50,6 +51,7 @@ class RegistrySync:
         self.resync_seconds = resync_seconds
         self.retry_seconds = min(retry_seconds, resync_seconds)
         self.resets_seen = 0
+        self.data_lost_at: float | None = None  # when a loss of the store's data was noticed
         self._version: int | None = None
         self._tasks: list[asyncio.Task] = []
         self._first_attempt = asyncio.Event()
@@ -87,6 +89,7 @@ class RegistrySync:
             reset = await self.store.check_reset()
             if reset:
                 self.resets_seen += 1
+                self.data_lost_at = time.time()
                 adapters = await self.catalog.orphan_everything()
                 tenants = self.auth.orphan_everything()
                 log.error(

@@ -85,6 +85,7 @@ def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None
         orphaned_adapters=len(service.adapters.catalog.orphans),
         orphaned_tenants=len(service.auth.orphans),
         pending_usage_records=service.usage_meter.pending,
+        **_care(service),
     )
     if not health.reachable:
         problem = (
@@ -97,7 +98,8 @@ def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None
         problem = (
             f"the registry store at {health.where} lost its data: serving "
             f"{registry.orphaned_adapters} adapters and {registry.orphaned_tenants} tenants "
-            "known here until they are registered again"
+            "known here until they are registered again or imported; "
+            + (service.care.lost_data_note(service.sync.data_lost_at) or "")
         )
     elif registry.pending_usage_records:
         problem = (
@@ -107,3 +109,17 @@ def registry_health(service: GatewayService) -> tuple[RegistryHealth, str | None
     else:
         problem = None
     return registry, problem
+
+
+def _care(service: GatewayService) -> dict:
+    """Persistence as checked at start; the loss of the store's data and the newest backup."""
+    care = service.care
+    persistence, newest = care.persistence, care.newest_backup
+    return dict(
+        durable=None if persistence is None else persistence.durable,
+        persistence=None if persistence is None else persistence.summary,
+        data_lost_at=service.sync.data_lost_at,
+        newest_backup=None if newest is None else str(newest.path),
+        newest_backup_at=None if newest is None else newest.exported_at,
+        backup_error=care.backup_error,
+    )

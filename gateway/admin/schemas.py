@@ -85,6 +85,14 @@ class RegistryHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
     orphaned_adapters: int | None = None
     orphaned_tenants: int | None = None
     pending_usage_records: int | None = None
+    # What the store keeps over its own restart, as checked at start (registry_care.py).
+    durable: bool | None = None
+    persistence: str | None = None
+    # When this replica noticed the store had lost its data, and the newest backup known.
+    data_lost_at: float | None = None
+    newest_backup: str | None = None
+    newest_backup_at: float | None = None
+    backup_error: str | None = None
 
 
 class HealthStatus(msgspec.Struct, kw_only=True):

@@ -1,5 +1,5 @@
-"""The `loragate` command: `serve`, `plugins` (what is loaded), and adapter helpers
-(`adapters make-random`, `train-demo`)."""
+"""The `loragate` command: `serve`, `plugins` (what is loaded), adapter helpers
+(`adapters make-random`, `train-demo`), and registry backups (`registry export|import`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from loragate.engine import EngineConfig
+from loragate.gateway.operations.registry_commands import registry
 from loragate.gateway.operations.serve_options import (
     serve_options,
     split_options,
@@ -31,6 +32,9 @@ class _Commands(click.Group):
 @click.version_option(package_name="loragate", message="loragate %(version)s")
 def main() -> None:
     """loragate: one base model, many LoRA adapters, one continuously batched engine."""
+
+
+main.add_command(registry)
 
 
 @main.command()
@@ -54,7 +58,22 @@ def serve(model_tag, **options) -> None:
     from loragate.gateway.operations.server import serve as run_server
 
     settings = _settings(options)
+    if settings.require_durable_registry:
+        _refuse_a_volatile_registry(settings)
     if not run_server(settings, announce=click.echo):
+        sys.exit(1)
+
+
+def _refuse_a_volatile_registry(settings: GatewaySettings) -> None:
+    """--require-durable-registry, checked before the model loads: exit 1 with the reason."""
+    import asyncio
+
+    from loragate.gateway.operations.registry_care import check_before_start, refusal
+
+    persistence = asyncio.run(check_before_start(settings))
+    if not persistence.durable:
+        logging.getLogger("loragate.registry_care").error("%s", refusal(persistence))
+        click.echo(refusal(persistence), err=True)
         sys.exit(1)
 
 

@@ -44,8 +44,9 @@ class Run:
             await self._metered.end()
 
     def stream(self, events: AsyncIterator[bytes]) -> Stream:
-        """The route's events as server-sent events; the request ends when they do."""
-        return sse_response(events, self._metered.end)
+        """The route's events as server-sent events, each sent once what it carries is
+        counted; the request ends when they do."""
+        return sse_response(self._metered.counted(events), self._metered.end)
 
 
 async def run_generations(

@@ -27,6 +27,7 @@ from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
 from loragate.gateway.openai.chat_template import load_chat_template
 from loragate.gateway.operations.labels import BASE
 from loragate.gateway.operations.metrics import GatewayGauges, GatewayMetrics
+from loragate.gateway.operations.registry_care import RegistryCare
 from loragate.gateway.operations.scrape import AdapterView
 from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.operations.settings_checks import lora_modules
@@ -90,6 +91,11 @@ class GatewayService:
             settings.registry_resync_seconds,
         )
         self.auth.check_for_reset = self.sync.resync
+        self.care = RegistryCare(
+            self.store,
+            settings,
+            lambda: bool(self.adapters.catalog.orphans or self.auth.orphans),
+        )
         # vLLM's --chat-template, in place of the model's own (None: the model's).
         self.chat_template = load_chat_template(settings.chat_template)
         self.started_at = int(time.time())
@@ -203,13 +209,20 @@ class GatewayService:
         now, 400 if never)."""
         lease = await self.quotas.admit(caller, cost)
 
-        def account(counts: UsageCounts) -> asyncio.Task:
-            task = asyncio.create_task(self._account(caller, lora, lease, counts))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            return task
+        def account(counts: UsageCounts, unrecorded: UsageCounts) -> asyncio.Task:
+            return self._in_background(self._account(caller, lora, lease, counts, unrecorded))
 
-        return MeteredRequest(self.start, account, caller, lora)
+        def record(counts: UsageCounts) -> asyncio.Task:
+            return self._in_background(self._record_usage(caller, lora, counts))
+
+        return MeteredRequest(self.start, account, caller, lora, record)
+
+    def _in_background(self, work) -> asyncio.Task:
+        """A task that shutdown waits for (briefly), whoever awaits it."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def _account(
         self,
@@ -217,11 +230,19 @@ class GatewayService:
         lora: LoRARequest | None,
         lease: str | None,
         counts: UsageCounts,
+        unrecorded: UsageCounts,
     ) -> None:
+        """The lease given back with every token used (`counts`); the usage not yet
+        recorded as a stream went (`unrecorded`) recorded."""
         await self.quotas.finish(caller, lease, counts.prompt_tokens + counts.completion_tokens)
-        if counts.requests:
-            adapter = None if lora is None else usage_adapter_name(caller, lora)
-            await self.usage_meter.record(caller.usage_name, adapter, counts)
+        if unrecorded != UsageCounts():
+            await self._record_usage(caller, lora, unrecorded)
+
+    async def _record_usage(
+        self, caller: Principal, lora: LoRARequest | None, counts: UsageCounts
+    ) -> None:
+        adapter = None if lora is None else usage_adapter_name(caller, lora)
+        await self.usage_meter.record(caller.usage_name, adapter, counts)
 
     def start(
         self,
@@ -284,7 +305,9 @@ class GatewayService:
 
     # ---- lifecycle and observability ----------------------------------------------------
     async def startup(self) -> None:
+        await self.care.check_persistence()  # RegistryNotDurable stops the start here
         await self.sync.start()
+        self.care.start()
         if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
         for name, path in lora_modules(self.settings.lora_modules):
@@ -308,6 +331,7 @@ class GatewayService:
 
     async def shutdown(self) -> None:
         """Stop the loops; let accounting already under way finish (briefly), then close."""
+        await self.care.stop()
         await self.sync.stop()
         self.quotas.stop()
         if self._lease_keeper is not None:
