@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loragate.adapters import LoRAModelSpec
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -30,6 +32,8 @@ class ModelInfo:
     max_cpu_loras: int = 0
     prefix_caching: bool = False
     plugins: tuple[str, ...] = ()
+    # What the model offers LoRA (module shapes, layers): how big a valid adapter can be.
+    lora_spec: LoRAModelSpec | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -77,4 +81,5 @@ def runtime_info(engine) -> dict:
         max_cpu_loras=config.max_cpu_loras if lora else 0,
         prefix_caching=bool(config.enable_prefix_caching),
         plugins=tuple(p["name"] for p in engine.plugins.describe()),
+        lora_spec=engine.model.lora_spec(engine.base_model_name) if lora else None,
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from loragate.adapters import LoRARequest
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
 from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
+from loragate.gateway.adapter_control.store_engine import store_path
 from loragate.gateway.tenancy.principal import Principal
 from loragate.registry import AdapterMetadata, adapter_key, split_adapter_key
 
@@ -62,6 +63,10 @@ class AdapterCatalog:
             return await self._local.get(name) if caller.is_operator else None
         own = await self._local.get(adapter_key(caller.tenant, bare))
         return own if own is not None else await self._local.public(bare)
+
+    async def owned_by(self, tenant: str) -> list[AdapterRecord]:
+        """The adapters `tenant` owns, as this replica knows them."""
+        return [r for r in await self._local.list() if r.tenant == tenant]
 
     async def list(self, caller: Principal) -> list[AdapterRecord]:
         """What `caller` may name: everything for the operator; a tenant's own adapters,
@@ -149,6 +154,8 @@ class AdapterCatalog:
     def _record(
         self, meta: AdapterMetadata, source: str, lora: LoRARequest | None
     ) -> AdapterRecord | None:
+        if lora is None and meta.store_object is not None:  # fetched by hash wherever it runs
+            lora = LoRARequest(meta.key, meta.lora_int_id, store_path(meta.store_object))
         if lora is None:
             try:
                 directory = resolve_adapter_dir(self.root, meta.path)

@@ -24,14 +24,17 @@ import logging
 from pathlib import Path
 
 from loragate.adapters import AdapterError, LoRARequest
+from loragate.adapters.store import AdapterStoreError
 from loragate.engine import EngineDeadError
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.objects import AdapterObjects, store_error
 from loragate.gateway.adapter_control.paths import (
     AdapterPathError,
     relative_to_root,
     resolve_adapter_dir,
 )
 from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.store_engine import store_path
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.adapter_control.weights_update import WeightsUpdates
 from loragate.gateway.errors import (
@@ -46,6 +49,7 @@ from loragate.gateway.errors import (
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.registry import (
+    AdapterBytesQuotaExceeded,
     AdapterQuotaExceeded,
     AdapterSpec,
     PublicNameTaken,
@@ -70,8 +74,10 @@ class AdapterManager:
         adapter_root: Path | None,
         base_model: str,
         load_timeout: float | None = None,
+        objects: AdapterObjects | None = None,
     ):
         self.engine = engine
+        self.objects = objects  # the adapter store's objects (None: no store)
         self.load_timeout = load_timeout  # None: the engine's adapter_load_timeout
         self.store = store
         self.usage = usage
@@ -113,23 +119,7 @@ class AdapterManager:
         that tenant then owns it, from that tenant's folder). `anywhere`: the operator's own
         command line (--lora-modules) names the directory, which need not be under the root.
         A name already registered is a 400 unless `replace` (vLLM's behaviour)."""
-        owner, name = self._owner_and_name(name, caller)
-        if public is not None and not caller.is_operator:
-            raise PermissionDeniedError(
-                "only the admin may make an adapter public", param="public", code="admin_only"
-            )
-        if owner is not None and caller.is_operator:
-            await self._check_tenant_exists(owner)
-        key = adapter_key(owner, name)
-        existing = await self.catalog.get(key)
-        if existing is not None and not replace:
-            raise InvalidRequestError(
-                f'adapter {name!r} is already registered; send "replace": true to replace it',
-                param="name",
-                code="adapter_exists",
-            )
-        if public is None:
-            public = existing.public if existing is not None else False
+        owner, name, public = await self.prepare(name, caller, public, replace)
         try:
             if anywhere and caller.is_operator:
                 directory = Path(path).expanduser().resolve()
@@ -139,19 +129,75 @@ class AdapterManager:
                 directory = resolve_adapter_dir(self._root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
+        shown = relative_to_root(self.root, directory)
+        return await self._register_at(owner, name, public, str(directory), shown, source)
+
+    async def register_object(
+        self,
+        name: str,
+        oid: str,
+        shown_path: str,
+        source: str,
+        caller: Principal = OPERATOR,
+        public: bool | None = None,
+        replace: bool = False,
+    ) -> AdapterRecord:
+        """Register `name` for the adapter store's object `oid` (already written there, and
+        pinned by the caller): every replica fetches the files by hash."""
+        owner, name, public = await self.prepare(name, caller, public, replace)
+        return await self._register_at(
+            owner, name, public, store_path(oid), shown_path, source, store_object=oid
+        )
+
+    async def prepare(
+        self, name: str, caller: Principal, public: bool | None, replace: bool
+    ) -> tuple[str | None, str, bool]:
+        """The checks before any work: whose namespace, the name free (unless `replace`),
+        sharing allowed; the owner, the bare name and whether it will be public."""
+        owner, name = self._owner_and_name(name, caller)
+        if public is not None and not caller.is_operator:
+            raise PermissionDeniedError(
+                "only the admin may make an adapter public", param="public", code="admin_only"
+            )
+        if owner is not None and caller.is_operator:
+            await self._check_tenant_exists(owner)
+        existing = await self.catalog.get(adapter_key(owner, name))
+        if existing is not None and not replace:
+            raise InvalidRequestError(
+                f'adapter {name!r} is already registered; send "replace": true to replace it',
+                param="name",
+                code="adapter_exists",
+            )
+        if public is None:
+            public = existing.public if existing is not None else False
         if not self.engine.model_info.lora_enabled:
             raise InvalidRequestError(
                 "this server was started with LoRA disabled; adapters cannot be registered",
                 param="name",
             )
+        return owner, name, public
+
+    async def _register_at(
+        self,
+        owner: str | None,
+        name: str,
+        public: bool,
+        lora_path: str,
+        shown_path: str,
+        source: str,
+        store_object: str | None = None,
+    ) -> AdapterRecord:
+        key = adapter_key(owner, name)
         lora_int_id = await self.store.new_lora_int_id()
-        lora = LoRARequest(key, lora_int_id, str(directory))
+        lora = LoRARequest(key, lora_int_id, lora_path)
         try:
             adapter = await self.engine.add_adapter(lora, timeout=self.load_timeout)
         except AdapterError as exc:
             raise InvalidRequestError(
                 f"invalid adapter: {self.scrub(str(exc))}", param="path", code="invalid_adapter"
             ) from exc
+        except AdapterStoreError as exc:
+            raise store_error(exc) from exc
         spec = AdapterSpec(
             name=name,
             tenant=owner,
@@ -162,7 +208,8 @@ class AdapterManager:
             target_modules=tuple(sorted(adapter.target_modules)),
             sha256=adapter.sha256,
             size_bytes=adapter.size_bytes,
-            path=relative_to_root(self.root, directory),
+            path=shown_path,
+            store_object=store_object,
         )
         try:
             record = await self._store_registration(spec, lora, source)
@@ -215,6 +262,14 @@ class AdapterManager:
                 "before registering another",
                 param="name",
                 code="max_adapters",
+                headers={"Retry-After": str(ADAPTER_QUOTA_RETRY_AFTER_S)},
+            ) from exc
+        except AdapterBytesQuotaExceeded as exc:
+            raise QuotaExceededError(
+                f"this tenant's adapters hold {exc.used} bytes; {exc.wanted} more would pass "
+                f"its max_adapter_bytes of {exc.limit}: delete an adapter first",
+                param="adapter_model.safetensors",
+                code="max_adapter_bytes",
                 headers={"Retry-After": str(ADAPTER_QUOTA_RETRY_AFTER_S)},
             ) from exc
         except TenantNotFound as exc:
@@ -284,6 +339,8 @@ class AdapterManager:
         """Once no request uses it any more, drop the adapter's weights from every tier."""
         await self.usage.wait_idle(record.lora_request)
         await self._evict(record.lora_request)
+        if self.objects is not None:
+            await self.objects.collect(record.store_object)
 
     async def _evict(self, lora: LoRARequest) -> None:
         """Drop the adapter from every cache tier (its slot is zeroed)."""

@@ -5,7 +5,7 @@ namespace (`/v1/adapters/sql`); the admin names a tenant's as `/v1/adapters/acme
 
 from __future__ import annotations
 
-from litestar import Controller, Response, delete, get, patch, post
+from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 
 from loragate.gateway.adapter_control.records import AdapterRecord
@@ -18,22 +18,55 @@ from loragate.gateway.admin.schemas import (
     RegisterAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
-from loragate.gateway.errors import PermissionDeniedError
+from loragate.gateway.errors import InvalidRequestError, PermissionDeniedError
 from loragate.gateway.serving.service import GatewayService, Service
-from loragate.gateway.tenancy.principal import Caller, Principal
+from loragate.gateway.tenancy.principal import Caller, Principal, caller_of
+
+
+async def upload_files(request: Request) -> AdapterInfo | None:
+    """A multipart/form-data POST is an upload: read here, from the connection as it streams
+    (Litestar would read the whole body first); any other body goes on to `register`."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        return None
+    service: GatewayService = request.app.state.service
+    caller = caller_of(request)
+    length = request.headers.get("content-length", "")
+    staged = await service.uploads.receive(
+        request.receive, content_type, int(length) if length.isdigit() else None
+    )
+    record = await service.uploads.register_upload(staged, caller)
+    return adapter_info(service, record, caller)
 
 
 class AdaptersController(Controller):
     path = "/v1/adapters"
     tags = ["Adapters"]
 
-    @post("/", status_code=201, summary="Register an adapter from a directory under --adapter-root")
+    @post(
+        "/",
+        status_code=201,
+        summary="Register an adapter: upload its files (multipart/form-data), name a source "
+        "URI, or a directory under --adapter-root",
+        before_request=upload_files,
+    )
     async def register(
         self, data: JSONBody[RegisterAdapterRequest], caller: Caller, service: Service
     ) -> AdapterInfo:
-        record = await service.adapters.register(
-            data.name, data.path, caller=caller, public=data.public, replace=data.replace
-        )
+        if (data.path is None) == (data.source is None):
+            raise InvalidRequestError(
+                "send exactly one of 'path' (a directory under the adapter root) and "
+                "'source' (an s3:// or file:// URI)",
+                param="path" if data.path is None else "source",
+            )
+        if data.source is not None:
+            record = await service.uploads.register_source(
+                data.name, data.source, caller, data.public, data.replace
+            )
+        else:
+            record = await service.adapters.register(
+                data.name, data.path, caller=caller, public=data.public, replace=data.replace
+            )
         return adapter_info(service, record, caller)
 
     @get("/", summary="List the adapters the caller may use")

@@ -7,12 +7,16 @@ import msgspec
 
 class RegisterAdapterRequest(msgspec.Struct, kw_only=True):
     """`path` is a directory under the server's --adapter-root (relative or absolute); a
-    tenant's paths are under `<adapter-root>/<tenant>/`. `public` (admin only) lets every
+    tenant's paths are under `<adapter-root>/<tenant>/`. Or `source`, a URI the server reads
+    the adapter from into its adapter store (`s3://bucket/key/`, or `file:///dir` under the
+    same folder a `path` may name); exactly one of the two. `public` (admin only) lets every
     tenant use the adapter; left out, a re-registration keeps the flag it had. A name
-    already registered is a 400 (as vLLM's load_lora_adapter) unless `replace` is true."""
+    already registered is a 400 (as vLLM's load_lora_adapter) unless `replace` is true.
+    (A multipart/form-data body uploads the files instead: gateway/adapter_control/uploads.py.)"""
 
     name: str
-    path: str
+    path: str | None = None
+    source: str | None = None
     public: bool | None = None
     replace: bool = False
 

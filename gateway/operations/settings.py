@@ -42,6 +42,30 @@ class GatewaySettings:
             "Directory adapters may be registered from; paths resolving outside it are refused."
         ),
     )
+    adapter_store: str | None = field(
+        default=None,
+        metadata=_help(
+            "Where uploaded adapters are kept, once each under their content hash: a "
+            "directory (or file:///dir), or s3://bucket/prefix (the `s3` extra; credentials "
+            "and endpoint from the environment as boto3 reads them). Default: "
+            "<adapter-cache-dir>/store."
+        ),
+    )
+    adapter_cache_dir: Path = field(
+        default=Path("~/.cache/loragate/adapters"),
+        metadata=_help(
+            "This engine's copies of adapters fetched from the store, each checked against "
+            "its hash; `{replica}` in it becomes the Ray Serve replica's id."
+        ),
+    )
+    max_adapter_bytes: int | None = field(
+        default=None,
+        metadata=_help(
+            "Largest adapter_model.safetensors an upload or source may have; reading stops "
+            "there (413). Default: a float32 adapter of rank --max-lora-rank on every "
+            "LoRA-targetable module of every layer, plus 1 MiB."
+        ),
+    )
     preload_adapters: bool = field(
         default=True,
         metadata=_help(

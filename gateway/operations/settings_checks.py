@@ -36,6 +36,7 @@ def check_settings(s) -> None:
         raise ValueError("redis_url must start with redis://, rediss:// or unix://")
     check_namespace(s.redis_namespace, "redis_namespace")
     _check_registry_care(s)
+    _check_adapter_store(s)
     _check_key("admin_key", s.admin_key)
     if s.api_key is not None:
         if not isinstance(s.api_key, str) or not s.api_key or not s.api_key.isprintable():
@@ -146,6 +147,25 @@ def _check_replicas(s) -> None:
         raise ValueError(f"replica_cpus must be a number >= 0, got {value!r}")
     if s.ray_address is not None and (not isinstance(s.ray_address, str) or not s.ray_address):
         raise ValueError("ray_address must be a non-empty string")
+
+
+def _check_adapter_store(s) -> None:
+    if s.max_adapter_bytes is not None and (
+        _not_int(s.max_adapter_bytes) or s.max_adapter_bytes < 1
+    ):
+        raise ValueError(f"max_adapter_bytes must be an integer >= 1, got {s.max_adapter_bytes!r}")
+    store = s.adapter_store
+    if store is None:
+        return
+    if not isinstance(store, str) or not store:
+        raise ValueError(f"adapter_store must be a directory or s3:// URI, got {store!r}")
+    scheme = urlsplit(store).scheme
+    if scheme == "s3" and not urlsplit(store).netloc:
+        raise ValueError(f"adapter_store needs a bucket: s3://bucket[/prefix], got {store!r}")
+    if scheme not in ("", "file", "s3"):
+        raise ValueError(
+            f"adapter_store must be a directory, file:///dir or s3://bucket/prefix, got {store!r}"
+        )
 
 
 def _not_int(value) -> bool:

@@ -17,7 +17,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from loragate.adapters import AdapterError
+from loragate.adapters.store import AdapterStoreError
 from loragate.engine import EngineDeadError, RequestOutput
+from loragate.gateway.adapter_control.objects import store_error
 from loragate.gateway.errors import (
     EngineUnavailableError,
     InvalidRequestError,
@@ -74,6 +76,8 @@ class Generation:
             raise EngineUnavailableError(
                 f"the engine is not running: {exc}", code=ENGINE_UNAVAILABLE
             ) from exc
+        except AdapterStoreError as exc:  # its files could not be fetched by hash
+            raise store_error(exc) from exc
         except AdapterError as exc:
             raise InvalidRequestError(
                 f"adapter could not be loaded: {self._scrub(str(exc))}",

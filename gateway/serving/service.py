@@ -21,6 +21,7 @@ from litestar.di import NamedDependency
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineClient, EngineDeadError, SamplingParams
 from loragate.gateway.adapter_control.manager import AdapterManager
+from loragate.gateway.adapter_control.store_setup import adapter_uploads, with_adapter_store
 from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError, InvalidRequestError
@@ -69,14 +70,18 @@ class GatewayService:
         )
         self.usage = AdapterUsage()
         self.metrics = GatewayMetrics(self.model.served_name, settings.metrics_label_limit)
+        in_process = replica_reports is None
+        self.engine, objects = with_adapter_store(settings, engine, self.store, in_process)
         self.adapters = AdapterManager(
-            engine,
+            self.engine,
             self.store,
             self.usage,
             settings.adapter_root,
             self.model_name,
             load_timeout=settings.adapter_load_timeout_seconds,
+            objects=objects,
         )
+        self.uploads = adapter_uploads(settings, self.adapters, objects)
         self.auth = Authenticator(
             settings.admin_key, self.store, settings.auth_cache_seconds, api_key=settings.api_key
         )

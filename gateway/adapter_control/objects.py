@@ -1,0 +1,109 @@
+"""The adapter store's objects as the gateway keeps them: written once, deleted when unused.
+
+`keep` writes an adapter's validated files into the store under their object id while
+holding a pin in the registry (adapter_objects.py), so no replica deletes the object
+between the write and the registration that references it. `collect` deletes an object
+once no adapter record references it and no upload holds it: the registry hands one
+replica the claim, that replica deletes the bytes (in the store, and its own cached copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from loragate.adapters.store import (
+    AdapterFetcher,
+    AdapterStore,
+    AdapterStoreError,
+    CorruptObjectError,
+)
+from loragate.gateway.errors import APIError, EngineUnavailableError, RegistryDownError
+from loragate.gateway.store_seam import StoreSeam
+
+log = logging.getLogger(__name__)
+
+# How long an upload waits for another replica to finish deleting the same object.
+CLAIM_WAIT_S = 10.0
+PIN_TTL_S = 600.0
+
+
+class AdapterStoreUnavailableError(EngineUnavailableError):
+    """503: the adapter store could not be written or read."""
+
+
+class CorruptAdapterObjectError(APIError):
+    """502: the store gave bytes that do not hash to the object's id; they are not served."""
+
+    status_code = 502
+    error_type = "server_error"
+
+
+def store_error(exc: AdapterStoreError) -> APIError:
+    """The HTTP error of a fetch that failed, for the request that needed the adapter."""
+    if isinstance(exc, CorruptObjectError):
+        return CorruptAdapterObjectError(str(exc), code="corrupt_adapter_object")
+    return AdapterStoreUnavailableError(str(exc), code="adapter_store_error")
+
+
+class AdapterObjects:
+    def __init__(self, store: StoreSeam, objects: AdapterStore, fetcher: AdapterFetcher | None):
+        self.registry = store
+        self.objects = objects
+        self.fetcher = fetcher  # this process's engine cache, when the engine runs here
+        self.deleted = 0  # objects this replica deleted from the store
+
+    @asynccontextmanager
+    async def kept(self, oid: str, directory: Path):
+        """Write `directory`'s files as `oid` and hold them until the block ends (the
+        registration inside it references the object, or the block failed and it goes)."""
+        pin = await self._pin(oid)
+        try:
+            try:
+                await asyncio.to_thread(self.objects.put, oid, directory)
+            except AdapterStoreError as exc:
+                raise AdapterStoreUnavailableError(str(exc), code="adapter_store_error") from exc
+            yield
+        finally:
+            await self.registry.unpin_object(oid, pin)
+            await self.collect(oid)  # nothing if the registration references it
+
+    async def _pin(self, oid: str) -> str:
+        waited = 0.0
+        while True:
+            pin = await self.registry.pin_object(oid, PIN_TTL_S)
+            if pin is not None:
+                return pin
+            if waited >= CLAIM_WAIT_S:
+                raise AdapterStoreUnavailableError(
+                    "these adapter files are being deleted from the store; try again",
+                    code="adapter_store_busy",
+                    headers={"Retry-After": "1"},
+                )
+            await asyncio.sleep(0.05)
+            waited += 0.05
+
+    async def collect(self, oid: str | None) -> bool:
+        """Delete `oid`'s bytes if nothing references or pins them; True if deleted here."""
+        if oid is None:
+            return False
+        try:
+            if not await self.registry.claim_unreferenced_object(oid):
+                return False
+        except RegistryDownError:
+            log.warning("adapter object %s kept: the registry store is unreachable", oid[:16])
+            return False
+        try:
+            await asyncio.to_thread(self.objects.delete, oid)
+            if self.fetcher is not None:
+                await asyncio.to_thread(self.fetcher.forget, oid)
+            self.deleted += 1
+            log.info("adapter object %s deleted: no adapter uses it any more", oid[:16])
+            return True
+        except Exception:  # noqa: BLE001 - the store failing must not fail the delete
+            log.exception("adapter object %s could not be deleted", oid[:16])
+            return False
+        finally:
+            await self.registry.release_object_claim(oid)
