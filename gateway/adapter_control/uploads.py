@@ -54,8 +54,13 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
 class PayloadTooLargeError(APIError):
+    """413; the connection is closed after it, so the rest of the body is never read."""
+
     status_code = 413
     error_type = "invalid_request_error"
+
+    def __init__(self, message: str, **kw):
+        super().__init__(message, headers={"Connection": "close"}, **kw)
 
 
 def default_max_adapter_bytes(spec: LoRAModelSpec | None, max_lora_rank: int) -> int:
