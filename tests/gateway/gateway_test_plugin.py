@@ -58,6 +58,20 @@ class SlowPlugin:
         return {"slow_greedy": slow_greedy}
 
 
+def sleepy_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+    time.sleep(0.2)
+    return torch.argmax(logits, dim=-1)
+
+
+class SleepyPlugin:
+    """Greedy, each step at least 200 ms: a stream whose events come in bursts with long
+    quiet gaps between them (a test can act between two steps)."""
+
+    @hookimpl
+    def loragate_samplers(self):
+        return {"sleepy_greedy": sleepy_greedy}
+
+
 OVERFLOWING_LENGTH_PENALTY = 2.5  # a beam request with this length_penalty fails mid-search
 
 

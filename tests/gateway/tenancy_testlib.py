@@ -106,16 +106,22 @@ class PrivateRedis:
     """A redis-server of the test's own on a free port, which it may stop and start again.
 
     No automatic snapshots: a restart comes back empty, unless `save()` wrote a snapshot
-    first (then it comes back with the data it had).
+    first (then it comes back with the data it had). With `appendfsync` ("always",
+    "everysec" or "no") it runs with the AOF on instead, and a restart (even after SIGKILL)
+    replays it. `options` are more redis-server arguments (e.g. renaming CONFIG away).
     """
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, appendfsync: str | None = None, options: tuple = ()):
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.fail("redis-server is not on PATH: install it (.ci/run does) to run this test")
         self.port = free_port()
         self.dir = workdir
         self.process: subprocess.Popen | None = None
+        aof = ["--appendonly", "no"]
+        if appendfsync is not None:
+            aof = ["--appendonly", "yes", "--appendfsync", appendfsync]
+        self.persistence = [*aof, *options]
 
     @property
     def url(self) -> str:
@@ -131,8 +137,7 @@ class PrivateRedis:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *self.persistence,
                 "--dir",
                 str(self.dir),
                 "--dbfilename",
