@@ -6,9 +6,10 @@ start, scheduled backups, and what /health says once the store lost its data.
   not. With --require-durable-registry anything but a durable store (a volatile one, or
   one whose settings could not be read) stops the start, with the reason: checked by the
   CLI before the model loads, and again by the app for servers started otherwise.
-- With --registry-backup-dir, the registry is exported every --registry-backup-every
-  seconds (backup.export_registry: a temporary file renamed into place) and the newest
-  --registry-backup-keep files are kept. A store that lost its data is never backed up
+- With --registry-backup-dir, the registry is exported whenever the newest backup in the
+  folder (of any replica sharing it) is --registry-backup-every seconds old, so at start
+  too if it is (backup.export_registry: a temporary file renamed into place), and the
+  newest --registry-backup-keep files are kept. A store that lost its data is never backed up
   over the backups that hold it: while this replica serves orphans, or while the store is
   empty and the newest backup is not, scheduled backups wait (and say why).
 """
@@ -19,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +36,7 @@ from loragate.registry.persistence import Persistence, unchecked
 log = logging.getLogger("loragate.registry_care")
 
 BACKUP_GLOB = "registry-*.jsonl"
+RETRY_S = 30.0  # after a backup that could not be written
 
 
 class RegistryNotDurable(RuntimeError):
@@ -110,13 +113,32 @@ class RegistryCare:
             await asyncio.wait([self._task], timeout=5)
 
     async def _every_interval(self) -> None:
+        """A backup whenever the newest in the folder (this replica's or another's) is
+        `every` seconds old, so restarts do not put it off; after an attempt that could not
+        write one, the next comes within 30 s."""
+        every = self._settings.registry_backup_every
         while True:
-            await asyncio.sleep(self._settings.registry_backup_every)
+            await asyncio.sleep(max(0.0, self._next_due(every) - time.time()))
+            if self._next_due(every) > time.time():  # another replica wrote one meanwhile
+                continue
             try:
-                await self.back_up()
+                written = await self.back_up()
             except Exception as exc:  # a full disk must not end the loop
                 self.backup_error = f"{type(exc).__name__}: {exc}"
-                log.exception("registry backup failed; trying again at the next interval")
+                log.exception("registry backup failed; trying again")
+                written = None
+            if written is None:
+                await asyncio.sleep(min(every, RETRY_S))
+
+    def _next_due(self, every: float) -> float:
+        folder = self._settings.registry_backup_dir
+        found = newest_backup(folder) if folder is not None else None
+        known = self.newest_backup
+        if found is not None and (known is None or found.exported_at > known.exported_at):
+            self.newest_backup = found
+        if self.newest_backup is None:
+            return time.time()
+        return self.newest_backup.exported_at + every
 
     async def back_up(self) -> BackupFile | None:
         """One scheduled backup now; None when it waited (store down, or lost its data)."""

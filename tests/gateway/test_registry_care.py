@@ -4,6 +4,7 @@ what /health says of a loss. The servers themselves: test_registry_durability.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -110,3 +111,26 @@ def test_a_backup_header_says_what_it_holds(tmp_path):
     header = {"format": "loragate-registry", "version": 1, "exported_at": time.time()}
     path.write_text(json.dumps({**header, "tenants": 2}) + "\n")
     assert newest_backup(tmp_path).tenants == 2
+
+
+async def test_a_starting_replica_backs_up_at_once_only_if_the_newest_backup_is_due(tmp_path):
+    store = MemoryRegistryStore()
+    await store.create_tenant("acme")
+    care = care_of(store, tmp_path)  # every hour
+    care.start()
+    try:
+        for _ in range(200):
+            if list(tmp_path.glob("registry-*.jsonl")):
+                break
+            await asyncio.sleep(0.01)
+        assert len(list(tmp_path.glob("registry-*.jsonl"))) == 1  # none was there: at once
+    finally:
+        await care.stop()
+    again = care_of(store, tmp_path)  # a restart within the hour writes none
+    again.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert len(list(tmp_path.glob("registry-*.jsonl"))) == 1
+        assert again.newest_backup is not None and again.newest_backup.tenants == 1
+    finally:
+        await again.stop()
