@@ -73,7 +73,12 @@ class RayReplicas:
             **self._router(),
         )
         app = deployment.bind(
-            settings.engine, settings.adapter_load_timeout_seconds, BOARD_NAME, NAMESPACE
+            settings.engine,
+            settings.adapter_load_timeout_seconds,
+            BOARD_NAME,
+            NAMESPACE,
+            adapter_store=settings.adapter_store,
+            adapter_cache_dir=str(settings.adapter_cache_dir),
         )
         log.info("deploying the engine replicas on Ray Serve (%s)", self.scaling_options())
         handle = serve.run(app, name=self.app_name, route_prefix=None)

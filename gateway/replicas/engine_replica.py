@@ -8,6 +8,11 @@ path into the CPU tier on first use; when Ray Serve's LRU drops an id, the repli
 its weights too (Ray Serve routes it elsewhere now, so keeping them would only hold memory),
 unless requests still run on it (then the engine's own LRU evicts them later).
 
+Adapters kept in the adapter store (uploads, sources by URI) reach the replica as
+`adapter-store:<object id>` paths: it fetches them by hash into its own
+`--adapter-cache-dir` (`{replica}` in it: this replica's id), checked before use, so
+nothing but the store is shared with the ingress.
+
 Every exception of a call comes back as a `Failure` value (the ingress re-raises it as
 itself). The replica reports its state to the board every `report_every_s` and applies
 the retirements it hears of there.
@@ -23,6 +28,7 @@ from ray import serve
 
 from loragate.adapters import LoRARequest
 from loragate.engine import AsyncLLMEngine, EngineConfig
+from loragate.gateway.adapter_control.store_engine import StoreBackedEngine, make_fetcher
 from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
 
 log = logging.getLogger(__name__)
@@ -55,10 +61,18 @@ class EngineReplica:
         board_name: str,
         board_namespace: str,
         report_every_s: float = 0.25,
+        adapter_store: str | None = None,
+        adapter_cache_dir: str | None = None,
     ):
-        self.engine = AsyncLLMEngine.from_config(config, adapter_load_timeout)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
+        engine = AsyncLLMEngine.from_config(config, adapter_load_timeout)
+        # Adapters uploaded to the store are fetched by hash into this replica's own cache.
+        self.fetcher = None
+        if adapter_cache_dir is not None:
+            self.fetcher = make_fetcher(adapter_store, adapter_cache_dir, self.replica_id)
+            engine = StoreBackedEngine(engine, self.fetcher)
+        self.engine = engine
         self.actor_name = ray.get_runtime_context().get_actor_name() or ""
         self.board = ray.get_actor(board_name, namespace=board_namespace)
         self._wanted: dict[str, LoRARequest] = {}
@@ -155,6 +169,7 @@ class EngineReplica:
             actor_name=self.actor_name,
             stats=await self.engine.stats(),
             multiplexed=tuple(sorted(self.held)),
+            store_fetches=self.fetcher.fetches if self.fetcher is not None else 0,
         )
         for lora in await self.board.report.remote(report):
             await self._remove(lora)

@@ -16,6 +16,7 @@ class ReplicaAdapters(msgspec.Struct):
 class ReplicaLoads(msgspec.Struct):
     disk: int  # adapter weights read from files
     device: int  # copied into a device slot
+    store: int = 0  # adapter store objects fetched into this replica's cache
 
 
 class ReplicaView(msgspec.Struct):
@@ -57,6 +58,8 @@ def replica_view(report: ReplicaReport, names_of: dict[str, list[str]]) -> Repli
             routed=list(report.multiplexed),
         ),
         adapter_loads=ReplicaLoads(
-            disk=sum(row[0] for row in loads), device=sum(row[2] for row in loads)
+            disk=sum(row[0] for row in loads),
+            device=sum(row[2] for row in loads),
+            store=report.store_fetches,
         ),
     )

@@ -52,3 +52,4 @@ class ReplicaReport:
     multiplexed: tuple[str, ...] = ()  # adapter names Ray Serve routes here (its LRU)
     reported_at: float = field(default_factory=time.time)
     retired_seen: int = 0  # how many retired adapters the board has handed this replica
+    store_fetches: int = 0  # adapter store objects this replica downloaded into its cache

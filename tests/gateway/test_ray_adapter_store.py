@@ -1,0 +1,105 @@
+"""Two Ray Serve replicas fetch an uploaded adapter by hash (issue 37, must-show 4).
+
+The ingress and its two replicas share no adapter path: no --adapter-root, and each
+replica caches under its own directory (`{replica}` in --adapter-cache-dir); the only thing
+they share is the adapter store, a bucket on moto's S3 server started here. Two tenants
+upload the same bytes under their own names; Ray Serve routes the two names to the two
+replicas (each holds one adapter), and each replica fetches the object once, however many
+requests it then serves.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import ray  # the `ray` extra, in `dev`
+from gateway_testlib import TARGETS, wait_until
+from s3_testlib import environment, s3_server
+from servers_testlib import start_tiny_server
+from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from test_adapter_upload import generated, parts_of, upload
+from tiny_llama import make_adapters, peft_greedy, peft_model_with
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server, environment(server.env):
+        yield server
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_dir):
+    return make_adapters(
+        tiny_dir, tmp_path_factory.mktemp("ray-uploads"), {"x": (4, TARGETS, False)}
+    )
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("ray-caches")
+
+
+@pytest.fixture(scope="module")
+def deployment(s3, tiny_dir, redis_url, cache):
+    namespace = f"test-ray-store-{uuid.uuid4().hex}"
+    bucket = s3.new_bucket()
+    server = start_tiny_server(
+        tiny_dir,
+        {"max_loras": 1, "max_cpu_loras": 1},
+        redis_url=redis_url,
+        redis_namespace=namespace,
+        admin_key=ADMIN_KEY,
+        replicas=2,
+        replica_cpus=0.5,
+        adapter_store=f"s3://{bucket}/adapters",
+        adapter_cache_dir=cache / "{replica}",
+    )
+    try:
+        yield server, bucket
+    finally:
+        server.stop()
+        flush_namespace(redis_url, namespace)
+    assert not ray.is_initialized(), "the local Ray cluster outlived the server"
+
+
+def replicas(admin: Api) -> list[dict]:
+    got = admin.get("/v1/replicas")
+    assert got.status_code == 200, got.text
+    return got.json()["data"]
+
+
+def test_two_replicas_each_fetch_an_uploaded_adapter_once(deployment, s3, files, cache, tiny_dir):
+    server, bucket = deployment
+    admin = Api(server.url, ADMIN_KEY)
+    acme = admin.as_key(admin.create_tenant("acme"))
+    globex = admin.as_key(admin.create_tenant("globex"))
+    for api in (acme, globex):
+        got = upload(api, "x", parts_of(files["x"]))
+        assert got.status_code == 201, got.text
+    assert len(s3.keys(bucket, "adapters/")) == 2, "one object (two files) for both names"
+
+    reference = peft_model_with(tiny_dir, {"x": files["x"]})
+    prompt, tokens = generated(acme, "x")
+    assert tokens == peft_greedy(reference, "x", prompt, 8)
+    for _ in range(3):
+        assert generated(acme, "x") == (prompt, tokens)
+        assert generated(globex, "x") == (prompt, tokens)
+
+    wait_until(
+        lambda: sorted(r["adapter_loads"]["store"] for r in replicas(admin)) == [1, 1],
+        "each replica to report its one fetch",
+        30,
+    )
+    routed = [r["adapters"]["routed"] for r in replicas(admin)]
+    assert sorted(map(sorted, routed)) == [["acme/x"], ["globex/x"]], routed
+    # Each replica's own cache holds the object; the ingress's holds nothing.
+    caches = sorted(p for p in cache.iterdir() if p.name != "local")
+    assert len(caches) == 2
+    for folder in caches:
+        assert [p.name for p in folder.iterdir() if not p.name.startswith(".")] == [
+            s3.keys(bucket, "adapters/")[0].split("/")[1]
+        ]
+    assert not (cache / "local" / "store").exists()
