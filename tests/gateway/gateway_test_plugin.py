@@ -59,12 +59,12 @@ class SlowPlugin:
 
 
 def sleepy_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
-    time.sleep(0.2)
+    time.sleep(0.4)
     return torch.argmax(logits, dim=-1)
 
 
 class SleepyPlugin:
-    """Greedy, each step at least 200 ms: a stream whose events come in bursts with long
+    """Greedy, each step at least 400 ms: a stream whose events come in bursts with long
     quiet gaps between them (a test can act between two steps)."""
 
     @hookimpl
