@@ -91,13 +91,14 @@ def backup_lines(snapshot: RegistrySnapshot, *, source: str, exported_at: float)
 
 async def export_registry(store: RegistryStore, path: Path, *, source: str) -> Backup:
     """Write the store's snapshot to `path` atomically (a temporary file, flushed to disk,
-    then renamed over it): a reader never sees half a backup."""
+    then renamed over it): a reader never sees half a backup. The file is mode 0600."""
     snapshot = await store.snapshot()
     exported_at = time.time()
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
+    try:  # readable by its owner only: tenants, usage and key digests are the operator's
+        descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(descriptor, "w", encoding="utf-8") as out:
             for line in backup_lines(snapshot, source=source, exported_at=exported_at):
                 out.write(line + "\n")
             out.flush()

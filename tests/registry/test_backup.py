@@ -73,6 +73,7 @@ async def test_import_into_an_empty_store_restores_it_exactly(store, new_store, 
     path = tmp_path / "registry.jsonl"
     written = await export_registry(store, path, source="test")
     text = path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
     for key in keys.values():
         assert key not in text and key.split("-")[-1] not in text  # digests only
     empty = await new_store()
