@@ -10,8 +10,10 @@ import logging
 import time
 
 import pytest
+from click.testing import CliRunner
 
 from loragate.gateway import GatewaySettings
+from loragate.gateway.operations.cli import main
 from loragate.gateway.operations.registry_care import (
     RegistryCare,
     RegistryNotDurable,
@@ -134,3 +136,19 @@ async def test_a_starting_replica_backs_up_at_once_only_if_the_newest_backup_is_
         assert again.newest_backup is not None and again.newest_backup.tenants == 1
     finally:
         await again.stop()
+
+
+def test_the_registry_commands_say_what_went_wrong(tmp_path):
+    unreachable = ["--redis-url", "redis://127.0.0.1:1"]
+    got = CliRunner().invoke(main, ["registry", "export", str(tmp_path / "x.jsonl"), *unreachable])
+    assert got.exit_code == 1 and "registry store at redis://127.0.0.1:1 is unreachable" in (
+        got.output
+    )
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n")
+    got = CliRunner().invoke(main, ["registry", "import", str(garbage), *unreachable])
+    assert got.exit_code == 1 and f"{garbage} is refused: line 1: is not JSON" in got.output
+    got = CliRunner().invoke(main, ["registry", "import", str(tmp_path / "none"), *unreachable])
+    assert got.exit_code == 2 and "does not exist" in got.output
+    got = CliRunner().invoke(main, ["registry", "export", "x", "--redis-url", "http://db"])
+    assert got.exit_code == 2 and "redis url must start with redis://" in got.output
