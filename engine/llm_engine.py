@@ -42,7 +42,7 @@ from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.step_budget import step_budget_for
-from loragate.engine.step_record import StepRecords, mark_scheduled
+from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
 from loragate.engine.stopping import stop_after
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginManager
@@ -220,6 +220,7 @@ class LLMEngine:
         if self.adapter_loads is not None:
             self.adapter_loads.new_step()
         start = time.perf_counter()
+        clock = StepClock()
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
@@ -227,14 +228,16 @@ class LLMEngine:
                 self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
             return failed
         mark_scheduled(scheduled)
-        sampled, logits = self.runner.run(scheduled)
-        outputs = failed + self._postprocess(scheduled, sampled, logits)
-        self._record_step(scheduled, (time.perf_counter() - start) * 1e3)
+        clock.lap("schedule")
+        sampled, logits = self.runner.run(scheduled, clock)
+        outputs = failed + self._postprocess(scheduled, sampled, logits, clock)
+        self._record_step(scheduled, (time.perf_counter() - start) * 1e3, clock)
         return outputs
 
-    def _record_step(self, scheduled, ms: float) -> None:
+    def _record_step(self, scheduled, ms: float, clock: StepClock) -> None:
         """Keep the step's record; its timing keeps the next step's budget current."""
-        record = self.step_records.add(scheduled, self.scheduler.max_num_batched_tokens, ms)
+        budget = self.scheduler.max_num_batched_tokens
+        record = self.step_records.add(scheduled, budget, ms, clock)
         self.step_budget.observe(record.num_tokens, ms)
         self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 
@@ -246,7 +249,10 @@ class LLMEngine:
             touched[seq.request.request_id] = seq.request
         return self._outputs(touched)
 
-    def _postprocess(self, scheduled, sampled: list[Sequence], logits) -> list[RequestOutput]:
+    def _postprocess(
+        self, scheduled, sampled: list[Sequence], logits, clock: StepClock | None = None
+    ) -> list[RequestOutput]:
+        clock = clock or StepClock()
         for item in scheduled.prefills:
             self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
         for item in scheduled.prefills + scheduled.decodes:
@@ -256,6 +262,7 @@ class LLMEngine:
         touched: dict[str, Request] = {}
         sampled, logits = self.beams.step(sampled, logits, touched)
         results = self.dispatcher.sample(sampled, logits) if sampled else []
+        clock.lap("sample")
         now = time.monotonic()
         for seq, result in zip(sampled, results, strict=True):
             touched[seq.request.request_id] = seq.request
@@ -271,7 +278,9 @@ class LLMEngine:
                 continue
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
-        return self._outputs(touched)
+        outputs = self._outputs(touched)
+        clock.lap("output")
+        return outputs
 
     def _fail(self, request: Request, error: Exception) -> None:
         """Something failed for this request alone: finish it (freeing its KV blocks) and
@@ -310,7 +319,8 @@ class LLMEngine:
         seq.token_ids.append(result.token_id)
         self.num_generation_tokens += 1
         self.fair_share.charge(seq.request, output_tokens=1)
-        seq.cumulative_logprob += result.logprob
+        if seq.cumulative_logprob is not None:
+            seq.cumulative_logprob += result.logprob
         if seq.logprobs is not None:
             seq.logprobs.append(result.top_logprobs or {result.token_id: result.logprob})
         delta = seq.detokenizer.step([result.token_id])

@@ -13,6 +13,7 @@ from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
 from loragate.engine.sequence import Sequence
+from loragate.engine.step_record import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +37,32 @@ class ModelRunner:
         self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
         self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
 
-    def run(self, scheduled: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
-        """Logits [N, vocab] float32 for the sequences that sample this step, in that order."""
+    def run(
+        self, scheduled: SchedulerOutput, clock: StepClock | None = None
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """Logits [N, vocab] float32 for the sequences that sample this step, in that order.
+        `clock` (the step's) gets the prepare and forward phases."""
+        clock = clock or StepClock()
         self._copy_on_write()
         if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
             try:
-                return self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+                sampled, logits = self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+                clock.lap("forward")
+                return sampled, logits
             except GraphCaptureError:
                 # The warm-up before a capture computes the step itself, so whatever KV it
                 # wrote is what the eager pass below writes again.
                 log.warning("decode steps run eagerly from now on", exc_info=True)
                 self.decode_graphs = None
         batch, sampled = self.prepare(scheduled)
+        clock.lap("prepare")
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens
         logits = self.model.compute_logits(hidden)
         if self._prompt_rows:
             record_prompt_logprobs(self._prompt_rows, logits[len(sampled) :])
             logits = logits[: len(sampled)]
+        clock.lap("forward")
         return sampled, logits
 
     def _run_graph(self, decodes: list[ScheduledSeq]) -> tuple[list[Sequence], torch.Tensor]:

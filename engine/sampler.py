@@ -241,10 +241,11 @@ class SamplingRow:
 
 @dataclass
 class SampleResult:
-    """The chosen token, its raw logprob, and the top-N raw logprobs when asked for."""
+    """The chosen token, its raw logprob (None where the request scores no tokens:
+    SamplingParams.scores_tokens), and the top-N raw logprobs when asked for."""
 
     token_id: int
-    logprob: float
+    logprob: float | None
     top_logprobs: dict[int, float] | None = None
 
 
@@ -270,15 +271,31 @@ class Sampler:
         if not rows:
             return []
         raw = logits.float()
+        scored = [i for i, row in enumerate(rows) if row.params.scores_tokens]
+        if not scored and self._plain_greedy(rows):
+            # The fast path: one argmax over the batch, no softmax, no per-row work.
+            tokens = raw.argmax(dim=-1).tolist()
+            return [SampleResult(token, None) for token in tokens]
         # On CPU the rows go through in small chunks so every temporary stays cache-sized;
         # elsewhere the whole batch is one chunk.
         step = CPU_ROW_CHUNK if raw.device.type == "cpu" else len(rows)
-        tokens, lse = [], []
-        for start in range(0, len(rows), step):
-            chunk = raw[start : start + step]
-            tokens.append(self._choose(chunk, rows[start : start + step]))
-            lse.append(torch.logsumexp(chunk, dim=-1))
-        return self._results(raw, torch.cat(tokens), torch.cat(lse), rows)
+        tokens = torch.cat(
+            [
+                self._choose(raw[start : start + step], rows[start : start + step])
+                for start in range(0, len(rows), step)
+            ]
+        )
+        return self._results(raw, tokens, scored, rows)
+
+    @staticmethod
+    def _plain_greedy(rows: list[SamplingRow]) -> bool:
+        """Every row takes the raw argmax: greedy, no penalties, no min_tokens left."""
+        return all(
+            row.params.greedy
+            and not row.params.has_penalties
+            and len(row.output_token_ids) >= row.params.min_tokens
+            for row in rows
+        )
 
     def _choose(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """The next token of every row: argmax for greedy rows, a draw for the rest."""
@@ -342,25 +359,34 @@ class Sampler:
         return sample(probs, generators)
 
     def _results(
-        self, raw: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor, rows: list[SamplingRow]
+        self, raw: torch.Tensor, tokens: torch.Tensor, scored: list[int], rows: list[SamplingRow]
     ) -> list[SampleResult]:
-        chosen = (raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse).tolist()
-        token_ids = tokens.tolist()
-        results = [SampleResult(t, lp) for t, lp in zip(token_ids, chosen, strict=True)]
-        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        """Each row's token; for the `scored` rows its raw logprob (and the top-N asked
+        for), from a log-softmax over those rows alone."""
+        results = [SampleResult(t, None) for t in tokens.tolist()]
+        if not scored:
+            return results
+        index = torch.tensor(scored, device=raw.device)
+        rows_raw = _select_rows(raw, scored)
+        lse = _rows_logsumexp(rows_raw)
+        chosen = rows_raw.gather(1, tokens[index].unsqueeze(1)).squeeze(1) - lse
+        for i, logprob in zip(scored, chosen.tolist(), strict=True):
+            results[i].logprob = logprob
+        wanted = [j for j, i in enumerate(scored) if rows[i].params.logprobs is not None]
         if not wanted:
             return results
-        top_n = min(max(rows[i].params.logprobs for i in wanted), self.vocab_size)
+        top_n = min(max(rows[scored[j]].params.logprobs for j in wanted), self.vocab_size)
         top_values = top_ids = None
         if top_n > 0:
-            top = _select_rows(raw, wanted).topk(top_n, dim=-1)
+            top = _select_rows(rows_raw, wanted).topk(top_n, dim=-1)
             top_values = (top.values - lse[wanted].unsqueeze(1)).tolist()
             top_ids = top.indices.tolist()
-        for j, i in enumerate(wanted):
+        for k, j in enumerate(wanted):
+            i = scored[j]
             n = rows[i].params.logprobs
             entries = {}
             if n > 0:
-                entries = dict(zip(top_ids[j][:n], top_values[j][:n], strict=True))
+                entries = dict(zip(top_ids[k][:n], top_values[k][:n], strict=True))
             entries[results[i].token_id] = results[i].logprob
             results[i].top_logprobs = entries
         return results

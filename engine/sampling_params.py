@@ -261,6 +261,14 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
 
     @property
+    def scores_tokens(self) -> bool:
+        """Whether the sampler computes each chosen token's logprob (a softmax over the
+        vocabulary): when logprobs are asked for, and when candidates are ranked by their
+        cumulative logprob (best_of > n, beam search). Otherwise, as in vLLM V1, outputs
+        carry no cumulative_logprob and greedy rows cost one argmax."""
+        return self.logprobs is not None or self.best_of > self.n or self.use_beam_search
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.presence_penalty != 0.0

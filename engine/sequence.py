@@ -39,7 +39,8 @@ class Sequence:
         self.lora_slot = -1
         self.slot_wait_steps = 0  # steps it stayed waiting for lack of an adapter slot
         self.generator: torch.Generator | None = generator
-        self.cumulative_logprob = 0.0
+        # Summed only where the sampler scores tokens (SamplingParams.scores_tokens).
+        self.cumulative_logprob: float | None = 0.0 if request.params.scores_tokens else None
         self.logprobs: list[dict[int, float]] | None = (
             [] if request.params.logprobs is not None else None
         )

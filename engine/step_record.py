@@ -21,10 +21,27 @@ class StepRecord:
     decodes_left_out: tuple[int, ...]  # running decodes not in the step and not preempted
     preempted_seq_ids: tuple[int, ...]
     ms: float  # wall time of the whole step: schedule, forward, sampling, outputs
+    # Milliseconds of each phase: schedule, prepare (the batch's inputs), forward (the model
+    # and its logits), sample, output (tokens appended, stop checks, detokenizing, outputs).
+    phases: tuple[tuple[str, float], ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return self.prefill_tokens + len(self.decode_seq_ids)
+
+
+class StepClock:
+    """The phases of one step, each the time since the lap before (on a GPU, the host's
+    time: launches, not the kernels they queue)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.laps[phase] = self.laps.get(phase, 0.0) + (now - self._last) * 1e3
+        self._last = now
 
 
 class StepRecords(deque):
@@ -33,7 +50,7 @@ class StepRecords(deque):
     def __init__(self) -> None:
         super().__init__(maxlen=MAX_RECORDS)
 
-    def add(self, scheduled, budget: int, ms: float) -> StepRecord:
+    def add(self, scheduled, budget: int, ms: float, clock: StepClock | None = None) -> StepRecord:
         index = self[-1].index + 1 if self else 0
         record = StepRecord(
             index=index,
@@ -44,6 +61,7 @@ class StepRecords(deque):
             decodes_left_out=tuple(scheduled.decodes_left_out),
             preempted_seq_ids=tuple(s.seq_id for s in scheduled.preempted),
             ms=ms,
+            phases=tuple(clock.laps.items()) if clock is not None else (),
         )
         self.append(record)
         return record

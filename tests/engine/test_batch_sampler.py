@@ -60,6 +60,9 @@ def test_logprobs_are_of_the_raw_logits():
     rows = [row(p, prompt=[1, 2, 3], output=[4, 4]) for p in params]
     results = make_sampler()(logits, rows)
     for i, result in enumerate(results):
+        if params[i].logprobs is None:  # nothing asked: no softmax for this row (vLLM V1)
+            assert result.logprob is None, i
+            continue
         assert result.logprob == pytest.approx(raw_logprobs[i, result.token_id].item(), abs=1e-5)
     assert results[0].top_logprobs is None and results[4].top_logprobs is None
     assert results[2].top_logprobs == {results[2].token_id: results[2].logprob}
@@ -184,3 +187,31 @@ def test_sampler_arguments_are_checked():
         Sampler(0, set(), torch.Generator())
     with pytest.raises(ValueError, match="eos_token_ids"):
         Sampler(10, {10}, torch.Generator())
+
+
+def test_plain_greedy_rows_cost_one_argmax_and_score_nothing():
+    """The greedy fast path: the argmax of every row, no logprob, no randomness used."""
+    sampler = make_sampler()
+    state = sampler.generator.get_state()
+    logits = random_logits(64, VOCAB)
+    rows = [row(SamplingParams(temperature=0.0), output=[1]) for _ in range(64)]
+    results = sampler(logits, rows)
+    assert [r.token_id for r in results] == logits.argmax(dim=-1).tolist()
+    assert all(r.logprob is None and r.top_logprobs is None for r in results)
+    assert torch.equal(sampler.generator.get_state(), state)
+
+
+def test_ranked_candidates_are_scored_without_logprobs_asked():
+    """best_of > n ranks its samples by cumulative logprob: those rows are scored."""
+    logits = random_logits(3, VOCAB)
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, n=1, best_of=3),
+        SamplingParams(temperature=0.8, seed=1),
+    ]
+    results = make_sampler()(logits, [row(p) for p in params])
+    assert results[0].logprob is None and results[2].logprob is None
+    expected = raw_logprobs[1, results[1].token_id].item()
+    assert results[1].logprob == pytest.approx(expected, abs=1e-5)
+    assert results[1].top_logprobs is None
