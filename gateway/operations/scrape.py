@@ -22,6 +22,8 @@ class GatewayGauges:
     engine_up: bool = True
     registry_reachable: bool = True
     usage_pending: int = 0
+    registry_durable: bool = False
+    registry_backup_at: float = 0.0  # unix time of the newest registry backup; 0: none
 
 
 @dataclass
@@ -52,6 +54,18 @@ _GATEWAY = (
         "loragate_usage_records_pending",
         "Usage counts waiting for the registry store to come back",
         "usage_pending",
+    ),
+    (
+        G,
+        "loragate_registry_durable",
+        "1 if the registry store said at start that it keeps the registry over a restart",
+        "registry_durable",
+    ),
+    (
+        G,
+        "loragate_registry_last_backup_timestamp_seconds",
+        "Unix time of the newest registry backup in --registry-backup-dir (0: none)",
+        "registry_backup_at",
     ),
 )
 

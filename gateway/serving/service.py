@@ -363,6 +363,10 @@ class GatewayService:
             engine_up=self.engine.is_running,
             registry_reachable=self.health.reachable,
             usage_pending=self.usage_meter.pending,
+            registry_durable=self.care.persistence is not None and self.care.persistence.durable,
+            registry_backup_at=self.care.newest_backup.exported_at
+            if self.care.newest_backup
+            else 0,
         )
         view = AdapterView(
             sha256_of={r.key: r.sha256 for r in records},

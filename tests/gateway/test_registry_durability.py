@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 from click.testing import CliRunner
-from gateway_testlib import wait_until
+from gateway_testlib import metrics, wait_until
 from servers_testlib import CLI_MODULE, ServeProcess, start_tiny_server
 from tenancy_testlib import ADMIN_KEY, Api, PrivateRedis
 
@@ -419,6 +419,7 @@ def test_a_volatile_redis_is_a_warning_and_a_refusal_when_durability_is_required
         try:
             health = httpx.get(f"{gateway.url}/health", timeout=30).json()["registry"]
             assert health["durable"] is True
+            assert metrics(gateway.url)["loragate_registry_durable"] == 1
             assert "AOF with appendfsync always" in health["persistence"]
         finally:
             gateway.stop()
@@ -454,6 +455,11 @@ def test_a_redis_restarted_empty_is_restored_from_the_scheduled_backup(
         time.sleep(0.7)  # one that holds the usage, too
         newest = admin.health()["registry"]
         usage = admin.usage()["acme"]
+        scraped = metrics(gateway.url, admin.headers)
+        assert scraped["loragate_registry_last_backup_timestamp_seconds"] >= int(
+            registry["newest_backup_at"]
+        )
+        assert scraped["loragate_registry_durable"] == 0
 
         redis_server.kill()
         redis_server.start()  # empty: no AOF, no snapshot
