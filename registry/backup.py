@@ -56,9 +56,12 @@ class ImportSummary:
     usage: int = 0
     skipped: list[str] = field(default_factory=list)
 
+    dry_run: bool = False
+
     def describe(self) -> str:
+        verb = "would import" if self.dry_run else "imported"
         added = (
-            f"imported {self.tenants} tenants ({self.keys} keys), {self.adapters} adapters "
+            f"{verb} {self.tenants} tenants ({self.keys} keys), {self.adapters} adapters "
             f"and the usage counts of {self.usage} tenants"
         )
         return added + "".join(f"\n  kept the store's: {s}" for s in self.skipped)
@@ -67,8 +70,11 @@ class ImportSummary:
 # ---- importing --------------------------------------------------------------------------
 
 
-async def import_backup(store: RegistryStore, backup: Backup, *, merge: bool) -> ImportSummary:
-    """Write the backup into `store` (see the module's docstring for what merge means)."""
+async def import_backup(
+    store: RegistryStore, backup: Backup, *, merge: bool, dry_run: bool = False
+) -> ImportSummary:
+    """Write the backup into `store` (see the module's docstring for what merge means);
+    with `dry_run`, only say what it would write (or raise what it would refuse)."""
     current = await store.snapshot()
     incoming = backup.snapshot
     conflicts = [message for _, message in _conflicts(current, incoming)]
@@ -84,7 +90,9 @@ async def import_backup(store: RegistryStore, backup: Backup, *, merge: bool) ->
             conflicts,
         )
     plan, summary = _plan(current, incoming)
-    await store.restore(plan, expect_version=current.version)
+    summary.dry_run = dry_run
+    if not dry_run:
+        await store.restore(plan, expect_version=current.version)
     return summary
 
 

@@ -74,8 +74,13 @@ def export_command(file: Path, redis_url: str, redis_namespace: str) -> None:
     help="Import into a store that is not empty: add what it lacks, keep its own records "
     "where they differ, add usage counts it lost.",
 )
+@click.option(
+    "--dry-run", is_flag=True, help="Check the file and say what would be imported; write nothing."
+)
 @_store_options
-def import_command(file: Path, merge: bool, redis_url: str, redis_namespace: str) -> None:
+def import_command(
+    file: Path, merge: bool, dry_run: bool, redis_url: str, redis_namespace: str
+) -> None:
     """Restore the registry from FILE (written by `export` or --registry-backup-dir). Into an
     empty store it restores exactly what was exported; old keys keep working."""
     try:
@@ -87,7 +92,7 @@ def import_command(file: Path, merge: bool, redis_url: str, redis_namespace: str
         store = _store(redis_url, redis_namespace)
         try:
             await store.open()
-            return await import_backup(store, backup, merge=merge)
+            return await import_backup(store, backup, merge=merge, dry_run=dry_run)
         finally:
             await store.close()
 

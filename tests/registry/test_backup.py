@@ -77,7 +77,11 @@ async def test_import_into_an_empty_store_restores_it_exactly(store, new_store, 
     for key in keys.values():
         assert key not in text and key.split("-")[-1] not in text  # digests only
     empty = await new_store()
+    planned = await import_backup(empty, read_backup(path), merge=False, dry_run=True)
+    assert planned.describe().startswith("would import 3 tenants (3 keys), 3 adapters")
+    assert (await empty.snapshot()).empty  # a dry run writes nothing
     summary = await import_backup(empty, read_backup(path), merge=False)
+    assert summary.describe().startswith("imported 3 tenants (3 keys), 3 adapters")
     assert (summary.tenants, summary.keys, summary.adapters, summary.usage) == (3, 3, 3, 2)
     assert strip(await empty.snapshot()) == strip(written.snapshot)
     for tenant, key in keys.items():
