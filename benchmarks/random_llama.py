@@ -21,6 +21,17 @@ from loragate.engine.model_loader import resolve_model
 # Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 query / 8 KV heads, SwiGLU 8192), with the
 # default model's 49,152-token vocabulary in place of Llama 3's 128,256.
 SIZES = {
+    # The engine's own time (benchmarks/overhead.py): layers of microseconds, so what is left
+    # is the output layer, scheduling, batching, sampling and outputs.
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=1,  # head_dim 64: vLLM-CPU's attention has no kernel for 16
+        num_key_value_heads=1,
+        rope_theta=100000.0,
+        tie_word_embeddings=False,
+    ),
     "1b": dict(
         hidden_size=2048,
         intermediate_size=8192,
