@@ -318,6 +318,12 @@ class AdapterFetcher:
             self._verified.add(oid)
             return self.local.path(oid)
 
+    def adopt(self, oid: str, directory: Path) -> None:
+        """Cache files this process just wrote to the store (an upload), so its engine does
+        not download them again; they are still verified on first use."""
+        if self.local is not self.store:
+            self.local.put(oid, directory)
+
     def forget(self, oid: str) -> None:
         """Drop the cached copy (the store deleted the object)."""
         self._verified.discard(oid)

@@ -63,6 +63,8 @@ class AdapterObjects:
         try:
             try:
                 await asyncio.to_thread(self.objects.put, oid, directory)
+                if self.fetcher is not None:  # this engine loads it next: no download
+                    await asyncio.to_thread(self.fetcher.adopt, oid, directory)
             except AdapterStoreError as exc:
                 raise AdapterStoreUnavailableError(str(exc), code="adapter_store_error") from exc
             yield
