@@ -10,6 +10,7 @@ from loragate.registry.names import check_tenant_name
 from loragate.registry.records import (
     Admission,
     TenantQuota,
+    UsageCounts,
     UsageReport,
     check_count,
     check_quota,
@@ -35,15 +36,30 @@ class RedisUsageAndQuotas:
         requests: int = 1,
     ) -> None:
         counts = check_usage(tenant, adapter, prompt_tokens, completion_tokens, requests)
-        amounts = msgspec.structs.asdict(counts)
-        key = self._keys.usage(tenant)
         async with self._redis.pipeline(transaction=True) as pipe:
-            for counter, amount in amounts.items():
-                pipe.hincrby(key, counter, amount)
-                if adapter is not None:
-                    pipe.hincrby(key, f"{counter}@{adapter}", amount)
-            pipe.sadd(self._keys.usage_tenants, tenant)
+            self._queue_usage(pipe, tenant, adapter, counts)
             await pipe.execute()
+
+    @translated
+    async def record_usages(self, records: list[tuple[str, str | None, UsageCounts]]) -> None:
+        checked = [
+            (t, a, check_usage(t, a, c.prompt_tokens, c.completion_tokens, c.requests))
+            for t, a, c in records
+        ]
+        if not checked:
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for tenant, adapter, counts in checked:
+                self._queue_usage(pipe, tenant, adapter, counts)
+            await pipe.execute()
+
+    def _queue_usage(self, pipe, tenant: str, adapter: str | None, counts: UsageCounts) -> None:
+        key = self._keys.usage(tenant)
+        for counter, amount in msgspec.structs.asdict(counts).items():
+            pipe.hincrby(key, counter, amount)
+            if adapter is not None:
+                pipe.hincrby(key, f"{counter}@{adapter}", amount)
+        pipe.sadd(self._keys.usage_tenants, tenant)
 
     @translated
     async def get_usage(self, tenant: str) -> UsageReport:

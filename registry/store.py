@@ -37,7 +37,9 @@ from loragate.registry.records import (
     Registration,
     TenantQuota,
     TenantRecord,
+    UsageCounts,
     UsageReport,
+    check_usage,
 )
 from loragate.registry.snapshot import RegistrySnapshot
 
@@ -182,6 +184,21 @@ class RegistryStore(ABC):
     ) -> None:
         """Add to the tenant's totals and, when adapter is named (a name or a key, as the
         caller named it), to that adapter's."""
+
+    async def record_usages(self, records: list[tuple[str, str | None, UsageCounts]]) -> None:
+        """Several record_usage calls, (tenant, adapter, counts) each, in one atomic step:
+        one round trip on Redis, however many streams' counts it carries. A bad count is a
+        ValueError, and nothing is written."""
+        for tenant, adapter, c in records:
+            check_usage(tenant, adapter, c.prompt_tokens, c.completion_tokens, c.requests)
+        for tenant, adapter, counts in records:
+            await self.record_usage(
+                tenant,
+                adapter,
+                prompt_tokens=counts.prompt_tokens,
+                completion_tokens=counts.completion_tokens,
+                requests=counts.requests,
+            )
 
     @abstractmethod
     async def get_usage(self, tenant: str) -> UsageReport:

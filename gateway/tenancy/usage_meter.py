@@ -5,15 +5,25 @@ A count the store could not take (it is unreachable) waits here, summed per tena
 adapter, and is written when the store answers again: nothing is lost or counted twice
 (unless the store fails in the instant between running a write and answering it, when
 the write cannot be told apart from one that never ran).
+
+Writes are grouped: every count recorded while a write is in flight goes, summed per
+tenant and adapter, into the next one (one transaction, one round trip), and each
+`record` returns once the write that carries it is done. Streams count before each event
+they send (serving/metered.py), so a step's events across every stream cost about one
+round trip to Redis, not one each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from loragate.gateway.errors import RegistryDownError
 from loragate.gateway.store_seam import StoreSeam
 from loragate.registry import UsageCounts
+from loragate.registry.records import check_usage
+
+log = logging.getLogger(__name__)
 
 _Key = tuple[str, str | None]  # (tenant, adapter name or None for the base model)
 
@@ -24,6 +34,9 @@ class UsageMeter:
         self._health = store.health
         self._pending: dict[_Key, UsageCounts] = {}
         self._flushing = asyncio.Lock()
+        self._batch: dict[_Key, UsageCounts] = {}
+        self._batch_written: asyncio.Future | None = None
+        self._writer: asyncio.Task | None = None
 
     @property
     def pending(self) -> int:
@@ -31,42 +44,68 @@ class UsageMeter:
         return len(self._pending)
 
     async def record(self, tenant: str, adapter: str | None, counts: UsageCounts) -> None:
-        if not self._health.down:
+        """Returns once the counts are in the store, or held here while it is down. A bad
+        count is a ValueError here, before it joins anyone's write."""
+        check_usage(
+            tenant, adapter, counts.prompt_tokens, counts.completion_tokens, counts.requests
+        )
+        key = (tenant, adapter)
+        if self._health.down:
+            _add(self._pending, key, counts)
+            return
+        _add(self._batch, key, counts)
+        if self._batch_written is None:
+            self._batch_written = asyncio.get_running_loop().create_future()
+        written = self._batch_written
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_batches(), name="usage-writer")
+        await asyncio.shield(written)
+
+    async def _write_batches(self) -> None:
+        """Write what gathered, then what gathered meanwhile, until nothing waits."""
+        while self._batch:
+            batch, written = self._batch, self._batch_written
+            self._batch, self._batch_written = {}, None
             try:
-                await self._write((tenant, adapter), counts)
-                return
+                await self._write(batch)
             except RegistryDownError:
-                pass
-        self._hold((tenant, adapter), counts)
+                self._hold(batch)
+            except Exception:  # the counts must not be lost to a bug in a write
+                log.exception("writing usage counts failed; holding them to retry")
+                self._hold(batch)
+            finally:
+                if written is not None and not written.done():
+                    written.set_result(None)
 
     async def flush(self) -> bool:
         """Write what waits (unless the store is known to be down); True when nothing waits."""
         if self._health.down:
             return not self._pending
         async with self._flushing:
-            for key in list(self._pending):
-                counts = self._pending.pop(key)
-                try:
-                    await self._write(key, counts)
-                except RegistryDownError:
-                    self._hold(key, counts)
-                    return False
+            if not self._pending:
+                return True
+            held, self._pending = self._pending, {}
+            try:
+                await self._write(held)
+            except RegistryDownError:
+                self._hold(held)
+                return False
             return True
 
-    async def _write(self, key: _Key, counts: UsageCounts) -> None:
-        tenant, adapter = key
-        await self._store.record_usage(
-            tenant,
-            adapter,
-            prompt_tokens=counts.prompt_tokens,
-            completion_tokens=counts.completion_tokens,
-            requests=counts.requests,
+    async def _write(self, counts: dict[_Key, UsageCounts]) -> None:
+        await self._store.record_usages(
+            [(tenant, adapter, c) for (tenant, adapter), c in counts.items()]
         )
 
-    def _hold(self, key: _Key, counts: UsageCounts) -> None:
-        held = self._pending.get(key, UsageCounts())
-        self._pending[key] = UsageCounts(
-            held.prompt_tokens + counts.prompt_tokens,
-            held.completion_tokens + counts.completion_tokens,
-            held.requests + counts.requests,
-        )
+    def _hold(self, counts: dict[_Key, UsageCounts]) -> None:
+        for key, c in counts.items():
+            _add(self._pending, key, c)
+
+
+def _add(into: dict[_Key, UsageCounts], key: _Key, counts: UsageCounts) -> None:
+    held = into.get(key, UsageCounts())
+    into[key] = UsageCounts(
+        held.prompt_tokens + counts.prompt_tokens,
+        held.completion_tokens + counts.completion_tokens,
+        held.requests + counts.requests,
+    )

@@ -20,7 +20,8 @@ from loragate.gateway.operations.registry_care import (
     newest_backup,
 )
 from loragate.gateway.store_seam import StoreSeam
-from loragate.registry import TenantQuota
+from loragate.gateway.tenancy.usage_meter import UsageMeter
+from loragate.registry import TenantQuota, UsageCounts
 from loragate.registry.backup import read_backup
 from loragate.registry.memory import MemoryRegistryStore
 from loragate.registry.persistence import from_redis_config
@@ -152,3 +153,33 @@ def test_the_registry_commands_say_what_went_wrong(tmp_path):
     assert got.exit_code == 2 and "does not exist" in got.output
     got = CliRunner().invoke(main, ["registry", "export", "x", "--redis-url", "http://db"])
     assert got.exit_code == 2 and "redis url must start with redis://" in got.output
+
+
+class CountingStore(MemoryRegistryStore):
+    """Counts the writes of usage, and holds each one a moment (a round trip)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    async def record_usages(self, records):
+        self.writes += 1
+        await asyncio.sleep(0.01)
+        await super().record_usages(records)
+
+
+async def test_usage_recorded_together_goes_in_one_write_and_none_is_lost():
+    store = CountingStore()
+    meter = UsageMeter(StoreSeam(store))
+    calls = [
+        meter.record(tenant, adapter, UsageCounts(i, 2 * i, 1))
+        for i in range(1, 33)
+        for tenant, adapter in (("acme", "sql"), ("globex", None))
+    ]
+    await asyncio.gather(*calls)  # each returns once its write is done
+    assert store.writes <= 2  # the first alone, the rest while it was in flight
+    acme, globex = await store.get_usage("acme"), await store.get_usage("globex")
+    assert acme.total == globex.total == UsageCounts(528, 1056, 32)
+    assert acme.by_adapter == {"sql": UsageCounts(528, 1056, 32)}
+    with pytest.raises(ValueError, match="completion_tokens must be an int >= 0"):
+        await meter.record("acme", None, UsageCounts(1, -1, 0))

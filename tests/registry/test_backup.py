@@ -12,7 +12,7 @@ import pytest
 import redis
 from registry_testlib import REDIS_URL, flush_namespace, spec
 
-from loragate.registry import TenantQuota
+from loragate.registry import TenantQuota, UsageCounts
 from loragate.registry.backup import (
     BackupFileError,
     ImportRefused,
@@ -201,3 +201,22 @@ async def test_each_store_says_what_it_keeps_over_a_restart(backend):
     assert persistence.mode == expected
     assert persistence.durable == (expected == "aof")
     assert ("NOT durable" in persistence.summary) == (expected != "aof")
+
+
+async def test_several_usage_records_in_one_write_add_up_as_one_by_one(store, peer):
+    await store.record_usages(
+        [
+            ("acme", "sql", UsageCounts(3, 4, 1)),
+            ("acme", None, UsageCounts(1, 0, 1)),
+            ("globex", "house", UsageCounts(0, 2, 0)),
+        ]
+    )
+    await store.record_usages([])
+    acme = await peer.get_usage("acme")
+    assert acme.total == UsageCounts(4, 4, 2) and acme.by_adapter == {"sql": UsageCounts(3, 4, 1)}
+    assert (await peer.get_usage("globex")).by_adapter == {"house": UsageCounts(0, 2, 0)}
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        await store.record_usages(
+            [("acme", None, UsageCounts(1, 0, 0)), ("acme", None, UsageCounts(-1, 0, 0))]
+        )
+    assert (await peer.get_usage("acme")).total == UsageCounts(4, 4, 2)
