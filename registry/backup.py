@@ -3,7 +3,9 @@ a checked file into any store.
 
 Importing into an empty store restores it exactly. Into a non-empty one it is refused,
 naming what would conflict, unless `merge`: then the store's records win wherever both hold
-a different record under one name, the file's fill in the rest, and usage counts are added
+a different record under one name, the file's fill in the rest (tenants and adapters
+deleted since the backup come back too: that is how a deletion is undone, and what a dry
+run lists before anything is written), and usage counts are added
 (unless the file comes from the store's own current epoch, whose counts already include
 them: counts only grow within an epoch, and a store restarted empty starts a new one).
 """
@@ -55,7 +57,7 @@ class ImportSummary:
     adapters: int = 0
     usage: int = 0
     skipped: list[str] = field(default_factory=list)
-
+    names: list[str] = field(default_factory=list)  # the tenants, then the adapters, added
     dry_run: bool = False
 
     def describe(self) -> str:
@@ -64,6 +66,8 @@ class ImportSummary:
             f"{verb} {self.tenants} tenants ({self.keys} keys), {self.adapters} adapters "
             f"and the usage counts of {self.usage} tenants"
         )
+        if self.names:
+            added += ": " + ", ".join(self.names)
         return added + "".join(f"\n  kept the store's: {s}" for s in self.skipped)
 
 
@@ -169,6 +173,7 @@ def _plan(
         )
     summary.tenants, summary.keys = len(tenants), len(keys)
     summary.adapters, summary.usage = len(adapters), len(usage)
+    summary.names = [t.name for t in tenants] + [a.key for a in adapters]
     plan = RegistrySnapshot(
         tenants=tenants,
         keys=keys,

@@ -113,6 +113,8 @@ async def test_a_non_empty_store_refuses_unless_merge(store, new_store, tmp_path
 
     summary = await import_backup(other, backup, merge=True)
     assert summary.tenants == 2 and summary.skipped == refused.value.conflicts
+    assert summary.names == ["globex", "initech", "acme/sql", "globex/sql", "house"]
+    assert "globex, initech, acme/sql, globex/sql, house" in summary.describe()
     assert (await other.get_tenant("acme")).quota.requests_per_minute == 1  # the store's wins
     assert {t.name for t in await other.list_tenants()} == {"acme", "globex", "initech"}
     assert (await other.get_adapter("acme/sql")) is not None  # its tenant exists in the store
