@@ -126,7 +126,7 @@ class AdapterManager:
                 if not directory.is_dir():
                     raise AdapterPathError(f"{path} is not a directory")
             else:
-                directory = resolve_adapter_dir(self._root_of(owner), path)
+                directory = resolve_adapter_dir(self.root_of(owner), path)
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
         shown = relative_to_root(self.root, directory)
@@ -279,7 +279,7 @@ class AdapterManager:
         assert record is not None, "a ready registration made here is always servable here"
         return record
 
-    def _root_of(self, owner: str | None) -> Path | None:
+    def root_of(self, owner: str | None) -> Path | None:
         if self.root is None or owner is None:
             return self.root
         return self.root / owner

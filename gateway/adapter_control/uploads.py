@@ -327,7 +327,7 @@ class AdapterUploads:
     async def _read_source(self, source: str, caller: Principal, directory: Path) -> None:
         scheme = urlsplit(source).scheme if isinstance(source, str) else ""
         if scheme == "file":
-            root = self.manager._root_of(caller.tenant)
+            root = self.manager.root_of(caller.tenant)
             try:
                 folder = resolve_adapter_dir(root, unquote(urlsplit(source).path))
             except AdapterPathError as exc:

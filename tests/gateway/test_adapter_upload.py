@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import socket
 import struct
 import threading
@@ -26,6 +27,8 @@ from safetensors.torch import load_file, save
 from servers_testlib import start_tiny_server
 from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
+
+from loragate.gateway import GatewaySettings
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 N = 8
@@ -46,12 +49,17 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, cache, redis_url, tmp_path_factory):
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("root")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, cache, redis_url, root):
     namespace = f"test-upload-{uuid.uuid4().hex}"
     running = start_tiny_server(
         tiny_dir,
         {},
-        adapter_root=tmp_path_factory.mktemp("root"),
+        adapter_root=root,
         admin_key=ADMIN_KEY,
         redis_url=redis_url,
         redis_namespace=namespace,
@@ -70,8 +78,12 @@ def admin(server):
 
 
 def new_tenant(admin: Api, **quota) -> Api:
+    return named_tenant(admin, **quota)[1]
+
+
+def named_tenant(admin: Api, **quota) -> tuple[str, Api]:
     name = f"t{uuid.uuid4().hex[:10]}"
-    return admin.as_key(admin.create_tenant(name, **quota))
+    return name, admin.as_key(admin.create_tenant(name, **quota))
 
 
 def upload(api: Api, name: str, parts: dict[str, bytes], **fields) -> httpx.Response:
@@ -369,3 +381,38 @@ def test_max_adapter_bytes_holds_and_counts_each_name(admin, cache, files):
     assert got.status_code == 201, got.text
     for name in ("a", "b"):
         assert tenant.delete(f"/v1/adapters/{name}").status_code == 200
+
+
+def test_a_file_source_only_from_the_callers_folder(admin, root, cache, files):
+    name, tenant = named_tenant(admin)
+    other, _ = named_tenant(admin)
+    for owner in (name, other):
+        shutil.copytree(files["crowd3"], root / owner / "x")
+    before = objects(cache)
+    got = tenant.post("/v1/adapters", {"name": "x", "source": f"file://{root / name / 'x'}"})
+    assert got.status_code == 201, got.text
+    assert got.json()["source"] == "source" and len(objects(cache) - before) == 1
+    assert tenant.complete("x").status_code == 200
+    outside = tenant.post("/v1/adapters", {"name": "y", "source": f"file://{root / other / 'x'}"})
+    assert outside.status_code == 400, outside.text
+    assert "outside the adapter root" in outside.json()["error"]["message"]
+    both = tenant.post("/v1/adapters", {"name": "z", "path": "x", "source": "file:///x"})
+    assert both.status_code == 400 and "exactly one" in both.json()["error"]["message"]
+    assert tenant.delete("/v1/adapters/x").status_code == 200
+    assert objects(cache) == before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_adapter_bytes": 0},
+        {"max_adapter_bytes": "big"},
+        {"adapter_store": "s3://"},
+        {"adapter_store": "gs://bucket/x"},
+        {"adapter_store": ""},
+    ],
+)
+def test_store_settings_are_checked(bad):
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=field):
+        GatewaySettings(**bad)
