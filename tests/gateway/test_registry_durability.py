@@ -8,6 +8,7 @@ logprobs, so the client knows how many tokens it received).
 2. Export, import into an empty Redis, a new server on it: old keys work, same usage; a
    tampered export is refused naming its line.
 3. A gateway killed while 16 streams run: another serves at once, the dead one's leases
+   (and the tokens they reserved, which hold the tenant at its tokens-per-minute quota)
    expire within the lease time, and usage equals what the clients received, exactly.
 4. A Redis without persistence: a warning at start, or with --require-durable-registry a
    refusal (exit 1) with the reason.
@@ -290,6 +291,7 @@ def tenant_index(tenant: str) -> int:
 # ---- 3. a gateway killed mid-stream -------------------------------------------------------
 
 LEASE_S = 3.0
+MAX_TOKENS = 400  # each stream's worst case; none gets near it before the kill
 
 
 def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_received(
@@ -301,10 +303,12 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
     doomed = None
     try:
         admin = Api(survivor.url, ADMIN_KEY)
-        acme = admin.as_key(admin.create_tenant("acme", max_concurrent_requests=16))
-        globex = admin.as_key(admin.create_tenant("globex"))
         base = admin.base_model()
         prompt_tokens = admin.complete(base, PROMPT, max_tokens=1).json()["usage"]["prompt_tokens"]
+        # Room for the 16 streams' worst cases (reserved while they run), and 5 tokens more.
+        quota = 16 * (prompt_tokens + MAX_TOKENS) + 5
+        acme = admin.as_key(admin.create_tenant("acme", tokens_per_minute=quota))
+        globex = admin.as_key(admin.create_tenant("globex"))
         pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         options = {
             "--model": tiny_dir,
@@ -323,7 +327,7 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
         body = {
             "model": base,
             "prompt": PROMPT,
-            "max_tokens": 400,
+            "max_tokens": MAX_TOKENS,
             "ignore_eos": True,
             "sampler": "sleepy_greedy",
         }
@@ -357,7 +361,8 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
         )
         assert usage["completion_tokens"] == tokens
         assert usage["requests"] == 16 and usage["prompt_tokens"] == 16 * prompt_tokens
-        assert acme.complete(base).status_code == 429  # the dead gateway's leases hold it
+        held = acme.complete(base)  # the dead gateway's reservations still hold the quota
+        assert held.status_code == 429 and held.json()["error"]["code"] == "tokens_per_minute"
         wait_until(
             lambda: acme.complete(base).status_code == 200,
             "the dead gateway's leases to expire",
