@@ -12,7 +12,7 @@ projections:
                 tier -> device slot -> prefill
   TTFT B warm   B's next request (weights in a slot)
 and the base model's TTFT on B for reference. Time to first token is the time to the first
-streamed chunk of a completion (32 prompt tokens, max_tokens 1... 8, greedy).
+streamed chunk of a streamed completion (about 30 prompt tokens, max_tokens 8, greedy).
 
     .venv/bin/python benchmarks/adapter_upload.py --repeats 5
 """
