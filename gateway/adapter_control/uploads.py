@@ -37,6 +37,7 @@ from loragate.adapters.store import (
     ObjectNotFoundError,
     S3Store,
     SourceTooLargeError,
+    hash_file,
 )
 from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.objects import AdapterObjects, AdapterStoreUnavailableError
@@ -144,8 +145,7 @@ class AdapterUploads:
             )
         directory = self._staging()
         try:
-            fields = await self._parse(receive, boundary, directory)
-            return self._staged(directory, fields)
+            return await self._parse(receive, boundary, directory)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -154,10 +154,10 @@ class AdapterUploads:
         self.staging_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=".upload-", dir=self.staging_root))
 
-    async def _parse(self, receive, boundary: str, directory: Path) -> dict:
+    async def _parse(self, receive, boundary: str, directory: Path) -> StagedAdapter:
         limits = {CONFIG_FILE: CONFIG_LIMIT, WEIGHTS_FILE: self.max_adapter_bytes}
         parts: dict[str, _Part] = {}
-        fields: dict[str, str] = {}
+        fields: dict[str, bytearray] = {}
         current = None
         parser = multipart.PushMultipartParser(boundary, max_segment_count=8)
         try:
@@ -170,10 +170,11 @@ class AdapterUploads:
                     elif isinstance(current, _Part):
                         current.write(event)
                     else:
-                        fields[current] = fields.get(current, "") + event.decode("utf-8", "replace")
-                        if len(fields[current]) > FIELD_LIMIT:
+                        value = fields[current]
+                        value += event
+                        if len(value) > FIELD_LIMIT:
                             raise InvalidRequestError(
-                                f"form field {current!r} is over {FIELD_LIMIT} characters",
+                                f"form field {current!r} is over {FIELD_LIMIT} bytes",
                                 param=current,
                             )
             parser.close()
@@ -193,8 +194,6 @@ class AdapterUploads:
                     param=name,
                     code="missing_file",
                 )
-        fields["_digests"] = {n: p.digest.hexdigest() for n, p in parts.items()}
-        fields["_size"] = parts[WEIGHTS_FILE].size
         if parts[WEIGHTS_FILE].head.startswith(PICKLE_MAGIC):
             raise InvalidRequestError(
                 f"{WEIGHTS_FILE} is a pickle file (torch.save); pickles are never loaded "
@@ -202,7 +201,10 @@ class AdapterUploads:
                 param=WEIGHTS_FILE,
                 code="pickle_weights",
             )
-        return fields
+        weights, config = parts[WEIGHTS_FILE], parts[CONFIG_FILE]
+        oid = f"{weights.digest.hexdigest()}-{config.digest.hexdigest()}"
+        values = {k: v.decode("utf-8", "replace") for k, v in fields.items()}
+        return StagedAdapter(directory, oid, weights.size, values)
 
     def _open(self, segment, limits, parts, fields, directory):
         name = segment.name
@@ -214,6 +216,9 @@ class AdapterUploads:
         if name in ("name", "public", "replace"):
             if segment.filename is not None:
                 raise InvalidRequestError(f"{name!r} must be a form field, not a file", param=name)
+            if name in fields:
+                raise InvalidRequestError(f"the field {name!r} is sent twice", param=name)
+            fields[name] = bytearray()
             return name
         hint = ""
         if segment.filename and segment.filename.lower().endswith(PICKLE_SUFFIXES):
@@ -224,12 +229,6 @@ class AdapterUploads:
             param=name,
             code="unexpected_part",
         )
-
-    def _staged(self, directory: Path, fields: dict) -> StagedAdapter:
-        digests = fields.pop("_digests")
-        size = fields.pop("_size")
-        oid = f"{digests[WEIGHTS_FILE]}-{digests[CONFIG_FILE]}"
-        return StagedAdapter(directory, oid, size, fields)
 
     # ---- registering --------------------------------------------------------------------
     async def register_upload(self, staged: StagedAdapter, caller: Principal) -> AdapterRecord:
@@ -372,8 +371,6 @@ class AdapterUploads:
                 shutil.copyfile(path, directory / name)
 
     def _hashed(self, directory: Path) -> StagedAdapter:
-        from loragate.adapters.store import hash_file
-
         digests, size = {}, 0
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
