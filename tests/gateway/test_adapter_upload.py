@@ -416,3 +416,18 @@ def test_store_settings_are_checked(bad):
     field = next(iter(bad))
     with pytest.raises(ValueError, match=field):
         GatewaySettings(**bad)
+
+
+def test_replacing_or_deleting_the_tenant_frees_the_bytes(admin, cache, files):
+    name, tenant = named_tenant(admin)
+    before = objects(cache)
+    assert upload(tenant, "x", parts_of(files["crowd4"])).status_code == 201
+    (first,) = objects(cache) - before
+    got = upload(tenant, "x", parts_of(files["crowd5"]), replace=True)
+    assert got.status_code == 201, got.text
+    wait_until(lambda: first not in objects(cache), "the replaced object deleted", 10)
+    (second,) = objects(cache) - before
+    assert tenant.complete("x").status_code == 200
+    assert admin.delete(f"/v1/tenants/{name}").status_code == 200
+    wait_until(lambda: second not in objects(cache), "the deleted tenant's object deleted", 10)
+    assert objects(cache) == before
