@@ -144,13 +144,15 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class AdapterWeights(msgspec.Struct, frozen=True, kw_only=True):
     """What an adapter's files say about it; a registration takes new ones when its files
-    change in place (checked as AdapterSpec checks them, when applied)."""
+    change in place (checked as AdapterSpec checks them, when applied). `store_object`: the
+    adapter store's copy of the new files (None: none)."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...]
     sha256: str
     size_bytes: int
+    store_object: str | None = None
 
 
 class AdapterMetadata(AdapterSpec, frozen=True, kw_only=True):

@@ -21,11 +21,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from loragate.adapters import LoRARequest
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
 from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
-from loragate.gateway.adapter_control.store_engine import store_path
+from loragate.gateway.adapter_control.store_engine import UPLOAD_PATH, object_of, store_path
 from loragate.gateway.tenancy.principal import Principal
 from loragate.registry import AdapterMetadata, adapter_key, split_adapter_key
 
@@ -93,8 +94,15 @@ class AdapterCatalog:
             await self._drop(meta.key)
             return None
         if current is not None and current.lora_request.lora_int_id == meta.lora_int_id:
-            # The same registration: its sharing may have changed, or its files (in place).
+            # The same registration: its sharing may have changed, or its files (in place;
+            # served here from the store: the new files' object).
             updated = replace(current, meta=meta)
+            fetched = object_of(current.lora_request)
+            if fetched is not None and meta.store_object not in (None, fetched):
+                path = store_path(meta.store_object)
+                updated = replace(
+                    updated, lora_request=replace(current.lora_request, lora_path=path)
+                )
             if updated != current:
                 await self._local.put(updated)
             return updated
@@ -154,7 +162,8 @@ class AdapterCatalog:
     def _record(
         self, meta: AdapterMetadata, source: str, lora: LoRARequest | None
     ) -> AdapterRecord | None:
-        if lora is None and meta.store_object is not None:  # fetched by hash wherever it runs
+        if lora is None and meta.store_object is not None and not self._folder_here(meta):
+            # Uploaded, from a source, or a folder this replica does not have: by hash.
             lora = LoRARequest(meta.key, meta.lora_int_id, store_path(meta.store_object))
         if lora is None:
             try:
@@ -164,6 +173,17 @@ class AdapterCatalog:
                 return None
             lora = LoRARequest(meta.key, meta.lora_int_id, str(directory))
         return AdapterRecord(meta, lora, source)
+
+    def _folder_here(self, meta: AdapterMetadata) -> bool:
+        """Whether `meta` is a folder of the adapter root that this replica has (served from
+        the folder, whose files may change in place, rather than from the store)."""
+        if self.root is None or meta.path == UPLOAD_PATH or urlsplit(meta.path).scheme:
+            return False
+        try:
+            resolve_adapter_dir(self.root, meta.path)
+        except AdapterPathError:
+            return False
+        return True
 
     async def close(self) -> None:
         for task in list(self._retiring):

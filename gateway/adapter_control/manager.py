@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import msgspec
+
 from loragate.adapters import AdapterError, LoRARequest
 from loragate.adapters.store import AdapterStoreError
 from loragate.engine import EngineDeadError
@@ -85,7 +87,7 @@ class AdapterManager:
         self.base_model = base_model
         self.catalog = AdapterCatalog(adapter_root, self.retire)
         self.preload_waiting: set[str] = set()
-        self.weights_updates = WeightsUpdates(self.catalog, store, engine, load_timeout)
+        self.weights_updates = WeightsUpdates(self.catalog, store, engine, load_timeout, objects)
         # The engine admitted a request under some weights: note changed files.
         self.note_served = self.weights_updates.note_served
 
@@ -130,7 +132,9 @@ class AdapterManager:
         except AdapterPathError as exc:
             raise InvalidRequestError(str(exc), param="path", code="invalid_path") from exc
         shown = relative_to_root(self.root, directory)
-        return await self._register_at(owner, name, public, str(directory), shown, source)
+        return await self._register_at(
+            owner, name, public, str(directory), shown, source, folder=directory
+        )
 
     async def register_object(
         self,
@@ -186,7 +190,10 @@ class AdapterManager:
         shown_path: str,
         source: str,
         store_object: str | None = None,
+        folder: Path | None = None,
     ) -> AdapterRecord:
+        """Load `lora_path` (validating it), then record the registration. A `folder` from
+        the adapter root is also kept in the store when the deployment has one."""
         key = adapter_key(owner, name)
         lora_int_id = await self.store.new_lora_int_id()
         lora = LoRARequest(key, lora_int_id, lora_path)
@@ -212,7 +219,12 @@ class AdapterManager:
             store_object=store_object,
         )
         try:
-            record = await self._store_registration(spec, lora, source)
+            if folder is None or self.objects is None:
+                record = await self._store_registration(spec, lora, source)
+            else:
+                async with self.objects.imported(folder, adapter.sha256) as oid:
+                    spec = msgspec.structs.replace(spec, store_object=oid)
+                    record = await self._store_registration(spec, lora, source)
         except Exception:
             await self._evict(lora)
             raise

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from loragate.adapters.store import (
+    FILES,
     AdapterFetcher,
     AdapterStore,
     AdapterStoreError,
     CorruptObjectError,
+    identity_of,
+    object_id,
 )
 from loragate.gateway.errors import APIError, EngineUnavailableError, RegistryDownError
 from loragate.gateway.store_seam import StoreSeam
@@ -49,11 +54,58 @@ def store_error(exc: AdapterStoreError) -> APIError:
 
 
 class AdapterObjects:
-    def __init__(self, store: StoreSeam, objects: AdapterStore, fetcher: AdapterFetcher | None):
+    def __init__(
+        self,
+        store: StoreSeam,
+        objects: AdapterStore,
+        fetcher: AdapterFetcher | None,
+        staging_root: Path,
+        import_folders: bool = False,
+    ):
         self.registry = store
         self.objects = objects
         self.fetcher = fetcher  # this process's engine cache, when the engine runs here
+        self.staging_root = staging_root
+        # Folders registered from --adapter-root are also kept in the store (by hash), so
+        # replicas without the folder fetch them (on when --adapter-store is given).
+        self.import_folders = import_folders
         self.deleted = 0  # objects this replica deleted from the store
+
+    def stage_copy(self, folder: Path) -> tuple[Path, str]:
+        """A copy of `folder`'s two adapter files in a new staging directory, and its object
+        id, hashed from the copy (the folder may change meanwhile). Blocking."""
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".import-", dir=self.staging_root))
+        try:
+            for name in FILES:
+                shutil.copyfile(folder / name, staging / name)
+            return staging, object_id(identity_of(staging))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    @asynccontextmanager
+    async def imported(self, folder: Path, weights_sha256: str):
+        """With `import_folders`: `folder`'s files kept in the store while the block runs;
+        yields their object id (None: not imported, or the files changed since they were
+        loaded as `weights_sha256`, so the next request that notices imports them)."""
+        if not self.import_folders:
+            yield None
+            return
+        try:
+            staging, oid = await asyncio.to_thread(self.stage_copy, folder)
+        except OSError as exc:
+            log.warning("adapter folder %s not copied into the store: %s", folder.name, exc)
+            yield None
+            return
+        try:
+            if not oid.startswith(weights_sha256 + "-"):
+                yield None
+                return
+            async with self.kept(oid, staging):
+                yield oid
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     @asynccontextmanager
     async def kept(self, oid: str, directory: Path):

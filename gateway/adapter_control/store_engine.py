@@ -29,6 +29,8 @@ from loragate.adapters.store import (
 )
 
 STORE_PATH_PREFIX = "adapter-store:"
+# The record path of an uploaded adapter (a source's is its URI; a folder's, its path).
+UPLOAD_PATH = "upload"
 
 
 def store_path(oid: str) -> str:

@@ -29,7 +29,9 @@ def with_adapter_store(settings, engine, registry: StoreSeam, in_process: bool):
     fetcher = AdapterFetcher(store, cache) if in_process else None
     if fetcher is not None:
         engine = StoreBackedEngine(engine, fetcher)
-    return engine, AdapterObjects(registry, store, fetcher)
+    staging = cache / "staging"
+    imports = settings.adapter_store is not None  # a store chosen for the deployment
+    return engine, AdapterObjects(registry, store, fetcher, staging, import_folders=imports)
 
 
 def adapter_uploads(settings, manager: AdapterManager, objects: AdapterObjects) -> AdapterUploads:

@@ -43,6 +43,7 @@ from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.objects import AdapterObjects, AdapterStoreUnavailableError
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
 from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.store_engine import UPLOAD_PATH
 from loragate.gateway.errors import APIError, InvalidRequestError, QuotaExceededError
 from loragate.gateway.tenancy.principal import Principal
 
@@ -242,7 +243,7 @@ class AdapterUploads:
             public=_flag(fields, "public", None),
             replace=bool(_flag(fields, "replace", False)),
             source="upload",
-            shown="upload",
+            shown=UPLOAD_PATH,
         )
 
     async def register_staged(

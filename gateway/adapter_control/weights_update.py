@@ -9,12 +9,18 @@ requests notice it, so every replica shows what is served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from pathlib import Path
+
+import msgspec
 
 from loragate.adapters import AdapterError, LoRAAdapter
 from loragate.engine import RequestOutput
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.objects import AdapterObjects
 from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.store_engine import object_of
 from loragate.gateway.errors import RegistryDownError
 from loragate.gateway.store_seam import StoreSeam
 from loragate.registry import AdapterWeights
@@ -23,11 +29,19 @@ log = logging.getLogger(__name__)
 
 
 class WeightsUpdates:
-    def __init__(self, catalog: AdapterCatalog, store: StoreSeam, engine, load_timeout):
+    def __init__(
+        self,
+        catalog: AdapterCatalog,
+        store: StoreSeam,
+        engine,
+        load_timeout,
+        objects: AdapterObjects | None = None,
+    ):
         self.catalog = catalog
         self.store = store
         self.engine = engine
         self.load_timeout = load_timeout
+        self.objects = objects  # keeps the new files in the adapter store too, if it has one
         self._running: dict[str, asyncio.Task] = {}
 
     async def note_served(self, out: RequestOutput) -> None:
@@ -55,14 +69,16 @@ class WeightsUpdates:
         if adapter.sha256 == record.sha256:
             return  # changed back meanwhile
         try:
-            async with self.catalog.lock:
-                meta = await self.store.update_adapter(
-                    record.key,
-                    lora_int_id=record.lora_request.lora_int_id,
-                    weights=weights_of(adapter),
-                )
-                if meta is not None:
-                    await self.catalog.apply(meta)
+            async with _store_copy_of(self.objects, record, adapter.sha256) as oid:
+                weights = msgspec.structs.replace(weights_of(adapter), store_object=oid)
+                async with self.catalog.lock:
+                    meta = await self.store.update_adapter(
+                        record.key, lora_int_id=record.lora_request.lora_int_id, weights=weights
+                    )
+                    if meta is not None:
+                        await self.catalog.apply(meta)
+            if self.objects is not None and record.store_object not in (None, oid):
+                await self.objects.collect(record.store_object)  # the old files, if unused
         except RegistryDownError:
             log.warning(
                 "adapter %s: its files changed (sha256 %s) but the registry is unreachable; "
@@ -77,6 +93,13 @@ class WeightsUpdates:
             adapter.sha256,
             record.sha256,
         )
+
+
+def _store_copy_of(objects, record: AdapterRecord, sha256: str):
+    """The new files kept in the store (their object id) for a folder the store mirrors."""
+    if objects is None or object_of(record.lora_request) is not None:
+        return contextlib.nullcontext(None)
+    return objects.imported(Path(record.lora_request.lora_path), sha256)
 
 
 def weights_of(adapter: LoRAAdapter) -> AdapterWeights:
