@@ -290,10 +290,17 @@ class AdapterFetcher:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def ensure(self, oid: str) -> Path:
-        """The verified local directory of ``oid`` (blocking: call on a worker thread)."""
+    def ready(self, oid: str) -> Path | None:
+        """The local directory of ``oid`` if it is cached and was verified (two stats)."""
         if oid in self._verified and self.local.has(oid):
             return self.local.path(oid)
+        return None
+
+    def ensure(self, oid: str) -> Path:
+        """The verified local directory of ``oid`` (blocking: call on a worker thread)."""
+        ready = self.ready(oid)
+        if ready is not None:
+            return ready
         with self._guard:
             lock = self._locks.setdefault(oid, threading.Lock())
         with lock:  # one fetch of an object at a time, however many requests want it

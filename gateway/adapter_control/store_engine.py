@@ -69,7 +69,9 @@ class StoreBackedEngine:
         oid = object_of(lora)
         if oid is None:
             return lora
-        directory = await asyncio.to_thread(self.fetcher.ensure, oid)
+        directory = self.fetcher.ready(oid)  # the hot path: cached and checked already
+        if directory is None:
+            directory = await asyncio.to_thread(self.fetcher.ensure, oid)
         return LoRARequest(lora.lora_name, lora.lora_int_id, str(directory))
 
     async def generate(
