@@ -46,6 +46,7 @@ from loragate.adapters.identity import IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
+from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
 from loragate.adapters.usage import UsageBook
 
@@ -128,6 +129,13 @@ class AdapterCache(CacheReports):
         cut to ``rank``: one lora_shrink and one lora_expand apply every module of the group
         to its columns of the fused output. Views; see adapters/slots.py for the layout."""
         return self._slots.group_weights(layer, group, rank)
+
+    @property
+    def slot_tensors(self) -> DeviceSlots:
+        """The device slots' stacked tensors alone (no lock, no tiers): what a forward pass
+        reads. Their storage never moves; a slot is written only while no running sequence
+        uses it."""
+        return self._slots
 
     @property
     def scales(self) -> torch.Tensor:

@@ -76,6 +76,9 @@ class BlockManager:
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
+        # Sequences whose block tables changed since the runner last looked: the persistent
+        # batch (engine/input_batch.py) rewrites their rows and no other.
+        self.changed_tables: dict[int, Sequence] = {}
 
     # The counts vLLM code reads (`llm.llm_engine.scheduler.block_manager.num_*_blocks`),
     # computed from the free list each time, so they are always true and read-only.
@@ -174,7 +177,7 @@ class BlockManager:
                 if self.ref_counts[block] == 0:
                     del self.free_ids[block]
                 self.ref_counts[block] += 1
-            seq.block_table = list(hit.blocks)
+            self.set_table(seq, list(hit.blocks))
             seq.num_computed_tokens = hit.num_tokens
         self.queried_tokens += seq.num_tokens
         self.hit_tokens += hit.num_tokens
@@ -189,7 +192,7 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent."""
-        child.block_table = list(parent.block_table)
+        self.set_table(child, list(parent.block_table))
         child.block_hashes = list(parent.block_hashes)
         for block in child.block_table:
             self.ref_counts[block] += 1
@@ -200,7 +203,12 @@ class BlockManager:
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_ids[block] = None
-        seq.block_table = []
+        self.set_table(seq, [])
+
+    def set_table(self, seq: Sequence, blocks: list[int]) -> None:
+        """Give `seq` these blocks (references already counted) and log the change."""
+        seq.block_table = blocks
+        self.changed_tables[seq.seq_id] = seq
 
     def take_free_block(self) -> int:
         """A free block for exclusive use; a cached one loses its hash (evicted)."""
@@ -223,6 +231,12 @@ class BlockManager:
             count -= 1
         for _ in range(count):
             seq.block_table.append(self.take_free_block())
+        self.changed_tables[seq.seq_id] = seq
+
+    def take_changed_tables(self) -> dict[int, Sequence]:
+        """The sequences whose tables changed since the last call (the log starts over)."""
+        changed, self.changed_tables = self.changed_tables, {}
+        return changed
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []

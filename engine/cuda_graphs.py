@@ -166,7 +166,8 @@ class DecodeGraphs:
                 if self.capture
                 else kernels.lora_index(slot_ids, num_slots)
             )
-            lora = LoRABatch(weights=self.adapters, slot_ids=slot_ids, index=index, rank=rank)
+            weights = self.adapters.slot_tensors
+            lora = LoRABatch(weights=weights, slot_ids=slot_ids, index=index, rank=rank)
         return ForwardBatch(
             input_ids=self.rows[0, :bucket],
             positions=self.rows[1, :bucket],

@@ -27,7 +27,8 @@ class DecodeAttention:
 
 
 class LoRAWeights(Protocol):
-    """What the model needs from the adapter cache: stacked device slots per layer."""
+    """What the model reads of the adapters: the device slots' stacked tensors per layer
+    (adapters/slots.py), never the cache that decides what is in them."""
 
     scales: torch.Tensor
 

@@ -102,7 +102,14 @@ class LLMEngine:
                 config.scheduling_policy, self.plugins.order_waiting, self.fair_share
             ),
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.adapters)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            self.block_manager,
+            self.adapters,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
         self.runner.decode_graphs = decode_graphs_for(config, self.runner, self.max_model_len)
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         sampler = Sampler(

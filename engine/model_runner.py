@@ -9,6 +9,7 @@ import torch
 from loragate import kernels
 from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
+from loragate.engine.input_batch import InputBatch
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.llama import LlamaForCausalLM
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -26,6 +27,9 @@ class ModelRunner:
         block_manager,
         adapters=None,
         decode_graphs: DecodeGraphs | None = None,
+        *,
+        max_num_seqs: int = 64,
+        max_model_len: int = 2048,
     ):
         self.model = model
         self.kv_cache = kv_cache
@@ -36,6 +40,8 @@ class ModelRunner:
         self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
         self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
         self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
+        # Block tables persist between steps, a row per sequence (engine/input_batch.py).
+        self.input_batch = InputBatch(max_num_seqs, -(-max_model_len // self.block_size))
 
     def run(
         self, scheduled: SchedulerOutput, clock: StepClock | None = None
@@ -85,53 +91,57 @@ class ModelRunner:
             self.kv_cache.data[:, :, dst] = self.kv_cache.data[:, :, src]
 
     def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
+        """The step's inputs: each sequence's new tokens, and tensors cut from the persistent
+        batch (block tables) and built per sequence, never per token."""
+        self.input_batch.sync(self.block_manager.take_changed_tables())
         # Grouped by adapter slot, base-model rows last, so every LoRA call of the pass
         # reads its rows in place instead of gathering and scattering them.
         prefills = sorted(scheduled.prefills, key=_slot_order)
         decodes = sorted(scheduled.decodes, key=_slot_order)
+        items = prefills + decodes
+        starts = [item.seq.num_computed_tokens for item in items]
+        counts = [item.num_new_tokens for item in items]
+        tables = self.input_batch.tables([item.seq for item in items])
         input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        lora_slots: list[int] = []
         sample_indices: list[int] = []
         sampled: list[Sequence] = []
         prompt_indices: list[int] = []
         self._prompt_rows: list[tuple[Sequence, int]] = []
-        for item in prefills + decodes:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            for p in _prompt_positions_wanted(seq, start, end):
+        for item, start, count in zip(items, starts, counts, strict=True):
+            seq = item.seq
+            for p in _prompt_positions_wanted(seq, start, start + count):
                 prompt_indices.append(len(input_ids) + p - start)
                 self._prompt_rows.append((seq, p))
-            input_ids += seq.token_ids[start:end]
-            pos = range(start, end)
-            positions += pos
-            table, bs = seq.block_table, self.block_size
-            slots += [table[p // bs] * bs + p % bs for p in pos]
-            lora_slots += [seq.lora_slot] * item.num_new_tokens
+            input_ids += seq.token_ids[start : start + count]
             if item.samples:
                 sample_indices.append(len(input_ids) - 1)
                 sampled.append(seq)
+        positions, rows = token_positions(starts, counts)
+        slots = slot_mapping(tables, rows, positions, self.block_size)
+        lora_slots = torch.tensor([item.seq.lora_slot for item in items], dtype=torch.long)
+        num_prefills = len(prefills)
         batch = ForwardBatch(
             input_ids=self._tensor(input_ids, torch.long),
-            positions=self._tensor(positions, torch.long),
-            slot_mapping=self._tensor(slots, torch.long),
-            prefill=self._prefill_attention(prefills),
-            decode=self._decode_attention(decodes),
+            positions=positions.to(self.device),
+            slot_mapping=slots.to(self.device),
+            prefill=self._prefill_attention(prefills, tables[:num_prefills]),
+            decode=self._decode_attention(decodes, tables[num_prefills:]),
             # Rows whose logits are computed: the sampled ones, then prompt-logprob ones.
             sample_indices=self._tensor(sample_indices + prompt_indices, torch.long),
-            lora=self._lora_batch(lora_slots),
+            lora=self._lora_batch(lora_slots.repeat_interleave(torch.tensor(counts))),
         )
         return batch, sampled
 
-    def _prefill_attention(self, items: list[ScheduledSeq]) -> PrefillAttention | None:
+    def _prefill_attention(
+        self, items: list[ScheduledSeq], tables: torch.Tensor
+    ) -> PrefillAttention | None:
         if not items:
             return None
         starts = [0]
         for item in items:
             starts.append(starts[-1] + item.num_new_tokens)
         return PrefillAttention(
-            block_tables=self._block_tables([i.seq for i in items]),
+            block_tables=_trimmed(tables, items).to(self.device),
             seq_lens=self._tensor(
                 [i.seq.num_computed_tokens + i.num_new_tokens for i in items], torch.int32
             ),
@@ -139,32 +149,54 @@ class ModelRunner:
             num_tokens=starts[-1],
         )
 
-    def _decode_attention(self, items: list[ScheduledSeq]) -> DecodeAttention | None:
+    def _decode_attention(
+        self, items: list[ScheduledSeq], tables: torch.Tensor
+    ) -> DecodeAttention | None:
         if not items:
             return None
         return DecodeAttention(
-            block_tables=self._block_tables([i.seq for i in items]),
+            block_tables=_trimmed(tables, items).to(self.device),
             seq_lens=self._tensor([i.seq.num_computed_tokens + 1 for i in items], torch.int32),
         )
 
-    def _lora_batch(self, lora_slots: list[int]) -> LoRABatch | None:
-        if self.adapters is None or all(s < 0 for s in lora_slots):
+    def _lora_batch(self, lora_slots: torch.Tensor) -> LoRABatch | None:
+        if self.adapters is None or not bool((lora_slots >= 0).any()):
             return None
-        slot_ids = self._tensor(lora_slots, torch.long)
+        slot_ids = lora_slots.to(self.device)
         return LoRABatch(
-            weights=self.adapters,
+            weights=self.adapters.slot_tensors,  # the step's slots, not the cache
             slot_ids=slot_ids,
             index=kernels.lora_index(slot_ids, self.adapters.max_loras),
             rank=self.lora_rank(),
         )
 
-    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(s.block_table) for s in seqs)
-        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        return self._tensor(rows, torch.int32)
-
     def _tensor(self, data, dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+def token_positions(starts: list[int], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each new token's position, and the index of its sequence in the step: sequence i adds
+    positions starts[i] ... starts[i] + counts[i] - 1."""
+    counts_t = torch.tensor(counts, dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(counts)), counts_t)
+    offsets = torch.cumsum(counts_t, 0) - counts_t  # where each sequence's tokens begin
+    within = torch.arange(int(counts_t.sum())) - offsets[rows]
+    return torch.tensor(starts, dtype=torch.long)[rows] + within, rows
+
+
+def slot_mapping(
+    tables: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Where each new token's K/V goes in the paged cache: its block's id times the block
+    size, plus its offset in the block."""
+    blocks = tables[rows, positions // block_size].to(torch.long)
+    return blocks * block_size + positions % block_size
+
+
+def _trimmed(tables: torch.Tensor, items: list[ScheduledSeq]) -> torch.Tensor:
+    """The step's table rows of `items`, as wide as the longest of their tables."""
+    width = max(len(item.seq.block_table) for item in items)
+    return tables[:, :width]
 
 
 def _prompt_positions_wanted(seq: Sequence, start: int, end: int) -> range:

@@ -169,7 +169,7 @@ class Scheduler:
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
             n = seq.num_uncomputed_tokens
-            if n > budget or not self.swapper.can_swap_in(seq):
+            if n > budget or not self.swapper.can_swap_in(seq, n):
                 break
             if seq.lora_request is not None:
                 try:

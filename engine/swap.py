@@ -40,16 +40,20 @@ class KVSwapper:
         seq.swapped_blocks = cpu_blocks
         self.num_swap_outs += 1
 
-    def can_swap_in(self, seq: Sequence) -> bool:
-        """Room for its blocks plus the one its next token may need."""
-        return len(seq.swapped_blocks) + 1 <= self.block_manager.num_free_blocks
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        """Room for its blocks plus those its next `num_new_tokens` need (a sequence swapped
+        out mid-prompt comes back with a chunk of several tokens, not one)."""
+        bs = self.block_manager.block_size
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // bs)
+        needed = max(total, len(seq.swapped_blocks))
+        return needed <= self.block_manager.num_free_blocks
 
     def swap_in(self, seq: Sequence) -> None:
         blocks = [self.block_manager.take_free_block() for _ in seq.swapped_blocks]
         dst = torch.tensor(blocks, device=self.kv_cache.data.device)
         self.kv_cache.data[:, :, dst] = self.cpu[:, :, seq.swapped_blocks].to(dst.device)
         self.release(seq)
-        seq.block_table = blocks
+        self.block_manager.set_table(seq, blocks)
         self.num_swap_ins += 1
 
     def release(self, seq: Sequence) -> None:

@@ -38,7 +38,10 @@ RUNNER = "loragate.engine.model_runner"
 SWAP = "loragate.engine.swap"
 BLOCKS = "loragate.engine.block_manager"
 SWAP_COPY = "self.kv_cache.data[:, :, dst] = self.cpu[:, :, seq.swapped_blocks].to(dst.device)"
-SLOTS = "slots += [table[p // bs] * bs + p % bs for p in pos]"
+INPUT_BATCH = "loragate.engine.input_batch"
+SLOT_OFFSET = "return blocks * block_size + positions % block_size"
+BLOCK_INDEX = "blocks = tables[rows, positions // block_size].to(torch.long)"
+ROW_SLOTS = "[item.seq.lora_slot for item in items]"
 RETURN_BATCH = "    return batch, sampled\n"
 MAKE_BATCH = "    batch = ForwardBatch(\n"
 
@@ -49,6 +52,7 @@ EVICTED = STAGGERED + "test_prefix_cache_evicted_blocks_are_not_reused_stale"
 CHUNKED = STAGGERED + "test_chunked_prefill_matches_unchunked_and_hf"
 LORA = "tests/engine/test_staggered_lora.py"
 FORKS = "tests/engine/test_sequence_sharing.py"
+ROWS = "tests/engine/test_input_batch.py"
 
 MUTANTS = [
     Mutant(
@@ -115,8 +119,8 @@ MUTANTS = [
             Patch(
                 RUNNER,
                 "ModelRunner.prepare",
-                "lora_slots += [seq.lora_slot] * item.num_new_tokens",
-                "lora_slots += [seq.lora_slot if item in prefills else -1] * item.num_new_tokens",
+                ROW_SLOTS,
+                "[item.seq.lora_slot if item in prefills else -1 for item in items]",
             ),
         ),
         first=LORA,
@@ -129,27 +133,47 @@ MUTANTS = [
     ),
     Mutant(
         "slot_mapping_off_by_one",
-        "single-token steps write their K/V one slot further on",
+        "steps where every sequence adds one token write their K/V one slot further on",
         (
             Patch(
                 RUNNER,
-                "ModelRunner.prepare",
-                SLOTS,
-                SLOTS.replace("p % bs", "(p + (end - start == 1)) % bs"),
+                "slot_mapping",
+                SLOT_OFFSET,
+                "return blocks * block_size + (positions + int(rows.numel() == int(rows.max()) "
+                "+ 1)) % block_size",
             ),
         ),
         first=JOINING,
     ),
     Mutant(
-        "last_partial_block_wrong",
-        "K/V of a sequence's last, partly filled block is written into the block before it",
+        "block_index_off_by_one",
+        "K/V of every block after a sequence's first is written into the block before it",
         (
             Patch(
                 RUNNER,
-                "ModelRunner.prepare",
-                SLOTS,
-                "last = len(table) - 1 - (len(table) > 1 and end % bs != 0)\n"
-                "        slots += [table[min(p // bs, last)] * bs + p % bs for p in pos]",
+                "slot_mapping",
+                BLOCK_INDEX,
+                "blocks = tables[rows, positions // block_size - (positions >= block_size).long()]"
+                ".to(torch.long)",
+            ),
+        ),
+        first=JOINING,
+    ),
+    Mutant(
+        "input_batch_stale_row",
+        "a sequence that leaves the persistent batch leaves its row's table behind",
+        (Patch(INPUT_BATCH, "InputBatch.sync", "self._clear(row)", "pass"),),
+        first=ROWS,
+    ),
+    Mutant(
+        "block_table_row_not_updated",
+        "a sequence's row in the persistent batch is not rewritten when it grows a block",
+        (
+            Patch(
+                BLOCKS,
+                "BlockManager._grow",
+                "self.changed_tables[seq.seq_id] = seq",
+                "pass",
             ),
         ),
         first=JOINING,
@@ -162,10 +186,11 @@ MUTANTS = [
                 RUNNER,
                 "ModelRunner.prepare",
                 MAKE_BATCH,
-                "    pair = sorted({s for s in lora_slots if s >= 0})[:2]\n"
+                "    pair = sorted({int(s) for s in lora_slots if s >= 0})[:2]\n"
                 "    if len(pair) == 2:\n"
                 "        swap = {pair[0]: pair[1], pair[1]: pair[0]}\n"
-                "        lora_slots = [swap.get(s, s) for s in lora_slots]\n" + MAKE_BATCH,
+                "        swapped = [swap.get(int(s), int(s)) for s in lora_slots]\n"
+                "        lora_slots = torch.tensor(swapped)\n" + MAKE_BATCH,
             ),
         ),
         first=LORA,

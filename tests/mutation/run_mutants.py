@@ -28,6 +28,7 @@ SUBSET = [
     "tests/engine/test_staggered_equality.py",
     "tests/engine/test_staggered_lora.py",
     "tests/engine/test_sequence_sharing.py",
+    "tests/engine/test_input_batch.py",
 ]
 PER_MUTANT_LIMIT_S = 900
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
