@@ -112,6 +112,9 @@ class AdapterStore(Protocol):
     def delete(self, oid: str) -> None:
         """Remove the object if present."""
 
+    def list(self) -> list[str]:
+        """The ids of the objects in the store (for the sweep of unused ones)."""
+
 
 class LocalStore:
     """Objects as directories under ``root``; doubles as the cache of the engines beside it."""
@@ -144,6 +147,11 @@ class LocalStore:
             raise ObjectNotFoundError(f"adapter object {oid[:16]} is not in the store {self.where}")
         for name in FILES:
             shutil.copyfile(self.path(oid) / name, into / name)
+
+    def list(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if _OBJECT_ID.fullmatch(p.name))
 
     def delete(self, oid: str) -> None:
         target = self.path(oid)
@@ -213,6 +221,18 @@ class S3Store:
     def delete(self, oid: str) -> None:
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             self._s3.delete_object(Bucket=self.bucket, Key=self._key(oid, name))
+
+    def list(self) -> list[str]:
+        found = []
+        pages = self._s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
+        )
+        for page in pages:
+            for common in page.get("CommonPrefixes", []):
+                name = common["Prefix"][len(self.prefix) :].rstrip("/")
+                if _OBJECT_ID.fullmatch(name):
+                    found.append(name)
+        return sorted(found)
 
     def read_source(self, uri: str, into: Path, limit: int) -> None:
         """Copy the adapter files under ``s3://bucket/key/`` into ``into`` (for sources by

@@ -412,7 +412,14 @@ class AdapterManager:
         await self._evict(known.lora_request)
         return False
 
+    def start(self) -> None:
+        """Background work of a started server: the adapter store's sweep."""
+        if self.objects is not None:
+            self.objects.start()
+
     async def close(self) -> None:
+        if self.objects is not None:
+            await self.objects.stop()
         await self.catalog.close()
 
 

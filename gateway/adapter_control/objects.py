@@ -61,6 +61,7 @@ class AdapterObjects:
         fetcher: AdapterFetcher | None,
         staging_root: Path,
         import_folders: bool = False,
+        sweep_every_s: float | None = None,
     ):
         self.registry = store
         self.objects = objects
@@ -70,6 +71,20 @@ class AdapterObjects:
         # replicas without the folder fetch them (on when --adapter-store is given).
         self.import_folders = import_folders
         self.deleted = 0  # objects this replica deleted from the store
+        self.sweep_every_s = sweep_every_s  # None: never swept (a store others may share)
+        self._sweeper: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.sweep_every_s is not None and self._sweeper is None:
+            self._sweeper = asyncio.create_task(
+                self.sweep_every(self.sweep_every_s), name="adapter-store-sweep"
+            )
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
 
     def stage_copy(self, folder: Path) -> tuple[Path, str]:
         """A copy of `folder`'s two adapter files in a new staging directory, and its object
@@ -138,6 +153,28 @@ class AdapterObjects:
                 )
             await asyncio.sleep(0.05)
             waited += 0.05
+
+    async def sweep(self) -> int:
+        """Delete every object of the store that nothing references or pins (left by a
+        replica that crashed mid-upload, or a deletion while the registry was down); the
+        number deleted. Only for a store this deployment owns (--adapter-store)."""
+        try:
+            oids = await asyncio.to_thread(self.objects.list)
+        except Exception:  # noqa: BLE001 - a sweep that fails is tried again later
+            log.warning("adapter store %s could not be listed", self.objects.where, exc_info=True)
+            return 0
+        deleted = 0
+        for oid in oids:
+            deleted += await self.collect(oid)
+        if deleted:
+            log.info("adapter store sweep: %d unused objects deleted", deleted)
+        return deleted
+
+    async def sweep_every(self, seconds: float) -> None:
+        """Sweep now, then every `seconds`, until cancelled."""
+        while True:
+            await self.sweep()
+            await asyncio.sleep(seconds)
 
     async def collect(self, oid: str | None) -> bool:
         """Delete `oid`'s bytes if nothing references or pins them; True if deleted here."""

@@ -17,6 +17,10 @@ from loragate.gateway.adapter_control.store_engine import StoreBackedEngine
 from loragate.gateway.adapter_control.uploads import AdapterUploads, default_max_adapter_bytes
 from loragate.gateway.store_seam import StoreSeam
 
+# How often a deployment's own store is swept of objects no name uses (left by a crash, or
+# a deletion while the registry was unreachable); the first sweep runs at start.
+SWEEP_EVERY_S = 600.0
+
 
 def cache_dir_of(settings, replica: str = "local") -> Path:
     return Path(str(settings.adapter_cache_dir).replace("{replica}", replica)).expanduser()
@@ -30,8 +34,16 @@ def with_adapter_store(settings, engine, registry: StoreSeam, in_process: bool):
     if fetcher is not None:
         engine = StoreBackedEngine(engine, fetcher)
     staging = cache / "staging"
-    imports = settings.adapter_store is not None  # a store chosen for the deployment
-    return engine, AdapterObjects(registry, store, fetcher, staging, import_folders=imports)
+    owned = settings.adapter_store is not None  # a store chosen for this deployment
+    objects = AdapterObjects(
+        registry,
+        store,
+        fetcher,
+        staging,
+        import_folders=owned,
+        sweep_every_s=SWEEP_EVERY_S if owned else None,
+    )
+    return engine, objects
 
 
 def adapter_uploads(settings, manager: AdapterManager, objects: AdapterObjects) -> AdapterUploads:

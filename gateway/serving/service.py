@@ -313,6 +313,7 @@ class GatewayService:
         await self.care.check_persistence()  # RegistryNotDurable stops the start here
         await self.sync.start()
         self.care.start()
+        self.adapters.start()
         if self.settings.preload_adapters and self.model.lora_enabled:
             await self._preload()
         for name, path in lora_modules(self.settings.lora_modules):

@@ -48,7 +48,7 @@ def test_local_store_keeps_each_object_once(make_adapter, tmp_path):
     first = (store.path(oid) / WEIGHTS).stat().st_ino
     store.put(oid, directory)  # the same bytes again: nothing is written
     assert (store.path(oid) / WEIGHTS).stat().st_ino == first
-    assert [p.name for p in (tmp_path / "store").iterdir()] == [oid]
+    assert [p.name for p in (tmp_path / "store").iterdir()] == [oid] == store.list()
     store.delete(oid)
     assert not store.has(oid) and list((tmp_path / "store").iterdir()) == []
 
@@ -72,6 +72,8 @@ def test_s3_objects_are_fetched_once_and_checked(make_adapter, tmp_path, s3):
     store = S3Store(f"s3://{bucket}/pre/fix", client=s3.client())
     store.put(oid, directory)
     assert s3.keys(bucket) == [f"pre/fix/{oid}/adapter_config.json", f"pre/fix/{oid}/{WEIGHTS}"]
+    s3.client().put_object(Bucket=bucket, Key="pre/fix/not-an-object/x", Body=b"x")
+    assert store.list() == [oid]
 
     fetcher = AdapterFetcher(store, tmp_path / "cache")
     local = fetcher.ensure(oid)
@@ -88,7 +90,7 @@ def test_s3_objects_are_fetched_once_and_checked(make_adapter, tmp_path, s3):
     assert cold.fetches == 0
 
     store.delete(oid)
-    assert s3.keys(bucket) == []
+    assert s3.keys(bucket) == ["pre/fix/not-an-object/x"]
     shutil.rmtree(tmp_path / "cold")
     with pytest.raises(ObjectNotFoundError):
         AdapterFetcher(store, tmp_path / "cold").ensure(oid)

@@ -1,0 +1,45 @@
+"""The sweep of a deployment's adapter store (gateway/adapter_control/objects.py): objects that
+no registration names and no upload pins are deleted; referenced and pinned ones stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loragate.adapters.store import AdapterFetcher, LocalStore
+from loragate.gateway.adapter_control.objects import AdapterObjects
+from loragate.gateway.store_seam import StoreSeam
+from loragate.registry import AdapterSpec
+from loragate.registry.memory import MemoryRegistryStore
+
+IDS = {name: c * 64 + "-" + c * 64 for name, c in (("named", "a"), ("pinned", "b"), ("lost", "c"))}
+
+
+def put(store: LocalStore, oid: str) -> None:
+    folder = store.root / f"{oid}"
+    folder.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_bytes(b"x")
+
+
+async def test_the_sweep_deletes_only_what_nothing_uses(tmp_path: Path):
+    registry = StoreSeam(MemoryRegistryStore())
+    store = LocalStore(tmp_path / "store")
+    for oid in IDS.values():
+        put(store, oid)
+    named = AdapterSpec(
+        name="a",
+        base_model="tiny",
+        rank=4,
+        alpha=8,
+        target_modules=("q_proj",),
+        sha256="a" * 64,
+        size_bytes=1,
+        path="upload",
+        store_object=IDS["named"],
+    )
+    await registry.register_adapter(named)
+    await registry.pin_object(IDS["pinned"])
+    objects = AdapterObjects(registry, store, AdapterFetcher(store, tmp_path), tmp_path / "s")
+    assert await objects.sweep() == 1
+    assert store.list() == sorted([IDS["named"], IDS["pinned"]])
+    assert await objects.sweep() == 0
