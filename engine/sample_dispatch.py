@@ -55,8 +55,10 @@ class SampleDispatcher:
 
     def _builtin_sample(self, seqs, idx, processed, results) -> None:
         rows = [_row(seqs[i]) for i in idx]
+        # Every row, in order (the usual step): the logits themselves, not a copy of them.
+        chosen = processed if len(idx) == processed.shape[0] else processed[idx]
         try:
-            sampled = self.sampler(processed[idx], rows)
+            sampled = self.sampler(chosen, rows)
         except Exception:
             # One row's values may be what broke it: row by row, so only that one fails.
             for i, row in zip(idx, rows, strict=True):

@@ -215,3 +215,13 @@ def test_ranked_candidates_are_scored_without_logprobs_asked():
     expected = raw_logprobs[1, results[1].token_id].item()
     assert results[1].logprob == pytest.approx(expected, abs=1e-5)
     assert results[1].top_logprobs is None
+
+
+def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does():
+    logits = torch.zeros(4, VOCAB)
+    logits[:, 7] = 2.0
+    logits[:, 3] = 2.0  # tied with 7, earlier: chosen
+    logits[2, 1] = 2.0
+    rows = [row(SamplingParams(temperature=0.0)) for _ in range(4)]
+    tokens = [r.token_id for r in make_sampler()(logits, rows)]
+    assert tokens == logits.argmax(dim=-1).tolist() == [3, 3, 1, 3]
