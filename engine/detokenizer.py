@@ -34,6 +34,9 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
     ):
         self.tokenizer = tokenizer
+        # A fast tokenizer's own (Rust) decode: what transformers' decode calls for it,
+        # without the per-call Python around it (the step decodes every new token twice).
+        self._backend = _fast_backend(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         # Only the tail the window can still reach is kept: context, then unread tokens.
@@ -76,9 +79,22 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         if not token_ids:
             return ""
+        if self._backend is not None:
+            return self._backend.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(
             token_ids,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             clean_up_tokenization_spaces=False,
         )
+
+
+def _fast_backend(tokenizer: Any):
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, else None. Its
+    decode is exactly `tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_
+    spaces=False)` (fast tokenizers ignore spaces_between_special_tokens)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        return tokenizer.backend_tokenizer
+    return None
