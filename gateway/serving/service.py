@@ -388,7 +388,10 @@ class GatewayService:
         if not self.engine.is_running:
             return []
         try:
-            return [ReplicaReport("local", "", await self.engine.stats())]
+            fetcher = self.adapters.objects.fetcher
+            fetches = fetcher.fetches if fetcher is not None else 0
+            stats = await self.engine.stats()
+            return [ReplicaReport("local", "", stats, store_fetches=fetches)]
         except EngineDeadError:
             return []
 

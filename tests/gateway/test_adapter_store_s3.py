@@ -86,6 +86,9 @@ def test_upload_serve_delete_through_s3(gateways, s3, bucket, files, tiny_dir):
     assert tokens == peft_greedy(reference, "one", prompt, 8)
     # The other gateway has no copy: it fetches by hash, checks it, and serves the same.
     assert generated(second, "one") == (prompt, tokens)
+    assert generated(second, "one") == (prompt, tokens)
+    fetched = [g.get("/v1/replicas").json()["data"][0]["adapter_loads"]["store"] for g in gateways]
+    assert fetched == [0, 1], "the uploader keeps its own copy; the other fetches once"
 
     assert second.delete("/v1/adapters/one").status_code == 200
     assert s3.keys(bucket, "objects/") == []
