@@ -67,14 +67,14 @@ def references(adapters: Iterable[AdapterMetadata], oid: str) -> int:
 
 
 class MemoryObjects:
-    """Pins and claims of the in-memory store (a part of MemoryRegistryStore)."""
+    """Pins and claims of the in-memory store (a part of MemoryRegistryStore, which makes
+    `_pins` and `_claims`)."""
 
     _adapters: dict[str, AdapterMetadata]
+    _pins: dict[str, dict[str, float]]  # object -> pin -> expiry
+    _claims: dict[str, float]  # object -> the claim's expiry
 
     def _object_marks(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-        if not hasattr(self, "_pins"):
-            self._pins: dict[str, dict[str, float]] = {}
-            self._claims: dict[str, float] = {}
         return self._pins, self._claims
 
     async def pin_object(self, oid: str, ttl_s: float = 600.0) -> str | None:

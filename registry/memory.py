@@ -65,6 +65,8 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
         self._watchers: set[asyncio.Queue[ChangeEvent]] = set()
         self._version = 0
         self._opened = False
+        self._pins: dict[str, dict[str, float]] = {}  # adapter store objects (MemoryObjects)
+        self._claims: dict[str, float] = {}
         self._epoch = uuid.uuid4().hex
 
     def _changed(self, kind: ChangeKind, name: str) -> None:

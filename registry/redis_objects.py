@@ -38,21 +38,20 @@ return 1
 
 
 class RedisObjects:
-    """Mixed into RedisRegistryStore: needs its `_redis`, `_keys` and `_clock`."""
+    """Mixed into RedisRegistryStore: needs its `_redis`, `_keys`, `_clock` and the scripts
+    `_pin_object` (PIN_LUA) and `_claim_object` (CLAIM_LUA) it registers."""
 
     def _object_keys(self, oid: str) -> tuple[str, str]:
-        ns = self._keys.adapters.rsplit(":", 1)[0]
         check_store_object(oid)
-        return f"{ns}:object-pins:{oid}", f"{ns}:object-claim:{oid}"
+        return self._keys.object_pins(oid), self._keys.object_claim(oid)
 
     @translated
     async def pin_object(self, oid: str, ttl_s: float = 600.0) -> str | None:
         pins, claim = self._object_keys(oid)
         token, now = uuid.uuid4().hex, self._clock()
         ttl = check_lease_ttl(ttl_s)
-        script = self._redis.register_script(PIN_LUA)
         args = [now, token, now + ttl, int(ttl * 1000) + 1000]
-        return token if await script(keys=[pins, claim], args=args) else None
+        return token if await self._pin_object(keys=[pins, claim], args=args) else None
 
     @translated
     async def unpin_object(self, oid: str, token: str) -> None:
@@ -62,10 +61,10 @@ class RedisObjects:
     @translated
     async def claim_unreferenced_object(self, oid: str, ttl_s: float = 60.0) -> bool:
         pins, claim = self._object_keys(oid)
-        script = self._redis.register_script(CLAIM_LUA)
         ttl_ms = int(check_lease_ttl(ttl_s) * 1000)
         args = [self._clock(), oid, ttl_ms, uuid.uuid4().hex]
-        return bool(await script(keys=[self._keys.adapters, pins, claim], args=args))
+        keys = [self._keys.adapters, pins, claim]
+        return bool(await self._claim_object(keys=keys, args=args))
 
     @translated
     async def release_object_claim(self, oid: str) -> None:

@@ -15,6 +15,8 @@ Layout, under `<namespace>:` (a random namespace isolates a test):
   leases:<tenant> zset  lease -> expiry time (concurrent requests)
   reserved:<tenant> hash lease -> tokens its request reserved (counted while the lease lives)
   rpm:<tenant>, tpm:<tenant>  hash  unix second -> requests / tokens in that second
+  object-pins:<id>  zset  upload pin -> expiry, on an adapter store object (redis_objects)
+  object-claim:<id> str   the one replica deleting that object's bytes (with a TTL)
   version         int   bumped by every adapter or tenant change
   epoch           str   random marker written at start-up: its loss means Redis lost data
   events          pub/sub channel of ChangeEvent JSON
@@ -72,7 +74,7 @@ from loragate.registry.redis_lua import (
     RELEASE_LUA,
 )
 from loragate.registry.redis_migrate import move_tenant_adapters_to_their_namespaces
-from loragate.registry.redis_objects import RedisObjects
+from loragate.registry.redis_objects import CLAIM_LUA, PIN_LUA, RedisObjects
 from loragate.registry.redis_tenants import RedisTenants
 from loragate.registry.redis_usage import RedisUsageAndQuotas
 from loragate.registry.redis_wire import (
@@ -133,6 +135,8 @@ class RedisRegistryStore(
         self._release = self._redis.register_script(RELEASE_LUA)
         self._refresh = self._redis.register_script(REFRESH_LUA)
         self._new_id = self._redis.register_script(NEW_ID_LUA)
+        self._pin_object = self._redis.register_script(PIN_LUA)
+        self._claim_object = self._redis.register_script(CLAIM_LUA)
         self._epoch: str | None = None
 
     async def _transact(self, watched: list[str], body: Callable[..., Awaitable]):

@@ -86,6 +86,12 @@ class Keys:
     def tpm(self, tenant: str) -> str:
         return f"{self._ns}:tpm:{tenant}"
 
+    def object_pins(self, oid: str) -> str:
+        return f"{self._ns}:object-pins:{oid}"
+
+    def object_claim(self, oid: str) -> str:
+        return f"{self._ns}:object-claim:{oid}"
+
 
 class EventFeed:
     """The change events of one subscription, as an async iterator."""
