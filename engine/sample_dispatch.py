@@ -19,11 +19,16 @@ class SampleDispatcher:
         self.sampler = sampler
         self.plugins = plugins
 
-    def apply_logits_processors(self, seqs: list[Sequence], logits, results: list) -> torch.Tensor:
-        """Each request's plugin processors; a failure is stored in results[i]."""
+    def apply_logits_processors(
+        self, seqs: list[Sequence], logits, results: list, in_place: bool = False
+    ) -> torch.Tensor:
+        """Each request's plugin processors; a failure is stored in results[i]. With
+        `in_place` they work on the rows of `logits` itself (nobody needs the raw values
+        after them); otherwise on a copy."""
         if not any(s.request.logits_processors for s in seqs):
             return logits
-        logits = logits.clone()  # processors get rows of this copy: they may change them in place
+        if not in_place:
+            logits = logits.clone()  # processors may change their rows in place
         for i, seq in enumerate(seqs):
             if seq.request.logits_processors:
                 row = logits[i]
@@ -41,7 +46,10 @@ class SampleDispatcher:
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
         """One SampleResult (or the exception that failed it) per sequence."""
         results: list = [None] * len(seqs)
-        processed = self.apply_logits_processors(seqs, logits, results)
+        # Plugin samplers report logprobs of the raw logits: they need them unmasked. Without
+        # one, processors mask the step's own logits (no vocabulary-sized copy per step).
+        raw_needed = any(seq.request.params.sampler is not None for seq in seqs)
+        processed = self.apply_logits_processors(seqs, logits, results, in_place=not raw_needed)
         by_sampler: dict[str | None, list[int]] = {}
         for i, seq in enumerate(seqs):
             if results[i] is None:
