@@ -5,6 +5,8 @@ namespace (`/v1/adapters/sql`); the admin names a tenant's as `/v1/adapters/acme
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 
@@ -141,7 +143,12 @@ class VLLMLoRAController(Controller):
     async def load(
         self, data: JSONBody[LoadLoRAAdapterRequest], caller: Caller, service: Service
     ) -> Response[str]:
-        await service.adapters.register(data.lora_name, data.lora_path, caller=caller)
+        if urlsplit(data.lora_path).scheme in ("s3", "file"):  # a source URI, as Dynamo takes
+            await service.uploads.register_source(
+                data.lora_name, data.lora_path, caller, None, False
+            )
+        else:
+            await service.adapters.register(data.lora_name, data.lora_path, caller=caller)
         return Response(
             f"Success: LoRA adapter '{data.lora_name}' added successfully.", media_type="text/plain"
         )

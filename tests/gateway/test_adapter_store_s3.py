@@ -108,7 +108,14 @@ def test_a_source_by_uri(gateways, s3, bucket, files):
     assert missing.status_code == 400 and "does not exist" in missing.json()["error"]["message"]
     hub = api.post("/v1/adapters", {"name": "x", "source": "hf://org/adapter"})
     assert hub.status_code == 400 and "hf://" in hub.json()["error"]["message"], hub.text
-    assert api.delete("/v1/adapters/two").status_code == 200
+    alias = api.post(
+        "/v1/load_lora_adapter",
+        {"lora_name": "alias", "lora_path": f"s3://{bucket}/incoming/two/"},
+    )
+    assert alias.status_code == 200, alias.text
+    assert api.complete("alias").json()["choices"] == api.complete("two").json()["choices"]
+    for name in ("two", "alias"):
+        assert api.delete(f"/v1/adapters/{name}").status_code == 200
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncated"])
