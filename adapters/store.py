@@ -351,6 +351,16 @@ class AdapterFetcher:
         if self.local is not self.store:
             self.local.put(oid, directory)
 
+    def prune(self) -> list[str]:
+        """Drop cached copies of objects the store no longer holds (deleted by the replica
+        that collected them); the ids dropped. Blocking (one existence check per object)."""
+        if self.local is self.store:
+            return []
+        gone = [oid for oid in self.local.list() if not self.store.has(oid)]
+        for oid in gone:
+            self.forget(oid)
+        return gone
+
     def forget(self, oid: str) -> None:
         """Drop the cached copy (the store deleted the object)."""
         self._verified.discard(oid)

@@ -168,6 +168,8 @@ class AdapterObjects:
             deleted += await self.collect(oid)
         if deleted:
             log.info("adapter store sweep: %d unused objects deleted", deleted)
+        if self.fetcher is not None:  # copies of what other replicas deleted
+            await asyncio.to_thread(self.fetcher.prune)
         return deleted
 
     async def sweep_every(self, seconds: float) -> None:

@@ -33,6 +33,9 @@ from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall
 
 log = logging.getLogger(__name__)
 
+# How often a replica drops its cached copies of adapter store objects deleted meanwhile.
+PRUNE_EVERY_S = 600.0
+
 
 class _Resident:
     """Ray Serve's handle on one adapter id in this replica's multiplexed LRU. Ray Serve
@@ -87,6 +90,9 @@ class EngineReplica:
 
         self._resident = serve.multiplexed(max_num_models_per_replica=in_memory)(load)
         self._reporter = self._loop.create_task(self._report_loop(report_every_s))
+        self._pruner = None
+        if self.fetcher is not None:
+            self._pruner = self._loop.create_task(self._prune_loop(PRUNE_EVERY_S))
 
     # ---- what the ingress calls ----------------------------------------------------------
     async def generate(self, call: GenerateCall):
@@ -174,6 +180,19 @@ class EngineReplica:
         for lora in await self.board.report.remote(report):
             await self._remove(lora)
 
+    async def _prune_loop(self, every_s: float) -> None:
+        """Drop cached copies of adapter store objects deleted since (their names are gone)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                gone = await asyncio.to_thread(self.fetcher.prune)
+                if gone:
+                    log.info("dropped %d cached adapters the store no longer holds", len(gone))
+            except Exception:  # noqa: BLE001 - the store may be unreachable; try later
+                log.debug("pruning the adapter cache failed", exc_info=True)
+
     def __del__(self):
+        if self._pruner is not None:
+            self._pruner.cancel()
         self._reporter.cancel()
         self.engine.shutdown()

@@ -89,8 +89,10 @@ def test_s3_objects_are_fetched_once_and_checked(make_adapter, tmp_path, s3):
     assert [p for p in (tmp_path / "cold").iterdir()] == []
     assert cold.fetches == 0
 
+    assert fetcher.prune() == [], "the store still holds it"
     store.delete(oid)
     assert s3.keys(bucket) == ["pre/fix/not-an-object/x"]
+    assert fetcher.prune() == [oid] and not fetcher.local.has(oid), "a deleted object's copy goes"
     shutil.rmtree(tmp_path / "cold")
     with pytest.raises(ObjectNotFoundError):
         AdapterFetcher(store, tmp_path / "cold").ensure(oid)
