@@ -78,13 +78,15 @@ class EngineReplica:
         self.engine = engine
         self.actor_name = ray.get_runtime_context().get_actor_name() or ""
         self.board = ray.get_actor(board_name, namespace=board_namespace)
+        # The LoRARequest last asked for under each multiplexed id (kept, not popped: Ray
+        # Serve may call `load` for one id from two overlapping requests).
         self._wanted: dict[str, LoRARequest] = {}
         self.held: set[str] = set()  # the ids in Ray Serve's LRU here
         self._loop = asyncio.get_running_loop()
         in_memory = config.max_cpu_loras if config.enable_lora else 1
 
         async def load(model_id: str) -> _Resident:
-            lora = self._wanted.pop(model_id)
+            lora = self._wanted[model_id]
             await self.engine.add_adapter(lora)
             return _Resident(self, model_id, lora)
 
