@@ -8,7 +8,8 @@ import os
 # starves the step: measured on 2 cores under load, the tiny model's decode step took
 # 27-43 ms with the default and 5.8-7.0 ms with 50,000, about what it takes on a quiet
 # machine (BENCHMARKS.md, "The engine's own time"). Read when torch loads libgomp, so it
-# is set before anything imports torch; a value in the environment wins.
+# is set before anything imports torch; a value in the environment wins. The server gets it
+# here too: the gateway's first import that loads torch is this package.
 os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 
 from loragate.adapters import LoRARequest
