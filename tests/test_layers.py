@@ -98,3 +98,69 @@ def test_gateway_uses_only_the_engines_public_names():
                     f"{where}: {name} is not in __all__" for name in names if name not in public
                 ]
     assert not bad, "the gateway imports only loragate.engine.__all__:\n" + "\n".join(bad)
+
+
+# The gateway's parts, lowest first: each may import only the parts before it (and itself).
+# A part is a folder under gateway/ or a module at its top (settings_checks goes with
+# settings). See README's Layout.
+GATEWAY_ORDER = [
+    ("errors",),
+    ("store_seam",),
+    ("tenancy",),
+    ("adapter_control",),
+    ("serving",),
+    ("openai",),
+    ("tgi",),
+    ("admin",),
+    ("settings", "settings_checks"),
+    ("replicas",),
+    ("operations",),
+]
+GATEWAY_LEVEL = {part: level for level, parts in enumerate(GATEWAY_ORDER) for part in parts}
+
+
+def _gateway_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["loragate", "gateway"] and len(parts) > 2 else None
+
+
+def gateway_backward_imports(root: Path) -> list[str]:
+    """Every import in `root` (a gateway folder) of a gateway part above the importing
+    part's place in GATEWAY_ORDER, as 'file:line: part imports other'."""
+    bad = []
+    for path in sorted(
+        p for p in root.rglob("*.py") if p.name != "__init__.py" or p.parent != root
+    ):
+        rel = path.relative_to(root)
+        part = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        for line, name, _ in _imports(path):
+            other = _gateway_part(name)
+            if other is None or other == part:
+                continue
+            if GATEWAY_LEVEL.get(other, len(GATEWAY_ORDER)) > GATEWAY_LEVEL.get(part, -1):
+                bad.append(f"{rel}:{line}: {part} imports {other}")
+    return bad
+
+
+def test_every_gateway_part_has_a_place_in_the_order():
+    parts = {p.stem for p in (ROOT / "gateway").glob("*.py") if p.name != "__init__.py"}
+    parts |= {p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").exists()}
+    assert parts == set(GATEWAY_LEVEL), "name each gateway part in GATEWAY_ORDER (and README)"
+
+
+def test_gateway_parts_import_only_downward():
+    bad = gateway_backward_imports(ROOT / "gateway")
+    order = " < ".join("/".join(parts) for parts in GATEWAY_ORDER)
+    assert not bad, f"gateway parts import only those below them ({order}):\n" + "\n".join(bad)
+
+
+def test_a_backward_gateway_import_is_caught(tmp_path):
+    """The check fails on an import that goes up, and passes one that goes down."""
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    (serving / "down.py").write_text("from loragate.gateway.tenancy.principal import OPERATOR\n")
+    assert gateway_backward_imports(tmp_path) == []
+    (serving / "up.py").write_text(
+        "def late():\n    from loragate.gateway.operations.app import create_app\n"
+    )
+    assert gateway_backward_imports(tmp_path) == ["serving/up.py:2: serving imports operations"]

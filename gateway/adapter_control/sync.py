@@ -42,7 +42,10 @@ class RegistrySync:
         usage: UsageMeter,
         resync_seconds: float,
         retry_seconds: float = 0.25,
+        on_subscribed: Callable[[], None] | None = None,
     ):
+        """`on_subscribed` is called (on the loop) each time the subscription is up and the
+        copy resynced."""
         self.store = store
         self.health = store.health
         self.catalog = catalog
@@ -56,8 +59,7 @@ class RegistrySync:
         self._tasks: list[asyncio.Task] = []
         self._first_attempt = asyncio.Event()
         self._stopping = False
-        # Called (on the loop) each time the subscription is up and the copy resynced.
-        self.on_subscribed: Callable[[], None] | None = None
+        self.on_subscribed = on_subscribed
 
     async def start(self) -> None:
         """Read the store once and subscribe to its changes (if it answers; else keep trying

@@ -1,2 +1,2 @@
-"""Management routes: adapters (register, share, delete), tenants and usage, health and
-metrics; admin-only routes use the `admin_only` guard."""
+"""Management routes: adapters (register, share, delete), tenants and usage; admin-only
+routes use the `admin_only` guard."""

@@ -8,9 +8,13 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.uploads import AdapterUploads
 from loragate.gateway.admin.schemas import (
     AdapterInfo,
     AdapterList,
@@ -21,7 +25,7 @@ from loragate.gateway.admin.schemas import (
     UnloadLoRAAdapterRequest,
 )
 from loragate.gateway.errors import InvalidRequestError, PermissionDeniedError
-from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.tenancy.principal import Caller, Principal, caller_of
 
 
@@ -31,14 +35,16 @@ async def upload_files(request: Request) -> AdapterInfo | None:
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         return None
-    service: GatewayService = request.app.state.service
+    # A before_request hook gets no dependencies: it reads the services the app keeps.
+    uploads: AdapterUploads = request.app.state.uploads
+    served_model: ServedModel = request.app.state.served_model
     caller = caller_of(request)
     length = request.headers.get("content-length", "")
-    staged = await service.uploads.receive(
+    staged = await uploads.receive(
         request.receive, content_type, int(length) if length.isdigit() else None
     )
-    record = await service.uploads.register_upload(staged, caller)
-    return adapter_info(service, record, caller)
+    record = await uploads.register_upload(staged, caller)
+    return adapter_info(served_model.model_name, record, caller)
 
 
 class AdaptersController(Controller):
@@ -53,7 +59,12 @@ class AdaptersController(Controller):
         before_request=upload_files,
     )
     async def register(
-        self, data: JSONBody[RegisterAdapterRequest], caller: Caller, service: Service
+        self,
+        data: JSONBody[RegisterAdapterRequest],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
+        uploads: NamedDependency[AdapterUploads],
+        served_model: NamedDependency[ServedModel],
     ) -> AdapterInfo:
         if (data.path is None) == (data.source is None):
             raise InvalidRequestError(
@@ -62,31 +73,47 @@ class AdaptersController(Controller):
                 param="path" if data.path is None else "source",
             )
         if data.source is not None:
-            record = await service.uploads.register_source(
+            record = await uploads.register_source(
                 data.name, data.source, caller, data.public, data.replace
             )
         else:
-            record = await service.adapters.register(
+            record = await adapters.register(
                 data.name, data.path, caller=caller, public=data.public, replace=data.replace
             )
-        return adapter_info(service, record, caller)
+        return adapter_info(served_model.model_name, record, caller)
 
     @get("/", summary="List the adapters the caller may use")
-    async def list_adapters(self, caller: Caller, service: Service) -> AdapterList:
-        records = await service.adapters.catalog.list(caller)
-        return AdapterList(data=[adapter_info(service, r, caller) for r in records])
+    async def list_adapters(
+        self,
+        caller: Caller,
+        catalog: NamedDependency[AdapterCatalog],
+        served_model: NamedDependency[ServedModel],
+    ) -> AdapterList:
+        records = await catalog.list(caller)
+        return AdapterList(data=[adapter_info(served_model.model_name, r, caller) for r in records])
 
     @get("/{name:str}", summary="Describe one adapter")
     async def get_adapter(
-        self, name: FromPath[str], caller: Caller, service: Service
+        self,
+        name: FromPath[str],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
+        served_model: NamedDependency[ServedModel],
     ) -> AdapterInfo:
-        return adapter_info(service, await service.adapters.lookup(name, "name", caller), caller)
+        return adapter_info(
+            served_model.model_name, await adapters.lookup(name, "name", caller), caller
+        )
 
     @get("/{tenant:str}/{name:str}", summary="Admin: describe a tenant's adapter")
     async def get_tenant_adapter(
-        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+        self,
+        tenant: FromPath[str],
+        name: FromPath[str],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
+        served_model: NamedDependency[ServedModel],
     ) -> AdapterInfo:
-        return await self.get_adapter.fn(self, f"{tenant}/{name}", caller, service)
+        return await self.get_adapter.fn(self, f"{tenant}/{name}", caller, adapters, served_model)
 
     @patch("/{name:str}", summary="Admin only: share an adapter with every tenant, or stop")
     async def patch_adapter(
@@ -94,15 +121,16 @@ class AdaptersController(Controller):
         name: FromPath[str],
         data: JSONBody[PatchAdapterRequest],
         caller: Caller,
-        service: Service,
+        adapters: NamedDependency[AdapterManager],
+        served_model: NamedDependency[ServedModel],
     ) -> AdapterInfo:
-        await service.adapters.lookup(name, "name", caller)  # 404 first, as for a missing one
+        await adapters.lookup(name, "name", caller)  # 404 first, as for a missing one
         if not caller.is_operator:
             raise PermissionDeniedError(
                 "only the admin may change whether an adapter is public", code="admin_only"
             )
-        record = await service.adapters.set_public(name, data.public)
-        return adapter_info(service, record, caller)
+        record = await adapters.set_public(name, data.public)
+        return adapter_info(served_model.model_name, record, caller)
 
     @patch("/{tenant:str}/{name:str}", summary="Admin only: share a tenant's adapter, or stop")
     async def patch_tenant_adapter(
@@ -111,9 +139,12 @@ class AdaptersController(Controller):
         name: FromPath[str],
         data: JSONBody[PatchAdapterRequest],
         caller: Caller,
-        service: Service,
+        adapters: NamedDependency[AdapterManager],
+        served_model: NamedDependency[ServedModel],
     ) -> AdapterInfo:
-        return await self.patch_adapter.fn(self, f"{tenant}/{name}", data, caller, service)
+        return await self.patch_adapter.fn(
+            self, f"{tenant}/{name}", data, caller, adapters, served_model
+        )
 
     @delete(
         "/{name:str}",
@@ -121,16 +152,20 @@ class AdaptersController(Controller):
         summary="Delete an adapter; requests already using it finish first",
     )
     async def delete_adapter(
-        self, name: FromPath[str], caller: Caller, service: Service
+        self, name: FromPath[str], caller: Caller, adapters: NamedDependency[AdapterManager]
     ) -> DeletedAdapter:
-        await service.adapters.unregister(name, caller)
+        await adapters.unregister(name, caller)
         return DeletedAdapter(name=name)
 
     @delete("/{tenant:str}/{name:str}", status_code=200, summary="Admin: delete a tenant's adapter")
     async def delete_tenant_adapter(
-        self, tenant: FromPath[str], name: FromPath[str], caller: Caller, service: Service
+        self,
+        tenant: FromPath[str],
+        name: FromPath[str],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
     ) -> DeletedAdapter:
-        return await self.delete_adapter.fn(self, f"{tenant}/{name}", caller, service)
+        return await self.delete_adapter.fn(self, f"{tenant}/{name}", caller, adapters)
 
 
 class VLLMLoRAController(Controller):
@@ -141,14 +176,16 @@ class VLLMLoRAController(Controller):
 
     @post("/load_lora_adapter", status_code=200, summary="vLLM alias of POST /v1/adapters")
     async def load(
-        self, data: JSONBody[LoadLoRAAdapterRequest], caller: Caller, service: Service
+        self,
+        data: JSONBody[LoadLoRAAdapterRequest],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
+        uploads: NamedDependency[AdapterUploads],
     ) -> Response[str]:
         if urlsplit(data.lora_path).scheme in ("s3", "file"):  # a source URI, as Dynamo takes
-            await service.uploads.register_source(
-                data.lora_name, data.lora_path, caller, None, False
-            )
+            await uploads.register_source(data.lora_name, data.lora_path, caller, None, False)
         else:
-            await service.adapters.register(data.lora_name, data.lora_path, caller=caller)
+            await adapters.register(data.lora_name, data.lora_path, caller=caller)
         return Response(
             f"Success: LoRA adapter '{data.lora_name}' added successfully.", media_type="text/plain"
         )
@@ -157,9 +194,12 @@ class VLLMLoRAController(Controller):
         "/unload_lora_adapter", status_code=200, summary="vLLM alias of DELETE /v1/adapters/{name}"
     )
     async def unload(
-        self, data: JSONBody[UnloadLoRAAdapterRequest], caller: Caller, service: Service
+        self,
+        data: JSONBody[UnloadLoRAAdapterRequest],
+        caller: Caller,
+        adapters: NamedDependency[AdapterManager],
     ) -> Response[str]:
-        await service.adapters.unregister(data.lora_name, caller)
+        await adapters.unregister(data.lora_name, caller)
         return Response(
             f"Success: LoRA adapter '{data.lora_name}' removed successfully.",
             media_type="text/plain",
@@ -174,14 +214,14 @@ def _within_owner(record: AdapterRecord) -> str:
     return record.display_path
 
 
-def adapter_info(service: GatewayService, record: AdapterRecord, caller: Principal) -> AdapterInfo:
-    """What `caller` may know of `record`: a public adapter's owner stays hidden from tenants
-    (owner and folder), and its name is the one the caller uses (a key, `<tenant>/<name>`,
-    only for the admin)."""
+def adapter_info(parent: str, record: AdapterRecord, caller: Principal) -> AdapterInfo:
+    """What `caller` may know of `record`, an adapter of the model named `parent`: a public
+    adapter's owner stays hidden from tenants (owner and folder), and its name is the one the
+    caller uses (a key, `<tenant>/<name>`, only for the admin)."""
     return AdapterInfo(
         name=caller.name_of(record),
         id=record.lora_request.lora_int_id,
-        parent=service.model_name,
+        parent=parent,
         path=record.display_path if caller.owns(record) else _within_owner(record),
         rank=record.rank,
         alpha=record.alpha,

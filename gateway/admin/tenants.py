@@ -8,6 +8,7 @@ and the store seam answers 503 while the registry store is unreachable.
 from __future__ import annotations
 
 from litestar import Controller, delete, get, patch, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from loragate.gateway.admin.guards import admin_only, tenancy_enabled
@@ -22,8 +23,8 @@ from loragate.gateway.admin.tenant_schemas import (
     UsageList,
 )
 from loragate.gateway.errors import InvalidRequestError
-from loragate.gateway.serving.service import Service
 from loragate.gateway.tenancy.principal import Caller
+from loragate.gateway.tenancy.tenants import TenantService
 
 
 class TenantsController(Controller):
@@ -33,36 +34,43 @@ class TenantsController(Controller):
 
     @post("/", status_code=201, summary="Create a tenant; its API key is shown this once")
     async def create(
-        self, data: JSONBody[CreateTenantRequest], service: Service
+        self, data: JSONBody[CreateTenantRequest], tenants: NamedDependency[TenantService]
     ) -> IssuedTenantKey:
         quota = data.quota.to_quota() if data.quota is not None else None
-        issued = await service.tenants.create(data.name, quota, data.weight)
+        issued = await tenants.create(data.name, quota, data.weight)
         return IssuedTenantKey(tenant=TenantInfo.of(issued.tenant), api_key=issued.api_key)
 
     @get("/", summary="List tenants")
-    async def list_tenants(self, service: Service) -> TenantList:
-        return TenantList(data=[TenantInfo.of(t) for t in await service.tenants.list()])
+    async def list_tenants(self, tenants: NamedDependency[TenantService]) -> TenantList:
+        return TenantList(data=[TenantInfo.of(t) for t in await tenants.list()])
 
     @get("/{name:str}", summary="Describe one tenant")
-    async def get_tenant(self, name: FromPath[str], service: Service) -> TenantInfo:
-        return TenantInfo.of(await service.tenants.get(name))
+    async def get_tenant(
+        self, name: FromPath[str], tenants: NamedDependency[TenantService]
+    ) -> TenantInfo:
+        return TenantInfo.of(await tenants.get(name))
 
     @patch("/{name:str}", summary="Change a tenant's quota or fair-share weight")
     async def update(
-        self, name: FromPath[str], data: JSONBody[UpdateTenantRequest], service: Service
+        self,
+        name: FromPath[str],
+        data: JSONBody[UpdateTenantRequest],
+        tenants: NamedDependency[TenantService],
     ) -> TenantInfo:
         if data.quota is None and data.weight is None:
             raise InvalidRequestError("send a quota, a weight or both", param="quota")
         quota = data.quota.to_quota() if data.quota is not None else None
-        return TenantInfo.of(await service.tenants.update(name, quota, data.weight))
+        return TenantInfo.of(await tenants.update(name, quota, data.weight))
 
     @delete(
         "/{name:str}",
         status_code=200,
         summary="Delete a tenant, its keys and its adapters (its usage counts stay)",
     )
-    async def delete_tenant(self, name: FromPath[str], service: Service) -> DeletedTenant:
-        await service.tenants.delete(name)
+    async def delete_tenant(
+        self, name: FromPath[str], tenants: NamedDependency[TenantService]
+    ) -> DeletedTenant:
+        await tenants.delete(name)
         return DeletedTenant(name=name)
 
     @post(
@@ -70,8 +78,10 @@ class TenantsController(Controller):
         status_code=201,
         summary="Rotate a tenant's key: a new key, shown this once; the old ones stop working",
     )
-    async def rotate_key(self, name: FromPath[str], service: Service) -> IssuedTenantKey:
-        issued = await service.tenants.rotate_key(name)
+    async def rotate_key(
+        self, name: FromPath[str], tenants: NamedDependency[TenantService]
+    ) -> IssuedTenantKey:
+        issued = await tenants.rotate_key(name)
         return IssuedTenantKey(tenant=TenantInfo.of(issued.tenant), api_key=issued.api_key)
 
 
@@ -80,6 +90,6 @@ class UsageController(Controller):
     tags = ["Tenants"]
 
     @get("/", summary="Usage: a tenant's own counts; the admin's view has every tenant")
-    async def usage(self, caller: Caller, service: Service) -> UsageList:
-        reports = await service.tenants.usage(caller)
+    async def usage(self, caller: Caller, tenants: NamedDependency[TenantService]) -> UsageList:
+        reports = await tenants.usage(caller)
         return UsageList(data=[TenantUsage.of(r) for r in reports])

@@ -1,2 +1,2 @@
-"""OpenAI-compatible protocol: /v1/completions, /v1/chat/completions, /v1/models; their
-msgspec schemas and response formatting."""
+"""OpenAI-compatible protocol: /v1/completions, /v1/chat/completions, /v1/models, /tokenize;
+their msgspec schemas, prompts, sampling fields and response formatting."""

@@ -6,11 +6,14 @@ import time
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, post
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
 from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
+from loragate.gateway.openai.prompts import chat_messages
+from loragate.gateway.openai.sampling import chat_fields, chat_params
 from loragate.gateway.openai.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -23,10 +26,9 @@ from loragate.gateway.openai.schemas import (
 from loragate.gateway.openai.tool_stream import ToolCallStreamer
 from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.prompts import chat_messages
+from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import run_generations
-from loragate.gateway.serving.sampling import chat_fields, chat_params
-from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
 from loragate.gateway.tenancy.principal import Caller
 
@@ -41,26 +43,30 @@ class ChatController(Controller):
         data: JSONBody[ChatCompletionRequest],
         request: Request,
         caller: Caller,
-        service: Service,
+        served_model: NamedDependency[ServedModel],
+        generations: NamedDependency[Generations],
     ) -> ChatCompletionResponse | Stream:
         plan = tool_plan(
-            data.tools, data.tool_choice, service.chat_template_text, service.auto_tool_parser
+            data.tools,
+            data.tool_choice,
+            served_model.chat_template_text,
+            served_model.auto_tool_parser,
         )
-        params = chat_params(data, service.model.max_num_seqs, plan.schema if plan else None)
-        lora = await service.resolve_model(data.model, caller=caller)
-        prompt_ids = service.apply_chat_template(
+        params = chat_params(data, served_model.max_num_seqs, plan.schema if plan else None)
+        lora = await served_model.resolve_model(data.model, caller=caller)
+        prompt_ids = served_model.apply_chat_template(
             chat_messages(data.messages),
             data.add_generation_prompt,
             data.add_special_tokens,
             tools=plan.tools if plan is not None else None,
         )
         fields = chat_fields(data)
-        (prompt,), cost = await service.measure(
+        (prompt,), cost = await served_model.measure(
             caller, [{"prompt_token_ids": prompt_ids}], params, fields
         )
-        request_id = service.new_request_id("chatcmpl")
+        request_id = generations.new_request_id("chatcmpl")
         run = await run_generations(
-            service,
+            generations,
             request,
             caller,
             lora,
@@ -72,7 +78,9 @@ class ChatController(Controller):
         )
         created = int(time.time())
         if data.stream:
-            return run.stream(_stream(service, data, plan, run.generations[0], request_id, created))
+            return run.stream(
+                _stream(served_model, data, plan, run.generations[0], request_id, created)
+            )
         (final,) = await run.collect()
         top_n = data.top_logprobs or 0
         choices = []
@@ -82,7 +90,7 @@ class ChatController(Controller):
                 ChatChoice(
                     index=c.index,
                     message=message,
-                    logprobs=chat_logprobs(service.tokenizer, c.token_ids, c.logprobs, top_n)
+                    logprobs=chat_logprobs(served_model.tokenizer, c.token_ids, c.logprobs, top_n)
                     if data.logprobs and c.logprobs is not None
                     else None,
                     finish_reason=_finish(plan, c.finish_reason, bool(message.tool_calls)),
@@ -115,7 +123,7 @@ def _finish(plan: ToolPlan | None, reason: str | None, called: bool) -> str | No
 
 
 async def _stream(
-    service: GatewayService,
+    served_model: ServedModel,
     data: JSONBody[ChatCompletionRequest],
     plan: ToolPlan | None,
     gen: Generation,
@@ -146,7 +154,7 @@ async def _stream(
                 logprobs = None
                 if data.logprobs and delta.logprobs is not None:
                     logprobs = chat_logprobs(
-                        service.tokenizer, delta.token_ids, delta.logprobs, top_n
+                        served_model.tokenizer, delta.token_ids, delta.logprobs, top_n
                     )
                 if plan is None:
                     choices.append(

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, post
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -17,12 +18,13 @@ from loragate.gateway.openai.format import (
     prompt_text,
     usage_of,
 )
+from loragate.gateway.openai.prompts import completion_prompts
+from loragate.gateway.openai.sampling import completion_fields, completion_params
 from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.prompts import completion_prompts
+from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import run_generations
-from loragate.gateway.serving.sampling import completion_fields, completion_params
-from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
 from loragate.gateway.tenancy.principal import Caller
 
@@ -37,19 +39,20 @@ class CompletionsController(Controller):
         data: JSONBody[CompletionRequest],
         request: Request,
         caller: Caller,
-        service: Service,
+        served_model: NamedDependency[ServedModel],
+        generations: NamedDependency[Generations],
     ) -> CompletionResponse | Stream:
-        params = completion_params(data, service.model.max_num_seqs)
-        lora = await service.resolve_model(data.model, caller=caller)
-        prompts, cost = await service.measure(
+        params = completion_params(data, served_model.max_num_seqs)
+        lora = await served_model.resolve_model(data.model, caller=caller)
+        prompts, cost = await served_model.measure(
             caller,
             completion_prompts(data.prompt, data.add_special_tokens),
             params,
             completion_fields(data),
         )
-        request_id = service.new_request_id("cmpl")
+        request_id = generations.new_request_id("cmpl")
         run = await run_generations(
-            service,
+            generations,
             request,
             caller,
             lora,
@@ -61,16 +64,16 @@ class CompletionsController(Controller):
         )
         created = int(time.time())
         if data.stream:
-            return run.stream(_stream(service, data, run.generations, request_id, created))
+            return run.stream(_stream(served_model, data, run.generations, request_id, created))
         finals = await run.collect()
         choices = []
         for p, out in enumerate(finals):
             for c in out.outputs:
                 logprobs = None
                 if data.echo:
-                    c = echoed(service.tokenizer, out, c)
+                    c = echoed(served_model.tokenizer, out, c)
                 if data.logprobs is not None and c.logprobs is not None:
-                    logprobs = completion_logprobs(service.tokenizer, c.token_ids, c.logprobs)
+                    logprobs = completion_logprobs(served_model.tokenizer, c.token_ids, c.logprobs)
                 choices.append(_choice(p * len(out.outputs) + c.index, c, logprobs))
         return CompletionResponse(
             id=request_id,
@@ -93,7 +96,7 @@ def _choice(index: int, part, logprobs) -> CompletionChoice:
 
 
 async def _stream(
-    service: GatewayService,
+    served_model: ServedModel,
     data: JSONBody[CompletionRequest],
     gens: list[Generation],
     request_id: str,
@@ -111,11 +114,14 @@ async def _stream(
                     if delta is None:
                         continue
                     if data.echo and first:  # the prompt leads the choice's first chunk
-                        delta.text = prompt_text(service.tokenizer, out) + delta.text
+                        delta.text = prompt_text(served_model.tokenizer, out) + delta.text
                     logprobs = None
                     if want_logprobs and delta.logprobs is not None:
                         logprobs = completion_logprobs(
-                            service.tokenizer, delta.token_ids, delta.logprobs, delta.text_offset
+                            served_model.tokenizer,
+                            delta.token_ids,
+                            delta.logprobs,
+                            delta.text_offset,
                         )
                     choices.append(_choice(p * len(out.outputs) + c.index, delta, logprobs))
                 for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1

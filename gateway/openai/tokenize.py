@@ -12,12 +12,13 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, get, post
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from loragate.gateway.errors import InvalidRequestError
+from loragate.gateway.openai.prompts import chat_messages
 from loragate.gateway.openai.schemas import ChatMessage
-from loragate.gateway.serving.prompts import chat_messages
-from loragate.gateway.serving.service import Service
+from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.tenancy.principal import Caller
 
 
@@ -59,13 +60,16 @@ class TokenizeController(Controller):
 
     @post("/tokenize", status_code=200, summary="Token ids of a prompt or a chat")
     async def tokenize(
-        self, data: JSONBody[TokenizeRequest], caller: Caller, service: Service
+        self,
+        data: JSONBody[TokenizeRequest],
+        caller: Caller,
+        served_model: NamedDependency[ServedModel],
     ) -> TokenizeResponse:
-        await service.resolve_model(data.model, caller=caller)
+        await served_model.resolve_model(data.model, caller=caller)
         if (data.prompt is None) == (data.messages is None):
             raise InvalidRequestError("give exactly one of prompt or messages", param="prompt")
         if data.messages is not None:
-            ids = service.apply_chat_template(
+            ids = served_model.apply_chat_template(
                 chat_messages(data.messages),
                 data.add_generation_prompt,
                 bool(data.add_special_tokens),
@@ -73,21 +77,26 @@ class TokenizeController(Controller):
             )
         else:
             special = True if data.add_special_tokens is None else data.add_special_tokens
-            ids = await service.encode(data.prompt, special)
-        return TokenizeResponse(count=len(ids), max_model_len=service.max_model_len, tokens=ids)
+            ids = await served_model.encode(data.prompt, special)
+        return TokenizeResponse(
+            count=len(ids), max_model_len=served_model.max_model_len, tokens=ids
+        )
 
     @post("/detokenize", status_code=200, summary="Text of token ids")
     async def detokenize(
-        self, data: JSONBody[DetokenizeRequest], caller: Caller, service: Service
+        self,
+        data: JSONBody[DetokenizeRequest],
+        caller: Caller,
+        served_model: NamedDependency[ServedModel],
     ) -> DetokenizeResponse:
-        await service.resolve_model(data.model, caller=caller)
-        vocab = len(service.tokenizer)
+        await served_model.resolve_model(data.model, caller=caller)
+        vocab = len(served_model.tokenizer)
         bad = [t for t in data.tokens if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(
                 f"tokens must be ids in [0, {vocab}), got {bad[:5]}", param="tokens"
             )
-        return DetokenizeResponse(prompt=service.tokenizer.decode(data.tokens))
+        return DetokenizeResponse(prompt=served_model.tokenizer.decode(data.tokens))
 
     @get("/version", summary="loragate's version")
     async def get_version(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from loragate.gateway.operations.serve_options import (
     split_options,
     spread_many_valued,
 )
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 
 
 class _Commands(click.Group):

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import msgspec
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 
-from loragate.engine import EngineDeadError
+from loragate.engine import EngineClient, EngineDeadError
+from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.admin.guards import admin_only
 from loragate.gateway.errors import RegistryDownError
-from loragate.gateway.serving.service import Service
+from loragate.gateway.operations.traffic import RequestTraffic
+from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.principal import OPERATOR
 
 PAGE = Path(__file__).with_name("dashboard.html")
@@ -71,78 +74,95 @@ class DashboardController(Controller):
         return Response(PAGE.read_bytes(), media_type="text/html; charset=utf-8")
 
     @get("/data", summary="What the dashboard plots", guards=[admin_only], opt=OPERATOR_ONLY)
-    async def data(self, service: Service) -> DashboardData:
-        return await dashboard_data(service)
+    async def data(self, dashboard: NamedDependency[Dashboard]) -> DashboardData:
+        return await dashboard.data()
 
 
-async def dashboard_data(service) -> DashboardData:
-    stats = None
-    if service.engine.is_running:
+class Dashboard:
+    """What the page plots: the engine's state, the traffic of each adapter and tenant, and
+    each tenant's quotas and requests in flight from the store."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        traffic: RequestTraffic,
+        catalog: AdapterCatalog,
+        store: StoreSeam,
+        model_name: str,
+    ):
+        self.engine = engine
+        self.traffic = traffic
+        self.catalog = catalog
+        self.store = store
+        self.model_name = model_name
+
+    async def data(self) -> DashboardData:
+        stats = None
+        if self.engine.is_running:
+            try:
+                stats = await self.engine.stats()
+            except EngineDeadError:
+                stats = None
+        traffic = self.traffic
+        records = await self.catalog.list(OPERATOR)
+        tiers = stats.adapter_tiers if stats is not None else {}
+        tier_of = {r.key: tiers.get(r.sha256, "disk") for r in records}
+        adapters = [
+            AdapterRow(key, tier_of.get(key, ""), row[0], row[2])
+            for key, row in sorted(traffic.by_adapter.items(), key=lambda kv: -kv[1][2])
+        ]
+        idle = sorted(k for k in tier_of if k not in traffic.by_adapter)
+        adapters += [AdapterRow(k, tier_of[k], 0, 0) for k in idle]
+        ttfts = sorted(traffic.recent_ttft)
+        return DashboardData(
+            time=time.time(),
+            model=self.model_name,
+            running=stats.running if stats else 0,
+            waiting=stats.waiting if stats else 0,
+            kv_usage=float(stats.memory.get("utilization", 0.0)) if stats else 0.0,
+            prompt_tokens=sum(row[1] for row in traffic.by_tenant.values()),
+            generation_tokens=sum(row[2] for row in traffic.by_tenant.values()),
+            ttft_p50=_quantile(ttfts, 0.5),
+            ttft_p95=_quantile(ttfts, 0.95),
+            adapters=adapters[:MAX_ROWS],
+            tenants=await self._tenant_rows(),
+        )
+
+    async def _tenant_rows(self) -> list[TenantRow]:
+        """Every tenant that has a record or traffic: the busiest of the last minute first."""
+        traffic = self.traffic
         try:
-            stats = await service.engine.stats()
-        except EngineDeadError:
-            stats = None
-    traffic = service.metrics.traffic
-    records = await service.adapters.catalog.list(OPERATOR)
-    tiers = stats.adapter_tiers if stats is not None else {}
-    tier_of = {r.key: tiers.get(r.sha256, "disk") for r in records}
-    adapters = [
-        AdapterRow(key, tier_of.get(key, ""), row[0], row[2])
-        for key, row in sorted(traffic.by_adapter.items(), key=lambda kv: -kv[1][2])
-    ]
-    idle = sorted(k for k in tier_of if k not in traffic.by_adapter)
-    adapters += [AdapterRow(k, tier_of[k], 0, 0) for k in idle]
-    ttfts = sorted(traffic.recent_ttft)
-    return DashboardData(
-        time=time.time(),
-        model=service.model_name,
-        running=stats.running if stats else 0,
-        waiting=stats.waiting if stats else 0,
-        kv_usage=float(stats.memory.get("utilization", 0.0)) if stats else 0.0,
-        prompt_tokens=sum(row[1] for row in traffic.by_tenant.values()),
-        generation_tokens=sum(row[2] for row in traffic.by_tenant.values()),
-        ttft_p50=_quantile(ttfts, 0.5),
-        ttft_p95=_quantile(ttfts, 0.95),
-        adapters=adapters[:MAX_ROWS],
-        tenants=await _tenant_rows(service, traffic),
-    )
+            records = {t.name: t for t in await self.store.list_tenants()}
+        except RegistryDownError:
+            records = {}  # the store is down: traffic only, quotas unknown
+        minute = traffic.tenant_minute.totals()
+        names = sorted(
+            set(records) | set(traffic.by_tenant),
+            key=lambda n: (-minute.get(n, (0, 0))[1], n),
+        )[:MAX_ROWS]
+        rows = []
+        for name in names:
+            lifetime = traffic.by_tenant.get(name, (0, 0, 0))
+            recent = minute.get(name, (0, 0))
+            row = TenantRow(name, lifetime[0], lifetime[2], recent[0], recent[1])
+            record = records.get(name)
+            if record is not None:
+                quota = record.quota
+                row.requests_per_minute = quota.requests_per_minute
+                row.tokens_per_minute = quota.tokens_per_minute
+                row.max_concurrent_requests = quota.max_concurrent_requests
+            rows.append(row)
+        known = [row for row in rows if row.name in records]
+        counts = await asyncio.gather(*(self._in_flight(row.name) for row in known))
+        for row, count in zip(known, counts, strict=True):
+            row.in_flight = count
+        return rows
 
-
-async def _tenant_rows(service, traffic) -> list[TenantRow]:
-    """Every tenant that has a record or traffic: the busiest of the last minute first."""
-    try:
-        records = {t.name: t for t in await service.store.list_tenants()}
-    except RegistryDownError:
-        records = {}  # the store is down: traffic only, quotas unknown
-    minute = traffic.tenant_minute.totals()
-    names = sorted(
-        set(records) | set(traffic.by_tenant),
-        key=lambda n: (-minute.get(n, (0, 0))[1], n),
-    )[:MAX_ROWS]
-    rows = []
-    for name in names:
-        lifetime = traffic.by_tenant.get(name, (0, 0, 0))
-        recent = minute.get(name, (0, 0))
-        row = TenantRow(name, lifetime[0], lifetime[2], recent[0], recent[1])
-        record = records.get(name)
-        if record is not None:
-            quota = record.quota
-            row.requests_per_minute = quota.requests_per_minute
-            row.tokens_per_minute = quota.tokens_per_minute
-            row.max_concurrent_requests = quota.max_concurrent_requests
-        rows.append(row)
-    known = [row for row in rows if row.name in records]
-    counts = await asyncio.gather(*(_in_flight(service, row.name) for row in known))
-    for row, count in zip(known, counts, strict=True):
-        row.in_flight = count
-    return rows
-
-
-async def _in_flight(service, tenant: str) -> int | None:
-    try:
-        return await service.store.in_flight(tenant)
-    except RegistryDownError:
-        return None
+    async def _in_flight(self, tenant: str) -> int | None:
+        try:
+            return await self.store.in_flight(tenant)
+        except RegistryDownError:
+            return None
 
 
 def _quantile(sorted_values: list[float], q: float) -> float | None:

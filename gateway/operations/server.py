@@ -19,11 +19,11 @@ from collections.abc import Callable
 import uvicorn
 
 from loragate.engine import EngineClient
-from loragate.gateway.app import create_app
 from loragate.gateway.operations.access_log import AccessLog
+from loragate.gateway.operations.app import create_app
 from loragate.gateway.operations.http_limits import timed_protocol
 from loragate.gateway.operations.metrics_server import MetricsServer
-from loragate.gateway.operations.settings import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 from loragate.registry import RegistryStore
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import logging
 import os
 from dataclasses import replace
 
-from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.replicas.availability import require_ray_serve
+from loragate.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,11 @@ server anyone is the operator. A single-process server lists its one engine as "
 from __future__ import annotations
 
 from litestar import Controller, get
+from litestar.di import NamedDependency
 
 from loragate.gateway.admin.guards import admin_only
+from loragate.gateway.replicas.reports import ReplicaReports
 from loragate.gateway.replicas.views import ReplicaList, replica_view
-from loragate.gateway.serving.service import Service
 
 OPERATOR_ONLY = {"admin_only": "/v1/replicas shows the whole deployment and needs the admin key"}
 
@@ -20,8 +21,8 @@ class ReplicasController(Controller):
     tags = ["Operations"]
 
     @get("/", summary="Engine replicas and what each holds", guards=[admin_only], opt=OPERATOR_ONLY)
-    async def list_replicas(self, service: Service) -> ReplicaList:
-        reports = await service.replica_reports()
-        names_of = await service.adapter_names_by_weights()
-        mode = "ray" if service.settings.replicated else "single"
+    async def list_replicas(self, replicas: NamedDependency[ReplicaReports]) -> ReplicaList:
+        reports = await replicas.reports()
+        names_of = await replicas.adapter_names_by_weights()
+        mode = "ray" if replicas.replicated else "single"
         return ReplicaList(data=[replica_view(r, names_of) for r in reports], mode=mode)

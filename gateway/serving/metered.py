@@ -1,6 +1,6 @@
 """One HTTP request's engine work, with the tenant's quota lease and its usage.
 
-A route opens one with `await service.begin(caller, lora, cost)` (which may refuse it with
+A route opens one with `await generations.begin(caller, lora, cost)` (which may refuse it with
 429, or 400 for a worst case no quota could ever admit), starts its generations through it,
 and calls `end()` exactly where the request ends: in its `finally`, or in a stream's
 cleanup. `end()` closes every generation, gives the lease back (with its reservation,

@@ -18,11 +18,11 @@ from loragate.adapters import LoRARequest
 from loragate.engine import RequestOutput, SamplingParams
 from loragate.gateway.serving.disconnect import until_disconnect
 from loragate.gateway.serving.generation import Generation, prime_all, results_all
+from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.metered import MeteredRequest
-from loragate.gateway.serving.request_cost import RequestCost
-from loragate.gateway.serving.service import GatewayService
 from loragate.gateway.serving.sse import sse_response
 from loragate.gateway.tenancy.principal import Principal
+from loragate.gateway.tenancy.request_cost import RequestCost
 
 
 class Run:
@@ -50,7 +50,7 @@ class Run:
 
 
 async def run_generations(
-    service: GatewayService,
+    generations: Generations,
     request: Request,
     caller: Principal,
     lora: LoRARequest | None,
@@ -64,7 +64,7 @@ async def run_generations(
 ) -> Run:
     """Begin, start each (prompt, request id), and prime; a 4xx here ends the request.
     `priority` is vLLM's request field (lower first under the `priority` policy)."""
-    metered = await service.begin(caller, lora, cost)
+    metered = await generations.begin(caller, lora, cost)
     try:
         for prompt, request_id in prompts:
             metered.start(

@@ -68,7 +68,10 @@ class Authenticator:
         cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         api_key: str | None = None,
+        check_for_reset: Callable[[], Awaitable[None]] | None = None,
     ):
+        """`check_for_reset`: makes sure a store that lost its data has been noticed (the
+        registry sync's `resync`), before an unknown key is refused."""
         self.enabled = admin_key is not None
         self._admin = _digest(admin_key) if admin_key is not None else None
         # vLLM's --api-key: one shared key on a server without tenancy.
@@ -81,8 +84,7 @@ class Authenticator:
         self._tenants: dict[str, TenantRecord] = {}
         self._changes = 0
         self.orphans: set[str] = set()
-        # Set by the service: makes sure a store that lost its data has been noticed.
-        self.check_for_reset: Callable[[], Awaitable[None]] | None = None
+        self.check_for_reset = check_for_reset
 
     def is_operator(self, authorization: str | None) -> bool:
         """Whether this header carries the admin key (always, on a server without tenancy).
@@ -188,7 +190,7 @@ class AuthGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
             return await self.app(scope, receive, send)
-        authenticator: Authenticator = scope["litestar_app"].state.service.auth
+        authenticator: Authenticator = scope["litestar_app"].state.auth
         try:
             caller = await authenticator.authenticate(_header(scope, b"authorization"))
         except APIError as exc:

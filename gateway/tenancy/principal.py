@@ -11,11 +11,10 @@ bare name and a tenant's as `<tenant>/<name>` (the adapter's key).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
-
-from loragate.gateway.adapter_control.records import AdapterRecord
 
 # Usage of requests made without a tenant key (open server, or the admin key) is counted
 # under this name, so it is reserved: no tenant may take it.
@@ -42,15 +41,28 @@ class Principal:
     def usage_name(self) -> str:
         return self.tenant if self.tenant is not None else UNTENANTED
 
-    def name_of(self, record: AdapterRecord) -> str:
+    def name_of(self, record: Owned) -> str:
         """What this caller calls `record`: a tenant never sees another owner's name."""
         return record.key if self.tenant is None else record.name
 
-    def owns(self, record: AdapterRecord) -> bool:
+    def owns(self, record: Owned) -> bool:
         return self.tenant is None or record.tenant == self.tenant
 
 
 OPERATOR = Principal()
+
+
+class Owned(Protocol):
+    """What the naming rules read of an adapter record (adapter_control's AdapterRecord)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tenant(self) -> str | None: ...
 
 
 def caller_of(request: ASGIConnection) -> Principal:

@@ -21,9 +21,9 @@ import asyncio
 import logging
 
 from loragate.gateway.errors import InvalidRequestError, QuotaExceededError, RegistryDownError
-from loragate.gateway.serving.request_cost import RequestCost
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.principal import Principal
+from loragate.gateway.tenancy.request_cost import RequestCost
 
 log = logging.getLogger(__name__)
 

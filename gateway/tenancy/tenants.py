@@ -7,7 +7,8 @@ The store is reached through the seam, so an outage is a 503 here without a word
 
 from __future__ import annotations
 
-from loragate.gateway.adapter_control.manager import AdapterManager
+from collections.abc import Awaitable, Callable
+
 from loragate.gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.auth import Authenticator
@@ -26,12 +27,18 @@ from loragate.registry import (
 
 class TenantService:
     def __init__(
-        self, store: StoreSeam, auth: Authenticator, adapters: AdapterManager, usage: UsageMeter
+        self,
+        store: StoreSeam,
+        auth: Authenticator,
+        usage: UsageMeter,
+        drop_adapters_of: Callable[[str], Awaitable[None]],
     ):
+        """`drop_adapters_of(tenant)`: forgets a deleted tenant's adapters on this replica
+        (the adapter manager's `drop_tenant`)."""
         self.store = store
         self.auth = auth
-        self.adapters = adapters
         self.usage_meter = usage
+        self._drop_adapters_of = drop_adapters_of
 
     async def create(self, name: str, quota: TenantQuota | None, weight: float = 1.0) -> IssuedKey:
         try:
@@ -82,7 +89,7 @@ class TenantService:
         if record is None and name not in self.auth.orphans:
             raise _not_found(name)
         self.auth.forget_tenant(name)
-        await self.adapters.drop_tenant(name)
+        await self._drop_adapters_of(name)
 
     async def rotate_key(self, name: str) -> IssuedKey:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, get, post
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -22,11 +23,12 @@ from loragate.gateway.errors import (
 )
 from loragate.gateway.openai.format import token_text
 from loragate.gateway.serving.generation import Generation, outputs_of
+from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import Run, run_generations
-from loragate.gateway.serving.sampling import tgi_fields, tgi_params
-from loragate.gateway.serving.service import GatewayService, Service
+from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import sse_event
 from loragate.gateway.tenancy.principal import Caller, Principal
+from loragate.gateway.tgi.sampling import tgi_fields, tgi_params
 from loragate.gateway.tgi.schemas import (
     TGIBestOfSequence,
     TGIDetails,
@@ -47,54 +49,75 @@ class TGIController(Controller):
 
     @post("/", status_code=200, summary="TGI compatibility route: generate, or stream if asked")
     async def compat(
-        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+        self,
+        data: JSONBody[TGIRequest],
+        request: Request,
+        caller: Caller,
+        served_model: NamedDependency[ServedModel],
+        generations: NamedDependency[Generations],
     ) -> list[TGIResponse] | Stream:
         if data.stream:
-            return await _generate_stream(data, request, caller, service)
-        return [await _generate(data, request, caller, service)]
+            return await _generate_stream(data, request, caller, served_model, generations)
+        return [await _generate(data, request, caller, served_model, generations)]
 
     @post("/generate", status_code=200, summary="Generate (TGI / LoRAX)")
     async def generate(
-        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+        self,
+        data: JSONBody[TGIRequest],
+        request: Request,
+        caller: Caller,
+        served_model: NamedDependency[ServedModel],
+        generations: NamedDependency[Generations],
     ) -> TGIResponse:
-        return await _generate(data, request, caller, service)
+        return await _generate(data, request, caller, served_model, generations)
 
     @post("/generate_stream", status_code=200, summary="Generate as server-sent events")
     async def generate_stream(
-        self, data: JSONBody[TGIRequest], request: Request, caller: Caller, service: Service
+        self,
+        data: JSONBody[TGIRequest],
+        request: Request,
+        caller: Caller,
+        served_model: NamedDependency[ServedModel],
+        generations: NamedDependency[Generations],
     ) -> Stream:
-        return await _generate_stream(data, request, caller, service)
+        return await _generate_stream(data, request, caller, served_model, generations)
 
     @get("/info", summary="Model information (TGI)")
-    async def info(self, service: Service) -> dict:
+    async def info(self, served_model: NamedDependency[ServedModel]) -> dict:
         return {
-            "model_id": service.model_name,
-            "max_total_tokens": service.max_model_len,
-            "max_input_length": service.max_model_len - 1,
+            "model_id": served_model.model_name,
+            "max_total_tokens": served_model.max_model_len,
+            "max_input_length": served_model.max_model_len - 1,
             "router": "loragate",
         }
 
 
 async def _run(
-    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+    data: TGIRequest,
+    request: Request,
+    caller: Principal,
+    served_model: ServedModel,
+    generations: Generations,
 ) -> tuple[Run, TGIParameters]:
     p = data.parameters or TGIParameters()
-    params = tgi_params(p, service.model.max_num_seqs)
-    lora = await service.resolve_model(p.adapter_id, param="parameters.adapter_id", caller=caller)
+    params = tgi_params(p, served_model.max_num_seqs)
+    lora = await served_model.resolve_model(
+        p.adapter_id, param="parameters.adapter_id", caller=caller
+    )
     prompt: str | dict = data.inputs
     if p.truncate is not None:
         if p.truncate < 1:
             raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
-        ids = await service.encode(data.inputs)
+        ids = await served_model.encode(data.inputs)
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
-    (prompt,), cost = await service.measure(caller, [prompt], params, tgi_fields(p))
+    (prompt,), cost = await served_model.measure(caller, [prompt], params, tgi_fields(p))
     run = await run_generations(
-        service,
+        generations,
         request,
         caller,
         lora,
         cost,
-        [(prompt, service.new_request_id("tgi"))],
+        [(prompt, generations.new_request_id("tgi"))],
         params,
         field_names=tgi_fields(p),
         adapter_param="parameters.adapter_id",
@@ -103,44 +126,52 @@ async def _run(
 
 
 async def _generate(
-    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+    data: TGIRequest,
+    request: Request,
+    caller: Principal,
+    served_model: ServedModel,
+    generations: Generations,
 ) -> TGIResponse:
-    run, p = await _run(data, request, caller, service)
+    run, p = await _run(data, request, caller, served_model, generations)
     (final,) = await run.collect()
     c = final.outputs[0]
     text = (data.inputs + c.text) if p.return_full_text else c.text
     details = None
     if p.details:
-        prefill = _prefill(service, final) if p.decoder_input_details else []
+        prefill = _prefill(served_model, final) if p.decoder_input_details else []
         details = TGIDetails(
             finish_reason=tgi_finish_reason(c),
             prompt_tokens=len(final.prompt_token_ids),
             generated_tokens=len(c.token_ids),
             seed=p.seed,
             prefill=prefill,
-            tokens=_tokens(service, c),
-            top_tokens=_all_top_tokens(service, c, p),
-            best_of_sequences=_best_of_sequences(service, data, p, final, prefill),
+            tokens=_tokens(served_model, c),
+            top_tokens=_all_top_tokens(served_model, c, p),
+            best_of_sequences=_best_of_sequences(served_model, data, p, final, prefill),
         )
     return TGIResponse(generated_text=text, details=details)
 
 
 async def _generate_stream(
-    data: TGIRequest, request: Request, caller: Principal, service: GatewayService
+    data: TGIRequest,
+    request: Request,
+    caller: Principal,
+    served_model: ServedModel,
+    generations: Generations,
 ) -> Stream:
     best_of = (data.parameters or TGIParameters()).best_of
     if best_of is not None and best_of > 1:  # the best is known only at the end, as in TGI
         raise InvalidRequestError(
             "best_of > 1 is not supported when streaming", param="parameters.best_of"
         )
-    run, p = await _run(data, request, caller, service)
-    return run.stream(_events(service, data, p, run.generations[0]))
+    run, p = await _run(data, request, caller, served_model, generations)
+    return run.stream(_events(served_model, data, p, run.generations[0]))
 
 
 async def _events(
-    service: GatewayService, data: JSONBody[TGIRequest], p: TGIParameters, gen: Generation
+    served_model: ServedModel, data: JSONBody[TGIRequest], p: TGIParameters, gen: Generation
 ) -> AsyncIterator[bytes]:
-    special = set(service.tokenizer.all_special_ids)
+    special = set(served_model.tokenizer.all_special_ids)
     sent_tokens = sent_chars = 0
     try:
         async for out in outputs_of(gen):
@@ -161,7 +192,7 @@ async def _events(
                         logprob=_logprob(c, i),
                         special=token_id in special,
                     ),
-                    top_tokens=_top_tokens(service, c, i, p) if p.top_n_tokens else None,
+                    top_tokens=_top_tokens(served_model, c, i, p) if p.top_n_tokens else None,
                 )
                 if last and c.finish_reason is not None:
                     event.generated_text = (data.inputs + c.text) if p.return_full_text else c.text
@@ -189,7 +220,7 @@ def _logprob(c: CompletionOutput, i: int) -> float:
 
 
 def _best_of_sequences(
-    service: GatewayService,
+    served_model: ServedModel,
     data: TGIRequest,
     p: TGIParameters,
     final: RequestOutput,
@@ -205,19 +236,19 @@ def _best_of_sequences(
             generated_tokens=len(o.token_ids),
             seed=p.seed,
             prefill=prefill,
-            tokens=_tokens(service, o),
-            top_tokens=_all_top_tokens(service, o, p),
+            tokens=_tokens(served_model, o),
+            top_tokens=_all_top_tokens(served_model, o, p),
         )
         for o in final.best_of_sequences
     ]
 
 
-def _tokens(service: GatewayService, c: CompletionOutput) -> list[TGIToken]:
-    special = set(service.tokenizer.all_special_ids)
+def _tokens(served_model: ServedModel, c: CompletionOutput) -> list[TGIToken]:
+    special = set(served_model.tokenizer.all_special_ids)
     return [
         TGIToken(
             id=t,
-            text=token_text(service.tokenizer, t),
+            text=token_text(served_model.tokenizer, t),
             logprob=_logprob(c, i),
             special=t in special,
         )
@@ -226,20 +257,20 @@ def _tokens(service: GatewayService, c: CompletionOutput) -> list[TGIToken]:
 
 
 def _all_top_tokens(
-    service: GatewayService, c: CompletionOutput, p: TGIParameters
+    served_model: ServedModel, c: CompletionOutput, p: TGIParameters
 ) -> list[list[TGIToken]] | None:
     if not p.top_n_tokens:
         return None
-    return [_top_tokens(service, c, i, p) for i in range(len(c.token_ids))]
+    return [_top_tokens(served_model, c, i, p) for i in range(len(c.token_ids))]
 
 
-def _prefill(service: GatewayService, out: RequestOutput) -> list[TGIInputToken]:
+def _prefill(served_model: ServedModel, out: RequestOutput) -> list[TGIInputToken]:
     """Every prompt token with its logprob under the model (the first has none)."""
     steps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
     return [
         TGIInputToken(
             id=t,
-            text=token_text(service.tokenizer, t),
+            text=token_text(served_model.tokenizer, t),
             logprob=step.get(t) if step is not None else None,
         )
         for t, step in zip(out.prompt_token_ids, steps, strict=False)
@@ -247,14 +278,14 @@ def _prefill(service: GatewayService, out: RequestOutput) -> list[TGIInputToken]
 
 
 def _top_tokens(
-    service: GatewayService, c: CompletionOutput, i: int, p: TGIParameters
+    served_model: ServedModel, c: CompletionOutput, i: int, p: TGIParameters
 ) -> list[TGIToken]:
     """The top_n_tokens likeliest tokens of step i, best first (TGI's top_tokens)."""
     if c.logprobs is None or i >= len(c.logprobs):
         return []
-    special = set(service.tokenizer.all_special_ids)
+    special = set(served_model.tokenizer.all_special_ids)
     ranked = sorted(c.logprobs[i].items(), key=lambda item: -item[1])[: p.top_n_tokens]
     return [
-        TGIToken(id=t, text=token_text(service.tokenizer, t), logprob=lp, special=t in special)
+        TGIToken(id=t, text=token_text(served_model.tokenizer, t), logprob=lp, special=t in special)
         for t, lp in ranked
     ]

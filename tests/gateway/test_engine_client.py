@@ -74,4 +74,4 @@ def test_the_gateway_is_typed_against_the_protocol_only():
         for line in text.splitlines():
             if re.search(r"engine: AsyncLLMEngine", line):
                 users.append(f"{path.relative_to(GATEWAY)}: {line.strip()}")
-    assert sorted(set(users)) == ["app.py", "replicas/engine_replica.py"], users
+    assert sorted(set(users)) == ["operations/app.py", "replicas/engine_replica.py"], users

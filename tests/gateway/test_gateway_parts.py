@@ -14,8 +14,8 @@ from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdap
 from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import QueueFullError, field_of
 from loragate.gateway.openai.format import DeltaTracker
-from loragate.gateway.operations.settings import GatewaySettings
 from loragate.gateway.serving.admission import Admission
+from loragate.gateway.settings import GatewaySettings
 from loragate.registry import AdapterMetadata, check_served_name
 
 

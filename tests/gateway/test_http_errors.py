@@ -228,12 +228,12 @@ def test_health_metrics_and_openapi(url):
 
 def test_dead_engine_answers_503(start_server):
     doomed = start_server()
-    engine = doomed.app.state.service.engine
+    engine = doomed.app.state.engine
 
     def fail():
         raise RuntimeError("simulated device failure")
 
-    engine.engine.step = fail  # the engine thread, idle, calls it on the next request
+    engine.engine.step_tokens = fail  # the engine thread, idle, calls it on the next request
     body = {"model": base_model(doomed.url), "prompt": "x", "max_tokens": 2}
     first = post(doomed.url, "/v1/completions", body)
     assert first.status_code == 503 and first.json()["error"]["type"] == "server_error"

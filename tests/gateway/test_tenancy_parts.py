@@ -19,12 +19,12 @@ from loragate.gateway.errors import (
     QuotaExceededError,
     RegistryDownError,
 )
-from loragate.gateway.operations.settings import GatewaySettings
-from loragate.gateway.serving.request_cost import NO_COST, request_cost
+from loragate.gateway.settings import GatewaySettings
 from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.auth import Authenticator, bearer_token
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.gateway.tenancy.quotas import QuotaKeeper
+from loragate.gateway.tenancy.request_cost import NO_COST, request_cost
 from loragate.gateway.tenancy.usage_meter import UsageMeter
 from loragate.registry import AdapterMetadata, RegistryUnavailable, TenantQuota, UsageCounts
 from loragate.registry.memory import MemoryRegistryStore

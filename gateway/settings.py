@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loragate.engine import EngineConfig
-from loragate.gateway.operations.settings_checks import check_settings
+from loragate.gateway.settings_checks import check_settings
 
 
 def _help(text: str) -> dict:
