@@ -1,7 +1,11 @@
 """The engine beside an asyncio event loop: steps run in a thread, outputs stream to awaiters.
 
 The event loop never waits on a forward pass. Requests and aborts reach the engine thread
-through an inbox; outputs come back with `call_soon_threadsafe` into one queue per request.
+through an inbox. The engine thread only steps: each step's new token ids go to an output
+thread, which detokenizes them, finds stop strings and builds the outputs while the next
+step computes (vLLM V1's output processor), and sends them with `call_soon_threadsafe` into
+one queue per request. A stop string it finds comes back through the inbox, and the engine
+thread finishes that sample (freeing its blocks) before its next step.
 An adapter's files are read and validated on a loader thread, within a time limit, before
 its request reaches the inbox, and the request is admitted under the weights read there; so
 neither the loop nor the engine thread reads a file (weights that leave memory before the
@@ -28,6 +32,7 @@ from loragate.engine.input_processor import InputProcessor
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.step_output import SeqStop
 from loragate.engine.thread_bridge import check_request_id, deliver, drop_result, resolve
 from loragate.kernels import release_thread_pool
 
@@ -60,6 +65,13 @@ class _Abort:
 
 
 @dataclass
+class _Stop:
+    """Samples the output thread stopped (stop strings): the engine thread finishes them."""
+
+    stops: list[SeqStop]
+
+
+@dataclass
 class _Call:
     """Run a function on the engine thread (for anything that touches engine state)."""
 
@@ -84,13 +96,21 @@ class AsyncLLMEngine:
         self.adapter_load_timeout = adapter_load_timeout
         self._loader = loader_pool(2, "loragate-loader")
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        # Steps' token ids, from the engine thread to the output thread (None: stop).
+        self._steps: queue.Queue = queue.Queue()
+        # request_id -> (loop, queue, the Request): written by the engine thread when a
+        # request is added or aborted, read and emptied by the output thread.
+        self._streams: dict[Hashable, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}
         self._stop = threading.Event()
         self.dead_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="loragate-engine", daemon=True)
+        self._output_thread = threading.Thread(
+            target=self._output_loop, name="loragate-output", daemon=True
+        )
         # The step runs on the engine thread from now on: this thread's OpenMP workers (left
         # from loading the model) would halve its speed (kernels/omp_runtime.py).
         release_thread_pool()
+        self._output_thread.start()
         self._thread.start()
 
     @classmethod
@@ -283,23 +303,50 @@ class AsyncLLMEngine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join(timeout)
+        self._steps.put(None)
+        self._output_thread.join(timeout)
         self._loader.shutdown(wait=False, cancel_futures=True)
 
     # ---- engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
+        engine = self.engine
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self.engine.has_unfinished_requests())
-                if self.engine.has_unfinished_requests():
-                    for out in self.engine.step():
-                        self._publish(out)
+                self._drain_inbox(block=not engine.has_unfinished_requests())
+                if engine.has_unfinished_requests():
+                    step = engine.step_tokens()
+                else:
+                    step = engine.step_output()  # requests aborted since the last step
+                if step.events or step.requests:
+                    self._steps.put(step)
         except BaseException as exc:  # the engine is unusable: tell every waiter
             log.exception("engine thread died")
-            self.dead_error = exc
-            for loop, outputs in list(self._streams.values()):
-                deliver(loop, outputs.put_nowait, exc)
-            self._streams.clear()
-            self._fail_inbox(exc)
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        self.dead_error = exc
+        self._steps.put(None)
+        for loop, outputs, _ in list(self._streams.values()):
+            deliver(loop, outputs.put_nowait, exc)
+        self._streams.clear()
+        self._fail_inbox(exc)
+
+    # ---- output thread ------------------------------------------------------------------
+    def _output_loop(self) -> None:
+        """Each step's text, stop strings and outputs, in step order, beside the engine."""
+        processor = self.engine.output_processor
+        try:
+            while (step := self._steps.get()) is not None:
+                outputs, stops = processor.process(step)
+                if stops:  # before the outputs: a caller that sees its request end may reuse its id
+                    self._inbox.put(_Stop(stops))
+                for request, out in outputs:
+                    self._publish(request, out)
+        except BaseException as exc:  # no output can be built any more: the engine is dead
+            log.exception("output thread died")
+            self._stop.set()
+            self._inbox.put(None)
+            self._die(exc)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -316,7 +363,7 @@ class AsyncLLMEngine:
     def _handle(self, item) -> None:
         if isinstance(item, _Add):
             try:
-                self.engine.add_request(
+                request = self.engine.add_request(
                     item.request_id,
                     item.prompt,
                     item.params,
@@ -330,32 +377,35 @@ class AsyncLLMEngine:
             except Exception as exc:  # bad input: that request alone fails
                 resolve(item.loop, item.accepted, error=exc)
                 return
-            self._streams[item.request_id] = (item.loop, item.outputs)
+            self._streams[item.request_id] = (item.loop, item.outputs, request)
             if not resolve(item.loop, item.accepted, result=None):
                 self._caller_gone(item.request_id)
         elif isinstance(item, _Abort):
             self.engine.abort_request(item.request_id)
             self._streams.pop(item.request_id, None)
+        elif isinstance(item, _Stop):
+            self.engine.stop_sequences(item.stops)
         elif isinstance(item, _Call):
             try:
                 resolve(item.loop, item.done, result=item.fn(self.engine))
             except Exception as exc:
                 resolve(item.loop, item.done, error=exc)
 
-    def _publish(self, out: RequestOutput) -> None:
+    def _publish(self, request, out: RequestOutput) -> None:
         target = self._streams.get(out.request_id)
-        if target is None:
+        if target is None or target[2] is not request:  # aborted (its id may be reused)
             return
         if out.finished:
-            del self._streams[out.request_id]
-        loop, outputs = target
+            self._streams.pop(out.request_id, None)
+        loop, outputs, _ = target
         if not deliver(loop, outputs.put_nowait, out):
             self._caller_gone(out.request_id)
 
     def _caller_gone(self, request_id) -> None:
-        """The request's event loop closed: nobody reads its outputs any more."""
+        """The request's event loop closed: nobody reads its outputs any more (from either
+        thread: the abort goes through the inbox)."""
         self._streams.pop(request_id, None)
-        self.engine.abort_request(request_id)
+        self._inbox.put(_Abort(request_id))
 
     def _fail_inbox(self, exc: BaseException) -> None:
         while True:

@@ -23,7 +23,6 @@ from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
 from loragate.engine.cpu_features import warn_if_emulated_bf16
 from loragate.engine.cuda_graphs import decode_graphs_for
-from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.fair_share import FairShare, check_tenant_weight
 from loragate.engine.forks import fork_pending
@@ -32,7 +31,8 @@ from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models.llama import LlamaForCausalLM
-from loragate.engine.output_builder import error_output, record_failure, request_output
+from loragate.engine.output_builder import prompt_logprobs, record_failure
+from loragate.engine.output_processor import OutputProcessor
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.plugin_data import model_info, preemption_victim, request_info
 from loragate.engine.sample_dispatch import SampleDispatcher
@@ -42,8 +42,9 @@ from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, SequenceStatus, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.step_budget import step_budget_for
+from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
-from loragate.engine.stopping import stop_after
+from loragate.engine.stopping import stop_by_token
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginManager
 
@@ -129,6 +130,11 @@ class LLMEngine:
         )
         self._model_info = model_info(self.tokenizer, self.model.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        # Requests added and aborted since the last step, for output processing (in order).
+        self._events: list[tuple[bool, Request]] = []
+        # Text, stop strings and outputs: run inline by step(), beside the step by
+        # AsyncLLMEngine (which calls step_tokens()).
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self._seq_ids = count()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -185,6 +191,7 @@ class LLMEngine:
         self.scheduler.add(request.seqs[0])
         request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
+        self._events.append((True, request))
         self.fair_share.arrive(request, tenant_weight)
         if adapter_identity is not None:  # its weights stay loadable until it ends
             self.adapters.hold(adapter_identity)
@@ -201,8 +208,25 @@ class LLMEngine:
         for seq in request.seqs:
             if not seq.finished:
                 self._finish(seq, "abort", None)
+        self._events.append((False, request))
         self.plugins.request_finished(request_info(request))
         return True
+
+    def stop_sequences(self, stops: list[SeqStop]) -> None:
+        """Finish the samples output processing stopped (a stop string, or text that failed),
+        freeing their blocks; each keeps the tokens its output kept. A request all of whose
+        samples are done ends here."""
+        for stop in stops:
+            request = stop.request
+            if self.requests.get(request.request_id) is not request:
+                continue  # it ended already
+            seq = request.seqs[stop.index]
+            if not seq.finished:
+                del seq.token_ids[seq.prompt_len + stop.num_output_tokens :]
+                self._finish(seq, stop.finish_reason, stop.stop_reason)
+            if request.finished:
+                self._forget(request.request_id)
+                self.plugins.request_finished(request_info(request))
 
     def _forget(self, request_id: str) -> Request | None:
         """Drop a request from the engine's books; its adapter weights may then age out."""
@@ -224,6 +248,19 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step and its outputs (output processing inline: the offline LLM's way)."""
+        return self.process_outputs(self.step_tokens())
+
+    def process_outputs(self, step: StepOutput) -> list[RequestOutput]:
+        """Text, stop strings and outputs of a step; samples stopped by a stop string are
+        finished (their blocks freed) before the next step."""
+        outputs, stops = self.output_processor.process(step)
+        self.stop_sequences(stops)
+        return [out for _, out in outputs]
+
+    def step_tokens(self) -> StepOutput:
+        """Schedule, run, postprocess: each touched request's new token ids, before any
+        text (engine/step_output.py)."""
         if self.adapter_loads is not None:
             self.adapter_loads.new_step()
         start = time.perf_counter()
@@ -233,13 +270,18 @@ class LLMEngine:
         if scheduled.empty:
             if not failed and self.adapter_loads is not None:
                 self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
-            return failed
+            return self.step_output(failed)
         mark_scheduled(scheduled)
         clock.lap("schedule")
         sampled, logits = self.runner.run(scheduled, clock)
-        outputs = failed + self._postprocess(scheduled, sampled, logits, clock)
+        records = failed + self._postprocess(scheduled, sampled, logits, clock)
         self._record_step(scheduled, (time.perf_counter() - start) * 1e3, clock)
-        return outputs
+        return self.step_output(records)
+
+    def step_output(self, records: list[RequestTokens] | None = None) -> StepOutput:
+        """The step's records after the requests added and aborted since the last one."""
+        events, self._events = self._events, []
+        return StepOutput(events, records or [])
 
     def _record_step(self, scheduled, ms: float, clock: StepClock) -> None:
         """Keep the step's record; its timing keeps the next step's budget current."""
@@ -248,17 +290,17 @@ class LLMEngine:
         self.step_budget.observe(record.num_tokens, ms)
         self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 
-    def _fail_unscheduled(self, scheduled) -> list[RequestOutput]:
+    def _fail_unscheduled(self, scheduled) -> list[RequestTokens]:
         """Requests whose adapter could not take a slot this step end here, alone."""
         touched: dict[str, Request] = {}
         for seq, error in scheduled.failed:
             self._fail(seq.request, error)
             touched[seq.request.request_id] = seq.request
-        return self._outputs(touched)
+        return self._records(touched)
 
     def _postprocess(
         self, scheduled, sampled: list[Sequence], logits, clock: StepClock | None = None
-    ) -> list[RequestOutput]:
+    ) -> list[RequestTokens]:
         clock = clock or StepClock()
         for item in scheduled.prefills:
             self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
@@ -278,16 +320,12 @@ class LLMEngine:
                 continue
             if seq.finished:  # its request failed through a sibling this step
                 continue
-            try:
-                self._append_token(seq, result)
-            except Exception as exc:  # stopping or detokenizing failed for this request
-                self._fail(seq.request, exc)
-                continue
+            self._append_token(seq, result)
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
-        outputs = self._outputs(touched)
+        records = self._records(touched)
         clock.lap("output")
-        return outputs
+        return records
 
     def _fail(self, request: Request, error: Exception) -> None:
         """Something failed for this request alone: finish it (freeing its KV blocks) and
@@ -299,41 +337,34 @@ class LLMEngine:
                 self._finish(seq, "error", None)
         request.pending_forks = []
 
-    def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
-        outputs = []
+    def _records(self, touched: dict[str, Request]) -> list[RequestTokens]:
+        records = []
         for request in touched.values():
-            try:
-                out = self._output(request)
-            except Exception as exc:  # building this answer failed: it ends with an error
-                self._fail(request, exc)
-                out = self._error_output(request)
-            if out is not None:
-                outputs.append(out)
-        return outputs
+            record = self._record(request)
+            if record is not None:
+                records.append(record)
+        return records
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         params = request.params
-        seq = Sequence(next(self._seq_ids), request, index, sample_generator(params.seed, index))
-        seq.detokenizer = IncrementalDetokenizer(
-            self.tokenizer,
-            request.prompt_token_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens,
-        )
-        return seq
+        return Sequence(next(self._seq_ids), request, index, sample_generator(params.seed, index))
 
     def _append_token(self, seq: Sequence, result) -> None:
+        """Take the token; stop by token id, EOS, max_tokens or the context limit here (the
+        text and stop strings are output processing's)."""
         seq.token_ids.append(result.token_id)
+        seq.unreported.append(result)
         self.num_generation_tokens += 1
         self.fair_share.charge(seq.request, output_tokens=1)
         if seq.cumulative_logprob is not None:
             seq.cumulative_logprob += result.logprob
-        if seq.logprobs is not None:
-            seq.logprobs.append(result.top_logprobs or {result.token_id: result.logprob})
-        delta = seq.detokenizer.step([result.token_id])
-        seq.text += delta
-        decision = stop_after(
-            seq, result.token_id, len(delta), self.eos_token_ids, self.max_model_len
+        decision = stop_by_token(
+            seq.request.params,
+            seq.num_tokens - seq.prompt_len,
+            result.token_id,
+            self.eos_token_ids,
+            seq.num_tokens,
+            self.max_model_len,
         )
         if decision is not None:
             self._finish(seq, decision.finish_reason, decision.stop_reason)
@@ -344,20 +375,31 @@ class LLMEngine:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
 
-    def _output(self, request: Request) -> RequestOutput | None:
+    def _record(self, request: Request) -> RequestTokens | None:
+        """What output processing needs of a request this step touched, copied."""
         finished = request.finished
         if request.beam is not None and not finished:
             return None  # beam search answers once, at the end
         if finished:
             self._forget(request.request_id)
             self.plugins.request_finished(request_info(request))
-        return request_output(request, self.tokenizer, self.eos_token_ids)
-
-    def _error_output(self, request: Request) -> RequestOutput:
-        """The answer of a request whose own answer could not be built."""
-        if self._forget(request.request_id) is not None:
-            self.plugins.request_finished(request_info(request))
-        return error_output(request)
+        seqs = []
+        if request.beam is None:
+            for seq in request.seqs:
+                results, seq.unreported = seq.unreported, []
+                seqs.append(SeqTokens(seq.index, results, seq.finish_reason, seq.stop_reason))
+        beam = request.beam
+        return RequestTokens(
+            request,
+            seqs,
+            finished,
+            request.error,
+            request.error_type,
+            request.first_token_time,
+            request.first_scheduled_time,
+            prompt_logprobs(request) if request.prompt_logprobs is not None else None,
+            [(list(t), score) for t, score in beam.results] if beam is not None else None,
+        )
 
     def apply_chat_template(
         self,

@@ -1,4 +1,5 @@
-"""RequestOutputs from a request's sequences: streamed text, best_of, beam results."""
+"""RequestOutputs from what output processing holds of a request: streamed text, best_of,
+beam results."""
 
 from __future__ import annotations
 
@@ -6,26 +7,27 @@ import logging
 import time
 
 from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from loragate.engine.sequence import Request, Sequence
+from loragate.engine.sequence import Request
 from loragate.engine.stopping import stream_safe_len
 from loragate.plugins import PluginError
 
 log = logging.getLogger(__name__)
 
 
-def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> RequestOutput:
-    finished = request.finished
+def request_output(state, tokenizer, eos_token_ids: set[int], finished: bool) -> RequestOutput:
+    """The cumulative output of a request (output_processor.RequestText) so far."""
+    request = state.request
     others = None
-    if request.beam is not None and request.error is not None and not request.beam.results:
+    if request.beam is not None and state.error is not None and not state.beam_results:
         outputs = failed_completions(request.params.n)  # it failed before any hypothesis
     elif request.beam is not None:
-        outputs = _beam_completions(request, tokenizer, eos_token_ids)
+        outputs = _beam_completions(state, tokenizer, eos_token_ids)
     else:
-        seqs, n = request.seqs, request.params.n
-        if finished and len(seqs) > n:  # best_of: keep the n most likely, report the rest
-            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)
-            others = [completion(seq) for seq in seqs[n:]]
-        outputs = [completion(seq) for seq in seqs[:n]]
+        samples, n = state.samples, request.params.n
+        if finished and len(samples) > n:  # best_of: keep the n most likely, report the rest
+            samples = sorted(samples, key=lambda s: s.cumulative_logprob, reverse=True)
+            others = [completion(request, s) for s in samples[n:]]
+        outputs = [completion(request, s) for s in samples[:n]]
     return RequestOutput(
         request_id=request.request_id,
         prompt=request.prompt,
@@ -34,21 +36,22 @@ def request_output(request: Request, tokenizer, eos_token_ids: set[int]) -> Requ
         finished=finished,
         lora_request=request.lora_request,
         lora_sha256=request.adapter_identity.sha256 if request.adapter_identity else None,
-        error=request.error,
-        error_type=request.error_type,
-        prompt_logprobs=_prompt_logprobs(request),
+        error=state.error,
+        error_type=state.error_type,
+        prompt_logprobs=state.prompt_logprobs,
         best_of_sequences=others,
         metrics=RequestMetrics(
             request.arrival_time,
-            request.first_token_time,
+            state.first_token_time,
             time.monotonic() if finished else None,
-            first_scheduled_time=request.first_scheduled_time,
+            first_scheduled_time=state.first_scheduled_time,
         ),
     )
 
 
-def error_output(request: Request) -> RequestOutput:
+def error_output(state) -> RequestOutput:
     """The answer of a request whose own answer could not be built."""
+    request = state.request
     return RequestOutput(
         request_id=request.request_id,
         prompt=request.prompt,
@@ -56,12 +59,12 @@ def error_output(request: Request) -> RequestOutput:
         outputs=failed_completions(request.params.n),
         finished=True,
         lora_request=request.lora_request,
-        error=request.error,
-        error_type=request.error_type,
+        error=state.error,
+        error_type=state.error_type,
     )
 
 
-def _prompt_logprobs(request: Request) -> list | None:
+def prompt_logprobs(request: Request) -> list | None:
     """A complete list once the prompt is computed (as vLLM: the first output has it)."""
     got = request.prompt_logprobs
     if got is None or len(got) < len(request.prompt_token_ids):
@@ -74,25 +77,26 @@ def failed_completions(n: int) -> list[CompletionOutput]:
     return [CompletionOutput(i, "", [], None, None, finish_reason="error") for i in range(n)]
 
 
-def completion(seq: Sequence) -> CompletionOutput:
+def completion(request: Request, sample) -> CompletionOutput:
     """While streaming, text that could still become a stop string is held back."""
-    params = seq.request.params
-    text = seq.text if seq.finished else seq.text[: stream_safe_len(seq.text, params)]
+    text = sample.text
+    if not sample.finished:
+        text = text[: stream_safe_len(text, request.params)]
     return CompletionOutput(
-        index=seq.index,
+        index=sample.index,
         text=text,
-        token_ids=list(seq.output_token_ids),
-        cumulative_logprob=seq.cumulative_logprob,
-        logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-        finish_reason=seq.finish_reason,
-        stop_reason=seq.stop_reason,
+        token_ids=list(sample.token_ids),
+        cumulative_logprob=sample.cumulative_logprob,
+        logprobs=list(sample.logprobs) if sample.logprobs is not None else None,
+        finish_reason=sample.finish_reason,
+        stop_reason=sample.stop_reason,
     )
 
 
-def _beam_completions(request: Request, tokenizer, eos_token_ids) -> list[CompletionOutput]:
-    params = request.params
+def _beam_completions(state, tokenizer, eos_token_ids) -> list[CompletionOutput]:
+    params = state.request.params
     outputs = []
-    for i, (tokens, score) in enumerate(request.beam.results[: params.n]):
+    for i, (tokens, score) in enumerate(state.beam_results[: params.n]):
         ended = bool(tokens) and tokens[-1] in eos_token_ids and not params.ignore_eos
         outputs.append(
             CompletionOutput(
@@ -101,22 +105,31 @@ def _beam_completions(request: Request, tokenizer, eos_token_ids) -> list[Comple
                 token_ids=list(tokens),
                 cumulative_logprob=score,
                 logprobs=None,
-                finish_reason="stop" if ended or request.error else "length",
+                finish_reason="stop" if ended or state.error else "length",
             )
         )
     return outputs
 
 
 def record_failure(request: Request, error: Exception) -> None:
-    """Say why a request failed: a plugin's error names the plugin; anything else is logged
-    in full and reported without internals. The first reason given is kept."""
+    """Say why a request failed (see `failure_reason`)."""
+    request.error, request.error_type = failure_reason(
+        request.request_id, error, request.error, request.error_type
+    )
+
+
+def failure_reason(
+    request_id, error: Exception, current: str | None, current_type: str | None
+) -> tuple[str | None, str | None]:
+    """A failed request's (error, error_type): a plugin's error names the plugin; anything
+    else is logged in full and reported without internals. The first reason given is kept."""
     if isinstance(error, PluginError):
-        log.error("request %s failed: %s", request.request_id, error)
-        request.error, request.error_type = str(error), "plugin_error"
-    elif request.error is None:
-        log.error("request %s failed", request.request_id, exc_info=error)
-        request.error = (
-            f"this request failed on the engine ({type(error).__name__}); "
-            "other requests are unaffected"
-        )
-        request.error_type = "request_failed"
+        log.error("request %s failed: %s", request_id, error)
+        return str(error), "plugin_error"
+    if current is not None:
+        return current, current_type
+    log.error("request %s failed", request_id, exc_info=error)
+    message = (
+        f"this request failed on the engine ({type(error).__name__}); other requests are unaffected"
+    )
+    return message, "request_failed"

@@ -41,11 +41,9 @@ class Sequence:
         self.generator: torch.Generator | None = generator
         # Summed only where the sampler scores tokens (SamplingParams.scores_tokens).
         self.cumulative_logprob: float | None = 0.0 if request.params.scores_tokens else None
-        self.logprobs: list[dict[int, float]] | None = (
-            [] if request.params.logprobs is not None else None
-        )
-        self.detokenizer: Any = None
-        self.text = ""
+        # Tokens taken since the step last reported this sequence (their text, stop strings
+        # and logprobs are output processing's: engine/output_processor.py).
+        self.unreported: list = []
         self.beam_logprobs: torch.Tensor | None = None  # waiting for its beam group
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

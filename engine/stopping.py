@@ -1,8 +1,9 @@
 """When a sequence stops, decided after each new token from plain data (vLLM's rules).
 
 Order: nothing stops before ``min_tokens`` outputs exist; then EOS (unless ignore_eos),
-stop_token_ids, stop strings, and finally ``max_tokens`` ("length"); `stop_after` adds the
-context limit and cuts the text.
+stop_token_ids, stop strings, and finally ``max_tokens`` ("length"), then the context limit.
+The step thread decides what token ids alone decide (`stop_by_token`: it frees KV blocks);
+output processing, beside the step, adds what needs the text (`stop_by_text`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def check_stop(
     num_new_chars: int,
     eos_token_ids: Collection[int],
 ) -> StopDecision | None:
-    """Decide whether the sequence stops after ``new_token_id``.
+    """Decide whether the sequence stops after ``new_token_id``: `stop_by_token` (the
+    step's part) and then `stop_by_text` (output processing's part), as one call.
 
     ``output_token_ids`` are all generated ids *including* ``new_token_id`` (the last);
     ``text`` is the output text so far, whose last ``num_new_chars`` came with this step.
@@ -43,20 +45,56 @@ def check_stop(
         raise ValueError("output_token_ids must end with new_token_id (the token just added)")
     if not 0 <= num_new_chars <= len(text):
         raise ValueError(f"num_new_chars must be in [0, {len(text)}], got {num_new_chars}")
-    if len(output_token_ids) < params.min_tokens:
-        return None
-    if new_token_id in eos_token_ids and not params.ignore_eos:
-        return StopDecision("stop", None, _drop_token_text(text, num_new_chars, params))
-    if new_token_id in params.stop_token_ids:
-        return StopDecision("stop", new_token_id, _drop_token_text(text, num_new_chars, params))
-    match = find_stop_string(text, num_new_chars, params.stop)
-    if match is not None:
-        start, stop = match
-        keep = start + len(stop) if params.include_stop_str_in_output else start
-        return StopDecision("stop", stop, keep if keep < len(text) else None)
-    if params.max_tokens is not None and len(output_token_ids) >= params.max_tokens:
-        return StopDecision("length")
-    return None
+    n = len(output_token_ids)
+    by_token = stop_by_token(params, n, new_token_id, eos_token_ids)
+    return stop_by_text(params, n, text, num_new_chars, by_token)
+
+
+def stop_by_token(
+    params: SamplingParams,
+    num_output_tokens: int,
+    token_id: int,
+    eos_token_ids: Collection[int],
+    num_tokens: int = 0,
+    max_model_len: int | None = None,
+) -> StopDecision | None:
+    """What the step decides from token ids alone (it frees KV blocks): EOS, stop_token_ids,
+    max_tokens and, given ``max_model_len``, the context limit; nothing before min_tokens
+    but the context limit. Its "length" may still become a stop string's "stop"
+    (`stop_by_text`)."""
+    decision = None
+    if num_output_tokens >= params.min_tokens:
+        if token_id in eos_token_ids and not params.ignore_eos:
+            decision = StopDecision("stop")
+        elif token_id in params.stop_token_ids:
+            decision = StopDecision("stop", token_id)
+        elif params.max_tokens is not None and num_output_tokens >= params.max_tokens:
+            decision = StopDecision("length")
+    if decision is None and max_model_len is not None and num_tokens >= max_model_len:
+        decision = StopDecision("length")
+    return decision
+
+
+def stop_by_text(
+    params: SamplingParams,
+    num_output_tokens: int,
+    text: str,
+    num_new_chars: int,
+    by_token: StopDecision | None,
+) -> StopDecision | None:
+    """The final decision once the token's text is known: a stop token's text is dropped
+    (unless asked for), and a stop string in the new text wins over "length"."""
+    if by_token is not None and by_token.finish_reason == "stop":
+        return StopDecision(
+            "stop", by_token.stop_reason, _drop_token_text(text, num_new_chars, params)
+        )
+    if num_output_tokens >= params.min_tokens:
+        match = find_stop_string(text, num_new_chars, params.stop)
+        if match is not None:
+            start, stop = match
+            keep = start + len(stop) if params.include_stop_str_in_output else start
+            return StopDecision("stop", stop, keep if keep < len(text) else None)
+    return by_token
 
 
 def find_stop_string(text: str, num_new_chars: int, stops: Sequence[str]) -> tuple[int, str] | None:
@@ -97,20 +135,3 @@ def _drop_token_text(text: str, num_new_chars: int, params: SamplingParams) -> i
     if params.include_stop_str_in_output or num_new_chars == 0:
         return None
     return len(text) - num_new_chars
-
-
-def stop_after(
-    seq, token_id: int, num_new_chars: int, eos_token_ids: Collection[int], max_model_len: int
-) -> StopDecision | None:
-    """`check_stop` for a sequence that just took `token_id`, plus the context limit; the
-    text of a sequence that stops is flushed and cut to what it keeps."""
-    decision = check_stop(
-        seq.request.params, seq.output_token_ids, token_id, seq.text, num_new_chars, eos_token_ids
-    )
-    if decision is None and seq.num_tokens >= max_model_len:
-        decision = StopDecision("length", None, None)
-    if decision is not None:
-        seq.text += seq.detokenizer.flush()
-        if decision.truncate_to is not None:
-            seq.text = seq.text[: decision.truncate_to]
-    return decision

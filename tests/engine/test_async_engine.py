@@ -74,7 +74,7 @@ async def test_dead_engine_fails_waiters_and_new_requests(async_engine):
     def explode():
         raise RuntimeError("device lost")
 
-    async_engine.engine.step = explode
+    async_engine.engine.step_tokens = explode
     with pytest.raises(EngineDeadError, match="device lost"):
         await collect(async_engine, "doomed", PROMPTS[0])
     assert not async_engine.is_running

@@ -58,7 +58,8 @@ def test_new_requests_join_running_decodes(tiny_model_dir, make_llm):
     assert [s.seq.request.request_id for s in scheduled.prefills] == ["b"]
     # Run the scheduled step through, then drain.
     sampled, logits = engine.runner.run(scheduled)
-    outputs = engine._postprocess(scheduled, sampled, logits)
+    records = engine._postprocess(scheduled, sampled, logits)
+    outputs = engine.process_outputs(engine.step_output(records))
     while engine.has_unfinished_requests():
         outputs += engine.step()
     tokens = {o.request_id: o.outputs[0].token_ids for o in outputs if o.finished}

@@ -98,12 +98,20 @@ def test_the_built_in_sampler_failing_on_one_row_fails_only_that_request(tiny_di
 def test_detokenizing_failing_for_one_request_fails_only_it(tiny_dir, make_llm):
     llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=64)
     engine = llm.engine
-    doomed = engine.add_request("doomed", PROMPT, SamplingParams(n=2, **GREEDY))
+    processor = engine.output_processor
+    make = processor.new_detokenizer
 
     def broken(token_ids):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
 
-    doomed.seqs[0].detokenizer.step = broken
+    def fragile(request):
+        detokenizer = make(request)
+        if request.request_id == "doomed":
+            detokenizer.step = broken
+        return detokenizer
+
+    processor.new_detokenizer = fragile
+    engine.add_request("doomed", PROMPT, SamplingParams(n=2, **GREEDY))
     engine.add_request("fine", PROMPT, SamplingParams(**GREEDY))
     outs = _run(engine, {"doomed", "fine"})
     assert outs["doomed"].error_type == "request_failed"
@@ -179,18 +187,18 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
 
 
 def test_building_one_answer_failing_fails_only_that_request(tiny_dir, make_llm, monkeypatch):
-    from loragate.engine import llm_engine
+    from loragate.engine import output_processor
 
     llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=64)
     engine = llm.engine
-    build = llm_engine.request_output
+    build = output_processor.request_output
 
-    def fragile(request, tokenizer, eos_token_ids):
-        if request.request_id == "doomed" and request.finished and request.error is None:
+    def fragile(state, tokenizer, eos_token_ids, finished):
+        if state.request.request_id == "doomed" and finished and state.error is None:
             raise KeyError("a tokenizer without that token")
-        return build(request, tokenizer, eos_token_ids)
+        return build(state, tokenizer, eos_token_ids, finished)
 
-    monkeypatch.setattr(llm_engine, "request_output", fragile)
+    monkeypatch.setattr(output_processor, "request_output", fragile)
     engine.add_request("doomed", PROMPT, SamplingParams(n=2, **GREEDY))
     engine.add_request("fine", PROMPT, SamplingParams(**GREEDY))
     outs = _run(engine, {"doomed", "fine"})
