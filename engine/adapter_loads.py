@@ -6,10 +6,13 @@ them, and every other request keeps running; the next step that finds them in me
 schedules it. A load that fails fails the requests waiting for those weights, with the
 adapter's own error (AdapterChangedError when the files now hold other weights).
 
-Loader threads run at normal priority: a lower one (nice) lets the machine's other work
-starve a loader that holds the GIL, and the step then waits on it (seconds, measured on two
-busy cores). At most one adapter is copied into a device slot per step, and its request
-runs in that step: a burst of cold adapters spreads its copies over as many steps.
+A loader thread that read weights from disk also copies them into a free device slot (paced
+like the read), so the step that admits their request copies nothing. Weights already in
+CPU memory, or that need a slot emptied first, are copied on the step: at most one adapter
+per step, and its request runs in that step, so a burst spreads its copies over as many
+steps. Loader threads run at normal priority: a lower one (nice) lets the machine's other
+work starve a loader that holds the GIL, and the step then waits on it (seconds, measured on
+two busy cores).
 """
 
 from __future__ import annotations
@@ -66,9 +69,13 @@ class AdapterLoads:
         with self._lock:
             if identity in self._loads or self.cache.in_memory(identity):
                 return
-            self._loads[identity] = self._pool.submit(
-                self.cache.load, request.lora_request, identity
-            )
+            self._loads[identity] = self._pool.submit(self._load, request, identity)
+
+    def _load(self, request: Request, identity: WeightsIdentity) -> None:
+        """A loader thread's job: the weights into the CPU tier, then into a free device slot
+        if there is one, so the step that admits the request copies nothing."""
+        self.cache.load(request.lora_request, identity)
+        self.cache.stage(identity)
 
     def acquire(self, request: Request, busy_slots) -> int | None:
         """The slot holding ``request``'s admitted weights; None while every slot is busy.
@@ -80,7 +87,9 @@ class AdapterLoads:
         identity = request.adapter_identity
         with self._lock:
             load = self._loads.get(identity)
-            if load is not None and load.done():
+            if load is not None and not load.done():
+                raise AdapterNotReady("its weights are loading")
+            if load is not None:
                 del self._loads[identity]
                 if load.exception() is not None:
                     raise load.exception()

@@ -32,9 +32,9 @@ class LoRAWeights(Protocol):
 
     scales: torch.Tensor
 
-    def group_weights(
+    def module_weights(
         self, layer: int, group: str, rank: int
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, slice], ...]: ...
 
 
 @dataclass

@@ -210,9 +210,12 @@ class LlamaForCausalLM:
 
 
 def _add_lora(lora: LoRABatch, layer: int, group: str, x: torch.Tensor, out: torch.Tensor):
-    """One shrink and one expand per module group (a fused projection or a single one)."""
-    a, b = lora.weights.group_weights(layer, group, lora.rank)
-    kernels.lora_apply(x, a, b, lora.slot_ids, lora.weights.scales, out, index=lora.index)
+    """Each module of a group (a fused projection or a single one) adds its adapters' output
+    to its own columns of the fused output, reading only its own weights."""
+    for a, b, columns in lora.weights.module_weights(layer, group, lora.rank):
+        kernels.lora_apply(
+            x, a, b, lora.slot_ids, lora.weights.scales, out[:, columns], index=lora.index
+        )
 
 
 def _rope_table(config: PretrainedConfig, max_positions: int, device) -> torch.Tensor:

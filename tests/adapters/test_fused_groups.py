@@ -1,4 +1,4 @@
-"""Fused module groups: one shrink and one expand apply q/k/v (or gate/up) adapters at once."""
+"""Fused module groups: each module of q/k/v (or gate/up) adds its adapter to its own columns."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def per_module_reference(adapters, slots, layer, members, spec, x):
     return torch.cat(columns, dim=1)
 
 
-def test_group_weights_apply_every_module_to_its_own_columns(spec, make_adapter):
+def test_module_weights_apply_every_module_to_its_own_columns(spec, make_adapter):
     made = {
         "qv": dict(rank=4, targets=["q_proj", "v_proj", "up_proj"]),
         "all": dict(rank=8, targets=list(spec.modules)),
@@ -50,27 +50,30 @@ def test_group_weights_apply_every_module_to_its_own_columns(spec, make_adapter)
     for layer in range(spec.num_layers):
         for group, members in cache.groups.items():
             d_in = spec.modules[members[0]][0]
-            a, b = cache.group_weights(layer, group, rank)
-            assert a.shape == (3, rank * len(members), d_in)
+            views = cache.module_weights(layer, group, rank)
+            assert [a.shape for a, _, _ in views] == [(3, rank, d_in)] * len(members)
+            width = sum(spec.modules[module][1] for module in members)
+            assert views[-1][2].stop == width
             x = torch.randn(slots.shape[0], d_in)
-            out = torch.zeros(slots.shape[0], b.shape[1])
-            y = kernels.lora_shrink(x, a, slots, index=index)
-            kernels.lora_expand(y, b, slots, cache.scales, out, index=index)
+            out = torch.zeros(slots.shape[0], width)
+            for a, b, columns in views:
+                kernels.lora_apply(x, a, b, slots, cache.scales, out[:, columns], index=index)
             expected = per_module_reference(adapters, slots, layer, members, spec, x)
             assert torch.allclose(out.double(), expected, atol=1e-5), (layer, group)
 
 
-def test_group_weights_are_views_of_the_slot_stacks(spec, make_adapter):
+def test_module_weights_are_views_of_the_slot_stacks(spec, make_adapter):
     cache = AdapterCache(spec, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
-    a, b = cache.group_weights(0, "qkv_proj", 4)
+    views = cache.module_weights(0, "qkv_proj", 4)
     cache.acquire(LoRARequest("x", 1, str(make_adapter("x", rank=4, targets=["k_proj"]))), set())
-    k_out = slice(spec.modules["q_proj"][1], spec.modules["q_proj"][1] + spec.modules["k_proj"][1])
-    # Rank-major, module-minor: k is module 1 of 3, so its rank rows are 1, 4, 7, 10.
-    k_rows = [1, 4, 7, 10]
-    assert a[0, k_rows].any() and not a[0, [0, 2, 3, 5]].any()
-    assert b[0, k_out][:, k_rows].any()
-    other = [c for c in range(b.shape[1]) if not k_out.start <= c < k_out.stop]
-    assert not b[0, other].any(), "output columns of q and v must not read k's rank rows"
+    (q_a, q_b, q_cols), (k_a, k_b, k_cols), (v_a, v_b, _) = views
+    q_out, k_out = spec.modules["q_proj"][1], spec.modules["k_proj"][1]
+    assert q_cols == slice(0, q_out) and k_cols == slice(q_out, q_out + k_out)
+    # The views made before the load see it: the storage never moved.
+    assert k_a[0].any() and k_b[0].any()
+    assert not (q_a.any() or q_b.any() or v_a.any() or v_b.any()), "only k's weights were given"
+    assert not k_a[1].any(), "slot 1 is empty"
+    assert cache.module_weights(0, "qkv_proj", 4) is views, "views are made once"
 
 
 @pytest.mark.parametrize(
