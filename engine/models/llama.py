@@ -18,8 +18,8 @@ from loragate.engine.cpu_features import bf16_support
 from loragate.engine.forward_batch import ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 
-# Projections computed here as one matmul on one input, in column order. Their adapters share
-# one shrink and one expand per layer, which at decode sizes costs little more than one module.
+# Projections computed here as one matmul on one input, in column order. Each module's adapter
+# adds to its own columns of the fused output (adapters/slots.py says why not one call each).
 LORA_FUSED_GROUPS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
