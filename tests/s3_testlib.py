@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from services_testlib import free_port
 
 
 class S3Server:
@@ -71,7 +65,7 @@ def _moto_command() -> list[str]:
 
 @contextmanager
 def s3_server():
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*_moto_command(), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

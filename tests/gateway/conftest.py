@@ -9,7 +9,8 @@ import uuid
 import pytest
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, make_tiny_model_dir
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, flush_namespace, require_redis
+from services_testlib import flush_namespace, require_redis
+from tenancy_testlib import ADMIN_KEY
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
@@ -104,14 +105,14 @@ def tenant_root(tmp_path_factory, tiny_hf):
 
 @pytest.fixture(scope="session")
 def redis_url():
-    return require_redis()
+    return require_redis(who="The gateway's replica and tenancy tests")
 
 
 @pytest.fixture
 def redis_namespace(redis_url):
     namespace = f"test-gateway-{uuid.uuid4().hex}"
     yield namespace
-    flush_namespace(redis_url, namespace)
+    flush_namespace(namespace, redis_url)
 
 
 @pytest.fixture

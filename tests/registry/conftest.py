@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import redis
-from registry_testlib import REDIS_URL, Backend, FakeClock, flush_namespace
+from registry_testlib import Backend, FakeClock
+from services_testlib import REDIS_URL, flush_namespace, require_redis
 
 from loragate.registry.memory import MemoryRegistryStore
 from loragate.registry.redis_store import RedisRegistryStore
@@ -20,16 +20,7 @@ from loragate.registry.redis_store import RedisRegistryStore
 
 @pytest.fixture
 def redis_namespace():
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except (redis.exceptions.ConnectionError, OSError) as exc:
-        pytest.fail(
-            f"Redis is not reachable at {REDIS_URL} ({exc}). The registry contract tests run "
-            "against a real redis-server: start one (.ci/run does) and run them again."
-        )
-    finally:
-        client.close()
+    require_redis(REDIS_URL, who="The registry contract tests")
     namespace = f"test-registry-{uuid.uuid4().hex}"
     yield namespace
     flush_namespace(namespace)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import msgspec
 import redis
+from services_testlib import REDIS_URL
 
 from loragate.registry import (
     AdapterSpec,
@@ -16,7 +17,6 @@ from loragate.registry import (
     RegistryStore,
 )
 
-REDIS_URL = "redis://127.0.0.1:6379"
 EVENT_DEADLINE_S = 1.0  # the bound for a replica to see a change
 
 
@@ -85,14 +85,6 @@ def _strings_in(obj, seen: set[int]) -> list[str]:
     else:
         return []
     return [s for item in items for s in _strings_in(item, seen)]
-
-
-def flush_namespace(namespace: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{namespace}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def spec(name: str = "sql", tenant: str | None = None, **overrides) -> AdapterSpec:

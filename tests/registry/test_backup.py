@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 import redis
-from registry_testlib import REDIS_URL, flush_namespace, spec
+from registry_testlib import spec
+from services_testlib import REDIS_URL, flush_namespace
 
 from loragate.registry import TenantQuota, UsageCounts
 from loragate.registry.backup import (

@@ -7,11 +7,10 @@ import msgspec
 import pytest
 import redis
 from registry_testlib import (
-    REDIS_URL,
-    flush_namespace,
     next_event,
     spec,
 )
+from services_testlib import REDIS_URL, flush_namespace
 
 from loragate.registry import (
     AdapterMetadata,

@@ -8,12 +8,9 @@ redis-server on a free port, so the shared one on 6379 is never stopped.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
+from services_testlib import PrivateRedis
 
 from loragate.registry import AdapterSpec, ChangeEvent, ChangeKind, RegistryUnavailable, TenantQuota
 from loragate.registry.redis_store import RedisRegistryStore
@@ -96,41 +93,6 @@ async def test_a_silent_server_times_out_as_unavailable():
         await store.record_usage("acme", None, prompt_tokens=1, completion_tokens=1)
     await store.close()
     server.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, without persistence: a restart comes back empty."""
-
-    def __init__(self):
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            pytest.fail("redis-server is not on PATH: install it (.ci/run does) to run this test")
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        pytest.fail(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ import ray  # the `ray` extra, in `dev`
 from gateway_testlib import TARGETS, wait_until
 from s3_testlib import environment, s3_server
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api
 from test_adapter_upload import generated, parts_of, upload
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
 
@@ -61,7 +62,7 @@ def deployment(s3, tiny_dir, redis_url, cache):
         yield server, bucket
     finally:
         server.stop()
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
     assert not ray.is_initialized(), "the local Ray cluster outlived the server"
 
 

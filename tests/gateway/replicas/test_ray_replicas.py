@@ -21,7 +21,8 @@ import ray  # the `ray` extra, in `dev`: CI fails here rather than skip without 
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, metrics, wait_until
 from route_matrix_testlib import route_matrix
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace, requests_naming_an_adapter
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api, requests_naming_an_adapter
 
 from loragate.gateway import GatewaySettings
 from loragate.gateway.replicas.cluster import RayReplicas
@@ -64,7 +65,7 @@ def deployment(tiny_dir, ray_root, redis_url):
         yield server
     finally:
         server.stop()  # drains the replicas and stops the local Ray cluster
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
     assert not ray.is_initialized(), "the local Ray cluster outlived the server"
 
 

@@ -15,7 +15,7 @@ from loragate.engine import AsyncLLMEngine, EngineClient
 from loragate.gateway.replicas.replicated_engine import ReplicatedEngine
 
 IMPLEMENTATIONS = [AsyncLLMEngine, ReplicatedEngine]
-GATEWAY = pathlib.Path(__file__).resolve().parents[2] / "gateway"
+GATEWAY = pathlib.Path(__file__).resolve().parents[3] / "gateway"
 
 
 def protocol_members() -> dict[str, object]:

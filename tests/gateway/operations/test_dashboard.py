@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_testlib import ADAPTER_NAMES
-from tenancy_testlib import ADMIN_KEY, Api, PrivateRedis
+from services_testlib import PrivateRedis
+from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.gateway.operations.minute_window import MinuteWindow
 

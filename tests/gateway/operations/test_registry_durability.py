@@ -31,12 +31,13 @@ import httpx
 from click.testing import CliRunner
 from gateway_testlib import metrics, wait_until
 from servers_testlib import CLI_MODULE, ServeProcess, start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, PrivateRedis
+from services_testlib import PrivateRedis
+from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.gateway.operations.cli import main
 from loragate.registry.redis_store import RedisRegistryStore
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/gateway: its testlibs and test plugin
 PROMPT = "Tell me a story about"
 
 

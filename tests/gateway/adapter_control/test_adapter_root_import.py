@@ -14,7 +14,8 @@ import uuid
 import pytest
 from gateway_testlib import TARGETS, wait_until
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api
 from test_adapter_upload import generated
 from tiny_llama import make_adapters
 
@@ -50,7 +51,7 @@ def setup(tiny_dir, redis_url, tmp_path_factory, files):
     finally:
         for server in servers:
             server.stop()
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
 
 
 def stored(store) -> set[str]:

@@ -161,7 +161,7 @@ def test_lora_requests_info_names_running_and_waiting_adapters_mid_run(start_ser
 
 def test_the_grafana_dashboard_reads_only_series_the_server_exports(mixed):
     url, base, plan, m = mixed
-    path = Path(__file__).parents[2] / "examples" / "grafana" / "loragate-dashboard.json"
+    path = Path(__file__).parents[3] / "examples" / "grafana" / "loragate-dashboard.json"
     dashboard = json.loads(path.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     names = {n for e in exprs for n in re.findall(r"(vllm:[a-z_:]+|loragate_[a-z_]+)", e)}

@@ -15,7 +15,8 @@ import pytest
 from gateway_testlib import TARGETS, wait_until
 from s3_testlib import environment, s3_server
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api
 from test_adapter_upload import CONFIG, WEIGHTS, generated, parts_of, upload
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
 
@@ -65,7 +66,7 @@ def gateways(s3, bucket, tiny_dir, redis_url, tmp_path_factory):
     finally:
         for server in servers:
             server.stop()
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
 
 
 def sees(api: Api, name: str) -> None:

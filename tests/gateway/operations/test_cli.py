@@ -14,7 +14,7 @@ import openai
 import pytest
 from click.testing import CliRunner
 from servers_testlib import ServeProcess
-from tenancy_testlib import flush_namespace
+from services_testlib import flush_namespace
 
 from loragate.engine import EngineConfig
 from loragate.gateway import GatewaySettings
@@ -356,7 +356,7 @@ def test_serve_process_with_redis_and_admin_key_from_the_environment(tiny_dir, r
         assert health["registry"]["backend"] == redis_url  # the operator
     finally:
         server.stop()
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
     log = "".join(server.stderr)
     assert admin not in log and created.json()["api_key"] not in log
 

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from gateway_testlib import metrics, wait_until
-from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api, PrivateRedis
+from services_testlib import PrivateRedis
+from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api
 
 WRITE_STATUS_WHILE_DOWN = 503
 

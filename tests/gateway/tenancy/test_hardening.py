@@ -27,7 +27,8 @@ from hardening_testlib import (
     timed_request,
 )
 from servers_testlib import tiny_settings
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.adapters.json_depth import MAX_JSON_DEPTH
 from loragate.gateway import BackgroundServer
@@ -83,7 +84,7 @@ def server(tiny_dir, root, redis_url):
     )
     with BackgroundServer(settings) as running:
         yield running
-    flush_namespace(redis_url, namespace)
+    flush_namespace(namespace, redis_url)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ import torch
 from gateway_testlib import TARGETS, wait_until
 from safetensors.torch import load_file, save
 from servers_testlib import start_tiny_server
-from tenancy_testlib import ADMIN_KEY, Api, flush_namespace
+from services_testlib import flush_namespace
+from tenancy_testlib import ADMIN_KEY, Api
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
 
 from loragate.gateway import GatewaySettings
@@ -69,7 +70,7 @@ def server(tiny_dir, cache, redis_url, root):
         yield running
     finally:
         running.stop()
-        flush_namespace(redis_url, namespace)
+        flush_namespace(namespace, redis_url)
 
 
 @pytest.fixture(scope="module")
