@@ -42,7 +42,7 @@ import torch
 from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
-from loragate.adapters.eviction import ChooseVictim, lru_victim, resolve_victim
+from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
 from loragate.adapters.identity import IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
@@ -308,8 +308,15 @@ class AdapterCache(CacheReports):
         ]
         if not candidates:
             return None
-        key = resolve_victim(self._choose_victim(candidates, "device"), candidates, "device")
+        key = self._victim(candidates, "device")
         return next(owner for owner in self._slot_of if self._usage.key(owner) == key)
+
+    def _victim(self, candidates: list[dict], tier: str) -> tuple:
+        """The key of the candidate the eviction policy names (a ValueError if none)."""
+        try:
+            return victim_key(self._choose_victim(candidates, tier), candidates, tier)
+        except ValueError as exc:
+            raise ValueError(f"choose_victim {exc}") from None
 
     # -- CPU tier ---------------------------------------------------------------------
     def identity_in_cpu(self, request: LoRARequest) -> WeightsIdentity | None:
@@ -387,7 +394,7 @@ class AdapterCache(CacheReports):
             candidates = [
                 self._usage.candidate(held, self._slot_of.get(held)) for held in droppable
             ]
-            key = resolve_victim(self._choose_victim(candidates, "cpu"), candidates, "cpu")
+            key = self._victim(candidates, "cpu")
             victim = next(held for held in droppable if self._usage.key(held) == key)
             del self._cpu[victim]
             self._forget_usage_if_gone(victim)

@@ -14,29 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loragate.plugins.builtin.eviction import lru_victim
+from loragate.plugins.builtin.eviction import lru_victim, victim_key
 
-__all__ = ["ChooseVictim", "lru_victim", "resolve_victim"]
+__all__ = ["ChooseVictim", "lru_victim", "victim_key"]
 
 ChooseVictim = Callable[[list[dict], str], object]
-
-
-def resolve_victim(choice, candidates: list[dict], tier: str) -> tuple:
-    """The key of the candidate ``choice`` designates; a ValueError for a bad answer."""
-    if isinstance(choice, dict):
-        choice = choice.get("key")
-    if isinstance(choice, list):
-        choice = tuple(choice)
-    keys = [c["key"] for c in candidates]
-    if isinstance(choice, tuple) and choice in keys:
-        return choice
-    if isinstance(choice, str):
-        named = [c["key"] for c in candidates if c["name"] == choice]
-        if len(named) == 1:
-            return named[0]
-        if len(named) > 1:
-            raise ValueError(
-                f"choose_victim returned name {choice!r}, which {len(named)} {tier} candidates "
-                "share: return the candidate's key instead"
-            )
-    raise ValueError(f"choose_victim returned {choice!r}, which is not a {tier} candidate")

@@ -46,26 +46,6 @@ def checked_tokens(tokens, logits: torch.Tensor, plugin_name: str, where: str) -
     raise PluginError(plugin_name, f"{where} {problem}")
 
 
-def resolve_adapter_choice(choice, candidates: list[dict], tier: str, plugin_name: str):
-    """The candidate key ``choice`` designates: a key, a candidate dict, or a unique name."""
-    if isinstance(choice, dict):
-        choice = choice.get("key")
-    if isinstance(choice, list):
-        choice = tuple(choice)
-    keys = [c["key"] for c in candidates]
-    if choice in keys:
-        return choice
-    named = [c["key"] for c in candidates if c.get("name") == choice]
-    if len(named) == 1:
-        return named[0]
-    detail = f"which {len(named)} candidates share" if named else "which is not a candidate"
-    raise PluginError(
-        plugin_name,
-        f"plugin {plugin_name!r}: loragate_choose_adapter_victim returned {choice!r} for the "
-        f"{tier} tier, {detail}: return a candidate's 'key'",
-    )
-
-
 def spec_names() -> set[str]:
     return {name for name in vars(hookspecs) if name.startswith(HOOK_PREFIX)}
 

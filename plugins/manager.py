@@ -25,10 +25,10 @@ from loragate.plugins.answers import (
     describe,
     lookup,
     named_value_problem,
-    resolve_adapter_choice,
     spec_names,
 )
 from loragate.plugins.builtin import builtin_plugins
+from loragate.plugins.builtin.eviction import victim_key
 from loragate.plugins.errors import PluginError, PluginLoadError
 from loragate.plugins.loading import discover_entry_points, load_entry_point, load_reference
 from loragate.plugins.markers import PROJECT_NAME
@@ -241,7 +241,12 @@ class PluginManager:
         plugin_name, choice = self._first(
             "loragate_choose_adapter_victim", candidates=candidates, tier=tier
         )
-        return resolve_adapter_choice(choice, candidates, tier, plugin_name)
+        try:
+            return victim_key(choice, candidates, tier)
+        except ValueError as exc:
+            raise PluginError(
+                plugin_name, f"plugin {plugin_name!r}: loragate_choose_adapter_victim {exc}"
+            ) from None
 
     def choose_preemption_victim(self, running: list[dict]):
         """The request_id of the sequence group to preempt (built-in: the newest)."""

@@ -18,6 +18,31 @@ def lru_victim(candidates: list[dict], tier: str):
     return min(unpinned, key=lambda c: c["last_used"])["key"]
 
 
+def victim_key(choice, candidates: list[dict], tier: str) -> tuple:
+    """The key of the candidate an eviction policy's ``choice`` designates: a key (tuple or
+    list), a candidate dict, or a name no other candidate has. A ValueError says why any
+    other answer is unusable. The one reading of a policy's answer: the plugin manager's and
+    the adapter cache's."""
+    if isinstance(choice, dict):
+        choice = choice.get("key")
+    if isinstance(choice, list):
+        choice = tuple(choice)
+    keys = [c["key"] for c in candidates]
+    if isinstance(choice, tuple) and choice in keys:
+        return choice
+    named = (
+        [c["key"] for c in candidates if c.get("name") == choice] if isinstance(choice, str) else []
+    )
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise ValueError(
+            f"returned name {choice!r}, which {len(named)} candidates for the {tier} tier "
+            "share: return the candidate's 'key'"
+        )
+    raise ValueError(f"returned {choice!r}, which is not a candidate for the {tier} tier")
+
+
 class LruEviction:
     """Registered last: any plugin's eviction policy is asked first."""
 

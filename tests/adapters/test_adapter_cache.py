@@ -285,7 +285,7 @@ def test_choose_victim_gets_plain_data(spec, adapters):
 def test_choose_victim_bad_answer_is_a_clear_error(spec, adapters):
     cache = make_cache(spec, max_loras=1, choose_victim=lambda candidates, tier: "nobody")
     cache.acquire(adapters["a"], set())
-    with pytest.raises(ValueError, match="not a device candidate"):
+    with pytest.raises(ValueError, match="not a candidate for the device tier"):
         cache.acquire(adapters["b"], set())
     assert cache.resident() == {0: adapters["a"]}
 
