@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from loragate.engine.grammar_masks import GrammarMasks
 from loragate.engine.sampler import Sampler, SampleResult, SamplingRow
 from loragate.engine.sequence import Sequence
 from loragate.plugins import PluginError, PluginManager
@@ -18,37 +19,48 @@ class SampleDispatcher:
     def __init__(self, sampler: Sampler, plugins: PluginManager):
         self.sampler = sampler
         self.plugins = plugins
+        self.grammar_masks = GrammarMasks()
 
     def apply_logits_processors(
         self, seqs: list[Sequence], logits, results: list, in_place: bool = False
     ) -> torch.Tensor:
         """Each request's plugin processors; a failure is stored in results[i]. With
         `in_place` they work on the rows of `logits` itself (nobody needs the raw values
-        after them); otherwise on a copy."""
+        after them); otherwise on a copy. Rows whose only processor is a grammar mask (it
+        has `fill_bitmask`) share one bitmask, applied to all of them in one call."""
         if not any(s.request.logits_processors for s in seqs):
             return logits
         if not in_place:
             logits = logits.clone()  # processors may change their rows in place
+        masked: list[int] = []
         for i, seq in enumerate(seqs):
-            if seq.request.logits_processors:
-                row = logits[i]
-                try:
-                    result = self.plugins.apply_logits_processors(
-                        seq.request.logits_processors, seq.output_token_ids, row
-                    )
-                except PluginError as exc:
-                    results[i] = exc
-                    continue
-                if result.data_ptr() != row.data_ptr():
-                    row.copy_(result)
+            processors = seq.request.logits_processors
+            if not processors:
+                continue
+            if len(processors) == 1 and hasattr(processors[0].fn, "fill_bitmask"):
+                masked.append(i)
+                continue
+            row = logits[i]
+            try:
+                result = self.plugins.apply_logits_processors(processors, seq.output_token_ids, row)
+            except PluginError as exc:
+                results[i] = exc
+                continue
+            if result.data_ptr() != row.data_ptr():
+                row.copy_(result)
+        if masked:
+            self.grammar_masks.apply_(seqs, masked, logits, results)
         return logits
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
         """One SampleResult (or the exception that failed it) per sequence."""
         results: list = [None] * len(seqs)
-        # Plugin samplers report logprobs of the raw logits: they need them unmasked. Without
-        # one, processors mask the step's own logits (no vocabulary-sized copy per step).
-        raw_needed = any(seq.request.params.sampler is not None for seq in seqs)
+        # Plugin samplers report logprobs of the raw logits: a row that has both keeps them
+        # unmasked in a copy. Otherwise processors mask the step's own logits in place (no
+        # vocabulary-sized copy per step; rows no processor touches are not copied at all).
+        raw_needed = any(
+            seq.request.params.sampler is not None and seq.request.logits_processors for seq in seqs
+        )
         processed = self.apply_logits_processors(seqs, logits, results, in_place=not raw_needed)
         by_sampler: dict[str | None, list[int]] = {}
         for i, seq in enumerate(seqs):

@@ -17,7 +17,7 @@ from .norm import add_rms_norm, rms_norm
 from .omp_runtime import release_thread_pool, use_one_thread
 from .prefill_attention import paged_prefill_attention
 from .rope import apply_rope, apply_rope_
-from .token_mask import apply_token_mask_
+from .token_mask import apply_token_mask_, apply_token_masks_
 
 __all__ = [
     "LoraIndex",
@@ -26,6 +26,7 @@ __all__ = [
     "apply_rope",
     "apply_rope_",
     "apply_token_mask_",
+    "apply_token_masks_",
     "lora_apply",
     "lora_expand",
     "lora_index",

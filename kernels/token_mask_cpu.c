@@ -22,3 +22,15 @@
 
 DEFINE_MASK(token_mask_f32, float, -INFINITY)
 DEFINE_MASK(token_mask_bf16, uint16_t, 0xff80u)
+
+/* The same for several rows of a [n, stride] batch in one call: row rows[r] takes the r-th
+ * mask (num_words words each); the batch's other rows are not touched. */
+#define DEFINE_MASK_ROWS(NAME, ROW, E)                                                       \
+    void NAME(E *logits, int64_t vocab, int64_t stride, const uint32_t *words,               \
+              int64_t num_words, const int64_t *rows, int64_t num_rows) {                    \
+        for (int64_t r = 0; r < num_rows; ++r)                                              \
+            ROW(logits + rows[r] * stride, vocab, words + r * num_words, num_words);        \
+    }
+
+DEFINE_MASK_ROWS(token_masks_f32, token_mask_f32, float)
+DEFINE_MASK_ROWS(token_masks_bf16, token_mask_bf16, uint16_t)

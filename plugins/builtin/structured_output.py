@@ -138,12 +138,17 @@ class GrammarProcessor:
         self._mask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # refilled each step
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-        prefix = tuple(output_token_ids)
-        matcher = self._matcher_for(prefix)
-        llguidance.torch.fill_next_token_bitmask(matcher, self._mask, 0)
+        self.fill_bitmask(output_token_ids, self._mask, 0)
         # The engine hands processors a row of its own copy of the step's logits: masking it
         # in place spares a vocabulary-sized allocation per request and step.
         return kernels.apply_token_mask_(logits, self._mask[0])
+
+    def fill_bitmask(self, output_token_ids: list[int], bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed after `output_token_ids` into row `row` of an int32
+        bitmask: the engine fills one for all its constrained rows and applies it in one
+        call (engine/grammar_masks.py)."""
+        matcher = self._matcher_for(tuple(output_token_ids))
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
 
     def _matcher_for(self, prefix: tuple[int, ...]) -> llguidance.LLMatcher:
         matcher = self._by_prefix.get(prefix)
