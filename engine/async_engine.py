@@ -24,7 +24,7 @@ from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
 from loragate.engine import engine_stats
-from loragate.engine.adapter_loads import loader_pool
+from loragate.engine.adapter_residency import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.engine_info import EngineStats, ModelInfo, runtime_info

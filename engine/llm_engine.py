@@ -2,7 +2,7 @@
 
 `step()` is schedule, run, postprocess. Everything a request can get wrong is checked in
 `add_request`, before any KV block is touched. Adapter weights not in memory are read on
-loader threads (engine/adapter_loads.py) while the step goes on without their requests.
+loader threads (engine/adapter_residency.py) while the step goes on without their requests.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.engine import beam_search, engine_stats, sizing
-from loragate.engine.adapter_loads import AdapterLoads, make_adapter_cache
+from loragate.engine.adapter_residency import AdapterResidency, make_adapter_cache
 from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
@@ -86,7 +86,7 @@ class LLMEngine:
             self.adapters = make_adapter_cache(
                 spec, config, self.plugins, self.model, steps_running=self._steps_running
             )
-        self.adapter_loads = AdapterLoads(self.adapters) if self.adapters is not None else None
+        self.residency = AdapterResidency(self.adapters) if self.adapters is not None else None
         self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
         log.info("step budget: %s", self.step_budget.describe())
         self.step_records = StepRecords()  # what each step ran (tests assert on it)
@@ -96,7 +96,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=self.step_budget.tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            adapter_slots=self.adapter_loads,
+            adapter_slots=self.residency,
             swapper=self.swapper,
             choose_preemption_victim=preemption_victim(self.plugins.choose_preemption_victim),
             admission_order=AdmissionOrder(
@@ -194,8 +194,7 @@ class LLMEngine:
         self._events.append((True, request))
         self.fair_share.arrive(request, tenant_weight)
         if adapter_identity is not None:  # its weights stay loadable until it ends
-            self.adapters.hold(adapter_identity)
-            self.adapter_loads.start(request)  # unless they are in memory already
+            self.residency.hold(request)
         self.num_prompt_tokens += len(token_ids)
         self.plugins.request_started(request_info(request))
         return request
@@ -234,7 +233,7 @@ class LLMEngine:
         if request is not None:
             self.fair_share.leave(request)
         if request is not None and request.adapter_identity is not None:
-            self.adapters.release(request.adapter_identity)
+            self.residency.release(request)
         return request
 
     def _steps_running(self) -> bool:
@@ -261,15 +260,15 @@ class LLMEngine:
     def step_tokens(self) -> StepOutput:
         """Schedule, run, postprocess: each touched request's new token ids, before any
         text (engine/step_output.py)."""
-        if self.adapter_loads is not None:
-            self.adapter_loads.new_step()
+        if self.residency is not None:
+            self.residency.new_step()
         start = time.perf_counter()
         clock = StepClock()
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
-            if not failed and self.adapter_loads is not None:
-                self.adapter_loads.wait(timeout=0.05)  # all that is left waits on a load
+            if not failed and self.residency is not None:
+                self.residency.wait(timeout=0.05)  # all that is left waits on a load
             return self.step_output(failed)
         mark_scheduled(scheduled)
         clock.lap("schedule")
@@ -436,7 +435,7 @@ class LLMEngine:
                     f"request names LoRA adapter {lora_request.lora_name!r} "
                     "but the engine was started without enable_lora=True"
                 )
-            return identity or self.adapters.preload(lora_request).identity
+            return self.residency.admit(lora_request, identity)
         return None
 
     def add_adapter(self, lora_request: LoRARequest):

@@ -7,7 +7,7 @@ streams already decoding. Waiting prompts go in the `admission_order` (the sched
 policy's: shortest prefill first by default, fair shares between tenants with `fair`).
 When blocks run out, a victim (the built-in plugin's choice, newest first, unless another
 plugin says otherwise) is preempted: swapped to CPU, or dropped and recomputed
-later. A request whose adapter weights are still loading (engine/adapter_loads.py) waits
+later. A request whose adapter weights are still loading (engine/adapter_residency.py) waits
 without holding up the others.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loragate.engine.adapter_loads import AdapterNotReady
+from loragate.engine.adapter_residency import AdapterNotReady
 from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.plugin_data import preemption_victim

@@ -1,4 +1,9 @@
-"""Adapter weights come into memory on loader threads, never on the engine's step.
+"""An adapter's weights in the engine, one owner: admission, holds, loads, slots.
+
+A request naming an adapter is admitted under the weights its files hold then (resolved once:
+a stat when a loader read them already, otherwise a read), and holds them until it ends, so
+files changed in place never swap weights under it. Weights come into memory on loader
+threads, never on the engine's step.
 
 The scheduler takes a device slot only for weights already in memory (the CPU tier or a
 slot). A request whose weights are not there waits in the queue while a loader thread reads
@@ -48,8 +53,10 @@ def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=use_one_thread)
 
 
-class AdapterLoads:
-    """The scheduler's door to the adapter cache's device slots."""
+class AdapterResidency:
+    """The engine's one owner of adapter weights: what a request is admitted under, the
+    holds that keep those weights until it ends, the loads on loader threads, and the
+    scheduler's door to the device slots. The tiers themselves are the AdapterCache's."""
 
     def __init__(self, cache: AdapterCache, workers: int = LOADER_THREADS):
         self.cache = cache
@@ -57,6 +64,22 @@ class AdapterLoads:
         self._loads: dict[WeightsIdentity, Future] = {}
         self._lock = threading.Lock()
         self._copied_this_step = False
+
+    def admit(self, lora_request, identity: WeightsIdentity | None) -> WeightsIdentity:
+        """The weights a request naming ``lora_request`` runs with: ``identity`` when a
+        loader resolved them already (the async engine's way), otherwise the files as they
+        are now (one stat when unchanged since read). AdapterError for a bad adapter."""
+        return identity or self.cache.preload(lora_request).identity
+
+    def hold(self, request: Request) -> None:
+        """``request`` was admitted: its weights stay loadable until it ends, and start
+        loading now unless they are in memory."""
+        self.cache.hold(request.adapter_identity)
+        self.start(request)
+
+    def release(self, request: Request) -> None:
+        """``request`` ended: its weights may age out."""
+        self.cache.release(request.adapter_identity)
 
     def new_step(self) -> None:
         """The engine starts a step: one adapter may be copied into a slot again."""
