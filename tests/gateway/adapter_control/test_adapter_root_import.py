@@ -16,8 +16,8 @@ from gateway_testlib import TARGETS, wait_until
 from servers_testlib import start_tiny_server
 from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api
-from test_adapter_upload import generated
 from tiny_llama import make_adapters
+from uploads_testlib import generated
 
 
 @pytest.fixture(scope="module")

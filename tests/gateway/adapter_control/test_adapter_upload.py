@@ -28,11 +28,9 @@ from servers_testlib import start_tiny_server
 from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
+from uploads_testlib import CONFIG, WEIGHTS, N, generated, parts_of, upload
 
 from loragate.gateway import GatewaySettings
-
-CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-N = 8
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +85,6 @@ def named_tenant(admin: Api, **quota) -> tuple[str, Api]:
     return name, admin.as_key(admin.create_tenant(name, **quota))
 
 
-def upload(api: Api, name: str, parts: dict[str, bytes], **fields) -> httpx.Response:
-    files = {part: (part, data, "application/octet-stream") for part, data in parts.items()}
-    data = {"name": name, **{k: str(v).lower() for k, v in fields.items()}}
-    return api.request("POST", "/v1/adapters", files=files, data=data)
-
-
-def parts_of(directory: Path) -> dict[str, bytes]:
-    return {CONFIG: (directory / CONFIG).read_bytes(), WEIGHTS: (directory / WEIGHTS).read_bytes()}
-
-
 def objects(cache: Path) -> set[str]:
     store = cache / "store"
     return (
@@ -111,25 +99,6 @@ def leftovers(cache: Path) -> list[str]:
         if folder.exists():
             found += [p.name for p in folder.iterdir() if p.name.startswith(".")]
     return found
-
-
-def generated(api: Api, adapter: str) -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy ids) of TGI's /generate with the adapter."""
-    got = api.post(
-        "/generate",
-        {
-            "inputs": "Hello world",
-            "parameters": {
-                "adapter_id": adapter,
-                "max_new_tokens": N,
-                "details": True,
-                "decoder_input_details": True,
-            },
-        },
-    )
-    assert got.status_code == 200, got.text
-    details = got.json()["details"]
-    return [t["id"] for t in details["prefill"]], [t["id"] for t in details["tokens"]]
 
 
 def test_upload_serves_peft_output_stores_bytes_once_and_names_stay_private(

@@ -19,8 +19,8 @@ from s3_testlib import environment, s3_server
 from servers_testlib import start_tiny_server
 from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api
-from test_adapter_upload import generated, parts_of, upload
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
+from uploads_testlib import generated, parts_of, upload
 
 pytestmark = pytest.mark.ray
 
