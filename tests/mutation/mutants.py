@@ -45,6 +45,15 @@ ROW_SLOTS = "[item.seq.lora_slot for item in items]"
 RETURN_BATCH = "    return batch, sampled\n"
 MAKE_BATCH = "    batch = ForwardBatch(\n"
 
+OUTPUTS = "loragate.engine.output_processor"
+MASKS = "loragate.engine.grammar_masks"
+STREAMED = (
+    "tests/engine/test_output_processing.py::test_streamed_text_and_stops_equal_the_step_threads"
+)
+ONE_CALL_ROWS = (
+    "tests/engine/test_grammar_masks.py::"
+    "test_several_constrained_rows_take_one_call_and_free_rows_are_untouched"
+)
 STAGGERED = "tests/engine/test_staggered_equality.py::"
 PREEMPT_SWAP = STAGGERED + "test_preemption_under_tight_kv_matches_hf[swap]"
 JOINING = STAGGERED + "test_requests_joining_running_decodes_match_hf"
@@ -233,6 +242,45 @@ MUTANTS = [
             ),
         ),
         first=CHUNKED,
+    ),
+    Mutant(
+        "stop_string_not_sent_to_engine",
+        "a sample stopped by a stop string beside the step is never stopped in the engine",
+        (
+            Patch(
+                OUTPUTS,
+                "OutputProcessor._take",
+                "return by_token is None and tokens.finish_reason is None",
+                "return False",
+            ),
+        ),
+        first=STREAMED,
+    ),
+    Mutant(
+        "tokens_after_stop_kept",
+        "tokens the step took after a stop string join the finished sample's output",
+        (
+            Patch(
+                OUTPUTS,
+                "OutputProcessor._process_request",
+                "if not sample.finished and self._take(",
+                "if self._take(",
+            ),
+        ),
+        first=STREAMED,
+    ),
+    Mutant(
+        "grammar_masks_on_wrong_rows",
+        "the step's constrained rows take each other's grammar masks",
+        (
+            Patch(
+                MASKS,
+                "GrammarMasks.apply_",
+                "index = torch.tensor(filled, dtype=torch.int64)",
+                "index = torch.tensor(filled[::-1], dtype=torch.int64)",
+            ),
+        ),
+        first=ONE_CALL_ROWS,
     ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}
