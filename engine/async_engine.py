@@ -337,7 +337,7 @@ class AsyncLLMEngine:
         processor = self.engine.output_processor
         try:
             while (step := self._steps.get()) is not None:
-                outputs, stops = processor.process(step)
+                outputs, stops = processor.process(step, answer_aborts=True)
                 if stops:  # before the outputs: a caller that sees its request end may reuse its id
                     self._inbox.put(_Stop(stops))
                 for request, out in outputs:
@@ -381,8 +381,9 @@ class AsyncLLMEngine:
             if not resolve(item.loop, item.accepted, result=None):
                 self._caller_gone(item.request_id)
         elif isinstance(item, _Abort):
+            # Its stream stays until its last output (finished by the abort, or by the step
+            # before it) reaches the caller, who may still be waiting on it.
             self.engine.abort_request(item.request_id)
-            self._streams.pop(item.request_id, None)
         elif isinstance(item, _Stop):
             self.engine.stop_sequences(item.stops)
         elif isinstance(item, _Call):

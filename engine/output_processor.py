@@ -108,16 +108,20 @@ class OutputProcessor:
         )
 
     def process(
-        self, step: StepOutput
+        self, step: StepOutput, answer_aborts: bool = False
     ) -> tuple[list[tuple[Request, RequestOutput]], list[SeqStop]]:
         """The step's outputs, each with the request it answers, and the samples the step
-        thread should stop."""
+        thread should stop. With ``answer_aborts`` (a caller may still be waiting on the
+        request: the async engine), a request aborted since the last step gets a last
+        output, finished with "abort" (vLLM's AsyncLLM answers an abort so)."""
+        outputs: list[tuple[Request, RequestOutput]] = []
         for added, request in step.events:
             if added:
                 self._add(request)
-            elif self._state(request) is not None:
+            elif (state := self._state(request)) is not None:
                 del self.states[request.request_id]
-        outputs: list[tuple[Request, RequestOutput]] = []
+                if answer_aborts:
+                    outputs.append((request, self._aborted(state)))
         stops: list[SeqStop] = []
         for record in step.requests:
             state = self._state(record.request)
@@ -168,6 +172,21 @@ class OutputProcessor:
         if finished:
             del self.states[state.request.request_id]
         return out
+
+    def _aborted(self, state: RequestText) -> RequestOutput:
+        """The last output of an aborted request: what it had, its open samples ended with
+        "abort"."""
+        for sample in state.samples:
+            if not sample.finished:
+                sample.finish_reason, sample.stop_reason = "abort", None
+        state.step_finished = True
+        try:
+            return request_output(state, self.tokenizer, self.eos_token_ids, True)
+        except Exception as exc:  # e.g. a beam search stopped before it had beams
+            state.error, state.error_type = failure_reason(
+                state.request.request_id, exc, state.error, state.error_type
+            )
+            return error_output(state)
 
     def _take(self, request: Request, sample: SampleText, tokens: SeqTokens) -> bool:
         """Add the step's tokens to a sample; True when a stop string (found here) ends it

@@ -1,0 +1,69 @@
+"""`AsyncLLMEngine.abort` answers the request's waiting stream, as vLLM's AsyncLLM does.
+
+A caller still iterating `generate` when someone aborts its request gets one last output,
+finished with "abort" and holding the tokens it had, and its loop ends; before this, the
+stream was dropped and the caller waited forever. Other requests are untouched and every
+KV block comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loragate.engine import EngineConfig, LLMEngine, SamplingParams
+from loragate.engine.async_engine import AsyncLLMEngine
+
+LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+SHORT = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture
+def async_engine(tiny_model_dir):
+    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    engine = AsyncLLMEngine(LLMEngine(config))
+    yield engine
+    engine.shutdown()
+    assert engine.engine.get_memory_stats()["allocated_blocks"] == 0
+    engine.engine.check_integrity()
+
+
+async def test_an_aborted_request_ends_its_waiting_stream(async_engine):
+    seen = []
+
+    async def follow(request_id, params):
+        async for out in async_engine.generate({"prompt_token_ids": [1, 5, 9]}, params, request_id):
+            seen.append((request_id, out))
+        return out
+
+    doomed = asyncio.create_task(follow("doomed", LONG))
+    other = asyncio.create_task(follow("other", SHORT))
+    while not any(rid == "doomed" and len(o.outputs[0].token_ids) >= 3 for rid, o in seen):
+        await asyncio.sleep(0.005)
+    await async_engine.abort("doomed")
+
+    last = await asyncio.wait_for(doomed, timeout=30)
+    assert last.finished and last.outputs[0].finish_reason == "abort"
+    streamed = [o for rid, o in seen if rid == "doomed"]
+    assert not any(o.finished for o in streamed[:-1]) and streamed[-1] is last
+    assert 3 <= len(last.outputs[0].token_ids) < LONG.max_tokens
+    assert last.outputs[0].token_ids[:3] == streamed[2].outputs[0].token_ids
+
+    done = await asyncio.wait_for(other, timeout=30)
+    assert done.outputs[0].finish_reason == "length" and len(done.outputs[0].token_ids) == 12
+    for _ in range(100):
+        if (await async_engine.stats()).unfinished_requests == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert async_engine.num_requests == 0, "no stream is left behind"
+
+
+async def test_aborting_a_finished_or_unknown_request_changes_nothing(async_engine):
+    outs = [o async for o in async_engine.generate({"prompt_token_ids": [1, 2]}, SHORT, "done")]
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
+    await async_engine.abort("done")
+    await async_engine.abort("never-sent")
+    again = [o async for o in async_engine.generate({"prompt_token_ids": [1, 2]}, SHORT, "done")]
+    assert again[-1].outputs[0].token_ids == outs[-1].outputs[0].token_ids
+    assert async_engine.num_requests == 0
