@@ -22,7 +22,8 @@ class StepRecord:
     preempted_seq_ids: tuple[int, ...]
     ms: float  # wall time of the whole step: schedule, forward, sampling, outputs
     # Milliseconds of each phase: schedule, prepare (the batch's inputs), forward (the model
-    # and its logits), sample, output (tokens appended, stop checks, detokenizing, outputs).
+    # and its logits), sample, output (tokens appended, stops by token id, the records
+    # handed to output processing; its detokenizing and stop strings run beside the step).
     phases: tuple[tuple[str, float], ...] = ()
 
     @property
