@@ -17,7 +17,6 @@ max_cpu_loras, until those requests end; slots running sequences use are never e
 Counters (``stats()``):
   device_hits      acquire found the adapter already in a slot
   slot_loads       adapters copied into a device slot
-  staged_slot_loads of those, copied by a loader thread (``stage``), off the engine's step
   device_evictions resident adapters replaced to free a slot
   acquire_waits    acquire calls that returned None (every slot busy)
   cpu_hits         the CPU tier had the adapter (acquire miss or preload)
@@ -52,8 +51,8 @@ from loragate.adapters.spec import LoRAModelSpec
 from loragate.adapters.usage import UsageBook
 
 _COUNTERS = (
-    "device_hits slot_loads staged_slot_loads device_evictions acquire_waits cpu_hits "
-    "disk_loads file_reads cpu_evictions"
+    "device_hits slot_loads device_evictions acquire_waits cpu_hits disk_loads file_reads "
+    "cpu_evictions"
 ).split()
 
 
@@ -104,9 +103,6 @@ class AdapterCache(CacheReports):
         self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
         self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
-        # Weights a loader thread is copying into a reserved slot, and those removed meanwhile.
-        self._staging: dict[WeightsIdentity, int] = {}
-        self._stage_cancelled: set[WeightsIdentity] = set()
         self._book = IdentityBook()
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -177,41 +173,6 @@ class AdapterCache(CacheReports):
         with self._lock:
             return self._cpu_entry(request, identity, fresh, seconds, admitted=True)
 
-    def stage(self, identity: WeightsIdentity) -> bool:
-        """Copy ``identity``'s weights from the CPU tier into a free device slot on the
-        calling thread (a loader's), without holding the lock while copying, so the step that
-        admits their request copies nothing. Nothing is evicted for it: with no free slot the
-        step copies, as ``acquire`` does. True if the weights are in a slot now."""
-        with self._lock:
-            if identity in self._slot_of:
-                return True
-            adapter = self._cpu.get(identity)
-            if adapter is None or identity in self._staging:
-                return False
-            slot = self._device.reserve()
-            if slot is None:
-                return False
-            self._staging[identity] = slot
-        seconds = None
-        try:
-            seconds = self._device.write(slot, adapter, self.load_pacing)
-        finally:
-            with self._lock:
-                del self._staging[identity]
-                cancelled = identity in self._stage_cancelled
-                self._stage_cancelled.discard(identity)
-                wanted = identity in self._cpu and identity not in self._slot_of
-                if seconds is None or cancelled or not wanted:
-                    self._device.unreserve(slot)
-                else:
-                    self._device.publish(slot, identity, adapter)
-                    self._seconds["slot_load_seconds"] += seconds
-                    self._counters["slot_loads"] += 1
-                    self._counters["staged_slot_loads"] += 1
-                    self._count_load(identity, 2, seconds)
-        with self._lock:
-            return identity in self._slot_of
-
     def in_slot(self, identity: WeightsIdentity) -> bool:
         with self._lock:
             return identity in self._slot_of
@@ -278,8 +239,7 @@ class AdapterCache(CacheReports):
                 self._counters["device_hits"] += 1
                 self._usage.touch(identity, request, used=True, tenant=tenant)
                 return slot
-            if not read_files and (identity not in self._cpu or identity in self._staging):
-                # In no memory tier, or a loader thread is copying it into a slot right now.
+            if not read_files and identity not in self._cpu:
                 raise AdapterNotInMemory(f"adapter {request.lora_name!r}: {identity}")
             slot = self._device.free_slot()
             victim = None
@@ -428,7 +388,6 @@ class AdapterCache(CacheReports):
                         f"adapter {request.lora_name!r} is in slot {slot}, which running "
                         "sequences use"
                     )
-            self._stage_cancelled |= identities & self._staging.keys()
             found = False
             for identity in identities:
                 if not self._holds.get(identity):

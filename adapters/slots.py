@@ -16,12 +16,9 @@ rank-64 adapters on every projection, and M times the slot memory.)
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from loragate.adapters.loader import LoRAAdapter
-from loragate.adapters.pacing import UNPACED, LoadPacing
 from loragate.adapters.spec import LoRAModelSpec
 
 
@@ -77,16 +74,13 @@ class DeviceSlots:
         return self.bt[module][layer].transpose(1, 2)
 
     # -- loading ------------------------------------------------------------------------
-    def write(self, slot: int, adapter: LoRAAdapter, pacing: LoadPacing = UNPACED) -> None:
-        """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else, a module
-        at a time with ``pacing``'s pause after each (adapters/pacing.py)."""
+    def write(self, slot: int, adapter: LoRAAdapter) -> None:
+        """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else."""
         by_module: dict[str, list] = {}
         for (layer, module), (a, b) in sorted(adapter.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
         for module in self.spec.modules:
-            began = time.perf_counter()
             self._write_module(slot, module, adapter, by_module.get(module, []))
-            pacing.pause_after(began)
         self.scales[slot] = adapter.scale
 
     def _write_module(self, slot: int, module: str, adapter: LoRAAdapter, entries) -> None:

@@ -3,8 +3,9 @@
 Eight base-model streams decode on the default model (SmolLM2-135M, float32) while four
 requests arrive at once for four adapters that are in no memory tier, each rank 64 on all
 seven projections (about 78 MB of safetensors). Reading, hashing and validating those files
-happens on loader threads; the streams' largest gap between two tokens stays under STALL_BOUND
-times their median gap, and the cold requests answer exactly what PEFT answers (greedy).
+happens on loader threads; the streams' largest gap between two tokens stays under
+STALL_BOUND times their median gap, and the cold requests answer exactly what PEFT answers
+(greedy).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ COLD = {f"cold{i}": (64, ALL_MODULES, False) for i in range(4)}
 STREAM_TOKENS = 240  # a bound: the streams leave once the cold requests are done
 COLD_TOKENS = 32  # the cold requests decode beside the streams for a while, as in serving
 BURST_AFTER = 8  # stream tokens before the burst of cold requests
-# Issue 12 asks for 2x. On this 2-core machine (2026-11-24, AMD EPYC with AVX-512) the worst
-# gap measures 1.9-2.5x its median: it is the step where a cold request joins (its prefill,
-# its first LoRA rows, the slot copy), which costs twice a plain decode step even with the
-# adapter already in memory (standalone: 91 ms against 42), and 4 rank-64 float32 adapters
-# add 312 MB of weight reads to every later step. Before loads left the GIL free (a zeroed
-# 78 MB buffer, chunks joined, safetensors' copying parse, all under the GIL) it measured
-# 2.2-3.9x, and a plain 8-stream step stalled to 315 ms. Getting under 2x is open.
-STALL_BOUND = 3.0
+# Issue 12 asks for 2x (and issue 35 holds to it). On this 2-core machine (2026-11-25, AMD
+# EPYC with AVX2, quiet) the worst gap measures 1.54-1.79x its median: the step where a cold
+# request joins (its prefill, its first LoRA rows, its slot copy). It measured 2.0-3.2x on
+# the same machine before each module of a fused projection read only its own B
+# (adapters/slots.py), which cut the LoRA time of the steps the four rank-64 adapters run
+# in; copying into slots on loader threads instead of the step made it worse (1.7-3.7x).
+# Before loads left the GIL free (a zeroed 78 MB buffer, chunks joined, safetensors' copying
+# parse, all under the GIL) it measured 2.2-3.9x.
+STALL_BOUND = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,7 @@ def test_cold_adapters_load_without_stalling_running_streams(
         assert tokens == expected, lora.lora_name
 
     median, worst = gap_ratio(stamps)
+    print(f"largest gap {worst * 1e3:.0f} ms, median {median * 1e3:.0f} ms: {worst / median:.2f}x")
     if worst >= STALL_BOUND * median:
         # Only a machine that keeps the bound with no adapter in sight can test it: on one
         # shared with other work, the same streams alone are measured to tell.
