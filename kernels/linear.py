@@ -56,7 +56,12 @@ def pack_weight(weight: torch.Tensor, native_bf16: bool = False) -> torch.Tensor
     if not packing_available(weight.device, weight.dtype, native_bf16):
         return weight
     out_features, in_features = weight.shape
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    except RuntimeError:
+        # oneDNN refuses (e.g. bf16 on a CPU without avx512bw/vl/dq or avx_ne_convert, which
+        # a caller told bf16 is native may still be): the plain layout works everywhere.
+        return weight
     return PackedWeight(packed, out_features, in_features)
 
 
