@@ -7,7 +7,8 @@ import torch
 from tiny_llama import save_tiny_model
 from transformers import AutoModelForCausalLM
 
-from loragate.engine import LLM
+from loragate.engine import LLM, EngineConfig, LLMEngine
+from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.engine.model_loader import resolve_model
 
 LIVE_ENGINES: list = []
@@ -64,3 +65,14 @@ def tiny_model_dir(tmp_path_factory, default_hf_dir):
         return made[kind]
 
     return make
+
+
+@pytest.fixture
+def async_engine(tiny_model_dir):
+    """An AsyncLLMEngine on the tiny Llama; at the end, shut down with every block back."""
+    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    engine = AsyncLLMEngine(LLMEngine(config))
+    yield engine
+    engine.shutdown()
+    assert engine.engine.get_memory_stats()["allocated_blocks"] == 0
+    engine.engine.check_integrity()

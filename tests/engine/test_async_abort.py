@@ -10,23 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-from loragate.engine import EngineConfig, LLMEngine, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine import SamplingParams
 
 LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
 SHORT = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture
-def async_engine(tiny_model_dir):
-    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
-    engine = AsyncLLMEngine(LLMEngine(config))
-    yield engine
-    engine.shutdown()
-    assert engine.engine.get_memory_stats()["allocated_blocks"] == 0
-    engine.engine.check_integrity()
 
 
 async def test_an_aborted_request_ends_its_waiting_stream(async_engine):

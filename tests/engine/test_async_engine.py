@@ -13,16 +13,6 @@ PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [1, 10 + i, 20 + i]} for i in range(6)]
 
 
-@pytest.fixture
-def async_engine(tiny_model_dir):
-    config = EngineConfig(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
-    engine = AsyncLLMEngine(LLMEngine(config))
-    yield engine
-    engine.shutdown()
-    assert engine.engine.get_memory_stats()["allocated_blocks"] == 0
-    engine.engine.check_integrity()
-
-
 async def collect(engine, request_id, prompt, params=PARAMS):
     return [out async for out in engine.generate(prompt, params, request_id)]
 
