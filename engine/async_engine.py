@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
-from loragate.engine import engine_stats
+from loragate.engine import engine_stats, startup_heap
 from loragate.engine.adapter_residency import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
@@ -112,6 +112,9 @@ class AsyncLLMEngine:
         release_thread_pool()
         self._output_thread.start()
         self._thread.start()
+        # Collections walk only what is made from now on (engine/startup_heap.py).
+        startup_heap.engine_started()
+        self._heap_frozen = True
 
     @classmethod
     def from_config(
@@ -306,6 +309,9 @@ class AsyncLLMEngine:
         self._steps.put(None)
         self._output_thread.join(timeout)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        if self._heap_frozen:
+            self._heap_frozen = False
+            startup_heap.engine_stopped()
 
     # ---- engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
