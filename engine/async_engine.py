@@ -15,6 +15,7 @@ request is scheduled come back on the engine's own loader threads).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
@@ -115,6 +116,9 @@ class AsyncLLMEngine:
         # Collections walk only what is made from now on (engine/startup_heap.py).
         startup_heap.engine_started()
         self._heap_frozen = True
+        # A process that exits with the engine running stops it first: its threads would
+        # otherwise be inside torch while the interpreter tears the modules down.
+        atexit.register(self.shutdown)
 
     @classmethod
     def from_config(
@@ -303,6 +307,7 @@ class AsyncLLMEngine:
         return await done
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        atexit.unregister(self.shutdown)
         self._stop.set()
         self._inbox.put(None)
         self._thread.join(timeout)
