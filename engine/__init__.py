@@ -13,6 +13,8 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 
 from loragate.adapters import LoRARequest
+from loragate.engine.adapter_events import AdapterEvents, AdapterWeightsChanged, WeightsListener
+from loragate.engine.adapter_in_flight import InFlightRequests
 from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from loragate.engine.beam_search_params import (
     BeamSearchOutput,
@@ -31,6 +33,8 @@ from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredO
 
 __all__ = [
     "LLM",
+    "AdapterEvents",
+    "AdapterWeightsChanged",
     "AsyncEngineArgs",
     "AsyncLLMEngine",
     "BeamSearchOutput",
@@ -43,6 +47,7 @@ __all__ = [
     "EngineDeadError",
     "EngineStats",
     "GuidedDecodingParams",
+    "InFlightRequests",
     "LLMEngine",
     "LoRARequest",
     "ModelInfo",
@@ -51,4 +56,5 @@ __all__ = [
     "SCHEDULING_POLICIES",
     "SamplingParams",
     "StructuredOutputsParams",
+    "WeightsListener",
 ]

@@ -1,4 +1,5 @@
-"""An adapter's weights in the engine, one owner: admission, holds, loads, slots.
+"""An adapter's weights in the engine, one owner: admission, holds, loads, slots, the
+requests in flight per adapter, and events when the weights behind a name change.
 
 A request naming an adapter is admitted under the weights its files hold then (resolved once:
 a stat when a loader read them already, otherwise a read), and holds them until it ends, so
@@ -17,6 +18,10 @@ per step, and its request runs in that step, so a burst spreads its copies over 
 steps. (Copying on a loader thread instead, into a free slot, was measured and made the
 running streams' worst gap larger, 1.7-3.7x their median against 1.5-1.8x: the copy fights
 the step for the same two cores and memory bus, at a moment the step cannot choose.)
+Requests in flight per adapter (engine/adapter_in_flight.py) count from the moment the
+async engine is handed one until it ends, so a server removes an adapter only once nothing
+uses it; changed weights behind a name are announced to listeners (engine/adapter_events.py).
+
 Loader threads run at normal priority: a lower one (nice) lets the machine's other
 work starve a loader that holds the GIL, and the step then waits on it (seconds, measured on
 two busy cores).
@@ -35,6 +40,8 @@ from loragate.adapters import (
     LoRAModelSpec,
     WeightsIdentity,
 )
+from loragate.engine.adapter_events import AdapterEvents
+from loragate.engine.adapter_in_flight import InFlightRequests
 from loragate.engine.config import EngineConfig
 from loragate.engine.sequence import Request
 from loragate.kernels import use_one_thread
@@ -57,11 +64,15 @@ def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
 
 class AdapterResidency:
     """The engine's one owner of adapter weights: what a request is admitted under, the
-    holds that keep those weights until it ends, the loads on loader threads, and the
-    scheduler's door to the device slots. The tiers themselves are the AdapterCache's."""
+    holds that keep those weights until it ends, the loads on loader threads, the
+    scheduler's door to the device slots, the requests in flight per adapter (`in_flight`)
+    and the events when a name's weights change (`events`). The tiers themselves are the
+    AdapterCache's."""
 
     def __init__(self, cache: AdapterCache, workers: int = LOADER_THREADS):
         self.cache = cache
+        self.in_flight = InFlightRequests()
+        self.events = AdapterEvents()
         self._pool = loader_pool(workers, "loragate-adapter-load")
         self._loads: dict[WeightsIdentity, Future] = {}
         self._lock = threading.Lock()

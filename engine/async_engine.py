@@ -9,7 +9,9 @@ thread finishes that sample (freeing its blocks) before its next step.
 An adapter's files are read and validated on a loader thread, within a time limit, before
 its request reaches the inbox, and the request is admitted under the weights read there; so
 neither the loop nor the engine thread reads a file (weights that leave memory before the
-request is scheduled come back on the engine's own loader threads).
+request is scheduled come back on the engine's own loader threads). That is where a request
+is admitted under its adapter's weights: the adapter residency counts it in flight from the
+call on, and announces weights that changed behind the adapter's name.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import atexit
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
 from loragate.engine import engine_stats, startup_heap
+from loragate.engine.adapter_events import WeightsListener
 from loragate.engine.adapter_residency import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
@@ -181,48 +184,59 @@ class AsyncLLMEngine:
         comes back as each output's `request_id`. `cache_salt` (set by the server) keeps
         prefix-cache sharing in-tenant; `tenant` is the tenant's name, which plugins see,
         and `tenant_weight` its share under the `fair` policy. `priority` is vLLM's (lower
-        first, under the `priority` policy).
+        first, under the `priority` policy). A request for an adapter is in flight
+        (`adapter_in_flight`) from this call's first step, before anything is awaited, until
+        it ends, whichever way.
         """
         check_request_id(request_id)
-        params = sampling_params
         self._check_alive()
-        cache = self.engine.adapters
-        identity = None
-        if lora_request is not None and cache is not None:
-            identity = cache.identity_in_cpu(lora_request)  # one stat
-            if identity is None:
-                identity = (await self.load_adapter(lora_request)).identity
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue = asyncio.Queue()
-        accepted = loop.create_future()
-        self._inbox.put(
-            _Add(
-                request_id,
-                prompt,
-                params,
-                lora_request,
-                cache_salt,
-                tenant,
-                identity,
-                priority,
-                tenant_weight,
-                loop,
-                accepted,
-                outputs,
-            )
-        )
-        await accepted  # raises the engine's ValueError for bad input
-        finished = False
+        residency = self.engine.residency
+        counted = lora_request is not None and residency is not None
+        if counted:  # in flight from here, before anything is awaited, until it ends
+            residency.in_flight.started(lora_request)
+        streaming = finished = False
         try:
+            identity = None
+            if counted:  # its weights: one stat, or read on a loader thread
+                identity = self.engine.adapters.identity_in_cpu(lora_request)
+                if identity is None:
+                    identity = (await self.load_adapter(lora_request)).identity
+                residency.events.admitted(lora_request, identity.sha256)
+            loop = asyncio.get_running_loop()
+            outputs: asyncio.Queue = asyncio.Queue()
+            accepted = loop.create_future()
+            self._inbox.put(
+                _Add(
+                    request_id,
+                    prompt,
+                    sampling_params,
+                    lora_request,
+                    cache_salt,
+                    tenant,
+                    identity,
+                    priority,
+                    tenant_weight,
+                    loop,
+                    accepted,
+                    outputs,
+                )
+            )
+            await accepted  # raises the engine's ValueError for bad input
+            streaming = first = True
             while not finished:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"engine failed: {item}") from item
+                if first and counted:  # the listeners told of changed weights are done
+                    await residency.events.settled(lora_request)
+                first = False
                 finished = item.finished
                 yield item
         finally:
-            if not finished:
+            if streaming and not finished:
                 self._inbox.put(_Abort(request_id))
+            if counted:
+                residency.in_flight.ended(lora_request)
 
     async def load_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
         """Read and validate the adapter into the CPU tier on a loader thread; its
@@ -262,6 +276,27 @@ class AsyncLLMEngine:
         Needs `AdapterCache.pin`, which the engine side of issue 12 adds."""
         if self.engine.adapters is not None:
             await self._on_engine_thread(lambda engine: engine.adapters.pin(lora_request, pinned))
+
+    async def wait_adapter_idle(self, lora_request: LoRARequest) -> None:
+        """Return once no request for ``lora_request`` is in flight: every one handed to
+        `generate` ended (finished, aborted or failed), loading or queued ones included."""
+        if self.engine.residency is not None:
+            await self.engine.residency.in_flight.wait_idle(lora_request)
+
+    def adapter_in_flight(self, lora_request: LoRARequest) -> int:
+        """Requests for ``lora_request`` handed to `generate` and not yet ended."""
+        if self.engine.residency is None:
+            return 0
+        return self.engine.residency.in_flight.count(lora_request)
+
+    def on_adapter_weights_changed(self, listener: WeightsListener) -> Callable[[], None]:
+        """Call ``listener`` (a coroutine function, on the requests' event loop) once each
+        time a request is admitted under weights other than those last admitted for its
+        adapter's name (engine/adapter_events.py); that request's first output waits for it.
+        Calling what this returns stops it."""
+        if self.engine.residency is None:
+            return lambda: None
+        return self.engine.residency.events.subscribe(listener)
 
     async def busy_adapters(self) -> frozenset[str]:
         """Names of the adapters running sequences use now."""

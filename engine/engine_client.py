@@ -9,10 +9,11 @@ the same signature (vLLM has a protocol of the same name and purpose).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Protocol, runtime_checkable
 
 from loragate.adapters import LoRARequest
+from loragate.engine.adapter_events import WeightsListener
 from loragate.engine.engine_info import EngineStats, ModelInfo
 from loragate.engine.input_processor import PromptInput
 from loragate.engine.outputs import RequestOutput
@@ -68,6 +69,22 @@ class EngineClient(Protocol):
 
     async def remove_adapter(self, lora_request: LoRARequest) -> bool:
         """Drop the adapter's weights from every tier; True if the engine had them."""
+        ...
+
+    async def wait_adapter_idle(self, lora_request: LoRARequest) -> None:
+        """Return once no request for ``lora_request`` is in flight (on every replica): each
+        one handed to `generate`, still loading or queued included, has ended."""
+        ...
+
+    def adapter_in_flight(self, lora_request: LoRARequest) -> int:
+        """How many requests for ``lora_request`` were handed to `generate` and not ended."""
+        ...
+
+    def on_adapter_weights_changed(self, listener: WeightsListener) -> Callable[[], None]:
+        """Call ``listener(AdapterWeightsChanged)`` once each time a request is admitted
+        under weights (sha256) other than those last admitted for its adapter's name, the
+        first for a name included; that request's first output waits until it returns.
+        Calling what this returns stops it."""
         ...
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:

@@ -37,7 +37,6 @@ from loragate.gateway.adapter_control.paths import (
 )
 from loragate.gateway.adapter_control.records import AdapterRecord
 from loragate.gateway.adapter_control.store_engine import store_path
-from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.adapter_control.weights_update import WeightsUpdates
 from loragate.gateway.errors import (
     APIError,
@@ -72,7 +71,6 @@ class AdapterManager:
         self,
         engine,
         store: StoreSeam,
-        usage: AdapterUsage,
         adapter_root: Path | None,
         base_model: str,
         load_timeout: float | None = None,
@@ -82,14 +80,11 @@ class AdapterManager:
         self.objects = objects  # the adapter store's objects (None: no store)
         self.load_timeout = load_timeout  # None: the engine's adapter_load_timeout
         self.store = store
-        self.usage = usage
         self.root = adapter_root
         self.base_model = base_model
         self.catalog = AdapterCatalog(adapter_root, self.retire)
         self.preload_waiting: set[str] = set()
         self.weights_updates = WeightsUpdates(self.catalog, store, engine, load_timeout, objects)
-        # The engine admitted a request under some weights: note changed files.
-        self.note_served = self.weights_updates.note_served
 
     def scrub(self, text: str) -> str:
         """Error text with the server's adapter root replaced, so no absolute path leaks."""
@@ -349,7 +344,7 @@ class AdapterManager:
 
     async def retire(self, record: AdapterRecord) -> None:
         """Once no request uses it any more, drop the adapter's weights from every tier."""
-        await self.usage.wait_idle(record.lora_request)
+        await self.engine.wait_adapter_idle(record.lora_request)
         await self._evict(record.lora_request)
         if self.objects is not None:
             await self.objects.collect(record.store_object)
@@ -413,11 +408,14 @@ class AdapterManager:
         return False
 
     def start(self) -> None:
-        """Background work of a started server: the adapter store's sweep."""
+        """Background work of a started server: the adapter store's sweep, and the
+        registry following weights that change behind a name."""
+        self.weights_updates.start()
         if self.objects is not None:
             self.objects.start()
 
     async def close(self) -> None:
+        self.weights_updates.stop()
         if self.objects is not None:
             await self.objects.stop()
         await self.catalog.close()

@@ -1,9 +1,11 @@
 """An adapter's files changed in place: its registry record follows the weights served.
 
-The engine runs each request with the files' content as it was at admission. The first
-request after a change is served the new weights; before it is answered, the registry's
-record (sha256, size, rank, alpha, targets) is updated, once per change however many
-requests notice it, so every replica shows what is served.
+The engine runs each request with the files' content as it was at admission, and tells its
+listeners when it admits one under weights other than those it last admitted for the name
+(EngineClient.on_adapter_weights_changed). The first request after a change is served the
+new weights; the engine holds its first output until the listener returns, so before it is
+answered, the registry's record (sha256, size, rank, alpha, targets) is updated, once per
+change, and every replica shows what is served.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from loragate.adapters import AdapterError, LoRAAdapter
-from loragate.engine import RequestOutput
+from loragate.engine import AdapterWeightsChanged
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.adapter_control.objects import AdapterObjects
 from loragate.gateway.adapter_control.records import AdapterRecord
@@ -43,18 +45,27 @@ class WeightsUpdates:
         self.load_timeout = load_timeout
         self.objects = objects  # keeps the new files in the adapter store too, if it has one
         self._running: dict[str, asyncio.Task] = {}
+        self._stop_listening = None
 
-    async def note_served(self, out: RequestOutput) -> None:
-        """The engine admitted a request under ``out.lora_sha256``: if the registry records
+    def start(self) -> None:
+        """Follow the engine's changes of weights behind a name from now on."""
+        if self._stop_listening is None:
+            self._stop_listening = self.engine.on_adapter_weights_changed(self.weights_changed)
+
+    def stop(self) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
+
+    async def weights_changed(self, event: AdapterWeightsChanged) -> None:
+        """The engine admitted a request under ``event.sha256``: if the registry records
         other weights for that registration, its files changed: record the new ones."""
-        lora, sha256 = out.lora_request, out.lora_sha256
-        if lora is None or sha256 is None:
-            return
+        lora = event.lora_request
         record = await self.catalog.get(lora.lora_name)
-        if record is None or record.lora_request != lora or record.sha256 == sha256:
+        if record is None or record.lora_request != lora or record.sha256 == event.sha256:
             return
         task = self._running.get(lora.lora_name)
-        if task is None:  # one update per change, however many requests notice it
+        if task is None:  # one update at a time per name
             task = asyncio.create_task(self._record_new_weights(record))
             self._running[lora.lora_name] = task
             task.add_done_callback(lambda _: self._running.pop(lora.lora_name, None))

@@ -21,7 +21,6 @@ from loragate.engine import AsyncLLMEngine, EngineClient
 from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.store_setup import adapter_uploads, with_adapter_store
 from loragate.gateway.adapter_control.sync import RegistrySync
-from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.admin.adapters import AdaptersController, VLLMLoRAController
 from loragate.gateway.admin.tenants import TenantsController, UsageController
 from loragate.gateway.errors import openai_error_response
@@ -163,14 +162,12 @@ def build_services(
     model = engine.model_info
     seam = StoreSeam(store if store is not None else build_store(settings))
     admission = Admission(model.max_num_seqs, settings.max_queue, settings.retry_after_seconds)
-    usage = AdapterUsage()
     metrics = GatewayMetrics(model.served_name, settings.metrics_label_limit)
     in_process = replica_reports is None
     engine, objects = with_adapter_store(settings, engine, seam, in_process)
     adapters = AdapterManager(
         engine,
         seam,
-        usage,
         settings.adapter_root,
         model.served_name,
         load_timeout=settings.adapter_load_timeout_seconds,
@@ -194,7 +191,7 @@ def build_services(
         on_subscribed=lambda: lifecycle.preload_waiting_folders(),
     )
     care = RegistryCare(seam, settings, lambda: bool(adapters.catalog.orphans or auth.orphans))
-    generations = Generations(engine, admission, adapters, usage, quotas, usage_meter, metrics)
+    generations = Generations(engine, admission, adapters, quotas, usage_meter, metrics)
     lifecycle = Lifecycle(
         settings, model, seam, care, sync, adapters, quotas, usage_meter, generations
     )

@@ -7,23 +7,31 @@ least loaded of two replicas picked at random). Streams come back through Ray Se
 streaming handles, and closing one cancels the request on its replica (which aborts it).
 A replica that dies mid-call ends the call with EngineDeadError, which the gateway answers
 with 503; Ray Serve starts a replacement, and later calls go to live replicas.
+
+Every request to any replica goes through this ingress, so it counts the requests in flight
+per adapter itself, from the call on (idle here is idle on every replica), and it announces
+changed weights behind a name from the weights each request's replica admitted it under
+(the first output says which).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from loragate.adapters import LoRARequest
 from loragate.engine import (
+    AdapterEvents,
     EngineDeadError,
     EngineStats,
+    InFlightRequests,
     ModelInfo,
     PromptInput,
     RequestOutput,
     SamplingParams,
+    WeightsListener,
 )
 from loragate.gateway.replicas.aggregate import combined_stats
 from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
@@ -43,6 +51,8 @@ class ReplicatedEngine:
         self.dead_error: BaseException | None = None
         self._stopped = False
         self._streams: dict[Hashable, object] = {}  # request id -> its open replica stream
+        self._in_flight = InFlightRequests()  # requests per adapter, on every replica
+        self._events = AdapterEvents()  # the weights each name's requests were admitted under
 
     # ---- what the gateway calls, as on AsyncLLMEngine ---------------------------------
     @property
@@ -64,34 +74,45 @@ class ReplicatedEngine:
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        call = GenerateCall(
-            prompt,
-            sampling_params,
-            request_id,
-            lora_request,
-            cache_salt,
-            tenant,
-            priority,
-            tenant_weight,
-        )
-        options = {"stream": True}
-        if lora_request is not None:
-            options["multiplexed_model_id"] = lora_request.lora_name
-        stream = self._handle.options(**options).generate.remote(call)
-        self._streams[request_id] = stream
+        if lora_request is not None:  # in flight from here, before anything is awaited
+            self._in_flight.started(lora_request)
         finished = False
+        stream = None
         try:
+            call = GenerateCall(
+                prompt,
+                sampling_params,
+                request_id,
+                lora_request,
+                cache_salt,
+                tenant,
+                priority,
+                tenant_weight,
+            )
+            options = {"stream": True}
+            if lora_request is not None:
+                options["multiplexed_model_id"] = lora_request.lora_name
+            stream = self._handle.options(**options).generate.remote(call)
+            self._streams[request_id] = stream
+            first = True
             async for item in _replica_stream(stream):
                 if isinstance(item, Failure):
                     raise item.error
+                if first and lora_request is not None and item.lora_sha256 is not None:
+                    self._events.admitted(lora_request, item.lora_sha256)
+                    await self._events.settled(lora_request)
+                first = False
                 finished = item.finished
                 yield item
             if not finished:
                 raise EngineDeadError("the replica ended the request without finishing it")
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                stream.cancel()  # the replica's generator is cancelled and aborts the request
+            if stream is not None:
+                self._streams.pop(request_id, None)
+                if not finished:
+                    stream.cancel()  # the replica's generator is cancelled and aborts it
+            if lora_request is not None:
+                self._in_flight.ended(lora_request)
 
     async def abort(self, request_id: Hashable) -> None:
         """Cancel the request's stream: its replica aborts it (and its generate ends)."""
@@ -111,6 +132,15 @@ class ReplicatedEngine:
         """Every replica drops the adapter's weights when it next reports (within a second)."""
         await _ray(self._board.retire.remote(lora_request))
         return True
+
+    async def wait_adapter_idle(self, lora_request: LoRARequest) -> None:
+        await self._in_flight.wait_idle(lora_request)
+
+    def adapter_in_flight(self, lora_request: LoRARequest) -> int:
+        return self._in_flight.count(lora_request)
+
+    def on_adapter_weights_changed(self, listener: WeightsListener) -> Callable[[], None]:
+        return self._events.subscribe(listener)
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         return self._prompts.encode(text, add_special_tokens)

@@ -1,8 +1,7 @@
 """One admitted engine request, as the routes see it.
 
 `prime()` waits for the first output, so bad input (a ValueError from the engine) becomes a
-400 before any byte of a streamed answer is sent; it then hands that output to
-`on_first_output` (the adapter manager checks which weights the engine admitted it under).
+400 before any byte of a streamed answer is sent.
 An output carrying `error` (this request alone failed on the engine: a plugin, or anything
 else) raises PluginFailedError or RequestFailedError as it is read past `prime()`: a 500 for
 a whole answer, an error event in a stream; the engine and every other request go on.
@@ -14,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 from loragate.adapters import AdapterError
 from loragate.adapters.store import AdapterStoreError
@@ -44,7 +43,6 @@ class Generation:
         field_names: dict[str, str],
         adapter_param: str,
         scrub: Callable[[str], str] = lambda text: text,
-        on_first_output: Callable[[RequestOutput], Awaitable[None]] | None = None,
     ):
         self.request_id = request_id
         self.latest: RequestOutput | None = None
@@ -59,7 +57,6 @@ class Generation:
         self._field_names = field_names
         self._adapter_param = adapter_param
         self._scrub = scrub
-        self._on_first_output = on_first_output
         self._closed = False
 
     @property
@@ -90,8 +87,6 @@ class Generation:
         except PluginError as exc:  # a plugin refused this request as it was queued
             raise PluginFailedError(self._scrub(str(exc)), code="plugin_error") from exc
         self._seen(out)
-        if self._on_first_output is not None:
-            await self._on_first_output(out)
         return out
 
     async def rest(self) -> AsyncIterator[RequestOutput]:

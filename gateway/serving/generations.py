@@ -3,7 +3,8 @@ the queue admits each engine request (`start`), and when they end the lease goes
 the usage is recorded.
 
 Routes never touch the engine directly: they `begin` a MeteredRequest, start Generations
-through it (each is admitted to the queue, counted against its adapter and measured) and
+through it (each is admitted to the queue and measured; the engine counts it against its
+adapter) and
 format what they yield; `end()` gives everything back and records the usage.
 """
 
@@ -17,7 +18,6 @@ from uuid import uuid4
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineClient, SamplingParams
 from loragate.gateway.adapter_control.manager import AdapterManager
-from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import EngineUnavailableError
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
@@ -45,7 +45,6 @@ class Generations:
         engine: EngineClient,
         admission: Admission,
         adapters: AdapterManager,
-        usage: AdapterUsage,
         quotas: QuotaKeeper,
         usage_meter: UsageMeter,
         observer: RequestObserver,
@@ -53,7 +52,6 @@ class Generations:
         self.engine = engine
         self.admission = admission
         self.adapters = adapters
-        self.usage = usage
         self.quotas = quotas
         self.usage_meter = usage_meter
         self.observer = observer
@@ -139,13 +137,9 @@ class Generations:
         except Exception:
             self.observer.count_rejected("queue_full")
             raise
-        if lora is not None:
-            self.usage.acquire(lora)
 
         def on_close(gen: Generation) -> None:
             self.admission.release(num_seqs)
-            if lora is not None:
-                self.usage.release(lora)
             if gen.latest is not None:
                 self.observer.observe_generation(gen, lora, tenant)
 
@@ -166,7 +160,6 @@ class Generations:
             field_names=field_names,
             adapter_param=adapter_param,
             scrub=self.adapters.scrub,
-            on_first_output=None if lora is None else self.adapters.note_served,
         )
 
 

@@ -1,4 +1,4 @@
-"""The gateway's small parts on their own: path checks, queue bound, adapter use counts,
+"""The gateway's small parts on their own: path checks, queue bound,
 stream deltas, error-field naming, settings and the in-memory registry."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from loragate.adapters import LoRARequest
 from loragate.engine import CompletionOutput, EngineConfig
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
 from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
-from loragate.gateway.adapter_control.usage import AdapterUsage
 from loragate.gateway.errors import QueueFullError, field_of
 from loragate.gateway.openai.format import DeltaTracker
 from loragate.gateway.serving.admission import Admission
@@ -86,26 +85,6 @@ def test_admission_counts_sequences_and_refuses_past_capacity():
     admission.release(2)
     admission.admit(2)
     assert admission.in_flight == 3
-
-
-def test_adapter_usage_waits_for_the_last_user():
-    lora = LoRARequest("a", 1, "/x")
-
-    async def scenario():
-        usage = AdapterUsage()
-        await usage.wait_idle(lora)  # nobody uses it: returns at once
-        usage.acquire(lora)
-        usage.acquire(lora)
-        waiter = asyncio.create_task(usage.wait_idle(lora))
-        await asyncio.sleep(0)
-        usage.release(lora)
-        await asyncio.sleep(0)
-        assert not waiter.done()
-        usage.release(lora)
-        await asyncio.wait_for(waiter, 5)
-        assert usage.in_use(lora) == 0
-
-    asyncio.run(scenario())
 
 
 def choice(text, ids, finish=None, logprobs=None):
