@@ -7,12 +7,16 @@ aborted, preempted). The block manager logs every table it changes (a new block,
 write, a prefix hit committed, a free, a fork, a swap-in); `sync` rewrites exactly those
 rows before the step's inputs are cut from the tensor, so a step costs no per-sequence
 table rebuild, and a row is never read for a sequence that left it.
+
+Beside the tables, each row holds its sequence's sampling parameters
+(engine/sampling_batch.py): written when the sequence takes the row, cleared when it leaves.
 """
 
 from __future__ import annotations
 
 import torch
 
+from loragate.engine.sampling_batch import SamplingBatch
 from loragate.engine.sequence import Sequence
 
 
@@ -24,6 +28,7 @@ class InputBatch:
         self.block_tables = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32)
         self._rows_np = self.block_tables.numpy()
         self.num_blocks = [0] * max_rows
+        self.sampling = SamplingBatch(max_rows)
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self._free_rows = list(range(max_rows - 1, -1, -1))  # pop() gives the lowest
 
@@ -40,12 +45,14 @@ class InputBatch:
             if not table:
                 if row is not None:
                     self._clear(row)
+                    self.sampling.clear(row)
                     del self.row_of[seq_id]
                     self._free_rows.append(row)
                 continue
             if row is None:
                 row = self._take_row()
                 self.row_of[seq_id] = row
+                self.sampling.write(row, seq.request.params, seq.generator)
             self._write(row, table)
 
     def tables(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -81,4 +88,5 @@ class InputBatch:
         self.block_tables = grown
         self._rows_np = grown.numpy()
         self.num_blocks += [0] * old
+        self.sampling.grow(2 * old)
         self._free_rows = list(range(2 * old - 1, old - 1, -1)) + self._free_rows

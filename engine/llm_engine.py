@@ -116,7 +116,7 @@ class LLMEngine:
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
         )
-        self.dispatcher = SampleDispatcher(sampler, self.plugins)
+        self.dispatcher = SampleDispatcher(sampler, self.plugins, self.runner.input_batch)
         self.inputs = InputProcessor(
             self.tokenizer, self.special_token_rule, self.model.vocab_size, self.max_model_len
         )
@@ -309,6 +309,9 @@ class LLMEngine:
         sampled, logits = fork_pending(sampled, logits, self.block_manager, self.scheduler)
         touched: dict[str, Request] = {}
         sampled, logits = self.beams.step(sampled, logits, touched)
+        # Forks of this step (and a step run from a CUDA graph, which skips prepare) take
+        # their rows here: the sampler reads each sequence's parameters from its row.
+        self.runner.input_batch.sync(self.block_manager.take_changed_tables())
         results = self.dispatcher.sample(sampled, logits) if sampled else []
         clock.lap("sample")
         now = time.monotonic()

@@ -2,7 +2,8 @@
 
 A failure becomes that sequence's result (a PluginError for a plugin, the exception
 itself for the built-in sampler), so only its request fails and the rest of the batch
-goes on.
+goes on. The built-in sampler reads each sequence's parameters from its row of the
+persistent batch (engine/sampling_batch.py), written when the sequence took that row.
 """
 
 from __future__ import annotations
@@ -10,15 +11,22 @@ from __future__ import annotations
 import torch
 
 from loragate.engine.grammar_masks import GrammarMasks
-from loragate.engine.sampler import Sampler, SampleResult, SamplingRow
+from loragate.engine.input_batch import InputBatch
+from loragate.engine.sampler import Sampler, SampleResult
+from loragate.engine.sampling_batch import SamplingRow, StepRows
 from loragate.engine.sequence import Sequence
 from loragate.plugins import PluginError, PluginManager
 
 
 class SampleDispatcher:
-    def __init__(self, sampler: Sampler, plugins: PluginManager):
+    def __init__(
+        self, sampler: Sampler, plugins: PluginManager, input_batch: InputBatch | None = None
+    ):
         self.sampler = sampler
         self.plugins = plugins
+        # Whose rows hold each sequence's sampling parameters; without one, every step
+        # builds them from the sequences' SamplingParams.
+        self.input_batch = input_batch
         self.grammar_masks = GrammarMasks()
 
     def apply_logits_processors(
@@ -74,14 +82,14 @@ class SampleDispatcher:
         return results
 
     def _builtin_sample(self, seqs, idx, processed, results) -> None:
-        rows = [_row(seqs[i]) for i in idx]
+        rows = self._step_rows([seqs[i] for i in idx])
         # Every row, in order (the usual step): the logits themselves, not a copy of them.
         chosen = processed if len(idx) == processed.shape[0] else processed[idx]
         try:
             sampled = self.sampler(chosen, rows)
         except Exception:
             # One row's values may be what broke it: row by row, so only that one fails.
-            for i, row in zip(idx, rows, strict=True):
+            for i, row in zip(idx, list(rows), strict=True):
                 try:
                     results[i] = self.sampler(processed[i : i + 1], [row])[0]
                 except Exception as exc:
@@ -89,6 +97,13 @@ class SampleDispatcher:
             return
         for i, result in zip(idx, sampled, strict=True):
             results[i] = result
+
+    def _step_rows(self, seqs: list[Sequence]) -> StepRows:
+        """The sequences' rows of the persistent batch's sampling columns, in order."""
+        if self.input_batch is None:
+            return StepRows.from_rows([_row(seq) for seq in seqs])
+        row_of = self.input_batch.row_of
+        return StepRows(self.input_batch.sampling, [row_of[seq.seq_id] for seq in seqs], seqs)
 
     def _plugin_sample(self, name, seqs, idx, raw, processed, results) -> None:
         args = [_sampler_args(seqs[i]) for i in idx]

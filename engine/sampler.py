@@ -10,6 +10,11 @@ temperature or truncation (vLLM v1's default), so cumulative_logprob measures th
 Randomness: each random row draws exactly one uniform per step (inverse-CDF sampling),
 from its own generator when the request is seeded. A seeded request therefore yields
 the same tokens whatever else is in the batch, and greedy rows never touch a generator.
+
+Per-row parameters come as tensors: the step's rows of the persistent batch's sampling
+columns (engine/sampling_batch.py), written when each sequence joined, so a step reads
+them with one index and loops in Python only over rows that ask for more (penalties,
+min_tokens, logprobs, their own generator).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from itertools import chain
 
 import torch
 
-from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.sampling_batch import SamplingRow, StepRows
 
 NEG_INF = float("-inf")
 
@@ -185,7 +190,12 @@ def sample(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.
             f"sample needs [n, vocab] probs and n generators, got {tuple(probs.shape)} "
             f"and {len(generators)} generators"
         )
-    uniforms = draw_uniforms(generators, probs.device).to(probs.dtype)
+    return inverse_cdf(probs, draw_uniforms(generators, probs.device))
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's token where its CDF first exceeds its uniform times the row's total."""
+    uniforms = uniforms.to(probs.dtype)
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     below_total = torch.nextafter(total, torch.zeros_like(total))
@@ -226,24 +236,7 @@ def _index_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return tensor[rows]
 
 
-def _select_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """The given rows (no copy when they are all rows, in order)."""
-    if len(rows) == tensor.shape[0]:
-        return tensor
-    return tensor[torch.tensor(rows, device=tensor.device)]
-
-
 # -- the batch sampler ------------------------------------------------------------------
-
-
-@dataclass
-class SamplingRow:
-    """One sequence to sample for; generator None means the sampler's shared one."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    generator: torch.Generator | None = None
 
 
 @dataclass
@@ -269,17 +262,22 @@ class Sampler:
         self.eos_token_ids = set(eos_token_ids)
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampleResult]:
+    def __call__(
+        self, logits: torch.Tensor, rows: StepRows | Sequence[SamplingRow]
+    ) -> list[SampleResult]:
+        """One result per row. `rows` are the step's rows of the persistent batch's sampling
+        columns, or SamplingRows (their columns are then built here, from scratch)."""
+        if not isinstance(rows, StepRows):
+            rows = StepRows.from_rows(rows)
         if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
             raise ValueError(
                 f"logits must be [{len(rows)}, {self.vocab_size}] (rows x vocab), "
                 f"got {tuple(logits.shape)}"
             )
-        if not rows:
+        if not len(rows):
             return []
         raw = logits.float()
-        scored = [i for i, row in enumerate(rows) if row.params.scores_tokens]
-        if not scored and self._plain_greedy(rows):
+        if rows.all_plain_greedy():
             # The fast path: one argmax over the batch, no softmax, no per-row work.
             tokens = first_argmax(raw).tolist()
             return [SampleResult(token, None) for token in tokens]
@@ -288,109 +286,110 @@ class Sampler:
         step = CPU_ROW_CHUNK if raw.device.type == "cpu" else len(rows)
         tokens = torch.cat(
             [
-                self._choose(raw[start : start + step], rows[start : start + step])
+                self._choose(raw[start : start + step], rows.chunk(start, start + step))
                 for start in range(0, len(rows), step)
             ]
         )
-        return self._results(raw, tokens, scored, rows)
+        return self._results(raw, tokens, rows)
 
-    @staticmethod
-    def _plain_greedy(rows: list[SamplingRow]) -> bool:
-        """Every row takes the raw argmax: greedy, no penalties, no min_tokens left."""
-        return all(
-            row.params.greedy
-            and not row.params.has_penalties
-            and len(row.output_token_ids) >= row.params.min_tokens
-            for row in rows
-        )
-
-    def _choose(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _choose(self, raw: torch.Tensor, rows: StepRows) -> torch.Tensor:
         """The next token of every row: argmax for greedy rows, a draw for the rest."""
         logits = self._penalised(raw, rows)
-        tokens = torch.empty(len(rows), dtype=torch.long, device=raw.device)
-        greedy = [i for i, row in enumerate(rows) if row.params.greedy]
-        random = [i for i, row in enumerate(rows) if not row.params.greedy]
-        if greedy:
-            tokens[greedy] = first_argmax(_select_rows(logits, greedy))
-        if random:
-            chosen = self._sample_random(_select_rows(logits, random), [rows[i] for i in random])
-            tokens[random] = chosen
+        device = raw.device
+        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+        is_greedy = rows.column("greedy")
+        greedy = is_greedy.nonzero().squeeze(1)
+        random = (~is_greedy).nonzero().squeeze(1)
+        if greedy.numel():
+            index = greedy.to(device)
+            tokens[index] = first_argmax(_index_rows(logits, index))
+        if random.numel():
+            index = random.to(device)
+            tokens[index] = self._sample_random(_index_rows(logits, index), rows.select(random))
         return tokens
 
-    def _penalised(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _penalised(self, raw: torch.Tensor, rows: StepRows) -> torch.Tensor:
         """Logits after penalties and the min_tokens mask; ``raw`` itself when none apply."""
-        penalised = [i for i, row in enumerate(rows) if row.params.has_penalties]
+        penalised = rows.column("penalised").nonzero().squeeze(1)
         banned_rows: list[int] = []
         banned_tokens: list[int] = []
-        for i, row in enumerate(rows):
-            if len(row.output_token_ids) < row.params.min_tokens:
-                stop_ids = self.eos_token_ids.union(row.params.stop_token_ids)
-                stop_ids = [t for t in stop_ids if t < self.vocab_size]
-                banned_rows.extend([i] * len(stop_ids))
-                banned_tokens.extend(stop_ids)
-        if not penalised and not banned_rows:
+        for i in rows.below_min_tokens():
+            stop_ids = self.eos_token_ids.union(rows.params(i).stop_token_ids)
+            stop_ids = [t for t in stop_ids if t < self.vocab_size]
+            banned_rows.extend([i] * len(stop_ids))
+            banned_tokens.extend(stop_ids)
+        if not penalised.numel() and not banned_rows:
             return raw
         logits = raw.clone()
-        if penalised:
-            selected = [rows[i] for i in penalised]
-            index = torch.tensor(penalised, device=raw.device)
+        if penalised.numel():
+            selected = penalised.tolist()
+            index = penalised.to(raw.device)
             prompts = [
-                r.prompt_token_ids if r.params.repetition_penalty != 1.0 else [] for r in selected
+                rows.histories[i].prompt_token_ids
+                if rows.params(i).repetition_penalty != 1.0
+                else []
+                for i in selected
             ]
-            outputs = [r.output_token_ids for r in selected]
+            outputs = [rows.histories[i].output_token_ids for i in selected]
             prompt_mask = token_counts(prompts, self.vocab_size, raw.device) > 0
             output_counts = token_counts(outputs, self.vocab_size, raw.device)
             logits[index] = apply_penalties(
                 logits[index],
                 prompt_mask,
                 output_counts,
-                self._column(selected, "presence_penalty", raw.device),
-                self._column(selected, "frequency_penalty", raw.device),
-                self._column(selected, "repetition_penalty", raw.device),
+                _on(rows.column("presence_penalty")[penalised], raw.device),
+                _on(rows.column("frequency_penalty")[penalised], raw.device),
+                _on(rows.column("repetition_penalty")[penalised], raw.device),
             )
         if banned_rows:
             logits[torch.tensor(banned_rows), torch.tensor(banned_tokens)] = NEG_INF
         return logits
 
-    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        params = [row.params for row in rows]
+    def _sample_random(self, logits: torch.Tensor, rows: StepRows) -> torch.Tensor:
         device = logits.device
-        logits = apply_temperature(logits, self._column(rows, "temperature", device))
-        if any(p.min_p > 0.0 for p in params):
-            logits = apply_min_p(logits, self._column(rows, "min_p", device))
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
-            logits = apply_top_k_top_p(logits, top_k, self._column(rows, "top_p", device))
+        logits = apply_temperature(logits, _on(rows.column("temperature"), device))
+        min_p = rows.column("min_p")
+        if bool((min_p > 0.0).any()):
+            logits = apply_min_p(logits, _on(min_p, device))
+        top_k, top_p = rows.column("top_k"), rows.column("top_p")
+        if bool(((top_k > 0) | (top_p < 1.0)).any()):
+            logits = apply_top_k_top_p(logits, _on(top_k, device), _on(top_p, device))
         probs = torch.softmax(logits, dim=-1)
-        generators = [self.generator if r.generator is None else r.generator for r in rows]
-        return sample(probs, generators)
+        return inverse_cdf(probs, self._uniforms(rows, device))
 
-    def _results(
-        self, raw: torch.Tensor, tokens: torch.Tensor, scored: list[int], rows: list[SamplingRow]
-    ) -> list[SampleResult]:
-        """Each row's token; for the `scored` rows its raw logprob (and the top-N asked
-        for), from a log-softmax over those rows alone."""
+    def _uniforms(self, rows: StepRows, device: torch.device) -> torch.Tensor:
+        """One uniform per row: unseeded rows draw together from the shared generator."""
+        if not bool(rows.column("seeded").any()):
+            shared = self.generator
+            return torch.rand(len(rows), generator=shared, device=shared.device).to(device)
+        generators = [self.generator if g is None else g for g in rows.generators()]
+        return draw_uniforms(generators, device)
+
+    def _results(self, raw: torch.Tensor, tokens: torch.Tensor, rows: StepRows) -> list:
+        """Each row's token; for the rows that score tokens its raw logprob (and the top-N
+        asked for), from a log-softmax over those rows alone."""
         results = [SampleResult(t, None) for t in tokens.tolist()]
+        scored = rows.column("scored").nonzero().squeeze(1).tolist()
         if not scored:
             return results
         index = torch.tensor(scored, device=raw.device)
-        rows_raw = _select_rows(raw, scored)
+        rows_raw = _index_rows(raw, index)
         lse = _rows_logsumexp(rows_raw)
         chosen = rows_raw.gather(1, tokens[index].unsqueeze(1)).squeeze(1) - lse
         for i, logprob in zip(scored, chosen.tolist(), strict=True):
             results[i].logprob = logprob
-        wanted = [j for j, i in enumerate(scored) if rows[i].params.logprobs is not None]
+        wanted = [j for j, i in enumerate(scored) if rows.params(i).logprobs is not None]
         if not wanted:
             return results
-        top_n = min(max(rows[scored[j]].params.logprobs for j in wanted), self.vocab_size)
+        top_n = min(max(rows.params(scored[j]).logprobs for j in wanted), self.vocab_size)
         top_values = top_ids = None
         if top_n > 0:
-            top = _select_rows(rows_raw, wanted).topk(top_n, dim=-1)
+            top = _index_rows(rows_raw, torch.tensor(wanted, device=raw.device)).topk(top_n, dim=-1)
             top_values = (top.values - lse[wanted].unsqueeze(1)).tolist()
             top_ids = top.indices.tolist()
         for k, j in enumerate(wanted):
             i = scored[j]
-            n = rows[i].params.logprobs
+            n = rows.params(i).logprobs
             entries = {}
             if n > 0:
                 entries = dict(zip(top_ids[k][:n], top_values[k][:n], strict=True))
@@ -398,8 +397,7 @@ class Sampler:
             results[i].top_logprobs = entries
         return results
 
-    @staticmethod
-    def _column(rows: list, name: str, device: torch.device) -> torch.Tensor:
-        """One float per row from its params, e.g. every row's temperature."""
-        values = [getattr(row.params, name) for row in rows]
-        return torch.tensor(values, dtype=torch.float32, device=device)
+
+def _on(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A gathered column on the logits' device (the columns live on the CPU)."""
+    return values if values.device == device else values.to(device, non_blocking=True)

@@ -53,6 +53,10 @@ class Sequence:
         return len(self.token_ids)
 
     @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len :]
 

@@ -62,6 +62,7 @@ CHUNKED = STAGGERED + "test_chunked_prefill_matches_unchunked_and_hf"
 LORA = "tests/engine/test_staggered_lora.py"
 FORKS = "tests/engine/test_sequence_sharing.py"
 ROWS = "tests/engine/test_input_batch.py"
+SAMPLING_ROWS = "tests/engine/test_sampling_batch.py"
 
 MUTANTS = [
     Mutant(
@@ -173,6 +174,12 @@ MUTANTS = [
         "a sequence that leaves the persistent batch leaves its row's table behind",
         (Patch(INPUT_BATCH, "InputBatch.sync", "self._clear(row)", "pass"),),
         first=ROWS,
+    ),
+    Mutant(
+        "sampling_row_stale_after_leave",
+        "a sequence that leaves the persistent batch leaves its sampling parameters behind",
+        (Patch(INPUT_BATCH, "InputBatch.sync", "self.sampling.clear(row)", "pass"),),
+        first=SAMPLING_ROWS,
     ),
     Mutant(
         "block_table_row_not_updated",
