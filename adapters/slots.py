@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from loragate import kernels
 from loragate.adapters.loader import LoRAAdapter
 from loragate.adapters.spec import LoRAModelSpec
 
@@ -44,6 +45,7 @@ class DeviceSlots:
         # number, and the native CPU kernels read scales as float32.
         self.scales = torch.zeros(max_loras, device=device, dtype=torch.float32)
         self._module_views: dict[tuple[int, str, int], tuple] = {}
+        self._module_groups: dict[tuple[int, str, int], kernels.LoRAModules] = {}
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
 
@@ -64,6 +66,16 @@ class DeviceSlots:
                 offset += b.shape[1]
             views = self._module_views[key] = tuple(made)
         return views
+
+    def module_group(self, layer: int, group: str, rank: int) -> kernels.LoRAModules:
+        """`module_weights` prepared for kernels.lora_apply_modules: the whole group in one
+        call. Made once per layer, group and rank, like the views it holds."""
+        key = (layer, group, rank)
+        prepared = self._module_groups.get(key)
+        if prepared is None:
+            prepared = kernels.LoRAModules(self.module_weights(layer, group, rank))
+            self._module_groups[key] = prepared
+        return prepared
 
     def module_a(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, max_rank, d_in]``: one module's A, a view."""

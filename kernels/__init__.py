@@ -13,6 +13,7 @@ from .kv_cache import write_kv
 from .linear import PackedWeight, linear, pack_weight
 from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index, static_lora_index
+from .lora_modules import LoRAModules, lora_apply_modules
 from .norm import add_rms_norm, rms_norm
 from .omp_runtime import release_thread_pool, use_one_thread
 from .prefill_attention import paged_prefill_attention
@@ -20,6 +21,7 @@ from .rope import apply_rope, apply_rope_
 from .token_mask import apply_token_mask_, apply_token_masks_
 
 __all__ = [
+    "LoRAModules",
     "LoraIndex",
     "PackedWeight",
     "add_rms_norm",
@@ -28,6 +30,7 @@ __all__ = [
     "apply_token_mask_",
     "apply_token_masks_",
     "lora_apply",
+    "lora_apply_modules",
     "lora_expand",
     "lora_index",
     "linear",

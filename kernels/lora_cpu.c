@@ -162,3 +162,41 @@ void lora_apply_bf16(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_slot
     expand_f32_to_bf16(y, rank, bt, b_slot, b_row, scales, out, out_row, slots, num_tokens,
                        rank, d_out, threads);
 }
+
+/* One module of a projection the model fuses (q/k/v, gate/up): its A and B (transposed)
+ * stacks over slots, and where its columns start in the fused output. */
+typedef struct {
+    const void *a;
+    int64_t a_slot, a_row;
+    const void *bt;
+    int64_t b_slot, b_row, d_out, column;
+} lora_module;
+
+/* Every module of a fused projection in one call: module m adds its delta to its own
+ * columns, out[:, column : column + d_out]. The same shrink and expand as lora_apply, one
+ * module after the other; what one call saves is the caller's work per module. */
+void lora_apply_modules_f32(const float *x, int64_t x_row, const lora_module *modules,
+                            int64_t num_modules, const float *scales, float *out,
+                            int64_t out_row, const int64_t *slots, int64_t num_tokens,
+                            int64_t rank, int64_t d_in, float *y, int32_t threads) {
+    for (int64_t m = 0; m < num_modules; ++m) {
+        const lora_module *mod = modules + m;
+        lora_apply_f32(x, x_row, (const float *)mod->a, mod->a_slot, mod->a_row,
+                       (const float *)mod->bt, mod->b_slot, mod->b_row, scales,
+                       out + mod->column, out_row, slots, num_tokens, rank, d_in, mod->d_out,
+                       y, threads);
+    }
+}
+
+void lora_apply_modules_bf16(const bf16 *x, int64_t x_row, const lora_module *modules,
+                             int64_t num_modules, const float *scales, bf16 *out,
+                             int64_t out_row, const int64_t *slots, int64_t num_tokens,
+                             int64_t rank, int64_t d_in, float *y, int32_t threads) {
+    for (int64_t m = 0; m < num_modules; ++m) {
+        const lora_module *mod = modules + m;
+        lora_apply_bf16(x, x_row, (const bf16 *)mod->a, mod->a_slot, mod->a_row,
+                        (const bf16 *)mod->bt, mod->b_slot, mod->b_row, scales,
+                        out + mod->column, out_row, slots, num_tokens, rank, d_in, mod->d_out,
+                        y, threads);
+    }
+}

@@ -29,6 +29,22 @@ _SHRINK = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _I64, _I3
 _EXPAND = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I32]
 _APPLY = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
 _APPLY += [_PTR, _I64, _I64, _I64, _I64, _PTR, _I32]
+_APPLY_MODULES = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I32]
+
+
+class ModuleStruct(ctypes.Structure):
+    """lora_cpu.c's lora_module: one module's stacks and where its columns start."""
+
+    _fields_ = [
+        ("a", _PTR),
+        ("a_slot", _I64),
+        ("a_row", _I64),
+        ("bt", _PTR),
+        ("b_slot", _I64),
+        ("b_row", _I64),
+        ("d_out", _I64),
+        ("column", _I64),
+    ]
 
 
 def _function(library: ctypes.CDLL, name: str, argtypes: list):
@@ -43,11 +59,13 @@ class NativeLoRA:
     to the base. scales are read as float32."""
 
     def __init__(self, library: ctypes.CDLL):
-        self._shrink, self._expand, self._apply = {}, {}, {}
+        self._shrink, self._expand, self._apply, self._modules = {}, {}, {}, {}
         for dtype, suffix in _SUFFIX.items():
             self._shrink[dtype] = _function(library, f"lora_shrink_{suffix}", _SHRINK)
             self._expand[dtype] = _function(library, f"lora_expand_{suffix}", _EXPAND)
             self._apply[dtype] = _function(library, f"lora_apply_{suffix}", _APPLY)
+            name = f"lora_apply_modules_{suffix}"
+            self._modules[dtype] = _function(library, name, _APPLY_MODULES)
 
     @staticmethod
     def fits(*tensors: torch.Tensor) -> bool:
@@ -137,6 +155,36 @@ class NativeLoRA:
             rank,
             x.shape[1],
             out.shape[1],
+            y.data_ptr(),
+            torch.get_num_threads(),
+        )
+
+    def apply_modules(
+        self,
+        x: torch.Tensor,
+        table,
+        num_modules: int,
+        rank: int,
+        scales: torch.Tensor,
+        out: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> None:
+        """`apply` for every module of `table` (a ModuleStruct array, see lora_modules.py),
+        each adding to its own columns of `out`, in one call."""
+        num_tokens = x.shape[0]
+        y = torch.empty(num_tokens * rank, dtype=torch.float32)
+        self._modules[x.dtype](
+            x.data_ptr(),
+            x.stride(0),
+            table,
+            num_modules,
+            _float32(scales).data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            slots.data_ptr(),
+            num_tokens,
+            rank,
+            x.shape[1],
             y.data_ptr(),
             torch.get_num_threads(),
         )

@@ -211,11 +211,16 @@ class LlamaForCausalLM:
 
 def _add_lora(lora: LoRABatch, layer: int, group: str, x: torch.Tensor, out: torch.Tensor):
     """Each module of a group (a fused projection or a single one) adds its adapters' output
-    to its own columns of the fused output, reading only its own weights."""
-    for a, b, columns in lora.weights.module_weights(layer, group, lora.rank):
-        kernels.lora_apply(
-            x, a, b, lora.slot_ids, lora.weights.scales, out[:, columns], index=lora.index
-        )
+    to its own columns of the fused output, reading only its own weights: one call for the
+    whole group."""
+    kernels.lora_apply_modules(
+        x,
+        lora.weights.module_group(layer, group, lora.rank),
+        lora.slot_ids,
+        lora.weights.scales,
+        out,
+        index=lora.index,
+    )
 
 
 def _rope_table(config: PretrainedConfig, max_positions: int, device) -> torch.Tensor:

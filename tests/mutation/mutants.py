@@ -225,6 +225,19 @@ MUTANTS = [
         first=LORA,
     ),
     Mutant(
+        "lora_module_columns_shifted",
+        "every module of a fused projection adds its LoRA to the first module's columns",
+        (
+            Patch(
+                "loragate.kernels.lora_modules",
+                "LoRAModules._native_table",
+                "bt.shape[2], columns.start",
+                "bt.shape[2], 0",
+            ),
+        ),
+        first=LORA,
+    ),
+    Mutant(
         "stale_prefix_cache_after_eviction",
         "a cached block handed out again keeps its prefix-cache entry",
         (
