@@ -66,10 +66,15 @@ class SampleDispatcher:
         # Plugin samplers report logprobs of the raw logits: a row that has both keeps them
         # unmasked in a copy. Otherwise processors mask the step's own logits in place (no
         # vocabulary-sized copy per step; rows no processor touches are not copied at all).
-        raw_needed = any(
+        plugin_sampled = self._any_plugin_sampler(seqs)
+        raw_needed = plugin_sampled and any(
             seq.request.params.sampler is not None and seq.request.logits_processors for seq in seqs
         )
         processed = self.apply_logits_processors(seqs, logits, results, in_place=not raw_needed)
+        if not plugin_sampled and results.count(None) == len(results):
+            # The usual step: every row is the built-in sampler's, no per-row grouping.
+            self._builtin_sample(seqs, list(range(len(seqs))), processed, results)
+            return results
         by_sampler: dict[str | None, list[int]] = {}
         for i, seq in enumerate(seqs):
             if results[i] is None:
@@ -97,6 +102,12 @@ class SampleDispatcher:
             return
         for i, result in zip(idx, sampled, strict=True):
             results[i] = result
+
+    def _any_plugin_sampler(self, seqs: list[Sequence]) -> bool:
+        """Whether a row may name a plugin's sampler: no row of the batch does, usually."""
+        if self.input_batch is None:
+            return any(seq.request.params.sampler is not None for seq in seqs)
+        return self.input_batch.sampling.num_plugin_sampled > 0
 
     def _step_rows(self, seqs: list[Sequence]) -> StepRows:
         """The sequences' rows of the persistent batch's sampling columns, in order."""

@@ -71,6 +71,7 @@ class SamplingBatch:
         self.params: list[SamplingParams | None] = []
         self.generators: list[torch.Generator | None] = []
         self.num_special = 0  # live rows that need more than the raw argmax
+        self.num_plugin_sampled = 0  # live rows sampled by a plugin's sampler
         self.grow(max_rows)
 
     @property
@@ -85,6 +86,7 @@ class SamplingBatch:
         self.params[row] = params
         self.generators[row] = generator
         self.num_special += needs_more_than_argmax(params)
+        self.num_plugin_sampled += params.sampler is not None
 
     def clear(self, row: int) -> None:
         """The row's sequence left: the row holds nothing again."""
@@ -92,6 +94,7 @@ class SamplingBatch:
         if params is None:
             return
         self.num_special -= needs_more_than_argmax(params)
+        self.num_plugin_sampled -= params.sampler is not None
         for view in self._views.values():
             view[row] = 0
         self.params[row] = None

@@ -51,7 +51,7 @@ def check_rows(batch: InputBatch, live: list[Sequence]) -> None:
     seqs = {seq.seq_id: seq for seq in live}
     assert set(batch.row_of) == {i for i, s in seqs.items() if s.block_table}
     assert sampling.num_rows == batch.num_rows
-    special = 0
+    special = plugin_sampled = 0
     for seq_id, row in batch.row_of.items():
         seq = seqs[seq_id]
         params = seq.request.params
@@ -64,7 +64,9 @@ def check_rows(batch: InputBatch, live: list[Sequence]) -> None:
             or params.scores_tokens
             or params.min_tokens > 0
         )
+        plugin_sampled += params.sampler is not None
     assert sampling.num_special == special
+    assert sampling.num_plugin_sampled == plugin_sampled
     for row in set(range(batch.num_rows)) - set(batch.row_of.values()):
         for name, column in sampling.columns.items():
             assert not column[row].item(), f"free row {row} left a stale {name}"
