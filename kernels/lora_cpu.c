@@ -175,28 +175,20 @@ typedef struct {
 /* Every module of a fused projection in one call: module m adds its delta to its own
  * columns, out[:, column : column + d_out]. The same shrink and expand as lora_apply, one
  * module after the other; what one call saves is the caller's work per module. */
-void lora_apply_modules_f32(const float *x, int64_t x_row, const lora_module *modules,
-                            int64_t num_modules, const float *scales, float *out,
-                            int64_t out_row, const int64_t *slots, int64_t num_tokens,
-                            int64_t rank, int64_t d_in, float *y, int32_t threads) {
-    for (int64_t m = 0; m < num_modules; ++m) {
-        const lora_module *mod = modules + m;
-        lora_apply_f32(x, x_row, (const float *)mod->a, mod->a_slot, mod->a_row,
-                       (const float *)mod->bt, mod->b_slot, mod->b_row, scales,
-                       out + mod->column, out_row, slots, num_tokens, rank, d_in, mod->d_out,
-                       y, threads);
+#define DEFINE_APPLY_MODULES(SUFFIX, E)                                                     \
+    void lora_apply_modules_##SUFFIX(const E *x, int64_t x_row, const lora_module *modules,  \
+                                     int64_t num_modules, const float *scales, E *out,       \
+                                     int64_t out_row, const int64_t *slots,                  \
+                                     int64_t num_tokens, int64_t rank, int64_t d_in, float *y, \
+                                     int32_t threads) {                                      \
+        for (int64_t m = 0; m < num_modules; ++m) {                                         \
+            const lora_module *mod = modules + m;                                           \
+            lora_apply_##SUFFIX(x, x_row, (const E *)mod->a, mod->a_slot, mod->a_row,       \
+                                (const E *)mod->bt, mod->b_slot, mod->b_row, scales,        \
+                                out + mod->column, out_row, slots, num_tokens, rank, d_in,  \
+                                mod->d_out, y, threads);                                     \
+        }                                                                                   \
     }
-}
 
-void lora_apply_modules_bf16(const bf16 *x, int64_t x_row, const lora_module *modules,
-                             int64_t num_modules, const float *scales, bf16 *out,
-                             int64_t out_row, const int64_t *slots, int64_t num_tokens,
-                             int64_t rank, int64_t d_in, float *y, int32_t threads) {
-    for (int64_t m = 0; m < num_modules; ++m) {
-        const lora_module *mod = modules + m;
-        lora_apply_bf16(x, x_row, (const bf16 *)mod->a, mod->a_slot, mod->a_row,
-                        (const bf16 *)mod->bt, mod->b_slot, mod->b_row, scales,
-                        out + mod->column, out_row, slots, num_tokens, rank, d_in, mod->d_out,
-                        y, threads);
-    }
-}
+DEFINE_APPLY_MODULES(f32, f32)
+DEFINE_APPLY_MODULES(bf16, bf16)
