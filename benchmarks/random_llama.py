@@ -5,6 +5,10 @@ download: the shapes come from a published config, the vocabulary and tokenizer 
 default model (so its chat template and token ids work unchanged).
 
     .venv/bin/python benchmarks/random_llama.py --size 1b --out /tmp/llama-1b
+
+Where the default model is absent (a GPU machine: its GGUF does not fit the call's 64 MiB),
+`--tokenizer-dir` names a folder holding its tokenizer files (`make gpu-assets`), and
+`--size 135m` stands in for the default model itself: its shapes, random weights.
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ SIZES = {
         rope_theta=100000.0,
         tie_word_embeddings=False,
     ),
+    # The default model's own shapes (SmolLM2-135M-Instruct's config.json).
+    "135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
     "1b": dict(
         hidden_size=2048,
         intermediate_size=8192,
@@ -44,9 +58,12 @@ SIZES = {
 }
 
 
-def make_random_llama(size: str, out: Path, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Save the model to `out`; return its parameter count."""
-    default_dir = resolve_model(None).hf_dir
+def make_random_llama(
+    size: str, out: Path, dtype: torch.dtype = torch.bfloat16, tokenizer_dir: Path | None = None
+) -> int:
+    """Save the model to `out`, with the tokenizer of `tokenizer_dir` (default: the default
+    model's); return its parameter count."""
+    default_dir = tokenizer_dir or resolve_model(None).hf_dir
     config = LlamaConfig(
         **SIZES[size], vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5
     )
@@ -65,8 +82,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1b", choices=sorted(SIZES))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer-dir", type=Path, help="default: the default model's")
     args = ap.parse_args()
-    params = make_random_llama(args.size, args.out)
+    params = make_random_llama(args.size, args.out, tokenizer_dir=args.tokenizer_dir)
     print(f"{args.out}: {params / 1e9:.2f}B parameters")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,9 +66,23 @@ def make_llm():
     return lambda *args, **kwargs: track(LLM(*args, **kwargs))
 
 
+# Set where the default model cannot be (a GPU machine: its GGUF does not fit the device
+# call, benchmarks/gpu_check.py): the tiny models take this folder's tokenizer (`make
+# gpu-assets`), and tests that need the default model itself are skipped.
+STAND_IN_TOKENIZER = os.environ.get("LORAGATE_TEST_TOKENIZER_DIR")
+
+
 @pytest.fixture(scope="session")
 def default_hf_dir():
+    if STAND_IN_TOKENIZER:
+        pytest.skip("no default model here: LORAGATE_TEST_TOKENIZER_DIR stands in for it")
     return resolve_model(None).hf_dir
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir():
+    """The default model's tokenizer files, from the stand-in folder where one is set."""
+    return Path(STAND_IN_TOKENIZER) if STAND_IN_TOKENIZER else resolve_model(None).hf_dir
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +96,7 @@ def hf_default_model(default_hf_dir):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, default_hf_dir):
+def tiny_model_dir(tmp_path_factory, tokenizer_dir):
     """Factory: the saved tiny test model (tests/tiny_llama.py) of a kind, with the default
     model's tokenizer."""
     made = {}
@@ -89,7 +104,7 @@ def tiny_model_dir(tmp_path_factory, default_hf_dir):
     def make(kind: str = "llama"):
         if kind not in made:
             made[kind] = save_tiny_model(
-                tmp_path_factory.mktemp(f"tiny-{kind}"), default_hf_dir, kind
+                tmp_path_factory.mktemp(f"tiny-{kind}"), tokenizer_dir, kind
             )
         return made[kind]
 
