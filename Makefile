@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: serve test install lint format bench clean
+.PHONY: serve test install lint format bench clean gpu-wheels gpu-assets
 
 serve: $(STAMP)
 	.venv/bin/loragate serve
@@ -31,6 +31,25 @@ lint: $(STAMP)
 format: $(STAMP)
 	.venv/bin/ruff format .
 	.venv/bin/ruff check --fix .
+
+# Issue 18 on a lent GPU machine (TESTING.md): the Python 3.12 wheels its image lacks or
+# holds in other versions than .venv (the HF reference the CUDA tests compare with included),
+# pinned to .venv's versions, into the git-ignored .whl/ that the device call carries.
+GPU_WHEELS := google-re2|llguidance|gguf|transformers|tokenizers|huggingface[-_]hub|peft
+MANYLINUX := $(foreach n,31 28 27 17,--platform manylinux_2_$(n)_x86_64) \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(MANYLINUX) -d .whl \
+		$$($(PY) -m pip freeze | grep -iE '^($(GPU_WHEELS))==')
+	du -sh .whl
+
+# The default model's tokenizer and config (its 98 MB GGUF cannot travel in 64 MiB), into
+# the git-ignored .gpu_assets/ that the device call carries.
+gpu-assets: $(STAMP)
+	$(PY) benchmarks/gpu_assets.py --out .gpu_assets
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache *.egg-info

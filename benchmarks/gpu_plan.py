@@ -1,0 +1,117 @@
+"""What one GPU machine call runs for issue 18, in order, each step under its own cap, all
+under one budget: the call's 10 minutes, less a rerun's worth of the session's 15.
+
+On CUDA: the two random Llamas (the default model's shapes, and a 1B-class one), the
+gpu-marked tests, benchmarks/kernels.py, then throughput.py and multi_lora.py on both models.
+With `cpu=True` the same steps run at tiny sizes on the CPU, to check the wiring here.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Below this many seconds a step could not finish anything useful: it is not started.
+MIN_STEP_S = 15
+# Kept back from every step's timeout for the driver's own bookkeeping and the summary.
+RESERVE_S = 10
+GPU_MARK = re.compile(r"pytest\.mark\.gpu\b")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command: `log` names its file in $OUT; it runs only once the steps in `needs`
+    passed, and is taken as done when `done_if` exists (a model left by an earlier call)."""
+
+    name: str
+    argv: list[str]
+    cap_s: int
+    log: str
+    needs: tuple[str, ...] = ()
+    done_if: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """Every test file that marks a test `gpu`, relative to the checkout."""
+    return sorted(
+        str(path.relative_to(root))
+        for path in (root / "tests").rglob("test_*.py")
+        if GPU_MARK.search(path.read_text())
+    )
+
+
+def step_timeout(cap_s: float, left_s: float) -> float | None:
+    """The step's timeout inside what is left of the budget; None when too little is left."""
+    timeout = min(cap_s, left_s - RESERVE_S)
+    return timeout if timeout >= MIN_STEP_S else None
+
+
+def plan(work: Path, out: Path, tokenizer: Path, cpu: bool = False) -> list[Step]:
+    """The steps of one call, most wanted first: the tests (issue 18, items 1-2), the
+    kernels (item 3), then the engine benchmarks (item 4). `work` holds the models, `out`
+    is $OUT."""
+    py = sys.executable
+    bench = ROOT / "benchmarks"
+    steps = [
+        Step(
+            "pytest",
+            [py, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"]
+            + ["--timeout", "170", *gpu_test_files()],
+            cap_s=180,
+            log="pytest.log",
+            env={"LORAGATE_TEST_TOKENIZER_DIR": str(tokenizer)},
+        ),
+        Step(
+            "kernels",
+            [py, str(bench / "kernels.py")] + (["--ops", "write_kv"] if cpu else []),
+            cap_s=90,
+            log="kernels.log",
+        ),
+    ]
+    models = {"135m": work / "models" / "llama-135m", "1b": work / "models" / "llama-1b"}
+    for size, path in models.items():
+        steps.append(
+            Step(
+                f"model-{size}",
+                [py, str(bench / "random_llama.py"), "--size", "tiny" if cpu else size]
+                + ["--out", str(path), "--tokenizer-dir", str(tokenizer)],
+                cap_s=60,
+                log="setup.log",
+                done_if=path / "tokenizer.json",  # copied once the weights are saved
+            )
+        )
+    device = ["--device", "cpu", "--dtype", "float32"] if cpu else ["--device", "cuda"]
+    dtype = [] if cpu else ["--dtype", "bfloat16"]
+    load = ["--num-requests", str(4 if cpu else 64), "--max-num-seqs", str(4 if cpu else 64)]
+    for size, path in models.items():
+        for eager in ([], ["--enforce-eager"]):
+            steps.append(
+                Step(
+                    f"throughput-{size}" + ("-eager" if eager else ""),
+                    [py, str(bench / "throughput.py"), "--model", str(path), *device, *dtype]
+                    + [*load, "--skip-hf", *eager],
+                    cap_s=45,
+                    log="throughput.log",
+                    needs=(f"model-{size}",),
+                )
+            )
+    # LoRA's cost against base-only at 1, 16 and 64 adapters (item 4).
+    sweep = ["--adapters", "2", "--sweep", "1,2", "--max-output-len", "8"]
+    if not cpu:
+        sweep = ["--adapters", "16", "--sweep", "1,16,64"]
+    for size, path in models.items():
+        steps.append(
+            Step(
+                f"multi_lora-{size}",
+                [py, str(bench / "multi_lora.py"), "--model", str(path), *device, *dtype]
+                + [*load, *sweep, "--skip-peft", "--plot", str(out / f"multi_lora_{size}.png")],
+                cap_s=90,
+                log="multi_lora.log",
+                needs=(f"model-{size}",),
+            )
+        )
+    return steps
