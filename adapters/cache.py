@@ -16,7 +16,7 @@ max_cpu_loras, until those requests end; slots running sequences use are never e
 
 Counters (``stats()``):
   device_hits      acquire found the adapter already in a slot
-  slot_loads       adapters copied into a device slot
+  slot_loads       adapters put in a device slot (copied; on a CPU, borrowed in place)
   device_evictions resident adapters replaced to free a slot
   acquire_waits    acquire calls that returned None (every slot busy)
   cpu_hits         the CPU tier had the adapter (acquire miss or preload)
@@ -24,7 +24,7 @@ Counters (``stats()``):
   file_reads       adapter directories read and hashed (a stat could not vouch for them)
   cpu_evictions    adapters dropped from the CPU tier to respect max_cpu_loras
   load_seconds     time spent in disk loads
-  slot_load_seconds time spent copying into device slots
+  slot_load_seconds time spent putting adapters in device slots
   resident_adapters adapters in device slots now
   cpu_adapters     adapters in the CPU tier now
   held_weights     weight sets that admitted, unfinished requests were admitted under
@@ -82,6 +82,7 @@ class AdapterCache(CacheReports):
         choose_victim: ChooseVictim | None = None,
         strict_base_model: bool = False,
         load_pacing: LoadPacing = ALWAYS_PACED,
+        borrow: bool = True,
     ):
         self.spec = spec
         self.load_pacing = load_pacing  # the engine's: paced only while its steps run
@@ -97,7 +98,8 @@ class AdapterCache(CacheReports):
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
         self.strict_base_model = strict_base_model
         self._choose_victim = choose_victim or lru_victim
-        self._device = DeviceTier(spec, max_loras, max_lora_rank, device, dtype)
+        # borrow: on a CPU, slots read the CPU tier's rows in place (adapters/slots.py).
+        self._device = DeviceTier(spec, max_loras, max_lora_rank, device, dtype, borrow)
         self._slots = self._device.tensors
         self._slot_of = self._device.slot_of  # the same dict: identity -> slot
         self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
@@ -118,6 +120,12 @@ class AdapterCache(CacheReports):
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, d_out, max_lora_rank]``: a view whose storage never moves."""
         return self._slots.module_b(layer, module)
+
+    def slot_weights(self, layer: int, module: str, slot: int):
+        """What ``slot`` reads for one module of one layer: A ``[r, d_in]`` and B
+        ``[d_out, r]`` (its own rows at max_lora_rank, or the CPU tier's it borrows), or None
+        where it adds nothing (adapters/slots.py)."""
+        return self._slots.slot_weights(layer, module, slot)
 
     @property
     def groups(self) -> dict[str, tuple[str, ...]]:
@@ -335,6 +343,8 @@ class AdapterCache(CacheReports):
             self.max_lora_rank,
             self.strict_base_model,
             self.load_pacing,
+            # On a CPU the slots read the stacks in place: made in the slots' dtype.
+            self._slots.dtype if self._slots.borrow else torch.float32,
         )
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:

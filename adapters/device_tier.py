@@ -19,8 +19,19 @@ from loragate.adapters.spec import LoRAModelSpec
 class DeviceTier:
     """Slot -> weights and back, over ``max_loras`` slots. Not locked: the cache locks."""
 
-    def __init__(self, spec: LoRAModelSpec, max_loras: int, max_rank: int, device, dtype):
-        self.tensors = DeviceSlots(spec, max_loras, max_rank, torch.device(device), dtype)
+    def __init__(
+        self,
+        spec: LoRAModelSpec,
+        max_loras: int,
+        max_rank: int,
+        device,
+        dtype,
+        borrow: bool = True,
+    ):
+        # On the CPU, slots borrow the CPU tier's rows rather than copy them (slots.py).
+        self.tensors = DeviceSlots(
+            spec, max_loras, max_rank, torch.device(device), dtype, borrow=borrow
+        )
         self.owner: list[WeightsIdentity | None] = [None] * max_loras
         self.rank = [0] * max_loras
         self.slot_of: dict[WeightsIdentity, int] = {}
@@ -32,7 +43,8 @@ class DeviceTier:
         return None
 
     def put(self, slot: int, identity: WeightsIdentity, adapter: LoRAAdapter) -> float:
-        """Copy ``adapter`` into ``slot`` (whatever held it is forgotten); seconds it took."""
+        """Put ``adapter`` in ``slot`` (whatever held it is forgotten): copied, or on the CPU
+        borrowed where it lies; seconds it took."""
         started = time.perf_counter()
         self.tensors.write(slot, adapter)
         previous = self.owner[slot]

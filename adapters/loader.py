@@ -50,10 +50,11 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 @dataclass(frozen=True, eq=False)
 class LoRAAdapter:
-    """One adapter in CPU memory, ready to copy into a device slot.
+    """One adapter in CPU memory, ready for a device slot (copied in, or on a CPU read in place).
 
-    ``weights[(layer, module)] = (A [r, d_in], B [d_out, r])`` in float32, with any
-    per-module alpha (alpha_pattern) already folded into B, so one ``scale`` per adapter
+    ``weights[(layer, module)] = (A [r, d_in], B [d_out, r])`` in float32 (in the stacks'
+    dtype for stacked modules: the slots' own on a CPU, whose slots read them in place), with
+    any per-module alpha (alpha_pattern) already folded into B, so one ``scale`` per adapter
     reproduces PEFT exactly.
     """
 
@@ -71,10 +72,13 @@ class LoRAAdapter:
     stamp: FilesStamp | None = None  # the files as stat'ed before they were read
     # Per module, when its layers form one run at one rank: (first layer, A [L, r, d_in],
     # B transposed [L, r, d_out]), the layout a device slot holds, made on the loader thread
-    # so copying into a slot on the engine's step is one plain copy per tensor.
+    # so copying into a slot on the engine's step is one plain copy per tensor (and on a CPU,
+    # in the slots' dtype, no copy at all: the slot reads them where they are).
     stacked: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def stack_modules(self, pacing: LoadPacing = ALWAYS_PACED) -> None:
+    def stack_modules(
+        self, pacing: LoadPacing = ALWAYS_PACED, dtype: torch.dtype = torch.float32
+    ) -> None:
         by_module: dict[str, list] = {}
         for (layer, module), (a, b) in sorted(self.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
@@ -83,8 +87,8 @@ class LoRAAdapter:
             ranks = {a.shape[0] for _, a, _ in entries}
             if len(ranks) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
                 a0, b0 = entries[0][1], entries[0][2]
-                a_stack = a0.new_empty(len(entries), *a0.shape)
-                bt_stack = b0.new_empty(len(entries), b0.shape[1], b0.shape[0])
+                a_stack = a0.new_empty(len(entries), *a0.shape, dtype=dtype)
+                bt_stack = b0.new_empty(len(entries), b0.shape[1], b0.shape[0], dtype=dtype)
                 for i, (_, a, b) in enumerate(entries):  # a layer at a time, paced
                     began = time.perf_counter()
                     a_stack[i].copy_(a)
@@ -109,9 +113,11 @@ def load_adapter(
     max_lora_rank: int,
     strict_base_model: bool = False,
     pacing: LoadPacing = ALWAYS_PACED,
+    stack_dtype: torch.dtype = torch.float32,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
-    ``pacing`` says how it shares the cores with running steps (adapters/pacing.py)."""
+    ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
+    ``stack_dtype`` is the dtype of its stacked modules (LoRAAdapter.stacked)."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -139,6 +145,7 @@ def load_adapter(
             raise AdapterNotFoundError("adapter files vanished while being read", path=root)
         adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp, pacing)
         if stamp.same_files(stamp_files(root) or stamp):
+            adapter.stack_modules(pacing, stack_dtype)
             return adapter
     raise AdapterError(
         f"the files kept changing while being read ({READ_ATTEMPTS} tries); "
@@ -213,7 +220,6 @@ def _read(
         config_sha256=config_sha256,
         stamp=stamp,
     )
-    adapter.stack_modules(pacing)
     return adapter
 
 

@@ -12,6 +12,14 @@ modules to that module's own columns of the fused output, so a step reads exactl
 weights its adapters have. (One stack per fused group, with a block-diagonal B, read M times
 the B weights a group needs: on 2 cores, a third of the LoRA time of a decode step with
 rank-64 adapters on every projection, and M times the slot memory.)
+
+On the CPU the slots and the CPU tier are the same memory, so a slot *borrows* its adapter's
+rows where it can (``borrow=True``): each module whose layers the CPU tier holds as one
+stack in the slots' dtype (LoRAAdapter.stacked) is read in place by the kernels, through a
+pointer per slot (kernels/lora_modules.py), and putting an adapter in a slot copies nothing
+(a rank-64 adapter on every projection of the default model is 78 MB: 7-30 ms of copying,
+on the step that admits its request, measured on 2 cores). Modules held otherwise are
+copied into the stacks as on a GPU.
 """
 
 from __future__ import annotations
@@ -26,10 +34,25 @@ from loragate.adapters.spec import LoRAModelSpec
 class DeviceSlots:
     """Stacked slot tensors, one A and one B (transposed) per module."""
 
-    def __init__(self, spec: LoRAModelSpec, max_loras: int, max_rank: int, device, dtype):
+    def __init__(
+        self,
+        spec: LoRAModelSpec,
+        max_loras: int,
+        max_rank: int,
+        device,
+        dtype,
+        borrow: bool = False,
+    ):
         self.spec = spec
         self.max_loras = max_loras
         self.max_rank = max_rank
+        self.device, self.dtype = torch.device(device), dtype
+        # Slots read the CPU tier's stacks in place (the CPU only: the kernels read them
+        # through host pointers).
+        self.borrow = borrow and self.device.type == "cpu"
+        # slot -> module -> (first layer, A [L, r, d_in], B transposed [L, r, d_out]): the
+        # borrowed stacks each slot reads instead of its own rows.
+        self._borrowed: dict[int, dict[str, tuple]] = {}
         layers = spec.num_layers
         self.groups = spec.groups
         self.a: dict[str, torch.Tensor] = {}
@@ -48,6 +71,10 @@ class DeviceSlots:
         self._module_groups: dict[tuple[int, str, int], kernels.LoRAModules] = {}
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
+        if self.borrow:  # one group per layer and projection: made now, none on a step
+            for layer in range(layers):
+                for group in self.groups:
+                    self.module_group(layer, group, max_rank)
 
     # -- views the model and the tests read ---------------------------------------------
     def module_weights(self, layer: int, group: str, rank: int):
@@ -69,13 +96,27 @@ class DeviceSlots:
 
     def module_group(self, layer: int, group: str, rank: int) -> kernels.LoRAModules:
         """`module_weights` prepared for kernels.lora_apply_modules: the whole group in one
-        call. Made once per layer, group and rank, like the views it holds."""
-        key = (layer, group, rank)
+        call. Made once per layer, group and rank, like the views it holds. With ``borrow``
+        every slot written is placed (each reads its own rows or borrowed ones at their own
+        rank), so one group at max_rank serves every rank."""
+        key = (layer, group, self.max_rank if self.borrow else rank)
         prepared = self._module_groups.get(key)
         if prepared is None:
-            prepared = kernels.LoRAModules(self.module_weights(layer, group, rank))
+            prepared = kernels.LoRAModules(self.module_weights(*key))
+            for slot in self._borrowed:
+                prepared.place(slot, self._rows(layer, group, slot))
             self._module_groups[key] = prepared
         return prepared
+
+    def slot_weights(self, layer: int, module: str, slot: int):
+        """What ``slot`` reads for one module of one layer, wherever it is (its own rows or
+        borrowed ones): A ``[r, d_in]`` and B ``[d_out, r]``, or None where it adds
+        nothing. Its own rows come at max_rank, zero past the adapter's rank."""
+        borrowed = self._borrowed.get(slot, {}).get(module)
+        if borrowed is None:
+            return self.module_a(layer, module)[slot], self.module_b(layer, module)[slot]
+        rows = _layer_rows(borrowed, layer)
+        return None if rows is None else (rows[0], rows[1].T)
 
     def module_a(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, max_rank, d_in]``: one module's A, a view."""
@@ -87,13 +128,58 @@ class DeviceSlots:
 
     # -- loading ------------------------------------------------------------------------
     def write(self, slot: int, adapter: LoRAAdapter) -> None:
-        """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else."""
+        """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else. With
+        ``borrow``, the modules the CPU tier stacks in this dtype are read where they are."""
         by_module: dict[str, list] = {}
         for (layer, module), (a, b) in sorted(adapter.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
+        borrowed = {}
         for module in self.spec.modules:
-            self._write_module(slot, module, adapter, by_module.get(module, []))
+            stacked = adapter.stacked.get(module)
+            if self._can_borrow(stacked):
+                borrowed[module] = stacked  # its own rows stay as they are, unread
+            else:
+                self._write_module(slot, module, adapter, by_module.get(module, []))
+        self._borrow(slot, borrowed)
         self.scales[slot] = adapter.scale
+
+    def _can_borrow(self, stacked) -> bool:
+        if not self.borrow or stacked is None:
+            return False
+        _, a_stack, bt_stack = stacked
+        return (
+            all(
+                t.dtype == self.dtype and t.device == self.device and t.is_contiguous()
+                for t in (a_stack, bt_stack)
+            )
+            and a_stack.shape[1] <= self.max_rank
+        )
+
+    def _borrow(self, slot: int, borrowed: dict[str, tuple]) -> None:
+        """With ``borrow``, place ``slot`` in every group: the rows it borrows, and its own
+        rows (copied ones) at the rank written."""
+        if not self.borrow:
+            return
+        self._borrowed[slot] = borrowed
+        for (layer, group, _), prepared in self._module_groups.items():
+            prepared.place(slot, self._rows(layer, group, slot))
+
+    def _rows(self, layer: int, group: str, slot: int) -> tuple:
+        """Per module of ``group``, the rows ``slot`` reads in ``layer``: borrowed ones, or
+        its own cut to the rank columns written; None where it adds nothing."""
+        borrowed = self._borrowed[slot]
+        rows = []
+        for module in self.groups[group]:
+            rank = self._dirty[module][slot]
+            if module in borrowed:
+                rows.append(_layer_rows(borrowed[module], layer))
+            elif rank:
+                rows.append(
+                    (self.a[module][layer, slot, :rank], self.bt[module][layer, slot, :rank])
+                )
+            else:
+                rows.append(None)
+        return tuple(rows)
 
     def _write_module(self, slot: int, module: str, adapter: LoRAAdapter, entries) -> None:
         stacked = adapter.stacked.get(module)
@@ -115,6 +201,7 @@ class DeviceSlots:
         """Zero ``slot`` so nothing of a removed adapter can leak into later batches."""
         for module in self.spec.modules:
             self._zero(module, slot)
+        self._borrow(slot, {})
         self.scales[slot] = 0
 
     def _views(self, module: str, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,3 +240,12 @@ class DeviceSlots:
         for layer, a, b in entries:
             a_all[layer, : a.shape[0]].copy_(a)
             bt_all[layer, : b.shape[1]].copy_(b.T)
+
+
+def _layer_rows(stacked: tuple, layer: int):
+    """One layer of a stacked module: (A [r, d_in], B transposed [r, d_out]), or None when
+    the stack does not cover ``layer``."""
+    first, a_stack, bt_stack = stacked
+    if not first <= layer < first + a_stack.shape[0]:
+        return None
+    return a_stack[layer - first], bt_stack[layer - first]

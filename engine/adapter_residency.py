@@ -12,12 +12,14 @@ them, and every other request keeps running; the next step that finds them in me
 schedules it. A load that fails fails the requests waiting for those weights, with the
 adapter's own error (AdapterChangedError when the files now hold other weights).
 
-Weights in CPU memory are copied into a device slot on the step that admits their request
-(10-30 ms for a rank-64 adapter on every projection, float32, 2 cores): at most one adapter
-per step, and its request runs in that step, so a burst spreads its copies over as many
-steps. (Copying on a loader thread instead, into a free slot, was measured and made the
-running streams' worst gap larger, 1.7-3.7x their median against 1.5-1.8x: the copy fights
-the step for the same two cores and memory bus, at a moment the step cannot choose.)
+Weights in CPU memory come into a device slot on the step that admits their request: at
+most one adapter per step, and its request runs in that step, so a burst spreads them over
+as many steps. On a GPU that is a copy. On a CPU the slot borrows the CPU tier's rows in
+place (adapters/slots.py): pointing the layers' LoRA groups at them takes about 3 ms where
+copying a rank-64 adapter on every projection took 7-30 ms (float32, 2 cores). (Copying on
+a loader thread instead, into a free slot, was measured and made the running streams' worst
+gap larger, 1.7-3.7x their median against 1.5-1.8x: the copy fights the step for the same
+two cores and memory bus, at a moment the step cannot choose.)
 Requests in flight per adapter (engine/adapter_in_flight.py) count from the moment the
 async engine is handed one until it ends, so a server removes an adapter only once nothing
 uses it; changed weights behind a name are announced to listeners (engine/adapter_events.py).

@@ -11,8 +11,41 @@
  * converts nothing around its LoRA calls. The last dimension of every tensor is contiguous,
  * other strides are passed. Rows whose slot is negative (base model only) are skipped: shrink
  * writes zeros there and expand leaves `out` untouched. Built by kernels/lora_cpu.py.
+ *
+ * The loops read each slot's weights through a pointer per slot and a rank per slot, so a
+ * slot's rows can live anywhere: in the stacked slot tensors (the entry points that take a
+ * stack and a slot stride build the pointers), or, on the CPU, in the CPU tier's own copy of
+ * an adapter (adapters/slots.py), which makes putting an adapter in a slot a pointer change
+ * rather than a copy. A NULL pointer is a slot that adds nothing.
  */
+#include <stdlib.h>
+
 #include "cpu_simd.h"
+
+/* Pointers to each slot of a stack, and one rank for all: what the stacked entry points
+ * hand to the per-slot loops. Sized by the largest slot the batch uses. */
+typedef struct {
+    const void **at;
+    int64_t *ranks;
+} slot_table;
+
+static slot_table stacked_slots(const char *base, int64_t slot_bytes, int64_t rank,
+                                const int64_t *slots, int64_t num_tokens) {
+    int64_t count = 1;
+    for (int64_t t = 0; t < num_tokens; ++t)
+        if (slots[t] + 1 > count) count = slots[t] + 1;
+    slot_table table = {malloc(count * sizeof(void *)), malloc(count * sizeof(int64_t))};
+    for (int64_t s = 0; s < count; ++s) {
+        table.at[s] = base + s * slot_bytes;
+        table.ranks[s] = rank;
+    }
+    return table;
+}
+
+static void free_slots(slot_table table) {
+    free(table.at);
+    free(table.ranks);
+}
 
 /* Four dot products sharing the loads of x: x . a0, x . a1, x . a2, x . a3. */
 #define DEFINE_DOT(E, LOAD, GET)                                                            \
@@ -50,11 +83,13 @@ typedef float f32;
 DEFINE_DOT(f32, load_f32, get_f32)
 DEFINE_DOT(bf16, load_bf16, get_bf16)
 
-/* y[t, j] = sum_k x[t, k] * a[slot[t], j, k]; x and a of type E, y of type Y. */
+/* y[t, j] = sum_k x[t, k] * a[slot[t]][j, k] for j < rank, zero past the slot's own rank;
+ * x and a of type E, y of type Y. The stacked entry point NAME takes a[s] = a + s * a_slot. */
 #define DEFINE_SHRINK(NAME, E, Y, PUT)                                                      \
-    void NAME(const E *x, int64_t x_row, const E *a, int64_t a_slot, int64_t a_row, Y *y,    \
-              int64_t y_row, const int64_t *slots, int64_t num_tokens, int64_t rank,         \
-              int64_t d_in, int32_t threads) {                                               \
+    static void NAME##_slots(const E *x, int64_t x_row, const void *const *a,                \
+                             const int64_t *ranks, int64_t a_row, Y *y, int64_t y_row,      \
+                             const int64_t *slots, int64_t num_tokens, int64_t rank,         \
+                             int64_t d_in, int32_t threads) {                                \
         const int64_t quads = (rank + 3) / 4;                                               \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
         for (int64_t q = 0; q < quads; ++q) {                                               \
@@ -64,30 +99,41 @@ DEFINE_DOT(bf16, load_bf16, get_bf16)
                 Y *yt = y + t * y_row + j;                                                  \
                 float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                   \
                 const int64_t n = rank - j < 4 ? rank - j : 4;                              \
-                if (s >= 0) {                                                               \
+                const int64_t own = s >= 0 && a[s] ? ranks[s] - j : 0;                      \
+                if (own > 0) {                                                              \
                     const E *xt = x + t * x_row;                                            \
-                    const E *aj = a + s * a_slot + j * a_row;                               \
-                    if (n == 4) {                                                           \
+                    const E *aj = (const E *)a[s] + j * a_row;                              \
+                    if (n == 4 && own >= 4) {                                               \
                         dot4_##E(xt, aj, aj + a_row, aj + 2 * a_row, aj + 3 * a_row, d_in,  \
                                  sums);                                                     \
                     } else {                                                                \
-                        for (int64_t i = 0; i < n; ++i)                                     \
+                        for (int64_t i = 0; i < n && i < own; ++i)                          \
                             sums[i] = dot1_##E(xt, aj + i * a_row, d_in);                   \
                     }                                                                       \
                 }                                                                           \
                 for (int64_t i = 0; i < n; ++i) PUT(yt + i, sums[i]);                       \
             }                                                                               \
         }                                                                                   \
+    }                                                                                       \
+    void NAME(const E *x, int64_t x_row, const E *a, int64_t a_slot, int64_t a_row, Y *y,    \
+              int64_t y_row, const int64_t *slots, int64_t num_tokens, int64_t rank,         \
+              int64_t d_in, int32_t threads) {                                               \
+        slot_table table = stacked_slots((const char *)a, a_slot * (int64_t)sizeof(E), rank, \
+                                         slots, num_tokens);                                \
+        NAME##_slots(x, x_row, table.at, table.ranks, a_row, y, y_row, slots, num_tokens,    \
+                     rank, d_in, threads);                                                  \
+        free_slots(table);                                                                  \
     }
 
 DEFINE_SHRINK(lora_shrink_f32, f32, float, put_f32)
 DEFINE_SHRINK(lora_shrink_bf16, bf16, bf16, put_bf16)
 DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
 
-/* out[t, o] += scales[slot[t]] * sum_j y[t, j] * bt[slot[t], j, o]   (bt = B transposed)
- * The delta is summed in registers, 64 columns at a time, and added once, as
- * (x A^T B^T) * scale is in PEFT, so the base output's low bits are not rounded away rank
- * by rank. scales are float32 whatever E is. */
+/* out[t, o] += scales[slot[t]] * sum_j y[t, j] * bt[slot[t]][j, o]   (bt = B transposed),
+ * j below the slot's own rank. The delta is summed in registers, 64 columns at a time, and
+ * added once, as (x A^T B^T) * scale is in PEFT, so the base output's low bits are not rounded
+ * away rank by rank. scales are float32 whatever E is. The stacked entry point NAME takes
+ * bt[s] = bt + s * b_slot and the same rank for every slot. */
 #define EXPAND_CHUNK 256
 
 #define DEFINE_EXPAND(NAME, E, Y, LOAD, STORE, GET, PUT, GETY)                               \
@@ -107,9 +153,10 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
         STORE(ot + 2 * W, LOAD(ot + 2 * W) + scale * s2);                                   \
         STORE(ot + 3 * W, LOAD(ot + 3 * W) + scale * s3);                                   \
     }                                                                                       \
-    void NAME(const Y *y, int64_t y_row, const E *bt, int64_t b_slot, int64_t b_row,         \
-              const float *scales, E *out, int64_t out_row, const int64_t *slots,            \
-              int64_t num_tokens, int64_t rank, int64_t d_out, int32_t threads) {            \
+    static void NAME##_slots(const Y *y, int64_t y_row, const void *const *bt,               \
+                             const int64_t *ranks, int64_t b_row, const float *scales,      \
+                             E *out, int64_t out_row, const int64_t *slots,                  \
+                             int64_t num_tokens, int64_t d_out, int32_t threads) {           \
         const int64_t chunks = (d_out + EXPAND_CHUNK - 1) / EXPAND_CHUNK;                   \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
         for (int64_t chunk = 0; chunk < chunks; ++chunk) {                                  \
@@ -117,9 +164,10 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
             const int64_t last = d_out < first + EXPAND_CHUNK ? d_out : first + EXPAND_CHUNK; \
             for (int64_t t = 0; t < num_tokens; ++t) {                                      \
                 const int64_t s = slots[t];                                                 \
-                if (s < 0) continue;                                                        \
+                if (s < 0 || !bt[s]) continue;                                              \
                 const Y *yt = y + t * y_row;                                                \
-                const E *bs = bt + s * b_slot;                                              \
+                const E *bs = (const E *)bt[s];                                             \
+                const int64_t rank = ranks[s];                                              \
                 E *ot = out + t * out_row;                                                  \
                 const float scale = scales[s];                                              \
                 int64_t o = first;                                                          \
@@ -133,6 +181,15 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
+    }                                                                                       \
+    void NAME(const Y *y, int64_t y_row, const E *bt, int64_t b_slot, int64_t b_row,         \
+              const float *scales, E *out, int64_t out_row, const int64_t *slots,            \
+              int64_t num_tokens, int64_t rank, int64_t d_out, int32_t threads) {            \
+        slot_table table = stacked_slots((const char *)bt, b_slot * (int64_t)sizeof(E),      \
+                                         rank, slots, num_tokens);                          \
+        NAME##_slots(y, y_row, table.at, table.ranks, b_row, scales, out, out_row, slots,    \
+                     num_tokens, d_out, threads);                                           \
+        free_slots(table);                                                                  \
     }
 
 DEFINE_EXPAND(lora_expand_f32, f32, float, load_f32, store_f32, get_f32, put_f32, get_f32)
@@ -163,19 +220,21 @@ void lora_apply_bf16(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_slot
                        rank, d_out, threads);
 }
 
-/* One module of a projection the model fuses (q/k/v, gate/up): its A and B (transposed)
- * stacks over slots, and where its columns start in the fused output. */
+/* One module of a projection the model fuses (q/k/v, gate/up), over the slots: where each
+ * slot's A and B (transposed) rows start (NULL: the slot adds nothing here) and how many rank
+ * rows it has (at most the call's rank), the row strides, and where the module's columns
+ * start in the fused output. */
 typedef struct {
-    const void *a;
-    int64_t a_slot, a_row;
-    const void *bt;
-    int64_t b_slot, b_row, d_out, column;
+    const void *const *a;
+    const void *const *bt;
+    const int64_t *ranks;
+    int64_t a_row, b_row, d_out, column;
 } lora_module;
 
 /* Every module of a fused projection in one call: module m adds its delta to its own
  * columns, out[:, column : column + d_out]. The same shrink and expand as lora_apply, one
- * module after the other; what one call saves is the caller's work per module. */
-#define DEFINE_APPLY_MODULES(SUFFIX, E)                                                     \
+ * module after the other, each slot read through its own pointers. */
+#define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND)                                     \
     void lora_apply_modules_##SUFFIX(const E *x, int64_t x_row, const lora_module *modules,  \
                                      int64_t num_modules, const float *scales, E *out,       \
                                      int64_t out_row, const int64_t *slots,                  \
@@ -183,12 +242,13 @@ typedef struct {
                                      int32_t threads) {                                      \
         for (int64_t m = 0; m < num_modules; ++m) {                                         \
             const lora_module *mod = modules + m;                                           \
-            lora_apply_##SUFFIX(x, x_row, (const E *)mod->a, mod->a_slot, mod->a_row,       \
-                                (const E *)mod->bt, mod->b_slot, mod->b_row, scales,        \
-                                out + mod->column, out_row, slots, num_tokens, rank, d_in,  \
-                                mod->d_out, y, threads);                                     \
+            SHRINK##_slots(x, x_row, mod->a, mod->ranks, mod->a_row, y, rank, slots,        \
+                           num_tokens, rank, d_in, threads);                                \
+            EXPAND##_slots(y, rank, mod->bt, mod->ranks, mod->b_row, scales,                \
+                           out + mod->column, out_row, slots, num_tokens, mod->d_out,       \
+                           threads);                                                        \
         }                                                                                   \
     }
 
-DEFINE_APPLY_MODULES(f32, f32)
-DEFINE_APPLY_MODULES(bf16, bf16)
+DEFINE_APPLY_MODULES(f32, f32, lora_shrink_f32, lora_expand_f32)
+DEFINE_APPLY_MODULES(bf16, bf16, shrink_bf16_to_f32, expand_f32_to_bf16)

@@ -33,14 +33,14 @@ _APPLY_MODULES = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I
 
 
 class ModuleStruct(ctypes.Structure):
-    """lora_cpu.c's lora_module: one module's stacks and where its columns start."""
+    """lora_cpu.c's lora_module: one module's rows per slot (addresses of arrays of a pointer
+    and a rank per slot), its row strides and where its columns start."""
 
     _fields_ = [
         ("a", _PTR),
-        ("a_slot", _I64),
-        ("a_row", _I64),
         ("bt", _PTR),
-        ("b_slot", _I64),
+        ("ranks", _PTR),
+        ("a_row", _I64),
         ("b_row", _I64),
         ("d_out", _I64),
         ("column", _I64),

@@ -12,6 +12,7 @@ per-module checks on the step.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import torch
@@ -25,7 +26,13 @@ from .lora_torch import _native
 
 class LoRAModules:
     """The modules of one projection: per module, A ``[S, r, d_in]``, B ``[S, d_out, r]``
-    and its columns of the output; all share S, r and d_in."""
+    and its columns of the output; all share S, r and d_in.
+
+    A slot reads its rows from those stacks unless `place` says they are elsewhere (the CPU
+    tier's copy of an adapter, adapters/slots.py): then each module of that slot reads its
+    own A ``[r_s, d_in]`` and B transposed ``[r_s, d_out]``, their first ``rank`` rows at most,
+    as the stacks are cut to ``rank``.
+    """
 
     def __init__(self, modules: Sequence[tuple[torch.Tensor, torch.Tensor, slice]]):
         require(len(modules) > 0, "a projection has at least one module")
@@ -52,20 +59,100 @@ class LoRAModules:
                 f"columns {columns} do not hold d_out {b.shape[1]}",
             )
         self.width = max(columns.stop for _, _, columns in self.modules)
+        # slot -> per module, (A [r, d_in], B transposed [r, d_out]) or None: slots whose
+        # rows are not the stacks'.
+        self.placed: dict[int, tuple] = {}
         self.table = self._native_table()
+
+    def place(self, slot: int, rows: Sequence | None) -> None:
+        """Read ``slot``'s rows from ``rows`` from now on: per module, A ``[r, d_in]`` and B
+        transposed ``[r, d_out]`` (contiguous rows, this group's dtype and device), or None
+        where the slot adds nothing to that module. ``rows=None`` goes back to the stacks.
+        The tensors are held until the slot is placed again."""
+        require(0 <= slot < self.num_slots, f"slot {slot} out of range [0, {self.num_slots})")
+        if rows is None:
+            self.placed.pop(slot, None)
+        else:
+            rows = tuple(rows)
+            require(
+                len(rows) == len(self.modules),
+                f"{len(rows)} modules' rows for a group of {len(self.modules)}",
+            )
+            for entry, (_, b, _) in zip(rows, self.modules, strict=True):
+                if entry is not None:
+                    self._check_rows(entry, b.shape[1])
+            self.placed[slot] = rows
+        if self.table is not None:
+            self._point(slot)
+
+    def rows_of(self, slot: int) -> tuple:
+        """Per module, the (A ``[r, d_in]``, B transposed ``[r, d_out]``) that ``slot``
+        reads, cut to this group's rank, or None where it adds nothing."""
+        placed = self.placed.get(slot)
+        if placed is None:
+            return tuple((a[slot], b[slot].T) for a, b, _ in self.modules)
+        return tuple(
+            None if entry is None else (entry[0][: self.rank], entry[1][: self.rank])
+            for entry in placed
+        )
+
+    def _check_rows(self, entry, d_out: int) -> None:
+        a, bt = entry
+        require(
+            a.dim() == 2 and bt.dim() == 2 and a.shape[1] == self.d_in and bt.shape[1] == d_out,
+            lambda: (
+                f"a slot's rows must be A [r, {self.d_in}] and B transposed [r, {d_out}], "
+                f"got {tuple(a.shape)} {tuple(bt.shape)}"
+            ),
+        )
+        require(a.shape[0] == bt.shape[0], lambda: f"A has {a.shape[0]} rows and B {bt.shape[0]}")
+        device = self.modules[0][0].device
+        require(
+            a.dtype == bt.dtype == self.dtype and a.device == bt.device == device,
+            lambda: f"a slot's rows must be {self.dtype} on {device}",
+        )
+        require(
+            a.stride(-1) == 1 and bt.stride(-1) == 1,
+            "a slot's rows must be contiguous in their last dimension",
+        )
+        if self.table is not None:  # the native kernels read every slot's rows alike
+            require(
+                a.stride(0) == self.d_in and bt.stride(0) == d_out,
+                lambda: f"a slot's rows must be contiguous, got strides {a.stride()} {bt.stride()}",
+            )
 
     def _native_table(self):
         """The modules as lora_cpu.c's lora_module array, where the native kernels take
-        their tensors (CPU, float32 or bfloat16, contiguous rows); None otherwise."""
+        their tensors (CPU, float32 or bfloat16, contiguous rows); None otherwise. Each
+        module points at arrays of one pointer and one rank per slot (`_point` fills them)."""
         stacks = [(a, b.transpose(1, 2)) for a, b, _ in self.modules]
         if not NativeLoRA.fits(*(t for pair in stacks for t in pair)):
             return None
         table = (ModuleStruct * len(stacks))()
+        self._slot_arrays = []
         for entry, (a, bt), (_, _, columns) in zip(table, stacks, self.modules, strict=True):
-            entry.a, entry.a_slot, entry.a_row = a.data_ptr(), a.stride(0), a.stride(1)
-            entry.bt, entry.b_slot, entry.b_row = bt.data_ptr(), bt.stride(0), bt.stride(1)
+            arrays = (
+                (ctypes.c_void_p * self.num_slots)(),
+                (ctypes.c_void_p * self.num_slots)(),
+                (ctypes.c_int64 * self.num_slots)(),
+            )
+            self._slot_arrays.append(arrays)
+            entry.a, entry.bt, entry.ranks = (ctypes.addressof(array) for array in arrays)
+            entry.a_row, entry.b_row = a.stride(1), bt.stride(1)
             entry.d_out, entry.column = bt.shape[2], columns.start
+        self.table = table
+        for slot in range(self.num_slots):
+            self._point(slot)
         return table
+
+    def _point(self, slot: int) -> None:
+        """Write ``slot``'s pointers and ranks into the native table."""
+        for (a_at, bt_at, ranks), rows in zip(self._slot_arrays, self.rows_of(slot), strict=True):
+            if rows is None:
+                a_at[slot], bt_at[slot], ranks[slot] = None, None, 0
+            else:
+                a_at[slot], bt_at[slot] = rows[0].data_ptr(), rows[1].data_ptr()
+                ranks[slot] = rows[0].shape[0]
 
 
 def lora_apply_modules(
@@ -90,16 +177,40 @@ def lora_apply_modules(
     index = _checked_index(index, slot_ids, x.shape[0], modules.num_slots)
     if index.num_active == 0:
         return
-    if (
-        modules.table is not None
-        and x.dtype == modules.dtype
-        and not _use_triton(backend, x, index)
-    ):
-        native = _native(index, x, out)
-        if native is not None:
-            native.apply_modules(
-                x, modules.table, len(modules.modules), modules.rank, scales, out, slot_ids
-            )
-            return
+    if modules.table is not None and x.dtype == modules.dtype:
+        if modules.placed or not _use_triton(backend, x, index):
+            native = _native(index, x, out)
+            if native is not None:
+                native.apply_modules(
+                    x, modules.table, len(modules.modules), modules.rank, scales, out, slot_ids
+                )
+                return
+    if modules.placed:
+        _apply_per_slot(x, modules, index, scales, out)
+        return
     for a, b, columns in modules.modules:
         lora_apply(x, a, b, slot_ids, scales, out[:, columns], backend=backend, index=index)
+
+
+def _apply_per_slot(
+    x: torch.Tensor, modules: LoRAModules, index: LoraIndex, scales: torch.Tensor, out
+) -> None:
+    """The grouped path where some slot's rows are not the stacks': each slot's tokens as one
+    matmul per module, with the rows that slot reads (prefill-sized batches)."""
+    ends = index.group_ends.tolist()
+    scale_of = scales.tolist()
+    for slot in range(index.first_slot, index.last_slot + 1):
+        begin, end = (ends[slot - 1] if slot else 0), ends[slot]
+        if end == begin:
+            continue
+        rows = None if index.is_sorted else index.order[begin:end]
+        xs = x[begin:end] if rows is None else x.index_select(0, rows)
+        for (_, _, columns), weights in zip(modules.modules, modules.rows_of(slot), strict=True):
+            if weights is None:
+                continue
+            a, bt = weights
+            delta = ((xs.to(a.dtype) @ a.T) @ bt) * scale_of[slot]
+            if rows is None:
+                out[begin:end, columns] += delta.to(out.dtype)
+            else:
+                out[:, columns].index_add_(0, rows, delta.to(out.dtype))

@@ -39,6 +39,13 @@ def adapters(make_adapter):
     }
 
 
+@pytest.fixture(params=[True, False], ids=["borrowed", "copied"])
+def borrow(request):
+    """On the CPU a slot reads the CPU tier's rows in place (borrowed) unless told to copy
+    them, as a GPU's slots do: the tests of what a slot holds run both ways."""
+    return request.param
+
+
 def make_cache(spec, **kwargs) -> AdapterCache:
     kwargs.setdefault("max_loras", 2)
     kwargs.setdefault("max_lora_rank", 8)
@@ -47,15 +54,18 @@ def make_cache(spec, **kwargs) -> AdapterCache:
 
 
 def assert_slot_holds(cache, slot, request, spec):
+    """What the slot reads (its own rows or the CPU tier's it borrows) is the adapter."""
     adapter = load_adapter(request.lora_path, spec, cache.max_lora_rank)
     assert cache.scales[slot].item() == pytest.approx(adapter.scale)
     for layer in range(spec.num_layers):
         for module in spec.modules:
-            a = cache.lora_a(layer, module)[slot]
-            b = cache.lora_b(layer, module)[slot]
+            rows = cache.slot_weights(layer, module, slot)
             if (layer, module) not in adapter.weights:
-                assert not a.any() and not b.any(), f"{module} not targeted but non-zero"
+                assert rows is None or not (rows[0].any() or rows[1].any()), (
+                    f"{module} not targeted but non-zero"
+                )
                 continue
+            a, b = rows
             ref_a, ref_b = adapter.weights[(layer, module)]
             r = ref_a.shape[0]
             assert torch.equal(a[:r], ref_a) and torch.equal(b[:, :r], ref_b)
@@ -74,8 +84,8 @@ def test_slots_are_allocated_once_as_zeros(spec):
     assert cache.stats()["resident_adapters"] == 0
 
 
-def test_acquire_copies_weights_into_a_free_slot(spec, adapters):
-    cache = make_cache(spec)
+def test_acquire_copies_weights_into_a_free_slot(spec, adapters, borrow):
+    cache = make_cache(spec, borrow=borrow)
     assert cache.acquire(adapters["a"], set()) == 0
     assert cache.acquire(adapters["d"], set()) == 1
     assert_slot_holds(cache, 0, adapters["a"], spec)
@@ -87,9 +97,9 @@ def test_acquire_copies_weights_into_a_free_slot(spec, adapters):
     assert stats["resident_adapters"] == 2 and stats["load_seconds"] > 0
 
 
-def test_slot_reproduces_the_peft_layer(base_model, spec, adapters):
+def test_slot_reproduces_the_peft_layer(base_model, spec, adapters, borrow):
     """base(x) + scale * (x @ A[slot]^T) @ B[slot]^T is PEFT's output for every targeted layer."""
-    cache = make_cache(spec)
+    cache = make_cache(spec, borrow=borrow)
     request = adapters["d"]
     slot = cache.acquire(request, set())
     peft_model = PeftModel.from_pretrained(copy.deepcopy(base_model), request.lora_path)
@@ -101,15 +111,15 @@ def test_slot_reproduces_the_peft_layer(base_model, spec, adapters):
         layer, proj = int(name.split(".")[-3]), name.split(".")[-1]
         d_in = spec.modules[proj][0]
         xs = x[:, :d_in]
-        a, b = cache.lora_a(layer, proj)[slot], cache.lora_b(layer, proj)[slot]
+        a, b = cache.slot_weights(layer, proj, slot)
         ours = module.base_layer(xs) + cache.scales[slot] * (xs @ a.T) @ b.T
         torch.testing.assert_close(ours, module(xs), rtol=1e-5, atol=1e-6)
         checked += 1
     assert checked == 2 * 3
 
 
-def test_hits_and_least_recently_used_eviction(spec, adapters):
-    cache = make_cache(spec)
+def test_hits_and_least_recently_used_eviction(spec, adapters, borrow):
+    cache = make_cache(spec, borrow=borrow)
     a, b, c = adapters["a"], adapters["b"], adapters["c"]
     assert cache.acquire(a, set()) == 0
     assert cache.acquire(b, set()) == 1
@@ -124,8 +134,8 @@ def test_hits_and_least_recently_used_eviction(spec, adapters):
     assert cache.stats()["cpu_hits"] == 1 and cache.stats()["disk_loads"] == 3
 
 
-def test_busy_slots_are_never_evicted(spec, adapters):
-    cache = make_cache(spec)
+def test_busy_slots_are_never_evicted(spec, adapters, borrow):
+    cache = make_cache(spec, borrow=borrow)
     cache.acquire(adapters["a"], set())
     cache.acquire(adapters["b"], set())
     # a (slot 0) is least recently used but busy: b's slot goes instead.
@@ -162,14 +172,14 @@ def test_loads_copy_in_place_never_reallocate(spec, adapters):
         assert cache.lora_b(layer, module).data_ptr() == b_ptr
 
 
-def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters):
-    cache = make_cache(spec, max_loras=1, max_lora_rank=8)
+def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters, borrow):
+    cache = make_cache(spec, max_loras=1, max_lora_rank=8, borrow=borrow)
     cache.acquire(adapters["b"], set())  # rank 8 on every module
     assert cache.effective_rank == 8
     assert cache.acquire(adapters["c"], set()) == 0  # rank 2 on down_proj only
     assert_slot_holds(cache, 0, adapters["c"], spec)
-    assert not cache.lora_a(1, "down_proj")[0, 2:].any()
-    assert not cache.lora_a(0, "q_proj")[0].any()
+    assert not cache.slot_weights(1, "down_proj", 0)[0][2:].any()
+    assert not cache.slot_weights(0, "q_proj", 0)[0].any()
     assert cache.effective_rank == 2
 
 
@@ -239,8 +249,8 @@ def test_acquire_failure_leaves_slots_unchanged(spec, adapters, make_adapter):
     assert_slot_holds(cache, 0, adapters["a"], spec)
 
 
-def test_remove_clears_every_tier(spec, adapters):
-    cache = make_cache(spec)
+def test_remove_clears_every_tier(spec, adapters, borrow):
+    cache = make_cache(spec, borrow=borrow)
     cache.acquire(adapters["b"], set())
     cache.acquire(adapters["c"], set())
     with pytest.raises(ValueError, match="slot 0"):
@@ -249,6 +259,7 @@ def test_remove_clears_every_tier(spec, adapters):
     assert cache.remove(adapters["b"]) is True
     assert cache.slot_of(adapters["b"]) is None and adapters["b"] not in cache.cpu_resident()
     assert cache.scales[0] == 0
+    assert all(not cache.slot_weights(layer, m, 0)[0].any() for layer in range(2) for m in ALL)
     assert all(not cache.lora_a(layer, m)[0].any() for layer in range(2) for m in ALL)
     assert cache.effective_rank == 2
     assert cache.remove(adapters["b"]) is False
@@ -300,13 +311,14 @@ def test_choose_victim_ambiguous_name(spec, make_adapter):
         cache.acquire(other, set())
 
 
-def test_half_precision_slots(spec, adapters):
-    cache = make_cache(spec, dtype=torch.bfloat16)
+def test_half_precision_slots(spec, adapters, borrow):
+    cache = make_cache(spec, dtype=torch.bfloat16, borrow=borrow)
     slot = cache.acquire(adapters["b"], set())
     adapter = load_adapter(adapters["b"].lora_path, spec, 8)
     a, _ = adapter.weights[(1, "o_proj")]
     assert cache.lora_a(1, "o_proj").dtype == torch.bfloat16
-    assert torch.equal(cache.lora_a(1, "o_proj")[slot], a.to(torch.bfloat16))
+    read, _ = cache.slot_weights(1, "o_proj", slot)
+    assert read.dtype == torch.bfloat16 and torch.equal(read, a.to(torch.bfloat16))
 
 
 def test_concurrent_preloads_respect_the_cpu_bound(spec, make_adapter):

@@ -26,24 +26,8 @@ def per_module_reference(adapters, slots, layer, members, spec, x):
 
 
 def test_module_weights_apply_every_module_to_its_own_columns(spec, make_adapter):
-    made = {
-        "qv": dict(rank=4, targets=["q_proj", "v_proj", "up_proj"]),
-        "all": dict(rank=8, targets=list(spec.modules)),
-        "k_gate": dict(rank=6, targets=["k_proj", "gate_proj"], use_rslora=True),
-    }
-    requests = [
-        LoRARequest(name, i + 1, str(make_adapter(name, seed=i, **kw)))
-        for i, (name, kw) in enumerate(made.items())
-    ]
-    cache = AdapterCache(spec, max_loras=3, max_lora_rank=16, max_cpu_loras=3)
-    adapters = {}
-    for request in requests:
-        slot = cache.acquire(request, set())
-        adapters[slot] = load_adapter(request.lora_path, spec, 16)
-    assert cache.groups["qkv_proj"] == ("q_proj", "k_proj", "v_proj")
-    assert cache.groups["gate_up_proj"] == ("gate_proj", "up_proj")
-    assert cache.groups["o_proj"] == ("o_proj",)
-
+    """The stacks' views (what a GPU's slots hold: copied in)."""
+    cache, adapters = _three_adapters(spec, make_adapter, borrow=False)
     slots = torch.tensor([0, 0, 1, 2, 2, 1, -1, 0, -1])
     index = kernels.lora_index(slots, 3)
     rank = cache.effective_rank
@@ -62,8 +46,61 @@ def test_module_weights_apply_every_module_to_its_own_columns(spec, make_adapter
             assert torch.allclose(out.double(), expected, atol=1e-5), (layer, group)
 
 
+@pytest.mark.parametrize("tokens", [9, 600], ids=["decode", "prefill"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_borrowed_slots_apply_every_module_to_its_own_columns(spec, make_adapter, tokens, dtype):
+    """On the CPU the slots read the CPU tier's stacks in place: nothing is copied into the
+    slot stacks, and a group's one call (native kernels at decode sizes, one matmul per slot
+    and module past them) adds what the adapters' own weights give."""
+    cache, adapters = _three_adapters(spec, make_adapter, borrow=True, dtype=dtype)
+    for module in spec.modules:
+        assert not cache.lora_a(0, module).any(), "a borrowed slot copies nothing in"
+    pattern = torch.tensor([0, 0, 1, 2, 2, 1, -1, 0, -1])
+    slots = pattern.repeat((tokens + 8) // 9)[:tokens]
+    index = kernels.lora_index(slots, 3)
+    rank = cache.effective_rank
+    for layer in range(spec.num_layers):
+        for group, members in cache.groups.items():
+            d_in = spec.modules[members[0]][0]
+            width = sum(spec.modules[module][1] for module in members)
+            x = torch.randn(slots.shape[0], d_in).to(dtype)
+            out = torch.zeros(slots.shape[0], width, dtype=dtype)
+            prepared = cache.slot_tensors.module_group(layer, group, rank)
+            assert prepared.placed, "the group reads borrowed rows"
+            kernels.lora_apply_modules(x, prepared, slots, cache.scales, out, index=index)
+            expected = per_module_reference(adapters, slots, layer, members, spec, x)
+            tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+            assert torch.allclose(out.double(), expected, atol=tolerance, rtol=tolerance), (
+                layer,
+                group,
+            )
+
+
+def _three_adapters(spec, make_adapter, borrow, dtype=torch.float32):
+    made = {
+        "qv": dict(rank=4, targets=["q_proj", "v_proj", "up_proj"]),
+        "all": dict(rank=8, targets=list(spec.modules)),
+        "k_gate": dict(rank=6, targets=["k_proj", "gate_proj"], use_rslora=True),
+    }
+    requests = [
+        LoRARequest(name, i + 1, str(make_adapter(name, seed=i, **kw)))
+        for i, (name, kw) in enumerate(made.items())
+    ]
+    cache = AdapterCache(
+        spec, max_loras=3, max_lora_rank=16, max_cpu_loras=3, borrow=borrow, dtype=dtype
+    )
+    adapters = {}
+    for request in requests:
+        slot = cache.acquire(request, set())
+        adapters[slot] = load_adapter(request.lora_path, spec, 16)
+    assert cache.groups["qkv_proj"] == ("q_proj", "k_proj", "v_proj")
+    assert cache.groups["gate_up_proj"] == ("gate_proj", "up_proj")
+    assert cache.groups["o_proj"] == ("o_proj",)
+    return cache, adapters
+
+
 def test_module_weights_are_views_of_the_slot_stacks(spec, make_adapter):
-    cache = AdapterCache(spec, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
+    cache = AdapterCache(spec, max_loras=2, max_lora_rank=8, max_cpu_loras=2, borrow=False)
     views = cache.module_weights(0, "qkv_proj", 4)
     cache.acquire(LoRARequest("x", 1, str(make_adapter("x", rank=4, targets=["k_proj"]))), set())
     (q_a, q_b, q_cols), (k_a, k_b, k_cols), (v_a, v_b, _) = views

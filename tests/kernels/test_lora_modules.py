@@ -80,3 +80,77 @@ def test_bad_shapes_are_named():
         kernels.lora_apply_modules(
             torch.randn(2, D_IN), group, slots, torch.ones(4), torch.zeros(2, 50)
         )
+
+
+def placed_rows(dtype, rank, skip=None):
+    """Per module, rows kept elsewhere than the stacks: A [rank, d_in] and B transposed
+    [rank, d_out] (None for the module `skip`, which the slot leaves alone)."""
+    return [
+        None
+        if m == skip
+        else (torch.randn(rank, D_IN, dtype=dtype), torch.randn(rank, d_out, dtype=dtype))
+        for m, d_out in enumerate(D_OUTS)
+    ]
+
+
+def as_stacks(modules, placements):
+    """The stacks a group with `placements` (slot -> rows) reads as: each placed slot's rows
+    zero-padded to the group's rank, zeros for a module it leaves alone."""
+    read = []
+    for m, (a, b, columns) in enumerate(modules):
+        a, b = a.clone(), b.clone()
+        for slot, rows in placements.items():
+            a[slot], b[slot] = 0, 0
+            if rows[m] is not None:
+                r = rows[m][0].shape[0]
+                a[slot, :r], b[slot, :, :r] = rows[m][0], rows[m][1].T
+        read.append((a, b, columns))
+    return read
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("tokens", [8, 600], ids=["native", "per slot"])
+def test_placed_slots_read_their_own_rows(dtype, bound, tokens):
+    """Slots placed elsewhere (the CPU tier's rows, read in place) at their own ranks, one of
+    them below the group's, one leaving a module alone, beside slots read from the stacks:
+    each token gets its own slot's rows, natively at decode sizes and by one matmul per slot
+    and module past them. Placing a slot back reads the stacks again."""
+    torch.manual_seed(11)
+    modules = fused_group(dtype)
+    group = kernels.LoRAModules(modules)
+    placements = {1: placed_rows(dtype, 2), 3: placed_rows(dtype, RANK, skip=1)}
+    for slot, rows in placements.items():
+        group.place(slot, rows)
+    assert set(group.placed) == {1, 3}
+    slots = torch.tensor([3, -1, 0, 1, 2, 1, -1, 3]).repeat(tokens // 8)
+    x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
+    scales = torch.rand(SLOTS) + 0.5
+    before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
+    for _ in range(2):
+        fused = before.clone()
+        index = kernels.lora_index(slots, SLOTS)
+        kernels.lora_apply_modules(x, group, slots, scales, fused, index=index)
+        expected = reference(x, as_stacks(modules, placements), slots, scales, before)
+        assert rel_error(fused, expected) < bound
+        assert torch.equal(fused[slots < 0], before[slots < 0]), "base rows must not change"
+        group.place(3, None)  # back to the stacks
+        placements.pop(3, None)
+    assert set(group.placed) == {1}
+
+
+def test_bad_placements_are_named():
+    group = kernels.LoRAModules(fused_group(torch.float32))
+    rows = placed_rows(torch.float32, RANK)
+    with pytest.raises(ValueError, match="slot 4 out of range"):
+        group.place(4, rows)
+    with pytest.raises(ValueError, match="2 modules' rows for a group of 3"):
+        group.place(0, rows[:2])
+    wrong_width = [(torch.randn(RANK, D_IN + 1), rows[0][1])] + rows[1:]
+    with pytest.raises(ValueError, match="A \\[r, 72\\]"):
+        group.place(0, wrong_width)
+    with pytest.raises(ValueError, match="bfloat16|float32"):
+        group.place(0, [(a.to(torch.bfloat16), bt) for a, bt in rows])
+    strided = [(torch.randn(D_IN, RANK).T, rows[0][1])] + rows[1:]
+    with pytest.raises(ValueError, match="contiguous"):
+        group.place(0, strided)
+    assert not group.placed, "a refused placement changes nothing"

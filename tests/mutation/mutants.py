@@ -238,6 +238,19 @@ MUTANTS = [
         first=LORA,
     ),
     Mutant(
+        "borrowed_slot_not_placed",
+        "a CPU slot that borrows its adapter's rows is never pointed at them",
+        (
+            Patch(
+                "loragate.adapters.slots",
+                "DeviceSlots._borrow",
+                "prepared.place(slot, self._rows(layer, group, slot))",
+                "prepared.place(slot, None)",
+            ),
+        ),
+        first=LORA,
+    ),
+    Mutant(
         "stale_prefix_cache_after_eviction",
         "a cached block handed out again keeps its prefix-cache entry",
         (
