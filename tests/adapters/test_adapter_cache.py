@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 
 import pytest
 import torch
 from peft import PeftModel
-from tiny_llama import ALL_MODULES, hf_init_tiny_model
+from tiny_llama import ALL_MODULES, HF_INIT_NAME, hf_init_tiny_model, tiny_config
 
 from loragate.adapters import (
     AdapterCache,
@@ -368,3 +369,31 @@ def test_uneven_layers_and_ranks_replace_a_full_adapter_cleanly(tmp_path):
     assert cache.acquire(sparse_request, set()) == 0
     assert_slot_holds(cache, 0, sparse_request, spec3)
     assert load_adapter(sparse, spec3, 8).weights[(2, "q_proj")][0].shape[0] == 2
+
+
+def test_borrowing_slots_take_memory_only_for_rows_written(spec, adapters):
+    """Where slots borrow the CPU tier's rows, their own stacks stay unwritten pages: a cache
+    with 150+ MB of slot stacks grows the process by a small part of that, and reads zeros
+    there; copying slots take all of it."""
+    wide = lora_spec(
+        tiny_config(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4),
+        HF_INIT_NAME,
+    )
+    grown = {}
+    for borrow in (True, False):
+        before = resident_bytes()
+        cache = make_cache(wide, max_loras=8, max_cpu_loras=8, max_lora_rank=64, borrow=borrow)
+        grown[borrow] = resident_bytes() - before
+        stacks = sum(cache.lora_a(0, m).numel() + cache.lora_b(0, m).numel() for m in wide.modules)
+        stack_bytes = stacks * 4 * wide.num_layers
+        assert not cache.lora_a(3, "down_proj").any()
+        del cache
+    assert stack_bytes > 150e6
+    assert grown[False] > 0.9 * stack_bytes, grown
+    assert grown[True] < 0.1 * stack_bytes, grown
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
