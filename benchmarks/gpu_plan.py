@@ -3,7 +3,11 @@ under one budget: the call's 10 minutes, less a rerun's worth of the session's 1
 
 On CUDA: the two random Llamas (the default model's shapes, and a 1B-class one), the
 gpu-marked tests, benchmarks/kernels.py, then throughput.py and multi_lora.py on both models.
-With `cpu=True` the same steps run at tiny sizes on the CPU, to check the wiring here.
+With `default_model=True` (its GGUF joined from two calls' parts) the default model itself
+takes the 135M stand-in's place: in the tests (no stand-in tokenizer, so the tests of the
+default model run) and, on CUDA, in the benchmarks (steps named `-default`). With
+`cpu=True` the same steps run at tiny sizes on the CPU, to check the wiring here (the
+default model's benchmarks there would outrun their caps).
 """
 
 from __future__ import annotations
@@ -50,10 +54,12 @@ def step_timeout(cap_s: float, left_s: float) -> float | None:
     return timeout if timeout >= MIN_STEP_S else None
 
 
-def plan(work: Path, out: Path, tokenizer: Path, cpu: bool = False) -> list[Step]:
+def plan(
+    work: Path, out: Path, tokenizer: Path, cpu: bool = False, default_model: bool = False
+) -> list[Step]:
     """The steps of one call, most wanted first: the tests (issue 18, items 1-2), the
     kernels (item 3), then the engine benchmarks (item 4). `work` holds the models, `out`
-    is $OUT."""
+    is $OUT; `default_model`: the default model is installed, so nothing stands in for it."""
     py = sys.executable
     bench = ROOT / "benchmarks"
     steps = [
@@ -63,7 +69,7 @@ def plan(work: Path, out: Path, tokenizer: Path, cpu: bool = False) -> list[Step
             + ["--timeout", "170", *gpu_test_files()],
             cap_s=180,
             log="pytest.log",
-            env={"LORAGATE_TEST_TOKENIZER_DIR": str(tokenizer)},
+            env={} if default_model else {"LORAGATE_TEST_TOKENIZER_DIR": str(tokenizer)},
         ),
         Step(
             "kernels",
@@ -72,8 +78,14 @@ def plan(work: Path, out: Path, tokenizer: Path, cpu: bool = False) -> list[Step
             log="kernels.log",
         ),
     ]
-    models = {"135m": work / "models" / "llama-135m", "1b": work / "models" / "llama-1b"}
+    # None: the default model itself (the benchmarks' default `--model`), nothing to build.
+    models: dict[str, Path | None] = {"135m": work / "models" / "llama-135m"}
+    if default_model and not cpu:
+        models = {"default": None}
+    models["1b"] = work / "models" / "llama-1b"
     for size, path in models.items():
+        if path is None:
+            continue
         steps.append(
             Step(
                 f"model-{size}",
@@ -90,31 +102,33 @@ def plan(work: Path, out: Path, tokenizer: Path, cpu: bool = False) -> list[Step
     # a benchmark builds in turn.
     dtype = [] if cpu else ["--dtype", "bfloat16", "--kv-cache-memory-gb", "4"]
     load = ["--num-requests", str(4 if cpu else 64), "--max-num-seqs", str(4 if cpu else 64)]
-    for size, path in models.items():
+    model = {size: [] if path is None else ["--model", str(path)] for size, path in models.items()}
+    needs = {size: () if path is None else (f"model-{size}",) for size, path in models.items()}
+    for size in models:
         for eager in ([], ["--enforce-eager"]):
             steps.append(
                 Step(
                     f"throughput-{size}" + ("-eager" if eager else ""),
-                    [py, str(bench / "throughput.py"), "--model", str(path), *device, *dtype]
+                    [py, str(bench / "throughput.py"), *model[size], *device, *dtype]
                     + [*load, "--skip-hf", *eager],
                     cap_s=45,
                     log="throughput.log",
-                    needs=(f"model-{size}",),
+                    needs=needs[size],
                 )
             )
     # LoRA's cost against base-only at 1, 16 and 64 adapters (item 4).
     sweep = ["--adapters", "2", "--sweep", "1,2", "--max-output-len", "8"]
     if not cpu:
         sweep = ["--adapters", "16", "--sweep", "1,16,64"]
-    for size, path in models.items():
+    for size in models:
         steps.append(
             Step(
                 f"multi_lora-{size}",
-                [py, str(bench / "multi_lora.py"), "--model", str(path), *device, *dtype]
+                [py, str(bench / "multi_lora.py"), *model[size], *device, *dtype]
                 + [*load, *sweep, "--skip-peft", "--plot", str(out / f"multi_lora_{size}.png")],
                 cap_s=90,
                 log="multi_lora.log",
-                needs=(f"model-{size}",),
+                needs=needs[size],
             )
         )
     return steps

