@@ -215,7 +215,9 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-    }                                                                                       \
+    }
+
+#define DEFINE_EXPAND_STACKED(NAME, E, Y)                                                   \
     void NAME(const Y *y, int64_t y_row, const E *bt, int64_t b_slot, int64_t b_row,         \
               const float *scales, E *out, int64_t out_row, const int64_t *slots,            \
               int64_t num_tokens, int64_t rank, int64_t d_out, int32_t threads) {            \
@@ -227,9 +229,91 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
     }
 
 DEFINE_EXPAND(lora_expand_f32, f32, float, load_f32, store_f32, get_f32, put_f32, get_f32)
+DEFINE_EXPAND_STACKED(lora_expand_f32, f32, float)
 DEFINE_EXPAND(lora_expand_bf16, bf16, bf16, load_bf16, store_bf16, get_bf16, put_bf16, get_bf16)
+DEFINE_EXPAND_STACKED(lora_expand_bf16, bf16, bf16)
+#if defined(__AVX512BF16__)
+/* The bf16 model's expand by vdpbf16ps: two rank rows at a time, their B rows interleaved
+ * (unpacklo/hi) and multiplied with y's two entries as one bf16 pair. y is rounded to bf16
+ * first (as PEFT's bf16 lora_A output is); the sums stay float32. The unpacks interleave
+ * within 128-bit lanes, so each pair of accumulators holds its 32 columns out of order
+ * until the permutes at the end. */
+static inline uint32_t bf16_pair(float low, float high) {
+    bf16 l, h;
+    put_bf16(&l, low);
+    put_bf16(&h, high);
+    return (uint32_t)l | (uint32_t)h << 16;
+}
+
+static inline void add_scaled_bf16(bf16 *ot, __m512 lo, __m512 hi, float scale) {
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21,
+                                            22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28,
+                                             29, 30, 31);
+    const vf c0 = (vf)_mm512_permutex2var_ps(lo, first, hi);
+    const vf c1 = (vf)_mm512_permutex2var_ps(lo, second, hi);
+    store_bf16(ot, load_bf16(ot) + scale * c0);
+    store_bf16(ot + W, load_bf16(ot + W) + scale * c1);
+}
+
+static inline void expand_dp_64(const uint32_t *pairs, const bf16 *b, int64_t b_row,
+                                int64_t rank, float scale, bf16 *ot) {
+    __m512 lo0 = _mm512_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t j = 0; j < rank; j += 2) {
+        const __m512bh yy = (__m512bh)_mm512_set1_epi32((int32_t)pairs[j / 2]);
+        const bf16 *r0 = b + j * b_row;
+        const __m512i a0 = _mm512_loadu_si512(r0), a1 = _mm512_loadu_si512(r0 + 32);
+        const __m512i b0 = j + 1 < rank ? _mm512_loadu_si512(r0 + b_row) : zero;
+        const __m512i b1 = j + 1 < rank ? _mm512_loadu_si512(r0 + b_row + 32) : zero;
+        lo0 = _mm512_dpbf16_ps(lo0, (__m512bh)_mm512_unpacklo_epi16(a0, b0), yy);
+        hi0 = _mm512_dpbf16_ps(hi0, (__m512bh)_mm512_unpackhi_epi16(a0, b0), yy);
+        lo1 = _mm512_dpbf16_ps(lo1, (__m512bh)_mm512_unpacklo_epi16(a1, b1), yy);
+        hi1 = _mm512_dpbf16_ps(hi1, (__m512bh)_mm512_unpackhi_epi16(a1, b1), yy);
+    }
+    add_scaled_bf16(ot, lo0, hi0, scale);
+    add_scaled_bf16(ot + 32, lo1, hi1, scale);
+}
+
+static void expand_f32_to_bf16_slots(const float *y, int64_t y_row, const void *const *bt,
+                                     const int64_t *ranks, int64_t b_row, const float *scales,
+                                     bf16 *out, int64_t out_row, const int64_t *slots,
+                                     int64_t num_tokens, int64_t d_out, int32_t threads) {
+    const int64_t width = (y_row + 1) / 2;
+    uint32_t *pairs = malloc((num_tokens * width + 1) * sizeof(uint32_t));
+    for (int64_t t = 0; t < num_tokens; ++t)
+        for (int64_t k = 0; k < width; ++k)
+            pairs[t * width + k] = bf16_pair(y[t * y_row + 2 * k],
+                                             2 * k + 1 < y_row ? y[t * y_row + 2 * k + 1] : 0.0f);
+    const int64_t chunks = (d_out + EXPAND_CHUNK - 1) / EXPAND_CHUNK;
+    _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        const int64_t first = chunk * EXPAND_CHUNK;
+        const int64_t last = d_out < first + EXPAND_CHUNK ? d_out : first + EXPAND_CHUNK;
+        for (int64_t t = 0; t < num_tokens; ++t) {
+            const int64_t s = slots[t];
+            if (s < 0 || !bt[s]) continue;
+            const bf16 *bs = (const bf16 *)bt[s];
+            const int64_t rank = ranks[s];
+            bf16 *ot = out + t * out_row;
+            int64_t o = first;
+            for (; o + 64 <= last; o += 64)
+                expand_dp_64(pairs + t * width, bs + o, b_row, rank, scales[s], ot + o);
+            for (; o < last; ++o) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < rank; ++j)
+                    acc += y[t * y_row + j] * get_bf16(bs + j * b_row + o);
+                put_bf16(ot + o, get_bf16(ot + o) + scales[s] * acc);
+            }
+        }
+    }
+    free(pairs);
+}
+#else
 DEFINE_EXPAND(expand_f32_to_bf16, bf16, float, load_bf16, store_bf16, get_bf16, put_bf16,
               get_f32)
+#endif
+DEFINE_EXPAND_STACKED(expand_f32_to_bf16, bf16, float)
 
 /* out += scales[slot] * (x A^T) B^T in one call: the shrink into y (num_tokens x rank, float32
  * scratch), then the expand from it. */

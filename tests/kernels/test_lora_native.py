@@ -114,7 +114,9 @@ def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("rank, d_in, d_out", [(8, 576, 960), (6, 72, 300), (1, 5, 7)])
+@pytest.mark.parametrize(
+    "rank, d_in, d_out", [(8, 576, 960), (6, 72, 300), (7, 64, 128), (1, 5, 7), (1, 8, 64)]
+)
 def test_native_bfloat16_kernels_match_reference(native, threads, rank, d_in, d_out):
     """bf16 in and out, float32 sums: within bf16 rounding of the float64 result, and
     lora_apply's float32 intermediate no worse than shrink then expand."""
