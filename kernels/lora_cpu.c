@@ -8,7 +8,9 @@
  *
  * Two element types, one code: float32 (suffix f32) and bfloat16 (suffix bf16: bf16 in and
  * out, float32 sums, and in lora_apply_bf16 a float32 intermediate x A^T), so a bf16 model
- * converts nothing around its LoRA calls. The last dimension of every tensor is contiguous,
+ * converts nothing around its LoRA calls. Where the CPU has AVX512-BF16, the bf16 dot
+ * products run on vdpbf16ps (bf16 pairs into float32 sums) and lora_apply_bf16's expand
+ * rounds the intermediate to bf16 to pair it. The last dimension of every tensor is contiguous,
  * other strides are passed. Rows whose slot is negative (base model only) are skipped: shrink
  * writes zeros there and expand leaves `out` untouched. Built by kernels/lora_cpu.py.
  *
