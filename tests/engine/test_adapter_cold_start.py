@@ -47,7 +47,11 @@ BURST_AFTER = 8  # stream tokens before the burst of cold requests
 # parse, all under the GIL) it measured 2.2-3.9x. In CI it once measured 3.0x in the full
 # suite: a full collection of the suite's heap (over half a million objects, 230 ms on a
 # quiet Xeon) landed in a step; the engine keeps its startup heap out of collections now
-# (engine/startup_heap.py).
+# (engine/startup_heap.py). On the CPU a slot now borrows the CPU tier's rows rather than
+# copying them (adapters/slots.py: the copy took 7-33 ms of the join step on the EPYC), and
+# the LoRA groups are made at start (the first LoRA step made 120 of them: 23 ms): on a quiet
+# EPYC (2026-11-26) the join steps measured 1.5-1.7x the median step, the worst gaps
+# 1.70-1.83x in most runs, and what is left above that is a step that paced loads overlap.
 STALL_BOUND = 2.0
 
 
