@@ -79,6 +79,29 @@ static void free_slots(slot_table table) {
         float r = hsum(s);                                                                  \
         for (; k < n; ++k) r += GET(x + k) * GET(a + k);                                    \
         return r;                                                                           \
+    }                                                                                       \
+    /* dot4 for two tokens of one slot: each row of a is loaded once for both. */           \
+    static inline void dot4x2_##E(const E *x, const E *z, const E *a0, const E *a1,         \
+                                  const E *a2, const E *a3, int64_t n, float *out,          \
+                                  float *out2) {                                            \
+        vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, u0 = {0}, u1 = {0}, u2 = {0}, u3 = {0};  \
+        int64_t k = 0;                                                                      \
+        for (; k + W <= n; k += W) {                                                        \
+            const vf xv = LOAD(x + k), zv = LOAD(z + k);                                    \
+            const vf v0 = LOAD(a0 + k), v1 = LOAD(a1 + k);                                  \
+            const vf v2 = LOAD(a2 + k), v3 = LOAD(a3 + k);                                  \
+            s0 += xv * v0, s1 += xv * v1, s2 += xv * v2, s3 += xv * v3;                     \
+            u0 += zv * v0, u1 += zv * v1, u2 += zv * v2, u3 += zv * v3;                     \
+        }                                                                                   \
+        float r[8] = {hsum(s0), hsum(s1), hsum(s2), hsum(s3),                               \
+                      hsum(u0), hsum(u1), hsum(u2), hsum(u3)};                              \
+        const E *rows[4] = {a0, a1, a2, a3};                                                \
+        for (; k < n; ++k)                                                                  \
+            for (int i = 0; i < 4; ++i) {                                                   \
+                r[i] += GET(x + k) * GET(rows[i] + k);                                      \
+                r[4 + i] += GET(z + k) * GET(rows[i] + k);                                  \
+            }                                                                               \
+        for (int i = 0; i < 4; ++i) out[i] = r[i], out2[i] = r[4 + i];                      \
     }
 
 typedef float f32;
@@ -115,6 +138,33 @@ static inline float dot1_bf16(const bf16 *x, const bf16 *a, int64_t n) {
     dot4_bf16(x, a, a, a, a, n, out);
     return out[0];
 }
+static inline void dot4x2_bf16(const bf16 *x, const bf16 *z, const bf16 *a0, const bf16 *a1,
+                               const bf16 *a2, const bf16 *a3, int64_t n, float *out,
+                               float *out2) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    __m512 u0 = s0, u1 = s0, u2 = s0, u3 = s0;
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        const __m512bh xv = load_bh(x + k), zv = load_bh(z + k);
+        const __m512bh v0 = load_bh(a0 + k), v1 = load_bh(a1 + k);
+        const __m512bh v2 = load_bh(a2 + k), v3 = load_bh(a3 + k);
+        s0 = _mm512_dpbf16_ps(s0, xv, v0), u0 = _mm512_dpbf16_ps(u0, zv, v0);
+        s1 = _mm512_dpbf16_ps(s1, xv, v1), u1 = _mm512_dpbf16_ps(u1, zv, v1);
+        s2 = _mm512_dpbf16_ps(s2, xv, v2), u2 = _mm512_dpbf16_ps(u2, zv, v2);
+        s3 = _mm512_dpbf16_ps(s3, xv, v3), u3 = _mm512_dpbf16_ps(u3, zv, v3);
+    }
+    float r[8] = {_mm512_reduce_add_ps(s0), _mm512_reduce_add_ps(s1),
+                  _mm512_reduce_add_ps(s2), _mm512_reduce_add_ps(s3),
+                  _mm512_reduce_add_ps(u0), _mm512_reduce_add_ps(u1),
+                  _mm512_reduce_add_ps(u2), _mm512_reduce_add_ps(u3)};
+    const bf16 *rows[4] = {a0, a1, a2, a3};
+    for (; k < n; ++k)
+        for (int i = 0; i < 4; ++i) {
+            r[i] += get_bf16(x + k) * get_bf16(rows[i] + k);
+            r[4 + i] += get_bf16(z + k) * get_bf16(rows[i] + k);
+        }
+    for (int i = 0; i < 4; ++i) out[i] = r[i], out2[i] = r[4 + i];
+}
 #else
 DEFINE_DOT(bf16, load_bf16, get_bf16)
 #endif
@@ -136,6 +186,17 @@ DEFINE_DOT(bf16, load_bf16, get_bf16)
                 float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                   \
                 const int64_t n = rank - j < 4 ? rank - j : 4;                              \
                 const int64_t own = s >= 0 && a[s] ? ranks[s] - j : 0;                      \
+                if (own >= 4 && n == 4 && t + 1 < num_tokens && slots[t + 1] == s) {        \
+                    /* the next token reads the same slot: one pass over its rows */        \
+                    const E *aj = (const E *)a[s] + j * a_row;                              \
+                    float next[4];                                                          \
+                    dot4x2_##E(x + t * x_row, x + (t + 1) * x_row, aj, aj + a_row,          \
+                               aj + 2 * a_row, aj + 3 * a_row, d_in, sums, next);           \
+                    for (int64_t i = 0; i < 4; ++i) PUT(yt + i, sums[i]);                   \
+                    for (int64_t i = 0; i < 4; ++i) PUT(yt + y_row + i, next[i]);           \
+                    ++t;                                                                    \
+                    continue;                                                               \
+                }                                                                           \
                 if (own > 0) {                                                              \
                     const E *xt = x + t * x_row;                                            \
                     const E *aj = (const E *)a[s] + j * a_row;                              \
@@ -189,6 +250,27 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
         STORE(ot + 2 * W, LOAD(ot + 2 * W) + scale * s2);                                   \
         STORE(ot + 3 * W, LOAD(ot + 3 * W) + scale * s3);                                   \
     }                                                                                       \
+    /* _64 for two tokens of one slot: each row of B is loaded once for both. */            \
+    static inline void NAME##_64x2(const Y *yt, const Y *yu, const E *b, int64_t b_row,      \
+                                   int64_t rank, float scale, E *ot, E *ou) {               \
+        vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, u0 = {0}, u1 = {0}, u2 = {0}, u3 = {0};  \
+        for (int64_t j = 0; j < rank; ++j) {                                                \
+            const float c = GETY(yt + j), d = GETY(yu + j);                                 \
+            const E *bj = b + j * b_row;                                                    \
+            const vf v0 = LOAD(bj), v1 = LOAD(bj + W), v2 = LOAD(bj + 2 * W);               \
+            const vf v3 = LOAD(bj + 3 * W);                                                 \
+            s0 += c * v0, s1 += c * v1, s2 += c * v2, s3 += c * v3;                         \
+            u0 += d * v0, u1 += d * v1, u2 += d * v2, u3 += d * v3;                         \
+        }                                                                                   \
+        STORE(ot, LOAD(ot) + scale * s0);                                                   \
+        STORE(ot + W, LOAD(ot + W) + scale * s1);                                           \
+        STORE(ot + 2 * W, LOAD(ot + 2 * W) + scale * s2);                                   \
+        STORE(ot + 3 * W, LOAD(ot + 3 * W) + scale * s3);                                   \
+        STORE(ou, LOAD(ou) + scale * u0);                                                   \
+        STORE(ou + W, LOAD(ou + W) + scale * u1);                                           \
+        STORE(ou + 2 * W, LOAD(ou + 2 * W) + scale * u2);                                   \
+        STORE(ou + 3 * W, LOAD(ou + 3 * W) + scale * u3);                                   \
+    }                                                                                       \
     static void NAME##_slots(const Y *y, int64_t y_row, const void *const *bt,               \
                              const int64_t *ranks, int64_t b_row, const float *scales,      \
                              E *out, int64_t out_row, const int64_t *slots,                  \
@@ -207,6 +289,20 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
                 E *ot = out + t * out_row;                                                  \
                 const float scale = scales[s];                                              \
                 int64_t o = first;                                                          \
+                if (t + 1 < num_tokens && slots[t + 1] == s) {                              \
+                    /* the next token reads the same slot: one pass over its B rows */      \
+                    E *ou = ot + out_row;                                                   \
+                    for (; o + 4 * W <= last; o += 4 * W)                                   \
+                        NAME##_64x2(yt, yt + y_row, bs + o, b_row, rank, scale, ot + o,     \
+                                    ou + o);                                                \
+                    for (int64_t p = o; p < last; ++p) {                                    \
+                        float acc = 0.0f;                                                   \
+                        for (int64_t j = 0; j < rank; ++j)                                  \
+                            acc += GETY(yt + y_row + j) * GET(bs + j * b_row + p);          \
+                        PUT(ou + p, GET(ou + p) + scale * acc);                             \
+                    }                                                                       \
+                    ++t;                                                                    \
+                }                                                                           \
                 for (; o + 4 * W <= last; o += 4 * W)                                       \
                     NAME##_64(yt, bs + o, b_row, rank, scale, ot + o);                      \
                 for (; o < last; ++o) {                                                     \
@@ -277,6 +373,36 @@ static inline void expand_dp_64(const uint32_t *pairs, const bf16 *b, int64_t b_
     add_scaled_bf16(ot + 32, lo1, hi1, scale);
 }
 
+/* expand_dp_64 for two tokens of one slot: each pair of B rows is loaded and interleaved
+ * once for both. */
+static inline void expand_dp_64x2(const uint32_t *pairs, const uint32_t *pairs2,
+                                  const bf16 *b, int64_t b_row, int64_t rank, float scale,
+                                  bf16 *ot, bf16 *ou) {
+    __m512 lo0 = _mm512_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+    __m512 ml0 = lo0, mh0 = lo0, ml1 = lo0, mh1 = lo0;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t j = 0; j < rank; j += 2) {
+        const __m512bh yy = (__m512bh)_mm512_set1_epi32((int32_t)pairs[j / 2]);
+        const __m512bh zz = (__m512bh)_mm512_set1_epi32((int32_t)pairs2[j / 2]);
+        const bf16 *r0 = b + j * b_row;
+        const __m512i a0 = _mm512_loadu_si512(r0), a1 = _mm512_loadu_si512(r0 + 32);
+        const __m512i b0 = j + 1 < rank ? _mm512_loadu_si512(r0 + b_row) : zero;
+        const __m512i b1 = j + 1 < rank ? _mm512_loadu_si512(r0 + b_row + 32) : zero;
+        const __m512bh p0 = (__m512bh)_mm512_unpacklo_epi16(a0, b0);
+        const __m512bh q0 = (__m512bh)_mm512_unpackhi_epi16(a0, b0);
+        const __m512bh p1 = (__m512bh)_mm512_unpacklo_epi16(a1, b1);
+        const __m512bh q1 = (__m512bh)_mm512_unpackhi_epi16(a1, b1);
+        lo0 = _mm512_dpbf16_ps(lo0, p0, yy), ml0 = _mm512_dpbf16_ps(ml0, p0, zz);
+        hi0 = _mm512_dpbf16_ps(hi0, q0, yy), mh0 = _mm512_dpbf16_ps(mh0, q0, zz);
+        lo1 = _mm512_dpbf16_ps(lo1, p1, yy), ml1 = _mm512_dpbf16_ps(ml1, p1, zz);
+        hi1 = _mm512_dpbf16_ps(hi1, q1, yy), mh1 = _mm512_dpbf16_ps(mh1, q1, zz);
+    }
+    add_scaled_bf16(ot, lo0, hi0, scale);
+    add_scaled_bf16(ot + 32, lo1, hi1, scale);
+    add_scaled_bf16(ou, ml0, mh0, scale);
+    add_scaled_bf16(ou + 32, ml1, mh1, scale);
+}
+
 static void expand_f32_to_bf16_slots(const float *y, int64_t y_row, const void *const *bt,
                                      const int64_t *ranks, int64_t b_row, const float *scales,
                                      bf16 *out, int64_t out_row, const int64_t *slots,
@@ -297,14 +423,29 @@ static void expand_f32_to_bf16_slots(const float *y, int64_t y_row, const void *
             if (s < 0 || !bt[s]) continue;
             const bf16 *bs = (const bf16 *)bt[s];
             const int64_t rank = ranks[s];
+            const float *yt = y + t * y_row;
+            const uint32_t *pt = pairs + t * width;
             bf16 *ot = out + t * out_row;
             int64_t o = first;
+            if (t + 1 < num_tokens && slots[t + 1] == s) {
+                /* the next token reads the same slot: one pass over its B rows */
+                bf16 *ou = ot + out_row;
+                for (; o + 64 <= last; o += 64)
+                    expand_dp_64x2(pt, pt + width, bs + o, b_row, rank, scales[s], ot + o,
+                                   ou + o);
+                for (int64_t p = o; p < last; ++p) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < rank; ++j)
+                        acc += yt[y_row + j] * get_bf16(bs + j * b_row + p);
+                    put_bf16(ou + p, get_bf16(ou + p) + scales[s] * acc);
+                }
+                ++t;
+            }
             for (; o + 64 <= last; o += 64)
-                expand_dp_64(pairs + t * width, bs + o, b_row, rank, scales[s], ot + o);
+                expand_dp_64(pt, bs + o, b_row, rank, scales[s], ot + o);
             for (; o < last; ++o) {
                 float acc = 0.0f;
-                for (int64_t j = 0; j < rank; ++j)
-                    acc += y[t * y_row + j] * get_bf16(bs + j * b_row + o);
+                for (int64_t j = 0; j < rank; ++j) acc += yt[j] * get_bf16(bs + j * b_row + o);
                 put_bf16(ot + o, get_bf16(ot + o) + scales[s] * acc);
             }
         }
