@@ -14,7 +14,9 @@ the same tokens whatever else is in the batch, and greedy rows never touch a gen
 Per-row parameters come as tensors: the step's rows of the persistent batch's sampling
 columns (engine/sampling_batch.py), written when each sequence joined, so a step reads
 them with one index and loops in Python only over rows that ask for more (penalties,
-min_tokens, logprobs, their own generator).
+min_tokens, logprobs, their own generator). Penalties read each row's token counts kept
+beside those columns (engine/penalty_counts.py), which add only the tokens appended since
+the row's last step.
 """
 
 from __future__ import annotations
@@ -322,17 +324,10 @@ class Sampler:
             return raw
         logits = raw.clone()
         if penalised.numel():
-            selected = penalised.tolist()
             index = penalised.to(raw.device)
-            prompts = [
-                rows.histories[i].prompt_token_ids
-                if rows.params(i).repetition_penalty != 1.0
-                else []
-                for i in selected
-            ]
-            outputs = [rows.histories[i].output_token_ids for i in selected]
-            prompt_mask = token_counts(prompts, self.vocab_size, raw.device) > 0
-            output_counts = token_counts(outputs, self.vocab_size, raw.device)
+            prompt_mask, output_counts = rows.penalty_counts(
+                penalised.tolist(), self.vocab_size, raw.device
+            )
             logits[index] = apply_penalties(
                 logits[index],
                 prompt_mask,

@@ -7,7 +7,8 @@ from every row's SamplingParams each step, as vLLM V1's InputBatch keeps tempera
 and top-k per request. A count of the live rows that need more than the raw argmax lets an
 all-greedy batch skip even that index.
 
-A cleared row is all zeros, with no parameters and no generator.
+A cleared row is all zeros, with no parameters and no generator. Penalised rows also keep
+their token counts here (engine/penalty_counts.py), forgotten when the row is cleared.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from loragate.engine.penalty_counts import PenaltyCounts
 from loragate.engine.sampling_params import SamplingParams
 
 # The columns, each one value per row, and the dtype the sampler's tensor functions take.
@@ -72,6 +74,7 @@ class SamplingBatch:
         self.generators: list[torch.Generator | None] = []
         self.num_special = 0  # live rows that need more than the raw argmax
         self.num_plugin_sampled = 0  # live rows sampled by a plugin's sampler
+        self.counts = PenaltyCounts(0)
         self.grow(max_rows)
 
     @property
@@ -90,6 +93,7 @@ class SamplingBatch:
 
     def clear(self, row: int) -> None:
         """The row's sequence left: the row holds nothing again."""
+        self.counts.forget(row)
         params = self.params[row]
         if params is None:
             return
@@ -113,6 +117,7 @@ class SamplingBatch:
             self._views[name] = grown.numpy()
         self.params += [None] * (num_rows - old)
         self.generators += [None] * (num_rows - old)
+        self.counts.grow(num_rows)
 
 
 class TokenHistory(Protocol):
@@ -194,6 +199,20 @@ class StepRows:
 
     def params(self, i: int) -> SamplingParams:
         return self.batch.params[self.rows[i]]
+
+    def penalty_counts(
+        self, positions: list[int], vocab_size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt masks (only where repetition_penalty applies) and output counts of
+        the rows at these positions, as ``[len(positions), vocab]`` tensors, brought up to
+        date with their histories in the batch's persistent counts."""
+        return self.batch.counts.gather(
+            [self.rows[i] for i in positions],
+            [self.histories[i] for i in positions],
+            [self.params(i).repetition_penalty != 1.0 for i in positions],
+            vocab_size,
+            device,
+        )
 
     def generators(self) -> list[torch.Generator | None]:
         return [self.batch.generators[row] for row in self.rows]

@@ -7,7 +7,9 @@ leave in random order (finishing, aborted, forked for n > 1, preempted by recomp
 swap under a tight KV budget); at every step the sampler samples, each live row must hold
 exactly what its sequence's SamplingParams say, every free row must be clear, and the
 tokens and logprobs drawn from the persistent rows must equal those drawn from rows rebuilt
-from the sequences, with copies of the same generators.
+from the sequences, with copies of the same generators. Penalised rows' token counts
+(engine/penalty_counts.py) must equal counts rebuilt from their sequences' histories, and a
+free row must hold none.
 """
 
 from __future__ import annotations
@@ -15,73 +17,13 @@ from __future__ import annotations
 import random
 
 import torch
+from sampling_rows_testlib import check_counts, check_rows, copied
 
 from loragate.engine import SamplingParams
 from loragate.engine.input_batch import InputBatch
 from loragate.engine.sampler import Sampler, SamplingRow
-from loragate.engine.sampling_batch import COLUMNS, StepRows
+from loragate.engine.sampling_batch import StepRows
 from loragate.engine.sequence import Request, Sequence
-
-NUMBERS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_tokens",
-)
-
-
-def expected_row(params: SamplingParams, generator) -> dict:
-    """A row's values, straight from its SamplingParams (not through the batch's writer)."""
-    want = {name: getattr(params, name) for name in NUMBERS}
-    want["greedy"] = params.greedy
-    want["penalised"] = params.has_penalties
-    want["scored"] = params.scores_tokens
-    want["seeded"] = generator is not None
-    return {name: torch.tensor(value, dtype=COLUMNS[name]).item() for name, value in want.items()}
-
-
-def check_rows(batch: InputBatch, live: list[Sequence]) -> None:
-    """Every taken row holds its sequence's parameters and generator; every free row is
-    clear; the count of rows past the greedy fast path is a recount."""
-    sampling = batch.sampling
-    seqs = {seq.seq_id: seq for seq in live}
-    assert set(batch.row_of) == {i for i, s in seqs.items() if s.block_table}
-    assert sampling.num_rows == batch.num_rows
-    special = plugin_sampled = 0
-    for seq_id, row in batch.row_of.items():
-        seq = seqs[seq_id]
-        params = seq.request.params
-        got = {name: sampling.columns[name][row].item() for name in COLUMNS}
-        assert got == expected_row(params, seq.generator), seq_id
-        assert sampling.params[row] is params and sampling.generators[row] is seq.generator
-        special += (
-            not params.greedy
-            or params.has_penalties
-            or params.scores_tokens
-            or params.min_tokens > 0
-        )
-        plugin_sampled += params.sampler is not None
-    assert sampling.num_special == special
-    assert sampling.num_plugin_sampled == plugin_sampled
-    for row in set(range(batch.num_rows)) - set(batch.row_of.values()):
-        for name, column in sampling.columns.items():
-            assert not column[row].item(), f"free row {row} left a stale {name}"
-        assert sampling.params[row] is None and sampling.generators[row] is None, row
-
-
-def copied(generator: torch.Generator | None, copies: dict) -> torch.Generator | None:
-    """A generator in the same state (one copy per original: rows sharing one still do)."""
-    if generator is None:
-        return None
-    if id(generator) not in copies:
-        copy = torch.Generator(device=generator.device)
-        copy.set_state(generator.get_state())
-        copies[id(generator)] = copy
-    return copies[id(generator)]
 
 
 class CheckingSampler:
@@ -94,6 +36,8 @@ class CheckingSampler:
         self.sampler = engine.dispatcher.sampler
         self.steps = 0
         self.failures: list[AssertionError] = []
+        self.penalised_in_row: dict[int, int] = {}  # row -> the last penalised seq_id in it
+        self.counts_reused = 0  # rows whose counts a second penalised sequence rebuilt
 
     def __call__(self, logits, rows):
         try:
@@ -119,6 +63,15 @@ class CheckingSampler:
         shared = copied(sampler.generator, copies)
         want = Sampler(sampler.vocab_size, sampler.eos_token_ids, shared)(logits.clone(), rebuilt)
         got = sampler(logits, rows)
+        counts = rows.batch.counts
+        for i, seq in enumerate(rows.histories):  # each penalised row counted every token
+            if rows.params(i).has_penalties:
+                row = rows.rows[i]
+                assert counts.counted[row] == len(seq.output_token_ids)
+                before = self.penalised_in_row.setdefault(row, seq.seq_id)
+                self.counts_reused += before != seq.seq_id
+                self.penalised_in_row[row] = seq.seq_id
+        check_counts(engine.runner.input_batch, engine.scheduler.live_sequences())
         assert [(r.token_id, r.logprob, r.top_logprobs) for r in got] == [
             (r.token_id, r.logprob, r.top_logprobs) for r in want
         ]
@@ -200,6 +153,7 @@ def test_200_joins_and_leaves_keep_every_sampling_row_equal_to_a_rebuilt_one(
     assert engine.scheduler.num_preemptions > 0, "no preemption: the KV budget is too loose"
     assert engine.swapper.num_swap_ins > 0, "no swap-in"
     assert checking.steps > 100
+    assert checking.counts_reused > 0, "no row's penalty counts were rebuilt for a newcomer"
     batch = engine.runner.input_batch
     assert batch.num_rows > 8, "n > 1 forks never grew the batch"
     batch.sync(engine.block_manager.take_changed_tables())

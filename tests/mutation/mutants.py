@@ -63,6 +63,9 @@ LORA = "tests/engine/test_staggered_lora.py"
 FORKS = "tests/engine/test_sequence_sharing.py"
 ROWS = "tests/engine/test_input_batch.py"
 SAMPLING_ROWS = "tests/engine/test_sampling_batch.py"
+PENALTY_COUNTS = "tests/engine/test_penalty_counts.py"
+SAMPLING_BATCH = "loragate.engine.sampling_batch"
+COUNTS = "loragate.engine.penalty_counts"
 
 MUTANTS = [
     Mutant(
@@ -180,6 +183,25 @@ MUTANTS = [
         "a sequence that leaves the persistent batch leaves its sampling parameters behind",
         (Patch(INPUT_BATCH, "InputBatch.sync", "self.sampling.clear(row)", "pass"),),
         first=SAMPLING_ROWS,
+    ),
+    Mutant(
+        "penalty_counts_kept_after_leave",
+        "a sequence that leaves its row leaves its penalty counts for the next one to add to",
+        (Patch(SAMPLING_BATCH, "SamplingBatch.clear", "self.counts.forget(row)", "pass"),),
+        first=PENALTY_COUNTS,
+    ),
+    Mutant(
+        "penalty_counts_not_zeroed_on_rebuild",
+        "a row's penalty counts are rebuilt on top of its previous sequence's",
+        (
+            Patch(
+                COUNTS,
+                "PenaltyCounts.gather",
+                "self.output_counts.index_fill_(0, index, 0)",
+                "pass",
+            ),
+        ),
+        first=PENALTY_COUNTS,
     ),
     Mutant(
         "block_table_row_not_updated",

@@ -30,6 +30,7 @@ SUBSET = [
     "tests/engine/test_sequence_sharing.py",
     "tests/engine/test_input_batch.py",
     "tests/engine/test_sampling_batch.py",
+    "tests/engine/test_penalty_counts.py",
     "tests/engine/test_output_processing.py",
     "tests/engine/test_grammar_masks.py",
 ]
