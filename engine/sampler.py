@@ -28,11 +28,14 @@ from itertools import chain
 import torch
 
 from loragate.engine.sampling_batch import SamplingRow, StepRows
+from loragate.engine.wide_nucleus import wide_nucleus_thresholds
 
 NEG_INF = float("-inf")
 
 # Top-p first looks at this many best tokens per row, and widens the window (x8) only for
-# rows whose nucleus is not inside it: a full-vocabulary sort per row is rarely needed.
+# rows whose nucleus is not inside it: a full-vocabulary sort per row is rarely needed. On
+# the CPU, rows whose nucleus is wider than the first window go to value buckets instead
+# (engine/wide_nucleus.py), which sort only the tokens around the nucleus's edge.
 TOP_P_INITIAL_WINDOW = 64
 TOP_P_WINDOW_GROWTH = 8
 
@@ -143,6 +146,7 @@ def top_k_top_p_thresholds(
         full_lse = _rows_logsumexp(_index_rows(logits, pending))
     else:
         full_lse = torch.zeros(pending.numel(), dtype=logits.dtype, device=logits.device)
+    bucketed = False
     while pending.numel() > 0:
         rows = _index_rows(logits, pending)
         vals = rows.topk(window, dim=-1, sorted=True).values
@@ -162,6 +166,15 @@ def top_k_top_p_thresholds(
         thresholds[pending[covered]] = row_thresholds[covered]
         pending, full_lse = pending[~covered], full_lse[~covered]
         window = min(window * TOP_P_WINDOW_GROWTH, vocab)
+        if pending.numel() and not bucketed and logits.device.type == "cpu":
+            # Wide nuclei (top-p alone: top-k rows are covered by now) without a sort, to
+            # the same thresholds; rows it declines go on widening.
+            bucketed = True
+            found, decided = wide_nucleus_thresholds(
+                _index_rows(logits, pending), full_lse, top_p[pending]
+            )
+            thresholds[pending[decided]] = found[decided]
+            pending, full_lse = pending[~decided], full_lse[~decided]
     return thresholds
 
 
