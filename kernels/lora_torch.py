@@ -18,12 +18,17 @@ import torch.nn.functional as F
 from .lora_cpu import NativeLoRA, native_lora
 from .lora_groups import LoraIndex
 
-# Above this many tokens (long prefills) the grouped matmul's BLAS calls win.
-NATIVE_MAX_TOKENS = 512
+# Above this many tokens (long prefills) the grouped matmul's BLAS calls win. Measured on 2
+# cores (EPYC with AVX512-BF16, 2026-11-26, since the native loops take two tokens of a slot
+# at once and bf16 pairs by vdpbf16ps), a q/k/v call over 16 slots: at 600 tokens native
+# 0.4-2.7 ms against 1.4-3.1 (float32, ranks 8-64) and 0.2-1.3 against 6.6-89 (bf16: torch's
+# grouped matmul is slow there); at 2048 tokens native ahead but for float32 rank 64 (9.1
+# ms against 7.8).
+NATIVE_MAX_TOKENS = 2048
 # One slot for every active token: up to this many of them the native loops beat one BLAS
-# matmul, whose fixed cost is 20-70 us per call at these shapes (measured on 2 cores, ranks
-# 8-64, float32 and bf16: at 1-4 tokens 2-5x, at 16 about even, at 64 BLAS ahead).
-NATIVE_MAX_SINGLE_SLOT_TOKENS = 8
+# matmul (same machine and call: at 16 tokens 0.1 against 0.2 ms, at 128 even in float32 and
+# native ahead in bf16, at 600 BLAS ahead in float32 rank 64, 1.7 against 2.4 ms).
+NATIVE_MAX_SINGLE_SLOT_TOKENS = 128
 
 
 def _native(index: LoraIndex, *tensors: torch.Tensor) -> NativeLoRA | None:
