@@ -233,6 +233,18 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
  * bt[s] = bt + s * b_slot and the same rank for every slot. */
 #define EXPAND_CHUNK 256
 
+/* The columns from `from` to `last` that a whole 64-column block does not cover, for one
+ * token: one column at a time. */
+#define DEFINE_EXPAND_TAIL(NAME, E, Y, GET, PUT, GETY)                                      \
+    static inline void NAME##_tail(const Y *yt, const E *b, int64_t b_row, int64_t rank,     \
+                                   float scale, E *ot, int64_t from, int64_t last) {         \
+        for (int64_t o = from; o < last; ++o) {                                             \
+            float acc = 0.0f;                                                               \
+            for (int64_t j = 0; j < rank; ++j) acc += GETY(yt + j) * GET(b + j * b_row + o);  \
+            PUT(ot + o, GET(ot + o) + scale * acc);                                         \
+        }                                                                                   \
+    }
+
 #define DEFINE_EXPAND(NAME, E, Y, LOAD, STORE, GET, PUT, GETY)                               \
     static inline void NAME##_64(const Y *yt, const E *b, int64_t b_row, int64_t rank,       \
                                  float scale, E *ot) {                                       \
@@ -295,22 +307,12 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
                     for (; o + 4 * W <= last; o += 4 * W)                                   \
                         NAME##_64x2(yt, yt + y_row, bs + o, b_row, rank, scale, ot + o,     \
                                     ou + o);                                                \
-                    for (int64_t p = o; p < last; ++p) {                                    \
-                        float acc = 0.0f;                                                   \
-                        for (int64_t j = 0; j < rank; ++j)                                  \
-                            acc += GETY(yt + y_row + j) * GET(bs + j * b_row + p);          \
-                        PUT(ou + p, GET(ou + p) + scale * acc);                             \
-                    }                                                                       \
+                    NAME##_tail(yt + y_row, bs, b_row, rank, scale, ou, o, last);           \
                     ++t;                                                                    \
                 }                                                                           \
                 for (; o + 4 * W <= last; o += 4 * W)                                       \
                     NAME##_64(yt, bs + o, b_row, rank, scale, ot + o);                      \
-                for (; o < last; ++o) {                                                     \
-                    float acc = 0.0f;                                                       \
-                    for (int64_t j = 0; j < rank; ++j)                                      \
-                        acc += GETY(yt + j) * GET(bs + j * b_row + o);                      \
-                    PUT(ot + o, GET(ot + o) + scale * acc);                                 \
-                }                                                                           \
+                NAME##_tail(yt, bs, b_row, rank, scale, ot, o, last);                       \
             }                                                                               \
         }                                                                                   \
     }
@@ -326,10 +328,13 @@ DEFINE_SHRINK(shrink_bf16_to_f32, bf16, float, put_f32)
         free_slots(table);                                                                  \
     }
 
+DEFINE_EXPAND_TAIL(lora_expand_f32, f32, float, get_f32, put_f32, get_f32)
 DEFINE_EXPAND(lora_expand_f32, f32, float, load_f32, store_f32, get_f32, put_f32, get_f32)
 DEFINE_EXPAND_STACKED(lora_expand_f32, f32, float)
+DEFINE_EXPAND_TAIL(lora_expand_bf16, bf16, bf16, get_bf16, put_bf16, get_bf16)
 DEFINE_EXPAND(lora_expand_bf16, bf16, bf16, load_bf16, store_bf16, get_bf16, put_bf16, get_bf16)
 DEFINE_EXPAND_STACKED(lora_expand_bf16, bf16, bf16)
+DEFINE_EXPAND_TAIL(expand_f32_to_bf16, bf16, float, get_bf16, put_bf16, get_f32)
 #if defined(__AVX512BF16__)
 /* The bf16 model's expand by vdpbf16ps: two rank rows at a time, their B rows interleaved
  * (unpacklo/hi) and multiplied with y's two entries as one bf16 pair. y is rounded to bf16
@@ -433,21 +438,12 @@ static void expand_f32_to_bf16_slots(const float *y, int64_t y_row, const void *
                 for (; o + 64 <= last; o += 64)
                     expand_dp_64x2(pt, pt + width, bs + o, b_row, rank, scales[s], ot + o,
                                    ou + o);
-                for (int64_t p = o; p < last; ++p) {
-                    float acc = 0.0f;
-                    for (int64_t j = 0; j < rank; ++j)
-                        acc += yt[y_row + j] * get_bf16(bs + j * b_row + p);
-                    put_bf16(ou + p, get_bf16(ou + p) + scales[s] * acc);
-                }
+                expand_f32_to_bf16_tail(yt + y_row, bs, b_row, rank, scales[s], ou, o, last);
                 ++t;
             }
             for (; o + 64 <= last; o += 64)
                 expand_dp_64(pt, bs + o, b_row, rank, scales[s], ot + o);
-            for (; o < last; ++o) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < rank; ++j) acc += yt[j] * get_bf16(bs + j * b_row + o);
-                put_bf16(ot + o, get_bf16(ot + o) + scales[s] * acc);
-            }
+            expand_f32_to_bf16_tail(yt, bs, b_row, rank, scales[s], ot, o, last);
         }
     }
     free(pairs);

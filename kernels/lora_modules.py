@@ -69,14 +69,17 @@ class LoRAModules:
         transposed ``[r, d_out]`` (contiguous rows, this group's dtype and device), or None
         where the slot adds nothing to that module. ``rows=None`` goes back to the stacks.
         The tensors are held until the slot is placed again."""
-        require(0 <= slot < self.num_slots, f"slot {slot} out of range [0, {self.num_slots})")
+        require(
+            0 <= slot < self.num_slots,
+            lambda: f"slot {slot} out of range [0, {self.num_slots})",
+        )
         if rows is None:
             self.placed.pop(slot, None)
         else:
             rows = tuple(rows)
             require(
                 len(rows) == len(self.modules),
-                f"{len(rows)} modules' rows for a group of {len(self.modules)}",
+                lambda: f"{len(rows)} modules' rows for a group of {len(self.modules)}",
             )
             for entry, (_, b, _) in zip(rows, self.modules, strict=True):
                 if entry is not None:
@@ -140,7 +143,6 @@ class LoRAModules:
             entry.a, entry.bt, entry.ranks = (ctypes.addressof(array) for array in arrays)
             entry.a_row, entry.b_row = a.stride(1), bt.stride(1)
             entry.d_out, entry.column = bt.shape[2], columns.start
-        self.table = table
         for slot in range(self.num_slots):
             self._point(slot)
         return table
