@@ -22,20 +22,12 @@ from model_parts import MIB, ROOT, split
 
 from loragate.engine.default_model import default_model_path
 from loragate.engine.model_loader import resolve_model
+from loragate.tools.base_model import TOKENIZER_FILES
 
 # What a device call carries at most (tree and carried folders together).
 CALL_LIMIT = 64 * MIB
 # The wheels' size where `make gpu-wheels` has not run yet (about 20 MB).
 WHEELS_GUESS = 20 * MIB
-
-# What tests/tiny_llama.py and benchmarks/random_llama.py copy from the default model.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 
 
 def copy_tokenizer(out: Path) -> list[Path]:

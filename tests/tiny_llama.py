@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 from loragate.engine.models.llama import lora_module_shapes
 from loragate.tools import make_random_adapter
+from loragate.tools.base_model import TOKENIZER_FILES
 
 SHAPE = dict(
     hidden_size=64,
@@ -35,13 +36,6 @@ SIZES = dict(**SHAPE, max_position_embeddings=4096, vocab_size=49152, rms_norm_e
 # The HF-init flavour (adapter and beam-search tests): a small vocabulary, HF's defaults.
 HF_INIT_SIZES = dict(**SHAPE, vocab_size=128, max_position_embeddings=128)
 HF_INIT_NAME = "tiny-llama"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 
 
 def tiny_config(kind: str = "llama", **overrides):

@@ -6,6 +6,16 @@ from pathlib import Path
 
 from loragate.engine.model_loader import resolve_model
 
+# The files of a model directory that a model made from a config alone takes over to speak
+# and chat as that model does (the tests' tiny models, the GPU check's stand-in).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
 
 def resolve_base_model(model: str | None):
     """The model source (`.name`, `.hf_dir`) for an HF directory, a .gguf file, or None (the
