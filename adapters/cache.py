@@ -10,6 +10,11 @@ returns the slot holding exactly those weights. The engine's step acquires with
 thread while the request waits. The gateway calls ``preload`` when an adapter is registered
 so a bad directory is refused before the client hears 201.
 
+Each tier holds at most its count of adapters and its byte budget (adapters/tier_budget.py):
+an adapter with whole embedding or output matrices takes the room of several plain ones,
+eviction frees as much as a newcomer needs, and one larger than a whole tier is refused
+(AdapterTooLargeError) when it is read.
+
 Old weights age out by LRU. Weights an admitted request still needs and that its files no
 longer hold are never dropped from the CPU tier (``hold``/``release``), even past
 max_cpu_loras, until those requests end; slots running sequences use are never evicted.
@@ -27,6 +32,8 @@ Counters (``stats()``):
   slot_load_seconds time spent putting adapters in device slots
   resident_adapters adapters in device slots now
   cpu_adapters     adapters in the CPU tier now
+  resident_bytes   bytes the adapters in device slots take (tier_budget.slot_bytes)
+  cpu_bytes        bytes the adapters in the CPU tier take (tier_budget.cpu_bytes)
   held_weights     weight sets that admitted, unfinished requests were admitted under
 """
 
@@ -48,6 +55,13 @@ from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
+from loragate.adapters.tier_budget import (
+    TierBudget,
+    cpu_bytes,
+    largest_bytes,
+    slot_bytes,
+    unit_bytes,
+)
 from loragate.adapters.usage import UsageBook
 
 _COUNTERS = (
@@ -83,6 +97,8 @@ class AdapterCache(CacheReports):
         strict_base_model: bool = False,
         load_pacing: LoadPacing = ALWAYS_PACED,
         borrow: bool = True,
+        max_lora_bytes: int | None = None,
+        max_cpu_lora_bytes: int | None = None,
     ):
         self.spec = spec
         self.load_pacing = load_pacing  # the engine's: paced only while its steps run
@@ -103,6 +119,29 @@ class AdapterCache(CacheReports):
         self._slots = self._device.tensors
         self._slot_of = self._device.slot_of  # the same dict: identity -> slot
         self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
+        self._cpu_bytes: dict[WeightsIdentity, int] = {}
+        # Each tier's count and bytes (adapters/tier_budget.py); the CPU tier holds stacks
+        # in the slots' dtype where slots borrow them, float32 otherwise.
+        cpu_dtype = self._slots.dtype if self._slots.borrow else torch.float32
+        self.slot_budget = TierBudget.make(
+            "device slots",
+            max_loras,
+            "max_loras",
+            unit_bytes(spec, max_lora_rank, dtype),
+            largest_bytes(spec, max_lora_rank, dtype, dtype),
+            max_lora_bytes,
+            "max_lora_bytes",
+        )
+        self.cpu_budget = TierBudget.make(
+            "CPU tier",
+            max_cpu_loras,
+            "max_cpu_loras",
+            unit_bytes(spec, max_lora_rank, cpu_dtype),
+            # the vocabulary side is read into float32 (adapters/vocab_extras.py)
+            largest_bytes(spec, max_lora_rank, cpu_dtype, torch.float32),
+            max_cpu_lora_bytes,
+            "max_cpu_lora_bytes",
+        )
         self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
         self._book = IdentityBook()
@@ -249,35 +288,59 @@ class AdapterCache(CacheReports):
                 return slot
             if not read_files and identity not in self._cpu:
                 raise AdapterNotInMemory(f"adapter {request.lora_name!r}: {identity}")
-            slot = self._device.free_slot()
-            victim = None
-            if slot is None:
-                victim = self._device_victim(busy_slots)
-                if victim is None:
+            adapter = self._cpu.get(identity)
+            if adapter is None and fresh is not None and fresh.identity == identity:
+                adapter = fresh
+            read = adapter is None
+            if read:  # read (or refused) only once a slot could be had
+                if self._device.free_slot() is None and set(self._device.occupied()) <= set(
+                    busy_slots
+                ):
                     self._counters["acquire_waits"] += 1
                     return None
-                slot = self._slot_of[victim]
-            adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
-            put_seconds = self._device.put(slot, identity, adapter)
+                adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
+            size = slot_bytes(adapter, self._slots.dtype)
+            victims = self._device_victims(busy_slots, size)
+            if victims is None:
+                self._counters["acquire_waits"] += 1
+                return None
+            if not read:
+                adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
+            for victim in victims[1:]:  # their slots are zeroed and left free
+                self._device.clear(victim)
+            slot = self._slot_of[victims[0]] if victims else self._device.free_slot()
+            put_seconds = self._device.put(slot, identity, adapter, size)
             self._seconds["slot_load_seconds"] += put_seconds
             self._counters["slot_loads"] += 1
             self._count_load(identity, 2, put_seconds)
-            if victim is not None:
+            for victim in victims:
                 self._forget_usage_if_gone(victim)
                 self._counters["device_evictions"] += 1
             self._usage.touch(identity, request, used=True, tenant=tenant)
             return slot
 
-    def _device_victim(self, busy_slots) -> WeightsIdentity | None:
-        candidates = [
-            self._usage.candidate(owner, slot)
-            for slot, owner in self._device.occupied().items()
-            if slot not in busy_slots
-        ]
-        if not candidates:
-            return None
-        key = self._victim(candidates, "device")
-        return next(owner for owner in self._slot_of if self._usage.key(owner) == key)
+    def _device_victims(self, busy_slots, size: int) -> list[WeightsIdentity] | None:
+        """The resident weights to evict, in the policy's order, so that an adapter of
+        ``size`` bytes fits (a slot and its bytes): [] when it fits already, None when
+        evicting every slot no running sequence uses would not make room."""
+        device, budget = self._device, self.slot_budget
+        occupied = device.occupied()
+        adapters, used = len(occupied), device.used_bytes
+        victims: list[WeightsIdentity] = []
+        while not budget.fits(adapters, used, size):
+            candidates = [
+                self._usage.candidate(owner, slot)
+                for slot, owner in occupied.items()
+                if slot not in busy_slots and owner not in victims
+            ]
+            if not candidates:
+                return None
+            key = self._victim(candidates, "device")
+            victim = next(owner for owner in self._slot_of if self._usage.key(owner) == key)
+            victims.append(victim)
+            adapters -= 1
+            used -= device.bytes[self._slot_of[victim]]
+        return victims
 
     def _victim(self, candidates: list[dict], tier: str) -> tuple:
         """The key of the candidate the eviction policy names (a ValueError if none)."""
@@ -346,6 +409,11 @@ class AdapterCache(CacheReports):
             # On a CPU the slots read the stacks in place: made in the slots' dtype.
             self._slots.dtype if self._slots.borrow else torch.float32,
         )
+        # Larger than a whole tier: refused before anything remembers it.
+        self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)
+        self.slot_budget.check(
+            request.lora_name, slot_bytes(adapter, self._slots.dtype), adapter.path
+        )
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:
             self._counters["file_reads"] += 1
@@ -357,7 +425,8 @@ class AdapterCache(CacheReports):
         self._counters["disk_loads"] += 1
         self._seconds["load_seconds"] += seconds
         self._count_load(identity, 0, seconds)
-        while len(self._cpu) >= self.max_cpu_loras:
+        size = cpu_bytes(adapter)
+        while not self.cpu_budget.fits(len(self._cpu), sum(self._cpu_bytes.values()), size):
             droppable = [held for held in self._cpu if self._may_leave_cpu(held)]
             if not droppable:
                 break  # all needed by admitted requests and no longer on disk: kept until done
@@ -367,9 +436,11 @@ class AdapterCache(CacheReports):
             key = self._victim(candidates, "cpu")
             victim = next(held for held in droppable if self._usage.key(held) == key)
             del self._cpu[victim]
+            del self._cpu_bytes[victim]
             self._forget_usage_if_gone(victim)
             self._counters["cpu_evictions"] += 1
         self._cpu[identity] = adapter
+        self._cpu_bytes[identity] = size
         self._usage.sized(identity, request, adapter.size_bytes)
 
     def _may_leave_cpu(self, identity: WeightsIdentity) -> bool:
@@ -402,6 +473,7 @@ class AdapterCache(CacheReports):
             for identity in identities:
                 if not self._holds.get(identity):
                     found |= self._cpu.pop(identity, None) is not None
+                    self._cpu_bytes.pop(identity, None)
                 found |= self._device.clear(identity) is not None
                 self._forget_usage_if_gone(identity)
             return found

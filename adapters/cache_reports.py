@@ -17,6 +17,8 @@ class CacheReports:
                 **self._seconds,
                 "resident_adapters": len(self._slot_of),
                 "cpu_adapters": len(self._cpu),
+                "resident_bytes": self._device.used_bytes,
+                "cpu_bytes": sum(self._cpu_bytes.values()),
                 "held_weights": len(self._holds),
             }
 

@@ -34,6 +34,7 @@ class DeviceTier:
         )
         self.owner: list[WeightsIdentity | None] = [None] * max_loras
         self.rank = [0] * max_loras
+        self.bytes = [0] * max_loras  # what each slot's adapter takes (tier_budget.slot_bytes)
         self.slot_of: dict[WeightsIdentity, int] = {}
 
     def free_slot(self) -> int | None:
@@ -42,7 +43,13 @@ class DeviceTier:
                 return slot
         return None
 
-    def put(self, slot: int, identity: WeightsIdentity, adapter: LoRAAdapter) -> float:
+    @property
+    def used_bytes(self) -> int:
+        return sum(self.bytes)
+
+    def put(
+        self, slot: int, identity: WeightsIdentity, adapter: LoRAAdapter, size: int = 0
+    ) -> float:
         """Put ``adapter`` in ``slot`` (whatever held it is forgotten): copied, or on the CPU
         borrowed where it lies; seconds it took."""
         started = time.perf_counter()
@@ -52,6 +59,7 @@ class DeviceTier:
             del self.slot_of[previous]
         self.owner[slot] = identity
         self.rank[slot] = adapter.rank
+        self.bytes[slot] = size
         self.slot_of[identity] = slot
         return time.perf_counter() - started
 
@@ -61,6 +69,7 @@ class DeviceTier:
         if slot is not None:
             self.owner[slot] = None
             self.rank[slot] = 0
+            self.bytes[slot] = 0
             self.tensors.clear(slot)
         return slot
 

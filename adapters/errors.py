@@ -61,6 +61,16 @@ class BaseModelMismatchWarning(UserWarning):
     """The adapter names a different base model; served anyway because strict mode is off."""
 
 
+class AdapterTooLargeError(AdapterError):
+    """The adapter takes more memory than a whole cache tier holds (the CPU tier or the
+    device slots, adapters/tier_budget.py): it could never be served. ``size`` and ``limit``
+    are the bytes it takes and the bytes that tier holds."""
+
+    def __init__(self, message: str, *, size: int, limit: int, **kw):
+        super().__init__(message, **kw)
+        self.size, self.limit = size, limit
+
+
 class AdapterChangedError(AdapterError):
     """A request's adapter files changed after it was admitted, and the weights it was admitted
     with are no longer in memory: it cannot run with them, and never runs with others."""

@@ -42,6 +42,7 @@ from loragate.adapters.pacing import ALWAYS_PACED, CHUNK_BYTES, LoadPacing
 from loragate.adapters.peft_config import LoraConfigFields, read_lora_config
 from loragate.adapters.safetensors_views import SafetensorsError, tensor_views
 from loragate.adapters.spec import LoRAModelSpec
+from loragate.adapters.vocab_extras import EMBED, HEAD, VocabExtras, is_vocab_key, read_vocab_extras
 
 # Reads of a directory that keeps changing under them before giving up.
 READ_ATTEMPTS = 3
@@ -75,6 +76,14 @@ class LoRAAdapter:
     # so copying into a slot on the engine's step is one plain copy per tensor (and on a CPU,
     # in the slots' dtype, no copy at all: the slot reads them where they are).
     stacked: dict = field(default_factory=dict, repr=False, compare=False)
+    # Per (layer, module), what the adapter does to each output column of its rows besides
+    # adding B A x: DoRA's magnitude / norm(W + scale B A), computed here from the base
+    # weight (PEFT's scale, detached), multiplying the module's output; and a lora_B bias,
+    # already scaled, added to it.
+    row_scales: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
+    row_biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
+    # LoRA on embed_tokens / lm_head, whole copies of them, trainable tokens (vocab_extras.py).
+    vocab: VocabExtras | None = field(default=None, repr=False)
 
     def stack_modules(
         self, pacing: LoadPacing = ALWAYS_PACED, dtype: torch.dtype = torch.float32
@@ -104,7 +113,26 @@ class LoRAAdapter:
 
     @property
     def num_params(self) -> int:
-        return sum(a.numel() + b.numel() for a, b in self.weights.values())
+        extras = [*self.row_scales.values(), *self.row_biases.values()]
+        vocab = self.vocab.num_params if self.vocab is not None else 0
+        return (
+            sum(a.numel() + b.numel() for a, b in self.weights.values())
+            + sum(t.numel() for t in extras)
+            + vocab
+        )
+
+    @property
+    def kind(self) -> str:
+        """What the adapter is, as the API and metrics say it: lora, dora, lora+bias."""
+        kind = "dora" if self.row_scales else "lora+bias" if self.row_biases else "lora"
+        vocab = self.vocab
+        if vocab is not None and (vocab.embed_table is not None or vocab.head_table is not None):
+            kind += "+saved-modules"
+        if vocab is not None and (vocab.embed_lora is not None or vocab.head_lora is not None):
+            kind += "+vocab-lora"
+        if vocab is not None and vocab.token_ids is not None:
+            kind += "+trainable-tokens"
+        return kind
 
 
 def load_adapter(
@@ -193,8 +221,9 @@ def _read(
 ) -> LoRAAdapter:
     config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
     config_sha256 = sha256_hex(config_path.read_bytes(), pacing)
+    supported = set(spec.modules) | ({EMBED, HEAD} if spec.vocab_size else set())
     config = read_lora_config(
-        config_path, max_lora_rank=max_lora_rank, supported_modules=frozenset(spec.modules)
+        config_path, max_lora_rank=max_lora_rank, supported_modules=frozenset(supported)
     )
     _check_base_model(config, spec, strict)
 
@@ -204,21 +233,38 @@ def _read(
         tensors = tensor_views(data)
     except SafetensorsError as exc:
         raise CorruptWeightsError(f"cannot parse safetensors: {exc}", path=weights_path) from exc
-    weights = _lora_weights(tensors, config, spec, weights_path)
+    vocab = read_vocab_extras(
+        {k: v for k, v in tensors.items() if is_vocab_key(k)}, config, spec, weights_path
+    )
+    layer_tensors = {k: v for k, v in tensors.items() if not is_vocab_key(k)}
+    weights, extras = _lora_weights(layer_tensors, config, spec, weights_path, vocab is not None)
+    row_scales, row_biases = _row_extras(extras, weights, config, spec, weights_path)
+    targets = {module for _, module in weights}
+    if vocab is not None:
+        targets |= {EMBED} if vocab.embed_lora is not None else set()
+        targets |= {HEAD} if vocab.head_lora is not None else set()
+    ranks = [a.shape[0] for a, _ in weights.values()]
+    if vocab is not None and vocab.embed_lora is not None:
+        ranks.append(vocab.embed_lora[0].shape[1])
+    if vocab is not None and vocab.head_lora is not None:
+        ranks.append(vocab.head_lora[0].shape[0])
     pacing.pause_after(began)
     adapter = LoRAAdapter(
         path=root,
-        rank=max(a.shape[0] for a, _ in weights.values()),
+        rank=max(ranks, default=config.r),
         alpha=config.lora_alpha,
         scale=config.scale,
         use_rslora=config.use_rslora,
-        target_modules=frozenset(module for _, module in weights),
+        target_modules=frozenset(targets),
         weights=weights,
         sha256=sha256_hex(data, pacing),
         size_bytes=len(data),
         base_model_name_or_path=config.base_model_name_or_path,
         config_sha256=config_sha256,
         stamp=stamp,
+        row_scales=row_scales,
+        row_biases=row_biases,
+        vocab=vocab,
     )
     return adapter
 
@@ -252,19 +298,25 @@ def _check_base_model(config: LoraConfigFields, spec: LoRAModelSpec, strict: boo
 
 
 def _parse_lora_key(key: str) -> tuple[str, int | None, str, str] | None:
-    """``...layers.3.self_attn.q_proj.lora_A[.name].weight`` -> (module_key, 3, 'q_proj', 'A')."""
+    """``...layers.3.self_attn.q_proj.lora_A[.name].weight`` -> (module_key, 3, 'q_proj', 'A');
+    a DoRA magnitude (``...q_proj.lora_magnitude_vector``) is half 'magnitude', a lora_B bias
+    (``...q_proj.lora_B[.name].bias``) half 'bias'."""
     parts = key.split(".")
     for i, part in enumerate(parts):
-        if (
+        if part == "lora_magnitude_vector" and 0 < i and len(parts) - i in (1, 2, 3):
+            half = "magnitude"
+        elif part == "lora_B" and 0 < i and parts[-1] == "bias" and len(parts) - i in (2, 3):
+            half = "bias"
+        elif (
             part in ("lora_A", "lora_B")
             and 0 < i
             and parts[-1] == "weight"
-            and len(parts) - i
-            in (
-                2,
-                3,
-            )
+            and len(parts) - i in (2, 3)
         ):
+            half = part[-1]
+        else:
+            half = None
+        if half is not None:
             module_parts = parts[:i]
             if module_parts[:2] == ["base_model", "model"]:
                 module_parts = module_parts[2:]
@@ -273,14 +325,16 @@ def _parse_lora_key(key: str) -> tuple[str, int | None, str, str] | None:
                 if module_parts[j] == "layers" and module_parts[j + 1].isdigit():
                     layer = int(module_parts[j + 1])
                     break
-            return ".".join(module_parts), layer, parts[i - 1], part[-1]
+            return ".".join(module_parts), layer, parts[i - 1], half
     return None
 
 
 def _refuse_key(key: str, path: Path) -> AdapterError:
     if "lora_magnitude_vector" in key:
         return UnsupportedAdapterError(
-            f"tensor {key!r} is a DoRA magnitude; DoRA is not supported", path=path, field=key
+            f"tensor {key!r} is a DoRA magnitude but adapter_config.json's 'use_dora' is not true",
+            path=path,
+            field=key,
         )
     if "lora_embedding_" in key:
         return UnsupportedTargetModuleError(
@@ -290,7 +344,9 @@ def _refuse_key(key: str, path: Path) -> AdapterError:
         )
     if re.search(r"lora_B(\.[^.]+)?\.bias$", key):
         return UnsupportedAdapterError(
-            f"tensor {key!r} is a lora_B bias; LoRA biases are not supported", path=path, field=key
+            f"tensor {key!r} is a lora_B bias but adapter_config.json's 'lora_bias' is not true",
+            path=path,
+            field=key,
         )
     return UnsupportedAdapterError(
         f"tensor {key!r} is not a LoRA A/B weight loragate can serve", path=path, field=key
@@ -298,13 +354,22 @@ def _refuse_key(key: str, path: Path) -> AdapterError:
 
 
 def _lora_weights(
-    tensors: dict[str, torch.Tensor], config: LoraConfigFields, spec: LoRAModelSpec, path: Path
-) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    tensors: dict[str, torch.Tensor],
+    config: LoraConfigFields,
+    spec: LoRAModelSpec,
+    path: Path,
+    vocab_side: bool = False,
+) -> tuple[dict, dict]:
+    """(layer, module) -> (A, B) in float32, and -> {'magnitude' | 'bias': vector, 'key':
+    the module's name in the adapter}: the extras DoRA and lora_bias adapters carry."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     module_keys: dict[tuple[int, str], str] = {}
+    extras: dict[tuple[int, str], dict] = {}
     for key in sorted(tensors):
         parsed = _parse_lora_key(key)
-        if parsed is None:
+        if parsed is None or (parsed[3] == "magnitude" and not config.use_dora):
+            raise _refuse_key(key, path)
+        if parsed[3] == "bias" and not config.lora_bias:
             raise _refuse_key(key, path)
         module_key, layer, module, half = parsed
         if module not in spec.modules:
@@ -335,7 +400,10 @@ def _lora_weights(
             raise AdapterShapeError(
                 f"tensor {key!r} has dtype {tensor.dtype}, not a float", path=path, field=key
             )
-        slot = halves.setdefault((layer, module), {})
+        if half in ("magnitude", "bias"):
+            slot = extras.setdefault((layer, module), {"key": module_key})
+        else:
+            slot = halves.setdefault((layer, module), {})
         if half in slot:
             raise AdapterShapeError(
                 f"tensor {key!r} repeats lora_{half} of layer {layer} {module}",
@@ -345,7 +413,7 @@ def _lora_weights(
         slot[half] = tensor
         module_keys[(layer, module)] = module_key
 
-    if not halves:
+    if not halves and not vocab_side:
         raise AdapterShapeError("holds no LoRA tensors", path=path)
     weights = {}
     for (layer, module), pair in sorted(halves.items()):
@@ -364,7 +432,65 @@ def _lora_weights(
         if ratio != 1.0:
             b = b * ratio
         weights[(layer, module)] = (a.contiguous(), b.contiguous())
-    return weights
+    return weights, extras
+
+
+def _row_extras(
+    extras: dict, weights: dict, config: LoraConfigFields, spec: LoRAModelSpec, path: Path
+) -> tuple[dict, dict]:
+    """DoRA's per-column scales and lora_B's scaled biases, checked against the modules."""
+    stray = sorted(set(extras) - set(weights))
+    if stray:
+        layer, module = stray[0]
+        raise AdapterShapeError(
+            f"layers.{layer}.{module} has a DoRA magnitude or lora_B bias but no lora_A/lora_B",
+            path=path,
+            field=f"layers.{layer}.{module}",
+        )
+    if config.use_dora and spec.base_weight is None:
+        raise UnsupportedAdapterError(
+            "field 'use_dora' is true, but this model gives no base weights to take DoRA's "
+            "norms from",
+            path=path,
+            field="use_dora",
+        )
+    scales, biases = {}, {}
+    for (layer, module), (a, b) in weights.items():
+        where = f"layers.{layer}.{module}"
+        found = extras.get((layer, module), {})
+        d_out = spec.modules[module][1]
+        for half, name, wanted in (
+            ("magnitude", "lora_magnitude_vector", config.use_dora),
+            ("bias", "lora_B bias", config.lora_bias),
+        ):
+            if wanted and half not in found:
+                raise AdapterShapeError(f"{where} has no {name}", path=path, field=where)
+            vector = found.get(half)
+            if vector is not None and (
+                vector.dim() != 1 or vector.shape[0] != d_out or not vector.is_floating_point()
+            ):
+                raise AdapterShapeError(
+                    f"{where}: {name} has shape {tuple(vector.shape)}, but the base model's "
+                    f"{module} gives {d_out} outputs",
+                    path=path,
+                    field=where,
+                )
+        if config.lora_bias:
+            module_scale = config.scale_for(found["key"])
+            biases[(layer, module)] = (found["bias"].to(torch.float32) * module_scale).contiguous()
+        if config.use_dora:
+            scales[(layer, module)] = _dora_scale(
+                spec.base_weight(layer, module), a, b, config.scale, found["magnitude"]
+            )
+    return scales, biases
+
+
+def _dora_scale(weight, a, b, scale: float, magnitude) -> torch.Tensor:
+    """magnitude / ||W + scale B A|| over the input dimension, as PEFT takes it (B here
+    carries any per-module alpha already, so the adapter's one scale is the module's)."""
+    merged = weight.to(torch.float32) + scale * (b @ a)
+    norm = torch.linalg.norm(merged, dim=1)
+    return (magnitude.to(torch.float32) / norm).contiguous()
 
 
 def _checked_pair(a, b, rank, spec, module, where, path):

@@ -29,9 +29,7 @@ MAX_LORA_ALPHA = 1.0e6
 # LoRA variants and extras that change the forward pass or the base weights; each is
 # refused when set to anything but its PEFT default (None/False/empty).
 _UNSUPPORTED_EXTRAS = {
-    "lora_bias": "biases on lora_B",
     "layer_replication": "layer replication",
-    "trainable_token_indices": "trainable embedding tokens",
     "target_parameters": "LoRA on raw parameters",
     "alora_invocation_tokens": "activated LoRA (aLoRA)",
     "use_qalora": "QA-LoRA input pooling",
@@ -60,6 +58,12 @@ class LoraConfigFields:
     rank_pattern: dict[str, int]
     alpha_pattern: dict[str, float]
     base_model_name_or_path: str | None
+    use_dora: bool = False
+    lora_bias: bool = False
+    # Whole modules the adapter carries its own copy of (embed_tokens, lm_head), and the
+    # embedding rows it retrains (PEFT's trainable tokens).
+    modules_to_save: tuple[str, ...] = ()
+    trainable_token_indices: tuple[int, ...] = ()
 
     @property
     def scale(self) -> float:
@@ -132,13 +136,20 @@ def read_lora_config(
             field="lora_alpha",
         )
     flags = {}
-    for name in ("use_rslora", "fan_in_fan_out"):
+    for name in ("use_rslora", "fan_in_fan_out", "use_dora", "lora_bias"):
         value = raw.get(name, False)
         if not isinstance(value, bool):
             raise AdapterConfigError(
                 f"field '{name}' must be true or false, got {value!r}", path=path, field=name
             )
         flags[name] = value
+    if flags["use_dora"] and flags["lora_bias"]:
+        raise UnsupportedAdapterError(
+            "fields 'use_dora' and 'lora_bias' are both true; DoRA with a lora_B bias is "
+            "not supported",
+            path=path,
+            field="lora_bias",
+        )
 
     base_name = raw.get("base_model_name_or_path")
     if base_name is not None and not isinstance(base_name, str):
@@ -169,6 +180,10 @@ def read_lora_config(
         rank_pattern=_read_pattern(raw, "rank_pattern", path, max_lora_rank),
         alpha_pattern=alpha_pattern,
         base_model_name_or_path=base_name,
+        use_dora=flags["use_dora"],
+        lora_bias=flags["lora_bias"],
+        modules_to_save=_read_modules_to_save(raw, path),
+        trainable_token_indices=_read_token_indices(raw, path),
     )
 
 
@@ -204,21 +219,10 @@ def _shown(value) -> str:
 
 
 def _refuse_unsupported_features(raw: dict, path: Path) -> None:
-    if raw.get("use_dora", False):
-        raise UnsupportedAdapterError(
-            "field 'use_dora' is true; DoRA adapters are not supported", path=path, field="use_dora"
-        )
     bias = raw.get("bias", "none")
     if bias != "none":
         raise UnsupportedAdapterError(
             f"field 'bias' is {bias!r}; only 'none' is supported", path=path, field="bias"
-        )
-    if raw.get("modules_to_save"):
-        raise UnsupportedAdapterError(
-            f"field 'modules_to_save' is {raw['modules_to_save']!r}; adapters that replace "
-            "whole modules are not supported",
-            path=path,
-            field="modules_to_save",
         )
     for name, what in _UNSUPPORTED_EXTRAS.items():
         if raw.get(name):
@@ -233,6 +237,60 @@ def _refuse_unsupported_features(raw: dict, path: Path) -> None:
             path=path,
             field="init_lora_weights",
         )
+
+
+# The modules an adapter may carry whole copies of (modules_to_save).
+SAVABLE_MODULES = ("embed_tokens", "lm_head")
+
+
+def _read_modules_to_save(raw: dict, path: Path) -> tuple[str, ...]:
+    saved = raw.get("modules_to_save") or []
+    if not isinstance(saved, list | tuple) or not all(isinstance(m, str) for m in saved):
+        raise AdapterConfigError(
+            f"field 'modules_to_save' must be a list of module names, got {_shown(saved)}",
+            path=path,
+            field="modules_to_save",
+        )
+    names = tuple(m.rsplit(".", 1)[-1] for m in saved)
+    others = sorted({m for m, n in zip(saved, names, strict=True) if n not in SAVABLE_MODULES})
+    if others:
+        raise UnsupportedAdapterError(
+            f"field 'modules_to_save' names {', '.join(others)}; only "
+            f"{' and '.join(SAVABLE_MODULES)} may be saved whole",
+            path=path,
+            field="modules_to_save",
+        )
+    return tuple(sorted(set(names)))
+
+
+def _read_token_indices(raw: dict, path: Path) -> tuple[int, ...]:
+    """PEFT's trainable_token_indices: a list of token ids, or {"embed_tokens": [...]}."""
+    given = raw.get("trainable_token_indices")
+    if not given:
+        return ()
+    if isinstance(given, dict):
+        others = sorted(k for k in given if k.rsplit(".", 1)[-1] != "embed_tokens")
+        if others:
+            raise UnsupportedAdapterError(
+                f"field 'trainable_token_indices' names {', '.join(others)}; only "
+                "embed_tokens' rows may be trained",
+                path=path,
+                field="trainable_token_indices",
+            )
+        given = [i for values in given.values() for i in (values or [])]
+    if not isinstance(given, list | tuple) or not all(_is_int(i) and i >= 0 for i in given):
+        raise AdapterConfigError(
+            "field 'trainable_token_indices' must list token ids >= 0, got " + _shown(given),
+            path=path,
+            field="trainable_token_indices",
+        )
+    if len(set(given)) != len(given):
+        raise AdapterConfigError(
+            "field 'trainable_token_indices' repeats a token id",
+            path=path,
+            field="trainable_token_indices",
+        )
+    return tuple(given)
 
 
 def _read_target_modules(raw: dict, path: Path, supported: frozenset[str]):

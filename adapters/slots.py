@@ -70,20 +70,76 @@ class DeviceSlots:
         self._module_groups: dict[tuple[int, str, int], kernels.LoRAModules] = {}
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
+        # What DoRA and lora_B-bias adapters do to their rows' outputs besides B A x, per
+        # module: a scale ``[layers, max_loras, d_out]`` (ones where a slot has none) and a
+        # bias (zeros), made when the first such adapter is written; and the slots that
+        # have either (slot -> the adapter's kind).
+        self.row_scale: dict[str, torch.Tensor] = {}
+        self.row_bias: dict[str, torch.Tensor] = {}
+        self.extra_slots: dict[int, str] = {}
+        # slot -> its adapter's vocabulary side (adapters/vocab_extras.py), on this device:
+        # read in place on a CPU, copied once on a GPU; but its lm_head LoRA, which sits in
+        # the head stacks below, so the batched LoRA kernels add it for every slot at once.
+        self.vocab_extras: dict = {}
+        # lm_head LoRA per slot, float32 as the logits: A [max_loras, max_rank, hidden] and B
+        # transposed [max_loras, max_rank, vocab] (made when the first one is written; zero
+        # rows elsewhere), its scale (0: none) and rank.
+        self.head_a: torch.Tensor | None = None
+        self.head_bt: torch.Tensor | None = None
+        self.head_scales = torch.zeros(max_loras, device=device, dtype=torch.float32)
+        self.head_rank = [0] * max_loras
         if self.borrow:  # one group per layer and projection: made now, none on a step
             for layer in range(layers):
                 for group in self.groups:
                     self.module_group(layer, group, max_rank)
 
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Zeros. Where slots borrow, in an anonymous mapping, whose pages take memory only
         once written: a slot that borrows its rows never writes its own (for the default
         model, rank 64 and 8 slots, 625 MB of float32 otherwise)."""
+        dtype = dtype or self.dtype
         count = math.prod(shape)
         if not self.borrow or count == 0:
-            return torch.zeros(shape, device=self.device, dtype=self.dtype)
-        pages = mmap.mmap(-1, count * self.dtype.itemsize)
-        return torch.frombuffer(pages, dtype=self.dtype, count=count).view(shape)
+            return torch.zeros(shape, device=self.device, dtype=dtype)
+        pages = mmap.mmap(-1, count * dtype.itemsize)
+        return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
+
+    @property
+    def vocab_slots(self) -> set[int]:
+        """The slots whose adapter has a vocabulary side (kept per slot or an lm_head LoRA)."""
+        return {*self.vocab_extras, *(s for s, r in enumerate(self.head_rank) if r)}
+
+    def head_lora(self):
+        """The lm_head LoRA of every slot, cut to the largest rank resident: A ``[S, r,
+        hidden]``, B ``[S, vocab, r]`` (views, float32) and the scales ``[S]`` (0 for a slot
+        with none); None while no slot has one."""
+        rank = max(self.head_rank)
+        if not rank:
+            return None
+        a, bt = self.head_a[:, :rank], self.head_bt[:, :rank]
+        return a, bt.transpose(1, 2), self.head_scales
+
+    def _write_head_lora(self, slot: int, vocab) -> None:
+        """The slot's lm_head LoRA: ``vocab``'s (A ``[r, hidden]``, B ``[vocab, r]``, scale),
+        or none (zero rows, scale 0)."""
+        lora = vocab.head_lora if vocab is not None else None
+        old = self.head_rank[slot]
+        if old:
+            self.head_a[slot, :old].zero_()
+            self.head_bt[slot, :old].zero_()
+        self.head_rank[slot], self.head_scales[slot] = 0, 0.0
+        if lora is None:
+            return
+        a, b, scale = lora
+        rank, hidden = a.shape
+        if rank > self.max_rank:
+            raise ValueError(f"lm_head LoRA rank {rank} is above max_lora_rank {self.max_rank}")
+        if self.head_a is None:
+            self.head_a = self._zeros((self.max_loras, self.max_rank, hidden), torch.float32)
+            self.head_bt = self._zeros((self.max_loras, self.max_rank, b.shape[0]), torch.float32)
+        self.head_a[slot, :rank].copy_(a)
+        self.head_bt[slot, :rank].copy_(b.T)
+        self.head_rank[slot], self.head_scales[slot] = rank, scale
 
     # -- views the model and the tests read ---------------------------------------------
     def module_weights(self, layer: int, group: str, rank: int):
@@ -151,6 +207,46 @@ class DeviceSlots:
                 self._write_module(slot, module, adapter, by_module.get(module, []))
         self._borrow(slot, borrowed)
         self.scales[slot] = adapter.scale
+        self._write_row_extras(slot, adapter)
+        self._write_head_lora(slot, adapter.vocab)
+        rest = adapter.vocab.without_head_lora() if adapter.vocab is not None else None
+        if rest is not None:
+            self.vocab_extras[slot] = rest.to(self.device, self.dtype)
+        else:
+            self.vocab_extras.pop(slot, None)
+
+    def _write_row_extras(self, slot: int, adapter: LoRAAdapter) -> None:
+        """The slot's DoRA scales and lora_B biases: the adapter's, or none (ones, zeros)."""
+        for table, values, neutral in (
+            (self.row_scale, adapter.row_scales, 1.0),
+            (self.row_bias, adapter.row_biases, 0.0),
+        ):
+            if values and not table:
+                for module, (_, d_out) in self.spec.modules.items():
+                    shape = (self.spec.num_layers, self.max_loras, d_out)
+                    table[module] = torch.full(
+                        shape, neutral, device=self.device, dtype=torch.float32
+                    )
+            for rows in table.values():
+                rows[:, slot] = neutral
+            for (layer, module), vector in values.items():
+                table[module][layer, slot].copy_(vector)
+        if adapter.row_scales or adapter.row_biases:
+            self.extra_slots[slot] = adapter.kind
+        else:
+            self.extra_slots.pop(slot, None)
+
+    def row_extras(self, layer: int, group: str):
+        """Per module of ``group``: its columns of the group's output, and its DoRA scales
+        and lora_B biases ``[max_loras, d_out]`` (None where no slot has any)."""
+        out, offset = [], 0
+        for module in self.groups[group]:
+            d_out = self.spec.modules[module][1]
+            scale = self.row_scale[module][layer] if self.row_scale else None
+            bias = self.row_bias[module][layer] if self.row_bias else None
+            out.append((slice(offset, offset + d_out), scale, bias))
+            offset += d_out
+        return out
 
     def _can_borrow(self, stacked) -> bool:
         if not self.borrow or stacked is None:
@@ -212,6 +308,12 @@ class DeviceSlots:
             self._zero(module, slot)
         self._borrow(slot, {})
         self.scales[slot] = 0
+        for table, neutral in ((self.row_scale, 1.0), (self.row_bias, 0.0)):
+            for rows in table.values():
+                rows[:, slot] = neutral
+        self.extra_slots.pop(slot, None)
+        self.vocab_extras.pop(slot, None)
+        self._write_head_lora(slot, None)
 
     def _views(self, module: str, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers of one module in one slot: A ``[L, R, d_in]``, Bt ``[L, R, d_out]``."""

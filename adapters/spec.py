@@ -6,7 +6,10 @@ layer as data; nothing here knows a model family.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -16,12 +19,23 @@ class LoRAModelSpec:
     ``modules`` maps each LoRA-targetable module name to ``(d_in, d_out)``. ``fused`` names
     groups of modules the model runs as one matmul on one input (same d_in); their output
     columns follow the group's module order. Every other module is a group of its own.
+    ``base_weight(layer, module)`` reads one base weight ``[d_out, d_in]`` in float32 from the
+    model's checkpoint, for what an adapter derives from it when loaded (DoRA's norms); None
+    where the model cannot say (DoRA adapters are then refused).
     """
 
     model_name: str
     num_layers: int
     modules: dict[str, tuple[int, int]] = field(hash=False)
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    base_weight: Callable[[int, str], torch.Tensor] | None = field(
+        default=None, hash=False, compare=False, repr=False
+    )
+    # The vocabulary side, for adapters on embed_tokens and lm_head (LoRA, whole copies,
+    # trainable tokens): 0 where the model offers none.
+    vocab_size: int = 0
+    hidden_size: int = 0
+    tied_embeddings: bool = False
 
     def __post_init__(self):
         if not isinstance(self.model_name, str):

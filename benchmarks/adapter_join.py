@@ -63,7 +63,7 @@ def one_round(llm: LLM, loras: list[LoRARequest], tag: str) -> list[tuple[float,
     for _ in range(6):
         engine.step_tokens()
     for lora in loras:
-        engine.adapters.preload(lora)
+        engine.residency.cache.preload(lora)
     joins = []
     for i, lora in enumerate(loras):
         prompt = encode(f"Name a color. ({tag} {i})")
@@ -83,8 +83,17 @@ def one_round(llm: LLM, loras: list[LoRARequest], tag: str) -> list[tuple[float,
     while engine.has_unfinished_requests():
         engine.step_tokens()
     for lora in loras:
-        engine.adapters.remove(lora)
+        engine.residency.cache.remove(lora)
     return joins
+
+
+def random_adapters(root: Path, count: int, rank: int = 64) -> list[Path]:
+    """`count` random adapters of `rank` on all seven projections of the default model."""
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(None).hf_dir)
+    return [
+        make_random_adapter(base, root / f"a{i}", rank=rank, targets=TARGETS, seed=i)
+        for i in range(count)
+    ]
 
 
 def main() -> None:
@@ -93,14 +102,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
 
-    hf_dir = resolve_model(None).hf_dir
-    base = AutoModelForCausalLM.from_pretrained(hf_dir)
     with tempfile.TemporaryDirectory() as root:
-        paths = [
-            make_random_adapter(base, Path(root) / f"a{i}", rank=64, targets=TARGETS, seed=i)
-            for i in range(JOINS * args.rounds)
-        ]
-        del base
+        paths = random_adapters(Path(root), JOINS * args.rounds)
         engines = {
             "borrowed": make_engine(args.dtype, True),
             "copied": make_engine(args.dtype, False),

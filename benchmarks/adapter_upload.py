@@ -71,7 +71,7 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 def serve(port: int, store: str, cache: Path, namespace: str, redis_url: str, env: dict):
-    args = [sys.executable, "-m", "loragate.gateway.operations.cli", "serve"]
+    args = [sys.executable, "-m", "loragate.gateway.assembly.cli", "serve"]
     args += ["--port", str(port), "--admin-key", ADMIN, "--redis-url", redis_url]
     args += ["--redis-namespace", namespace, "--adapter-store", store]
     args += ["--adapter-cache-dir", str(cache), "--max-lora-rank", "16"]

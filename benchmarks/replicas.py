@@ -27,8 +27,8 @@ from replicas_round_robin import RoundRobinRouter
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
-from loragate.gateway import GatewaySettings
 from loragate.gateway.replicas.cluster import RayReplicas
+from loragate.gateway.settings import GatewaySettings
 from loragate.tools import make_random_adapter
 from loragate.tools.base_model import load_hf_model, resolve_base_model
 

@@ -193,7 +193,7 @@ class ServerProcess:
             [
                 sys.executable,
                 "-m",
-                "loragate.gateway.operations.cli",
+                "loragate.gateway.assembly.cli",
                 "serve",
                 "--port",
                 "0",

@@ -9,6 +9,14 @@ vLLM runs in its own venv (`../shared/peers/setup_vllm.sh`), called as a subproc
     .venv/bin/python benchmarks/vs_vllm.py --dtype bfloat16 \\
         --vllm-python ~/.cache/loragate-peers/vllm/bin/python \\
         --peer-script ../shared/peers/peer_vllm.py
+
+`--w3` runs W3 instead (benchmarks/w3_mixed_ranks.py): 64 adapters of ranks 8-128 on all
+seven projections, 128 requests, vLLM-CPU with max_loras 64 and max_lora_rank 128; it prints
+the adapter bytes each step reads and the memory bandwidth measured in the same run, so the
+LoRA time can be set against its memory bound.
+
+`--model DIR` runs another model (an HF directory, e.g. one benchmarks/random_llama.py made
+with Qwen3's or Gemma 3's shapes) on both sides.
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ from pathlib import Path
 
 from multi_lora import TARGETS, make_adapters, power_law_choice
 from throughput import make_requests
+from w3_mixed_ranks import (
+    W3_ADAPTERS,
+    StepAdapters,
+    adapter_bytes,
+    make_w3_adapters,
+    stream_bandwidth_gb_s,
+    w3_requests,
+)
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
@@ -63,7 +79,14 @@ def run_loragate(llm: LLM, requests: list[dict], loras: list[LoRARequest]) -> fl
     return sum(len(o.outputs[0].token_ids) for o in outs) / seconds
 
 
-def run_vllm(args, requests: list[dict], adapter_dir: Path) -> float:
+def run_vllm(
+    args,
+    requests: list[dict],
+    adapter_dir: Path,
+    glob: str = "r8-*",
+    max_loras: int = NUM_ADAPTERS,
+    max_rank: int = 8,
+) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(requests, file)
     command = [
@@ -74,14 +97,16 @@ def run_vllm(args, requests: list[dict], adapter_dir: Path) -> float:
         "--adapters",
         str(adapter_dir),
         "--glob",
-        "r8-*",
+        glob,
         "--max-loras",
-        str(NUM_ADAPTERS),
+        str(max_loras),
         "--max-lora-rank",
-        "8",
+        str(max_rank),
         "--dtype",
         args.dtype,
     ]
+    if args.model:
+        command += ["--model", str(Path(args.model).resolve())]
     # Run outside benchmarks/: vLLM imports a module named `kernels`, and this folder has one.
     done = subprocess.run(
         command, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir()
@@ -96,13 +121,19 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", help="an HF directory (default: the default model)")
+    ap.add_argument("--w3", action="store_true", help="run W3 (mixed ranks) instead")
     ap.add_argument("--vllm-python", help="the peer venv's python; without it, loragate only")
     ap.add_argument("--peer-script", help="peer_vllm.py (../shared/peers/ in the workplace)")
     args = ap.parse_args()
     if args.vllm_python and not args.peer_script:
         ap.error("--vllm-python needs --peer-script")
 
+    if args.w3:
+        run_w3(args)
+        return
     llm = LLM(
+        model=args.model,
         dtype=args.dtype,
         max_num_seqs=64,
         enable_lora=True,
@@ -131,6 +162,58 @@ def main() -> None:
         print(f"| {name} | {ours:.1f} | {theirs or '-'} | {ratio} |")
     base, spread = rows[0][1], rows[1][1]
     print(f"\nLoRA's cost on loragate: {100 * (1 - spread / base):.0f}% of base throughput")
+
+
+def run_w3(args) -> None:
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_num_seqs=64,
+        enable_lora=True,
+        max_loras=W3_ADAPTERS,
+        max_cpu_loras=W3_ADAPTERS,
+        max_lora_rank=128,
+    )
+    engine = llm.llm_engine
+    paths = make_w3_adapters(Path(engine.hf_dir), engine.model_name)
+    loras = [LoRARequest(p.name, i + 1, str(p)) for i, p in enumerate(paths)]
+    sizes = {p.name: adapter_bytes(p, Path(engine.hf_dir), engine.model.dtype) for p in paths}
+    base = workloads(llm, args.num_requests, args.seed)["W1 base"]
+    requests = w3_requests(base, args.seed)
+    unadapted = [{**r, "adapter": None} for r in requests]
+    tokens = sum(r["max_tokens"] for r in requests)
+    bandwidth = stream_bandwidth_gb_s()
+    base_tok_s = run_loragate(llm, unadapted, loras)
+    watch = StepAdapters(engine)
+    ours = run_loragate(llm, requests, loras)
+    watch.stop()
+    print(f"W3: loragate {ours:.1f} tok/s, without adapters {base_tok_s:.1f}", flush=True)
+    theirs = (
+        run_vllm(args, requests, paths[0].parent, "w3-*", W3_ADAPTERS, 128)
+        if args.vllm_python
+        else None
+    )
+    steps = [s for s in watch.steps if s]
+    per_step = sum(sum(sizes[n] for n in s) for s in steps) / max(len(steps), 1)
+    lora_seconds = tokens / ours - tokens / base_tok_s
+    bound_seconds = len(steps) * per_step / (bandwidth * 1e9)
+    support = bf16_support()
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {date.today()}, "
+        f"native bf16: {support.native} ({support.reason}), dtype {args.dtype}"
+    )
+    print(f"memory bandwidth (copy): {bandwidth:.1f} GB/s")
+    print(f"\n| W3 ({args.dtype}) | loragate tok/s | vLLM-CPU tok/s | ratio |")
+    print("|---|---|---|---|")
+    ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+    print(f"| W3 64 adapters, ranks 8-128 | {ours:.1f} | {theirs or '-'} | {ratio} |")
+    print(f"| the same requests, no adapters | {base_tok_s:.1f} | | |")
+    print(
+        f"\nLoRA's cost: {100 * (1 - ours / base_tok_s):.0f}%; {len(steps)} steps read "
+        f"{per_step / 2**20:.0f} MiB of adapter weights each on average; LoRA time "
+        f"{lora_seconds:.1f} s against {bound_seconds:.1f} s to read those bytes once a step "
+        f"({lora_seconds / bound_seconds:.2f}x the memory bound)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ from loragate.engine.beam_search_params import (
 from loragate.engine.config import SCHEDULING_POLICIES, EngineConfig
 from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
 from loragate.engine.engine_client import EngineClient
-from loragate.engine.engine_info import EngineStats, ModelInfo
+from loragate.engine.engine_stats import EngineStats
 from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine, PromptInput
+from loragate.engine.model_info import ModelInfo
 from loragate.engine.outputs import CompletionOutput, RequestOutput
 from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.stored_adapters import object_of, store_path
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
@@ -57,4 +59,6 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputsParams",
     "WeightsListener",
+    "object_of",
+    "store_path",
 ]

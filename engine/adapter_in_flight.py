@@ -48,6 +48,14 @@ class InFlightRequests:
         with self._lock:
             return self._counts.get(lora, 0)
 
+    def by_name(self) -> dict[str, int]:
+        """Requests in flight per adapter name (every registration of a name together)."""
+        names: Counter[str] = Counter()
+        with self._lock:
+            for lora, count in self._counts.items():
+                names[lora.lora_name] += count
+        return dict(names)
+
     async def wait_idle(self, lora: LoRARequest) -> None:
         """Return once no request for ``lora`` is in flight (at once if none is)."""
         with self._lock:

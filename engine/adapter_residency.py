@@ -23,6 +23,10 @@ two cores and memory bus, at a moment the step cannot choose.)
 Requests in flight per adapter (engine/adapter_in_flight.py) count from the moment the
 async engine is handed one until it ends, so a server removes an adapter only once nothing
 uses it; changed weights behind a name are announced to listeners (engine/adapter_events.py).
+An adapter named by its adapter store object is fetched by hash here, before it is read
+(engine/stored_adapters.py). Nobody else holds the AdapterCache: the scheduler, the runner,
+the CUDA graphs, the stats and the async engine each ask this object
+(tests/engine/test_adapter_ownership.py checks it).
 
 Loader threads run at normal priority: a lower one (nice) lets the machine's other
 work starve a loader that holds the GIL, and the step then waits on it (seconds, measured on
@@ -31,26 +35,54 @@ two busy cores).
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from loragate.adapters import (
     AdapterCache,
+    AdapterLoadTimeoutError,
     AdapterNotInMemory,
     LoadPacing,
+    LoRAAdapter,
     LoRAModelSpec,
+    LoRARequest,
     WeightsIdentity,
 )
-from loragate.engine.adapter_events import AdapterEvents
+from loragate.adapters.store import AdapterFetcher
+from loragate.engine.adapter_events import AdapterEvents, WeightsListener
 from loragate.engine.adapter_in_flight import InFlightRequests
 from loragate.engine.config import EngineConfig
 from loragate.engine.sequence import Request
+from loragate.engine.stored_adapters import StoredAdapters
+from loragate.engine.thread_bridge import drop_result
 from loragate.kernels import use_one_thread
 
-# Loads run beside the engine's step; two keep a burst of cold adapters moving without
-# taking every core from the forward pass.
-LOADER_THREADS = 2
+# Loads run beside the engine's step, each paced to about a ninth of a core
+# (adapters/pacing.py). Two keep a burst of cold adapters moving on a machine with cores to
+# spare; on a small one the second costs the steps more than it gives the loads. Measured on
+# a 2-core AMD EPYC (2026-11-27, float32, 8 base and 2 rank-64 LoRA rows decoding while
+# rank-64 adapters on every projection load without end): the median step 59-61 ms alone,
+# 59-70 beside one loader (0.6 loads/s), 77-86 beside two (1.0 loads/s).
+CORES_PER_LOADER = 4
+MAX_LOADER_THREADS = 2
+
+
+def loader_threads(cores: int) -> int:
+    """How many adapter loads run at once on a machine with ``cores`` usable cores."""
+    return max(1, min(MAX_LOADER_THREADS, cores // CORES_PER_LOADER))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+LOADER_THREADS = loader_threads(usable_cores())
 
 
 class AdapterNotReady(Exception):
@@ -65,20 +97,96 @@ def loader_pool(workers: int, name: str) -> ThreadPoolExecutor:
 
 
 class AdapterResidency:
-    """The engine's one owner of adapter weights: what a request is admitted under, the
-    holds that keep those weights until it ends, the loads on loader threads, the
-    scheduler's door to the device slots, the requests in flight per adapter (`in_flight`)
-    and the events when a name's weights change (`events`). The tiers themselves are the
-    AdapterCache's."""
+    """The engine's one owner of adapter weights: the tiers (the AdapterCache, which only
+    this object calls), the one loader pool, what a request is admitted under, the holds that
+    keep those weights until it ends, the scheduler's door to the device slots, the
+    requests in flight per adapter, the events when a name's weights change, and fetching
+    adapter store objects by hash."""
 
-    def __init__(self, cache: AdapterCache, workers: int = LOADER_THREADS):
-        self.cache = cache
-        self.in_flight = InFlightRequests()
-        self.events = AdapterEvents()
+    def __init__(
+        self,
+        cache: AdapterCache,
+        workers: int = LOADER_THREADS,
+        fetcher: AdapterFetcher | None = None,
+    ):
+        self.cache = cache  # read by tests; no engine or gateway module touches it
+        self._in_flight = InFlightRequests()
+        self._events = AdapterEvents()
+        self._stored = StoredAdapters(fetcher)
         self._pool = loader_pool(workers, "loragate-adapter-load")
         self._loads: dict[WeightsIdentity, Future] = {}
         self._lock = threading.Lock()
         self._copied_this_step = False
+
+    # ---- requests in flight (any thread) ------------------------------------------------
+    def started(self, lora: LoRARequest) -> None:
+        """A request for ``lora`` was handed to the engine: in flight until `ended`."""
+        self._in_flight.started(lora)
+
+    def ended(self, lora: LoRARequest) -> None:
+        """A request for ``lora`` ended, however it ended; once for each `started`."""
+        self._in_flight.ended(lora)
+
+    def in_flight(self, lora: LoRARequest) -> int:
+        """Requests for ``lora`` started and not yet ended."""
+        return self._in_flight.count(lora)
+
+    def in_flight_by_name(self) -> dict[str, int]:
+        """Requests in flight per adapter name, for every adapter that has any."""
+        return self._in_flight.by_name()
+
+    async def wait_idle(self, lora: LoRARequest) -> None:
+        """Return once no request for ``lora`` is in flight."""
+        await self._in_flight.wait_idle(lora)
+
+    # ---- weights changed behind a name (the requests' event loop) -----------------------
+    def subscribe(self, listener: WeightsListener) -> Callable[[], None]:
+        """Tell ``listener`` each time a name's admitted weights change; call what this
+        returns to stop (engine/adapter_events.py)."""
+        return self._events.subscribe(listener)
+
+    async def settled(self, lora: LoRARequest) -> None:
+        """Return once the listeners told of a change under ``lora``'s name are done."""
+        await self._events.settled(lora)
+
+    # ---- admission from the event loop (the async engine's way) ------------------------
+    async def admit_request(
+        self, lora: LoRARequest, timeout: float
+    ) -> tuple[LoRARequest, WeightsIdentity]:
+        """For a request naming ``lora``, on the event loop: the LoRARequest the engine runs
+        it with (a store object's verified local directory, fetched by hash if need be) and
+        the weights it is admitted under (one stat when in memory, else read and validated on
+        a loader thread within ``timeout`` s). Announces weights changed behind the name.
+        AdapterError for a bad adapter, AdapterStoreError for an object the store cannot
+        give, AdapterLoadTimeoutError past ``timeout``."""
+        local = await self.fetched(lora)
+        identity = self.cache.identity_in_cpu(local)
+        if identity is None:
+            identity = (await self.read(local, timeout)).identity
+        self._stored.check(lora, identity)
+        self._events.admitted(lora, identity.sha256)
+        return local, identity
+
+    async def fetched(self, lora: LoRARequest) -> LoRARequest:
+        """``lora`` as the engine reads it: a store object's verified local directory,
+        fetched on a thread of its own (a download may take long; it never holds up a load)."""
+        ready = self._stored.ready(lora)
+        if ready is not None:
+            return ready
+        return await asyncio.get_running_loop().run_in_executor(None, self._stored.fetch, lora)
+
+    async def read(self, lora: LoRARequest, timeout: float) -> LoRAAdapter:
+        """Read and validate ``lora``'s files into the CPU tier on a loader thread (one stat
+        when unchanged since read): its LoRAAdapter. AdapterLoadTimeoutError past
+        ``timeout`` seconds (the read goes on, and its result is kept)."""
+        work = asyncio.wrap_future(self._pool.submit(self.cache.preload, lora))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), timeout)
+        except TimeoutError as exc:
+            work.add_done_callback(drop_result)
+            raise AdapterLoadTimeoutError(
+                f"reading and validating the adapter took longer than {timeout:g} s"
+            ) from exc
 
     def admit(self, lora_request, identity: WeightsIdentity | None) -> WeightsIdentity:
         """The weights a request naming ``lora_request`` runs with: ``identity`` when a
@@ -161,17 +269,76 @@ class AdapterResidency:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    # ---- what the engine thread asks ----------------------------------------------------
+    def preload(self, lora: LoRARequest) -> LoRAAdapter:
+        """Read and validate ``lora``'s files into the CPU tier now, on this thread (the
+        offline engine's way; one stat when unchanged since read)."""
+        return self.cache.preload(self._stored.fetch(lora))
 
-def make_adapter_cache(
-    spec: LoRAModelSpec, config: EngineConfig, plugins, model, steps_running: Callable[[], bool]
-) -> AdapterCache:
-    """The engine's adapter cache: slots on the model's device and dtype, eviction by plugin,
-    loads paced only while `steps_running()` (adapters/pacing.py)."""
+    def remove(self, lora: LoRARequest, busy_slots) -> bool:
+        """Drop ``lora``'s weights from every tier; True if any were cached. ValueError,
+        changing nothing, while running sequences use its slot."""
+        return self.cache.remove(self._stored.as_fetched(lora), busy_slots)
+
+    def pin(self, lora: LoRARequest, pinned: bool = True) -> None:
+        """Evict ``lora`` last (or, unpinned, as any other)."""
+        self.cache.pin(self._stored.as_fetched(lora), pinned)
+
+    # ---- what the runner and the CUDA graphs read: the device slots ---------------------
+    @property
+    def slot_tensors(self):
+        """The device slots' weights, as the LoRA kernels take them."""
+        return self.cache.slot_tensors
+
+    @property
+    def max_loras(self) -> int:
+        return self.cache.max_loras
+
+    @property
+    def max_lora_rank(self) -> int:
+        return self.cache.max_lora_rank
+
+    @property
+    def effective_rank(self) -> int:
+        """The largest rank resident in a slot now."""
+        return self.cache.effective_rank
+
+    # ---- what the stats read -----------------------------------------------------------
+    def counts(self) -> dict:
+        """The tiers' counters (adapters per tier, loads, evictions, held weights)."""
+        return dict(self.cache.stats())
+
+    def tiers(self) -> dict:
+        return self.cache.tiers()
+
+    def loads(self) -> dict:
+        return self.cache.loads()
+
+
+def make_adapter_residency(
+    spec: LoRAModelSpec,
+    config: EngineConfig,
+    plugins,
+    model,
+    steps_running: Callable[[], bool],
+    fetcher: AdapterFetcher | None = None,
+) -> AdapterResidency:
+    """The engine's adapter residency over a cache with slots on the model's device and
+    dtype, eviction by plugin, and loads paced only while `steps_running()`
+    (adapters/pacing.py); adapter store objects fetched with ``fetcher``."""
+    return AdapterResidency(
+        _adapter_cache(spec, config, plugins, model, steps_running), fetcher=fetcher
+    )
+
+
+def _adapter_cache(spec, config, plugins, model, steps_running) -> AdapterCache:
     return AdapterCache(
         spec,
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=config.max_cpu_loras,
+        max_lora_bytes=config.max_lora_bytes,
+        max_cpu_lora_bytes=config.max_cpu_lora_bytes,
         device=model.device,
         dtype=model.dtype,
         strict_base_model=config.strict_lora_base_model,

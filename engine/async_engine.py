@@ -6,18 +6,19 @@ thread, which detokenizes them, finds stop strings and builds the outputs while 
 step computes (vLLM V1's output processor), and sends them with `call_soon_threadsafe` into
 one queue per request. A stop string it finds comes back through the inbox, and the engine
 thread finishes that sample (freeing its blocks) before its next step.
-An adapter's files are read and validated on a loader thread, within a time limit, before
-its request reaches the inbox, and the request is admitted under the weights read there; so
-neither the loop nor the engine thread reads a file (weights that leave memory before the
-request is scheduled come back on the engine's own loader threads). That is where a request
-is admitted under its adapter's weights: the adapter residency counts it in flight from the
-call on, and announces weights that changed behind the adapter's name.
+An adapter's files are read and validated on the adapter residency's loader threads (an
+adapter store object fetched by hash first), within a time limit, before its request reaches
+the inbox, and the request is admitted under the weights read there; so neither the loop nor
+the engine thread reads a file. The residency (engine/adapter_residency.py) owns all of it:
+it counts the request in flight from the call on, and announces weights that changed behind
+the adapter's name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import logging
 import queue
 import threading
@@ -25,19 +26,20 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from loragate.adapters import AdapterLoadTimeoutError, LoRARequest, WeightsIdentity
+from loragate.adapters import LoRARequest, WeightsIdentity
+from loragate.adapters.store import AdapterFetcher
 from loragate.engine import engine_stats, startup_heap
 from loragate.engine.adapter_events import WeightsListener
-from loragate.engine.adapter_residency import loader_pool
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
-from loragate.engine.engine_info import EngineStats, ModelInfo, runtime_info
+from loragate.engine.engine_stats import EngineStats
 from loragate.engine.input_processor import InputProcessor
 from loragate.engine.llm_engine import LLMEngine, PromptInput
+from loragate.engine.model_info import ModelInfo, runtime_info
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.step_output import SeqStop
-from loragate.engine.thread_bridge import check_request_id, deliver, drop_result, resolve
+from loragate.engine.thread_bridge import check_request_id, deliver, resolve
 from loragate.kernels import release_thread_pool
 
 log = logging.getLogger(__name__)
@@ -90,15 +92,14 @@ DEFAULT_ADAPTER_LOAD_TIMEOUT_S = 60.0
 
 class AsyncLLMEngine:
     """What a server needs of the engine, by name: the model it serves, requests, adapters
-    (add, remove, which are busy) and one stats snapshot. Anything that reads or changes
-    engine state runs on the engine thread; nothing else reaches into the engine."""
+    (add, remove, requests in flight) and one stats snapshot. Anything that reads or changes
+    engine state runs on the engine thread; adapters are the residency's to answer for."""
 
     def __init__(
         self, engine: LLMEngine, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
     ):
         self.engine = engine
         self.adapter_load_timeout = adapter_load_timeout
-        self._loader = loader_pool(2, "loragate-loader")
         self._inbox: queue.Queue = queue.Queue()
         # Steps' token ids, from the engine thread to the output thread (None: stop).
         self._steps: queue.Queue = queue.Queue()
@@ -125,9 +126,14 @@ class AsyncLLMEngine:
 
     @classmethod
     def from_config(
-        cls, config: EngineConfig, adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S
+        cls,
+        config: EngineConfig,
+        adapter_load_timeout: float = DEFAULT_ADAPTER_LOAD_TIMEOUT_S,
+        adapter_fetcher: AdapterFetcher | None = None,
     ) -> AsyncLLMEngine:
-        return cls(LLMEngine(config), adapter_load_timeout)
+        """The engine for ``config``; ``adapter_fetcher`` finds adapters named by their
+        adapter store object (engine/stored_adapters.py)."""
+        return cls(LLMEngine(config, adapter_fetcher=adapter_fetcher), adapter_load_timeout)
 
     @classmethod
     def from_engine_args(
@@ -152,7 +158,7 @@ class AsyncLLMEngine:
             base_model_name=engine.base_model_name,
             max_model_len=engine.max_model_len,
             max_num_seqs=engine.config.max_num_seqs,
-            lora_enabled=engine.adapters is not None,
+            lora_enabled=engine.residency is not None,
             tokenizer=engine.tokenizer,
             **runtime_info(engine),
         )
@@ -186,22 +192,22 @@ class AsyncLLMEngine:
         and `tenant_weight` its share under the `fair` policy. `priority` is vLLM's (lower
         first, under the `priority` policy). A request for an adapter is in flight
         (`adapter_in_flight`) from this call's first step, before anything is awaited, until
-        it ends, whichever way.
+        it ends, whichever way. Its outputs name ``lora_request`` as given (an adapter store
+        object's path included, whose local copy the engine runs).
         """
         check_request_id(request_id)
         self._check_alive()
         residency = self.engine.residency
         counted = lora_request is not None and residency is not None
         if counted:  # in flight from here, before anything is awaited, until it ends
-            residency.in_flight.started(lora_request)
+            residency.started(lora_request)
         streaming = finished = False
         try:
-            identity = None
-            if counted:  # its weights: one stat, or read on a loader thread
-                identity = self.engine.adapters.identity_in_cpu(lora_request)
-                if identity is None:
-                    identity = (await self.load_adapter(lora_request)).identity
-                residency.events.admitted(lora_request, identity.sha256)
+            identity, local = None, lora_request
+            if counted:  # its weights: one stat, or fetched and read on a loader thread
+                local, identity = await residency.admit_request(
+                    lora_request, self.adapter_load_timeout
+                )
             loop = asyncio.get_running_loop()
             outputs: asyncio.Queue = asyncio.Queue()
             accepted = loop.create_future()
@@ -210,7 +216,7 @@ class AsyncLLMEngine:
                     request_id,
                     prompt,
                     sampling_params,
-                    lora_request,
+                    local,
                     cache_salt,
                     tenant,
                     identity,
@@ -228,66 +234,51 @@ class AsyncLLMEngine:
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"engine failed: {item}") from item
                 if first and counted:  # the listeners told of changed weights are done
-                    await residency.events.settled(lora_request)
+                    await residency.settled(lora_request)
                 first = False
                 finished = item.finished
+                if local is not lora_request:
+                    item = dataclasses.replace(item, lora_request=lora_request)
                 yield item
         finally:
             if streaming and not finished:
                 self._inbox.put(_Abort(request_id))
             if counted:
-                residency.in_flight.ended(lora_request)
-
-    async def load_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
-        """Read and validate the adapter into the CPU tier on a loader thread; its
-        LoRAAdapter. AdapterError for a bad one, AdapterLoadTimeoutError past `timeout`
-        seconds (default: adapter_load_timeout). None when LoRA is disabled (the engine
-        then refuses the request itself)."""
-        cache = self.engine.adapters
-        if cache is None:
-            return None
-        limit = self.adapter_load_timeout if timeout is None else timeout
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._loader, cache.preload, lora_request)
-        try:
-            return await asyncio.wait_for(asyncio.shield(work), limit)
-        except TimeoutError as exc:
-            work.add_done_callback(drop_result)
-            raise AdapterLoadTimeoutError(
-                f"reading and validating the adapter took longer than {limit:g} s"
-            ) from exc
+                residency.ended(lora_request)
 
     async def abort(self, request_id: Hashable) -> None:
         self._inbox.put(_Abort(request_id))
 
     async def add_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
-        """Bring the adapter into the CPU tier (see load_adapter): its LoRAAdapter."""
-        return await self.load_adapter(lora_request, timeout)
+        """Fetch the adapter if it is a store object, then read and validate it into the CPU
+        tier on a loader thread: its LoRAAdapter. AdapterError for a bad one,
+        AdapterLoadTimeoutError past `timeout` seconds (default: adapter_load_timeout).
+        None when LoRA is disabled (the engine then refuses its requests itself)."""
+        residency = self.engine.residency
+        if residency is None:
+            return None
+        limit = self.adapter_load_timeout if timeout is None else timeout
+        return await residency.read(await residency.fetched(lora_request), limit)
 
     async def remove_adapter(self, lora_request: LoRARequest) -> bool:
         """Drop the adapter's weights from every tier (its slot is zeroed); True if any were
         cached. ValueError, changing nothing, while running sequences use its slot."""
-        if not self.is_running or self.engine.adapters is None:
+        if not self.is_running or self.engine.residency is None:
             return False
         return await self._on_engine_thread(lambda engine: engine.remove_adapter(lora_request))
 
-    async def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
-        """Evict the adapter last (or, unpinned, as any other); eviction candidates say so.
-        Needs `AdapterCache.pin`, which the engine side of issue 12 adds."""
-        if self.engine.adapters is not None:
-            await self._on_engine_thread(lambda engine: engine.adapters.pin(lora_request, pinned))
-
     async def wait_adapter_idle(self, lora_request: LoRARequest) -> None:
         """Return once no request for ``lora_request`` is in flight: every one handed to
-        `generate` ended (finished, aborted or failed), loading or queued ones included."""
+        `generate` ended (finished, aborted or failed), fetching, loading or queued ones
+        included."""
         if self.engine.residency is not None:
-            await self.engine.residency.in_flight.wait_idle(lora_request)
+            await self.engine.residency.wait_idle(lora_request)
 
     def adapter_in_flight(self, lora_request: LoRARequest) -> int:
         """Requests for ``lora_request`` handed to `generate` and not yet ended."""
         if self.engine.residency is None:
             return 0
-        return self.engine.residency.in_flight.count(lora_request)
+        return self.engine.residency.in_flight(lora_request)
 
     def on_adapter_weights_changed(self, listener: WeightsListener) -> Callable[[], None]:
         """Call ``listener`` (a coroutine function, on the requests' event loop) once each
@@ -296,11 +287,7 @@ class AsyncLLMEngine:
         Calling what this returns stops it."""
         if self.engine.residency is None:
             return lambda: None
-        return self.engine.residency.events.subscribe(listener)
-
-    async def busy_adapters(self) -> frozenset[str]:
-        """Names of the adapters running sequences use now."""
-        return (await self.stats()).busy_adapters
+        return self.engine.residency.subscribe(listener)
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
@@ -315,6 +302,7 @@ class AsyncLLMEngine:
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         """The chat's prompt token ids, by the model's chat template (or `chat_template`)."""
         return self.engine.apply_chat_template(
@@ -323,6 +311,7 @@ class AsyncLLMEngine:
             add_special_tokens,
             tools=tools,
             chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     async def stats(self) -> EngineStats:
@@ -348,7 +337,6 @@ class AsyncLLMEngine:
         self._thread.join(timeout)
         self._steps.put(None)
         self._output_thread.join(timeout)
-        self._loader.shutdown(wait=False, cancel_futures=True)
         if self._heap_frozen:
             self._heap_frozen = False
             startup_heap.engine_stopped()

@@ -81,9 +81,16 @@ class EngineConfig:
     swap_space: float = 4.0
     seed: int = 0
     enable_lora: bool = False
-    max_loras: int = 8
+    # None: sized from the device (engine/lora_capacity.py): 8 slots and 64 in the CPU tier
+    # on a GPU; on a CPU, where slots borrow the tier's rows, as many as a quarter of the
+    # memory holds (said in the start log).
+    max_loras: int | None = None
     max_lora_rank: int = 16
-    max_cpu_loras: int = 64
+    max_cpu_loras: int | None = None
+    # Byte budgets of the device slots and the CPU tier (adapters/tier_budget.py); None:
+    # max_loras (max_cpu_loras) times the largest adapter on the layers alone.
+    max_lora_bytes: int | None = None
+    max_cpu_lora_bytes: int | None = None
     strict_lora_base_model: bool = False
     weights_cache_dir: str | None = None
     plugins: tuple = field(default_factory=tuple)
@@ -139,10 +146,17 @@ class EngineConfig:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 GiB")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
-        _positive("max_loras", self.max_loras)
+        for name in ("max_loras", "max_cpu_loras"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         _positive("max_lora_rank", self.max_lora_rank)
-        _positive("max_cpu_loras", self.max_cpu_loras)
-        if self.max_cpu_loras < self.max_loras:
+        for name in ("max_lora_bytes", "max_cpu_lora_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an int >= 1 (bytes), got {value!r}")
+            if value is not None:
+                _positive(name, value)
+        if None not in (self.max_loras, self.max_cpu_loras) and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )

@@ -12,34 +12,21 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from loragate.kernels.cpu_isa import cpu_flags
 
 log = logging.getLogger(__name__)
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 flags; Arm's "Features" bf16
 OVERRIDE_ENV = "LORAGATE_CPU_BF16"
-CPUINFO = Path("/proc/cpuinfo")
 
 
 @dataclass(frozen=True)
 class Bf16Support:
     native: bool
     reason: str  # what the start-up log says after the dtype
-
-
-def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
-    """The first CPU's feature flags (x86 `flags`, Arm `Features`); empty where unreadable."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def bf16_support(flags: frozenset[str] | None = None) -> Bf16Support:

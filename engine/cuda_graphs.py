@@ -50,7 +50,7 @@ def decode_graphs_for(config, runner, max_model_len: int) -> DecodeGraphs | None
     return DecodeGraphs(
         runner.model,
         runner.kv_cache,
-        runner.adapters,
+        runner.adapter_slots,
         runner.lora_rank,
         max_batch=config.max_num_seqs,
         max_model_len=max_model_len,
@@ -74,7 +74,7 @@ class DecodeGraphs:
         self,
         model,
         kv_cache: KVCache,
-        adapters,
+        adapter_slots,
         rank_of,
         *,
         max_batch: int,
@@ -83,7 +83,7 @@ class DecodeGraphs:
     ):
         self.model = model
         self.kv_cache = kv_cache
-        self.adapters = adapters  # the AdapterCache, or None without LoRA
+        self.adapter_slots = adapter_slots  # the AdapterResidency, or None without LoRA
         self.rank_of = rank_of  # () -> the LoRA rank the eager path would run now
         self.capture = capture
         self.buckets = batch_buckets(max_batch)
@@ -94,7 +94,7 @@ class DecodeGraphs:
         self.rows = torch.zeros(4, size, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(size, self.max_blocks, dtype=torch.int32, device=device)
-        slots = adapters.max_loras if adapters is not None else 1
+        slots = adapter_slots.max_loras if adapter_slots is not None else 1
         self.group_ends = torch.zeros(slots, dtype=torch.int32, device=device)
         self.sample_rows = torch.arange(size, device=device)
         self.graphs: dict[tuple[int, int], _Captured] = {}
@@ -104,7 +104,20 @@ class DecodeGraphs:
         self.keys_run: set[tuple[int, int]] = set()  # (bucket, LoRA rank; 0 = no LoRA)
 
     def fits(self, scheduled: SchedulerOutput) -> bool:
-        return not scheduled.prefills and 0 < len(scheduled.decodes) <= self.buckets[-1]
+        return (
+            not scheduled.prefills
+            and 0 < len(scheduled.decodes) <= self.buckets[-1]
+            and not self._row_extras_in(scheduled.decodes)
+        )
+
+    def _row_extras_in(self, decodes: list[ScheduledSeq]) -> bool:
+        """Rows of DoRA, lora_B-bias and vocabulary-side adapters run eagerly: which rows
+        they are is not part of a captured graph."""
+        if self.adapter_slots is None:
+            return False
+        slots = self.adapter_slots.slot_tensors
+        extra = {*slots.extra_slots, *slots.vocab_slots}
+        return bool(extra) and any(item.seq.lora_slot in extra for item in decodes)
 
     def run(self, decodes: list[ScheduledSeq]) -> torch.Tensor:
         """Logits [len(decodes), vocab] float32; decodes grouped by slot, base-only last."""
@@ -143,7 +156,7 @@ class DecodeGraphs:
         self.seq_lens[:bucket].copy_(torch.tensor(lens + [1] * pad, dtype=torch.int32))
         tables += [[0] * width] * pad
         self.block_tables[:bucket].copy_(torch.tensor(tables, dtype=torch.int32))
-        if self.adapters is None or all(s < 0 for s in lora_slots):
+        if self.adapter_slots is None or all(s < 0 for s in lora_slots):
             return 0
         counts = [0] * self.group_ends.shape[0]
         for slot in lora_slots:
@@ -160,13 +173,13 @@ class DecodeGraphs:
         lora = None
         if rank:
             slot_ids = self.rows[3, :bucket]
-            num_slots = self.adapters.max_loras
+            num_slots = self.adapter_slots.max_loras
             index = (
                 kernels.static_lora_index(slot_ids, self.group_ends, num_slots)
                 if self.capture
                 else kernels.lora_index(slot_ids, num_slots)
             )
-            weights = self.adapters.slot_tensors
+            weights = self.adapter_slots.slot_tensors
             lora = LoRABatch(weights=weights, slot_ids=slot_ids, index=index, rank=rank)
         return ForwardBatch(
             input_ids=self.rows[0, :bucket],
@@ -181,7 +194,7 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.compute_logits(self.model.forward(batch, self.kv_cache))
+        return self.model.compute_logits(self.model.forward(batch, self.kv_cache), batch)
 
     def _capture(self, batch: ForwardBatch) -> _Captured:
         try:

@@ -14,8 +14,9 @@ from typing import Protocol, runtime_checkable
 
 from loragate.adapters import LoRARequest
 from loragate.engine.adapter_events import WeightsListener
-from loragate.engine.engine_info import EngineStats, ModelInfo
+from loragate.engine.engine_stats import EngineStats
 from loragate.engine.input_processor import PromptInput
+from loragate.engine.model_info import ModelInfo
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
 
@@ -99,6 +100,7 @@ class EngineClient(Protocol):
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         """A conversation's prompt token ids, by the model's chat template (or
         `chat_template`), with `tools` laid out where the template knows them."""

@@ -1,8 +1,36 @@
-"""The engine's KV memory as numbers, and the check that every block is accounted for."""
+"""The engine's state as numbers for metrics: one EngineStats snapshot (queues, KV blocks,
+adapter residency, token counters), copied on the engine thread so a caller never reads
+engine state while a step changes it; and the check that every KV block is accounted for."""
 
 from __future__ import annotations
 
-from loragate.engine.engine_info import EngineStats
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    """Queues, KV blocks (as `LLMEngine.get_memory_stats`) and adapter residency (as
+    `AdapterResidency.counts`; empty with LoRA off), with the engine's token counters."""
+
+    unfinished_requests: int = 0
+    running: int = 0
+    waiting: int = 0
+    memory: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    adapters: dict = field(default_factory=dict)
+    busy_adapters: frozenset[str] = frozenset()
+    # Adapter names of the sequences waiting for their first step (vllm:lora_requests_info).
+    waiting_adapters: frozenset[str] = frozenset()
+    # Weights in memory by sha256: "device" (a slot) or "cpu"; any other adapter is on disk.
+    adapter_tiers: dict = field(default_factory=dict)
+    # sha256 -> (disk loads, their seconds, device slot loads, their seconds)
+    adapter_loads: dict = field(default_factory=dict)
+    # Fair shares (engine/fair_share.py), by tenant (else "adapter:<name>", else "base"):
+    # weighted tokens received since start, and the virtual counters of the active ones.
+    tenant_service: dict = field(default_factory=dict)
+    tenant_virtual_service: dict = field(default_factory=dict)
 
 
 def memory_stats(scheduler, swapper, block_size: int) -> dict:
@@ -41,6 +69,7 @@ def check_integrity(scheduler, swapper) -> None:
 def snapshot(engine) -> EngineStats:
     """One consistent read of an engine's counters (run on the engine thread)."""
     scheduler = engine.scheduler
+    residency = engine.residency
     busy = frozenset(s.lora_request.lora_name for s in scheduler.running if s.lora_slot >= 0)
     waiting = frozenset(s.lora_request.lora_name for s in scheduler.waiting if s.lora_request)
     return EngineStats(
@@ -51,11 +80,11 @@ def snapshot(engine) -> EngineStats:
         prompt_tokens=engine.num_prompt_tokens,
         generation_tokens=engine.num_generation_tokens,
         preemptions=scheduler.num_preemptions,
-        adapters=dict(engine.adapters.stats()) if engine.adapters is not None else {},
+        adapters=residency.counts() if residency is not None else {},
         busy_adapters=busy,
         waiting_adapters=waiting,
-        adapter_tiers=engine.adapters.tiers() if engine.adapters is not None else {},
-        adapter_loads=engine.adapters.loads() if engine.adapters is not None else {},
+        adapter_tiers=residency.tiers() if residency is not None else {},
+        adapter_loads=residency.loads() if residency is not None else {},
         tenant_service=dict(engine.fair_share.served),
         tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
     )

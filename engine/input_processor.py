@@ -14,6 +14,23 @@ from loragate.engine.special_tokens import SpecialTokenRule
 PromptInput = str | dict[str, Any]
 
 
+# apply_chat_template's own arguments: chat_template_kwargs (vLLM's) may not set them.
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "conversation",
+        "documents",
+        "messages",
+        "return_dict",
+        "return_tensors",
+        "tokenize",
+        "tools",
+    }
+)
+
+
 class InputProcessor:
     def __init__(self, tokenizer, rule: SpecialTokenRule, vocab_size: int, max_model_len: int):
         self.tokenizer = tokenizer
@@ -76,11 +93,13 @@ class InputProcessor:
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         """Prompt token ids for a conversation, through the model's chat template (or
         `chat_template`, vLLM's override). The template writes its own special tokens, so
         the rule's are added only if asked; `tools` are laid out by templates that know
-        them (OpenAI's function definitions)."""
+        them (OpenAI's function definitions); `chat_template_kwargs` are more variables for
+        the template (vLLM's: Qwen3's `enable_thinking`, say)."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         for i, message in enumerate(messages):
@@ -91,12 +110,18 @@ class InputProcessor:
             isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
         ):
             raise ValueError("tools must be a list of objects")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError("chat_template_kwargs must be an object")
+        reserved = sorted(set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_NAMES)
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
         ids = self.tokenizer.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             tools=tools or None,
             chat_template=chat_template,
+            **(chat_template_kwargs or {}),
         )
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         return self.rule.apply(ids) if add else ids

@@ -86,14 +86,20 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, as vLLM's) to one
-        conversation or a list of them; `tools` for templates that lay them out."""
+        conversation or a list of them; `tools` for templates that lay them out, and
+        `chat_template_kwargs` for the template's own variables (``enable_thinking``)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             {
                 "prompt_token_ids": self.apply_chat_template(
-                    c, add_generation_prompt, tools=tools, chat_template=chat_template
+                    c,
+                    add_generation_prompt,
+                    tools=tools,
+                    chat_template=chat_template,
+                    chat_template_kwargs=chat_template_kwargs,
                 )
             }
             for c in conversations
@@ -122,9 +128,14 @@ class LLM:
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         return self.engine.apply_chat_template(
-            messages, add_generation_prompt, tools=tools, chat_template=chat_template
+            messages,
+            add_generation_prompt,
+            tools=tools,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     def get_memory_stats(self) -> dict:

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from loragate.adapters import LoRARequest, WeightsIdentity
+from loragate.adapters.store import AdapterFetcher
 from loragate.engine import beam_search, engine_stats, sizing
-from loragate.engine.adapter_residency import AdapterResidency, make_adapter_cache
+from loragate.engine.adapter_residency import make_adapter_residency
 from loragate.engine.admission_order import AdmissionOrder
 from loragate.engine.block_manager import BlockManager
 from loragate.engine.config import EngineConfig
@@ -28,9 +29,10 @@ from loragate.engine.fair_share import FairShare, check_tenant_weight
 from loragate.engine.forks import fork_pending
 from loragate.engine.input_processor import InputProcessor, PromptInput, check_request
 from loragate.engine.kv_cache import KVCache
+from loragate.engine.lora_capacity import lora_capacity
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
-from loragate.engine.models.llama import LlamaForCausalLM
+from loragate.engine.models import build_model
 from loragate.engine.output_builder import prompt_logprobs, record_failure
 from loragate.engine.output_processor import OutputProcessor
 from loragate.engine.outputs import RequestOutput
@@ -54,7 +56,9 @@ __all__ = ["LLMEngine", "PromptInput"]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, adapter_fetcher: AdapterFetcher | None = None):
+        """The engine for ``config``; ``adapter_fetcher`` finds adapters named by their
+        adapter store object (engine/stored_adapters.py)."""
         self.config = config
         self.plugins = PluginManager.create(plugins=config.plugins)
         device, dtype = config.torch_device, config.torch_dtype
@@ -69,8 +73,30 @@ class LLMEngine:
         self.special_token_rule = special_token_rule(self.tokenizer, tokenizer_dir)
         log.info("tokenizer: %s", self.special_token_rule.describe(self.tokenizer))
         self.max_model_len = sizing.resolve_max_model_len(config, self.model_config)
-        self.model = LlamaForCausalLM(self.model_config, device, dtype)
-        self.model.load_weights(load_weights(source.hf_dir), self.max_model_len)
+        self.model = build_model(self.model_config, device, dtype)
+        log.info("model: %s", self.model.describe())
+        self.model.load_weights(
+            load_weights(source.hf_dir), self.max_model_len, checkpoint=source.hf_dir
+        )
+        # An adapter's life (tiers, loads, holds, requests in flight, fetch by hash) has
+        # this one owner; None without LoRA. Made before the KV cache is sized: on a GPU the
+        # slots' stacks are allocated here, and the KV budget counts what is in use.
+        self.residency = None
+        if config.enable_lora:
+            spec = self.model.lora_spec(self.base_model_name)
+            capacity = lora_capacity(config, spec, device, dtype)
+            log.info("LoRA: %s", capacity.describe())
+            config = self.config = replace(
+                config, max_loras=capacity.max_loras, max_cpu_loras=capacity.max_cpu_loras
+            )
+            self.residency = make_adapter_residency(
+                spec,
+                config,
+                self.plugins,
+                self.model,
+                steps_running=self._steps_running,
+                fetcher=adapter_fetcher,
+            )
         num_blocks = sizing.num_kv_blocks(config, self.model, self.max_model_len)
         self.kv_cache = KVCache.for_model(self.model, num_blocks, config.block_size)
         self.block_manager = BlockManager(
@@ -80,13 +106,6 @@ class LLMEngine:
         self.swapper = (
             KVSwapper(self.kv_cache, self.block_manager, cpu_blocks) if cpu_blocks else None
         )
-        self.adapters = None
-        if config.enable_lora:
-            spec = self.model.lora_spec(self.base_model_name)
-            self.adapters = make_adapter_cache(
-                spec, config, self.plugins, self.model, steps_running=self._steps_running
-            )
-        self.residency = AdapterResidency(self.adapters) if self.adapters is not None else None
         self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
         log.info("step budget: %s", self.step_budget.describe())
         self.step_records = StepRecords()  # what each step ran (tests assert on it)
@@ -107,7 +126,7 @@ class LLMEngine:
             self.model,
             self.kv_cache,
             self.block_manager,
-            self.adapters,
+            self.residency,
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
@@ -411,6 +430,7 @@ class LLMEngine:
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         return self.inputs.apply_chat_template(
             messages,
@@ -418,6 +438,7 @@ class LLMEngine:
             add_special_tokens,
             tools=tools,
             chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
@@ -433,7 +454,7 @@ class LLMEngine:
         and which scope its KV."""
         check_request(self.inputs, self.plugins, token_ids, params)
         if lora_request is not None:
-            if self.adapters is None:
+            if self.residency is None:
                 raise ValueError(
                     f"request names LoRA adapter {lora_request.lora_name!r} "
                     "but the engine was started without enable_lora=True"
@@ -444,22 +465,22 @@ class LLMEngine:
     def add_adapter(self, lora_request: LoRARequest):
         """Read and validate the adapter's files into the CPU tier (one stat when they are
         unchanged since read): its LoRAAdapter. AdapterError for a bad one."""
-        return self._lora_cache().preload(lora_request)
+        return self._residency().preload(lora_request)
 
     def remove_adapter(self, lora_request: LoRARequest) -> bool:
         """Drop the adapter's weights from every tier; True if any were cached. ValueError,
         changing nothing, while running sequences use its slot; weights that admitted
         requests still need stay in the CPU tier until those requests end."""
-        return self._lora_cache().remove(lora_request, self.scheduler.busy_slots())
+        return self._residency().remove(lora_request, self.scheduler.busy_adapter_slots())
 
     def pin_adapter(self, lora_request: LoRARequest, pinned: bool = True) -> None:
         """Pin (or unpin) an adapter: eviction candidates say so, LRU evicts it last."""
-        self._lora_cache().pin(lora_request, pinned)
+        self._residency().pin(lora_request, pinned)
 
-    def _lora_cache(self):
-        if self.adapters is None:
+    def _residency(self):
+        if self.residency is None:
             raise ValueError("the engine was started without enable_lora=True")
-        return self.adapters
+        return self.residency
 
     # ---- stats --------------------------------------------------------------------------
     def get_memory_stats(self) -> dict:

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.models import SUPPORTED_MODEL_TYPES
 from loragate.engine.special_tokens import (
     SOURCE_RECORD,
     follow_gguf_rule,
@@ -33,7 +34,6 @@ from loragate.engine.special_tokens import (
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # Part of the cache key: bump it whenever a conversion writes something different, so an
 # older cached directory is never read as a current one. 2: the tokenizer follows the
 # GGUF's add_bos_token / add_eos_token and SOURCE_RECORD records them.
@@ -67,7 +67,11 @@ def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelSourc
 
 
 def load_config(hf_dir: Path) -> PretrainedConfig:
+    """The model's config; a multimodal checkpoint that nests a text model we run (gemma3)
+    gives that text model's config."""
     config = AutoConfig.from_pretrained(hf_dir)
+    if config.model_type == "gemma3" and getattr(config, "text_config", None) is not None:
+        config = config.get_text_config()
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model_type {config.model_type!r} in {hf_dir / 'config.json'} is not supported; "

@@ -11,7 +11,7 @@ from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
 from loragate.engine.input_batch import InputBatch
 from loragate.engine.kv_cache import KVCache
-from loragate.engine.models.llama import LlamaForCausalLM
+from loragate.engine.models import PagedDecoder
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
 from loragate.engine.sequence import Sequence
 from loragate.engine.step_record import StepClock
@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: PagedDecoder,
         kv_cache: KVCache,
         block_manager,
-        adapters=None,
+        adapter_slots=None,
         decode_graphs: DecodeGraphs | None = None,
         *,
         max_num_seqs: int = 64,
@@ -36,7 +36,7 @@ class ModelRunner:
         self.block_manager = block_manager
         self.block_size = kv_cache.block_size
         self.device = model.device
-        self.adapters = adapters  # the AdapterCache, when LoRA is enabled
+        self.adapter_slots = adapter_slots  # the AdapterResidency, when LoRA is enabled
         self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
         self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
         self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
@@ -64,7 +64,7 @@ class ModelRunner:
         clock.lap("prepare")
         hidden = self.model.forward(batch, self.kv_cache)
         self.num_computed_tokens_total += batch.num_tokens
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden, batch)
         if self._prompt_rows:
             record_prompt_logprobs(self._prompt_rows, logits[len(sampled) :])
             logits = logits[: len(sampled)]
@@ -81,7 +81,8 @@ class ModelRunner:
 
     def lora_rank(self) -> int:
         """The rank the LoRA kernels run at: the largest resident one, aligned."""
-        return _aligned_rank(self.adapters.effective_rank, self.adapters.max_lora_rank)
+        slots = self.adapter_slots
+        return _aligned_rank(slots.effective_rank, slots.max_lora_rank)
 
     def _copy_on_write(self) -> None:
         copies = self.block_manager.take_copies()
@@ -160,13 +161,13 @@ class ModelRunner:
         )
 
     def _lora_batch(self, lora_slots: torch.Tensor) -> LoRABatch | None:
-        if self.adapters is None or not bool((lora_slots >= 0).any()):
+        if self.adapter_slots is None or not bool((lora_slots >= 0).any()):
             return None
         slot_ids = lora_slots.to(self.device)
         return LoRABatch(
-            weights=self.adapters.slot_tensors,  # the step's slots, not the cache
+            weights=self.adapter_slots.slot_tensors,  # the step's slots, not the cache
             slot_ids=slot_ids,
-            index=kernels.lora_index(slot_ids, self.adapters.max_loras),
+            index=kernels.lora_index(slot_ids, self.adapter_slots.max_loras),
             rank=self.lora_rank(),
         )
 

@@ -117,10 +117,6 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.lora_slot = -1
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     def live_sequences(self) -> list[Sequence]:
         return self.running + list(self.waiting) + list(self.swapped)
 
@@ -173,7 +169,7 @@ class Scheduler:
                 break
             if seq.lora_request is not None:
                 try:
-                    slot = self._acquire_slot(seq)
+                    slot = self._acquire_adapter_slot(seq)
                 except AdapterNotReady:
                     break  # it swaps back in once a loader thread has read its weights
                 except Exception as exc:  # the engine fails its request; remove() frees it
@@ -213,7 +209,7 @@ class Scheduler:
                 # first, so busy slots drain between requests (the flooding tenant's too)
                 # and it gets one; base-model requests need no slot and go on.
                 try:
-                    slot = None if blocked_on_slot else self._acquire_slot(seq)
+                    slot = None if blocked_on_slot else self._acquire_adapter_slot(seq)
                 except AdapterNotReady:  # loading off the step: the others go on
                     skipped.append(self.waiting.popleft())
                     continue
@@ -235,14 +231,14 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
 
-    def busy_slots(self) -> set[int]:
+    def busy_adapter_slots(self) -> set[int]:
         """The adapter slots running sequences use: never evicted or cleared under them."""
         return {s.lora_slot for s in self.running if s.lora_slot >= 0}
 
-    def _acquire_slot(self, seq: Sequence) -> int | None:
+    def _acquire_adapter_slot(self, seq: Sequence) -> int | None:
         if self.adapter_slots is None:
             raise ValueError("a LoRA request was scheduled but LoRA is not enabled")
-        busy = self.busy_slots()
+        busy = self.busy_adapter_slots()
         # The weights it was admitted under, whatever its files hold by now.
         return self.adapter_slots.acquire(seq.request, busy)
 

@@ -9,7 +9,7 @@ from transformers import GenerationConfig, PretrainedConfig
 
 from loragate.engine.config import EngineConfig
 from loragate.engine.kv_cache import KVCache
-from loragate.engine.models.llama import LlamaForCausalLM
+from loragate.engine.models import PagedDecoder
 
 
 def resolve_max_model_len(config: EngineConfig, model_config: PretrainedConfig) -> int:
@@ -31,7 +31,7 @@ def resolve_max_model_len(config: EngineConfig, model_config: PretrainedConfig) 
 DEFAULT_CPU_KV_GB = 2.0
 
 
-def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, max_model_len: int) -> int:
+def num_kv_blocks(config: EngineConfig, model: PagedDecoder, max_model_len: int) -> int:
     """From the memory budget (or the explicit override); enough for one full sequence."""
     per_block = KVCache.bytes_per_block(
         model.num_layers, config.block_size, model.num_kv_heads, model.head_dim, model.dtype

@@ -1,11 +1,16 @@
 """loragate.gateway: the HTTP API (Litestar + msgspec), in parts by concern, each importing
-only those before it: errors and the store seam, tenancy/ (see TENANCY.md),
-adapter_control/, serving/ (the served model, generations, metering, admission), the
-openai/, tgi/ and admin/ protocols, settings, replicas/, and operations/ (the app factory,
-CLI, metrics, server start)."""
+only those before it: errors and the registry seam, tenancy/ (see TENANCY.md),
+adapter_control/, serving/ (the served model, a request's accounting, admission), the
+openai/, tgi/ and admin/ protocols, settings, registry_care/ (persistence, backups, export
+and import), replicas/, observation/ (metrics, the dashboard, /health, logs) and assembly/
+(the app factory and its services, the CLI, server start).
 
-from loragate.gateway.operations.app import create_app
-from loragate.gateway.operations.server import BackgroundServer, build_server, serve
-from loragate.gateway.settings import GatewaySettings
+Importing the package imports nothing else: the app is `loragate.gateway.assembly.app`, the
+server `loragate.gateway.assembly.server`, the settings `loragate.gateway.settings`."""
 
-__all__ = ["BackgroundServer", "GatewaySettings", "build_server", "create_app", "serve"]
+import os
+
+# The server sets how long OpenMP workers spin before sleeping before torch loads libgomp,
+# which reads it once (loragate.engine does the same for the offline API), unless the
+# environment already says.
+os.environ.setdefault("GOMP_SPINCOUNT", "50000")

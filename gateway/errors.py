@@ -83,7 +83,7 @@ class QuotaExceededError(APIError):
 
 class RegistryDownError(APIError):
     """The shared registry (Redis) cannot be reached, and this call needs it: the one error
-    the store seam (store_seam.py) raises for an outage."""
+    the store seam (registry_seam.py) raises for an outage."""
 
     status_code = 503
     error_type = "server_error"

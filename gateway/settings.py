@@ -10,7 +10,7 @@ from loragate.gateway.settings_checks import check_settings
 
 
 def _help(text: str) -> dict:
-    """A field's `loragate serve --help` text (operations/serve_options.py makes the flag)."""
+    """A field's `loragate serve --help` text (assembly/serve_options.py makes the flag)."""
     return {"help": text}
 
 
@@ -181,6 +181,13 @@ class GatewaySettings:
             "(<tool_call>{json}</tool_call>) or 'llama3_json'."
         ),
     )
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata=_help(
+            "vLLM's --reasoning-parser: split a thinking model's answer into "
+            "reasoning_content and content ('qwen3': <think>...</think>)."
+        ),
+    )
     registry_resync_seconds: float = field(
         default=2.0,
         metadata=_help(
@@ -202,7 +209,7 @@ class GatewaySettings:
             "unless renewed (it is, while the request runs): a crashed replica leaks nothing."
         ),
     )
-    # Slow clients (operations/http_limits.py): headers and body must arrive in time, idle
+    # Slow clients (assembly/http_limits.py): headers and body must arrive in time, idle
     # kept-alive connections close, and open connections are capped.
     header_timeout_seconds: float = field(
         default=10.0,
@@ -232,7 +239,7 @@ class GatewaySettings:
         ),
     )
 
-    # Observability (operations/metrics.py, operations/metrics_server.py).
+    # Observability (observation/metrics.py, observation/metrics_server.py).
     metrics_port: int | None = field(
         default=None,
         metadata=_help(
@@ -281,6 +288,41 @@ class GatewaySettings:
     target_ongoing_requests: float = field(
         default=8.0,
         metadata=_help("Autoscaling aims at this many requests in flight on each replica."),
+    )
+    upscale_delay_seconds: float | None = field(
+        default=None,
+        metadata=_help(
+            "Autoscaling adds replicas once more are wanted for this long (Ray Serve's "
+            "upscale_delay_s; default its own, 30 s)."
+        ),
+    )
+    downscale_delay_seconds: float | None = field(
+        default=None,
+        metadata=_help(
+            "Autoscaling removes replicas once fewer are wanted for this long (Ray Serve's "
+            "downscale_delay_s; default its own, 600 s). A replica removed finishes its "
+            "requests first (up to --shutdown-timeout)."
+        ),
+    )
+    autoscaling_window_seconds: float | None = field(
+        default=None,
+        metadata=_help(
+            "Autoscaling averages the requests in flight over this window (Ray Serve's "
+            "look_back_period_s; default its own, 30 s)."
+        ),
+    )
+    spill_at: int | None = field(
+        default=None,
+        metadata=_help(
+            "Spill rule of the replicas' adapter routing: when every replica holding a "
+            "request's adapter has this many requests in flight and another has at most "
+            "--spill-idle-at, the request goes there (which loads the adapter too). "
+            "Default: off (Ray Serve's multiplexed routing alone)."
+        ),
+    )
+    spill_idle_at: int = field(
+        default=1,
+        metadata=_help("A replica with at most this many requests in flight takes spills."),
     )
     ray_address: str | None = field(
         default=None,

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from loragate.engine import EngineConfig
 from loragate.gateway.openai.chat_template import load_chat_template
+from loragate.gateway.openai.reasoning import REASONING_PARSERS
 from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
 from loragate.registry import check_namespace
 
@@ -99,6 +100,11 @@ def _check_tool_choice(s) -> None:
         )
     if s.enable_auto_tool_choice and s.tool_call_parser is None:
         raise ValueError("enable_auto_tool_choice needs tool_call_parser")
+    if s.reasoning_parser is not None and s.reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"reasoning_parser must be one of {sorted(REASONING_PARSERS)}, "
+            f"got {s.reasoning_parser!r}"
+        )
 
 
 def lora_modules(specs: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -142,6 +148,16 @@ def _check_replicas(s) -> None:
     value = s.target_ongoing_requests
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"target_ongoing_requests must be a number > 0, got {value!r}")
+    if s.spill_at is not None and (_not_int(s.spill_at) or s.spill_at < 1):
+        raise ValueError(f"spill_at must be an integer >= 1, got {s.spill_at!r}")
+    if _not_int(s.spill_idle_at) or s.spill_idle_at < 0:
+        raise ValueError(f"spill_idle_at must be an integer >= 0, got {s.spill_idle_at!r}")
+    for name in ("upscale_delay_seconds", "downscale_delay_seconds", "autoscaling_window_seconds"):
+        value = getattr(s, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
     value = s.replica_cpus
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ValueError(f"replica_cpus must be a number >= 0, got {value!r}")

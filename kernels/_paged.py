@@ -30,6 +30,14 @@ def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
     )
 
 
+def check_window(window: int) -> None:
+    """A sliding window is a count of positions; 0 means the whole context."""
+    require(
+        isinstance(window, int) and not isinstance(window, bool) and window >= 0,
+        lambda: f"window must be an int >= 0 (0: no sliding window), got {window!r}",
+    )
+
+
 def gather_context(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """cache[table] laid out as one contiguous context: [..., blocks * block_size, H_kv, D]."""
     gathered = cache[table]

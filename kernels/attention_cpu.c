@@ -6,7 +6,8 @@
  * head (GQA), so each key and value row is loaded once for all G of them. Tasks are spread
  * over OpenMP threads dynamically (contexts differ in length). Only positions below each
  * sequence's length are read: stale cache slots and table padding past its end never are.
- * Built by kernels/attention_cpu.py.
+ * A sliding window (window > 0) reads only the last `window` positions of each context: the
+ * blocks before them are never touched. Built by kernels/attention_cpu.py.
  */
 #include <math.h>
 
@@ -31,13 +32,14 @@
               const int32_t *tables, int64_t table_row, const int32_t *lens, E *out,         \
               int64_t out_seq, int64_t out_head, int64_t batch, int64_t heads,               \
               int64_t kv_heads, int64_t d, int64_t block_size, float scale,                  \
-              int32_t threads) {                                                             \
+              int64_t window, int32_t threads) {                                             \
         const int64_t group = heads / kv_heads;                                             \
         const int64_t padded = (block_size + W - 1) / W * W;                                \
         _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)") \
         for (int64_t task = 0; task < batch * kv_heads; ++task) {                           \
             const int64_t b = task / kv_heads, kvh = task % kv_heads;                       \
             const int64_t len = lens[b];                                                    \
+            const int64_t from = window > 0 && len > window ? len - window : 0;             \
             float qs[group * d], acc[group * d], scores[group * padded];                    \
             float m[group], l[group];                                                       \
             for (int64_t g = 0; g < group; ++g) {                                           \
@@ -46,11 +48,14 @@
                 m[g] = -INFINITY, l[g] = 0.0f;                                              \
             }                                                                               \
             memset(acc, 0, sizeof acc);                                                     \
-            for (int64_t first = 0; first < len; first += block_size) {                     \
-                const int64_t n = len - first < block_size ? len - first : block_size;      \
+            for (int64_t first = from; first < len;) {                                      \
+                const int64_t next = (first / block_size + 1) * block_size;                 \
+                const int64_t n = (len < next ? len : next) - first;                        \
                 const int64_t block = tables[b * table_row + first / block_size];           \
-                const E *kb = k_cache + block * c_block + kvh * c_head;                     \
-                const E *vb = v_cache + block * c_block + kvh * c_head;                     \
+                const int64_t offset = (first % block_size) * c_pos + kvh * c_head;         \
+                const E *kb = k_cache + block * c_block + offset;                           \
+                const E *vb = v_cache + block * c_block + offset;                           \
+                first = next;                                                               \
                 for (int64_t p = 0; p < n; ++p)                                             \
                     for (int64_t g = 0; g < group; ++g)                                     \
                         scores[g * padded + p] = NAME##_dot(qs + g * d, kb + p * c_pos, d);  \

@@ -19,7 +19,7 @@ from . import _backend, _native
 _I64, _I32, _PTR, _F32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _ARGS = [_PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64]
-_ARGS += [_I64, _I64, _I64, _I64, _I64, _F32, _I32]
+_ARGS += [_I64, _I64, _I64, _I64, _I64, _F32, _I64, _I32]
 
 
 class NativeAttention:
@@ -49,7 +49,10 @@ class NativeAttention:
             and not block_tables.is_cuda
         )
 
-    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    def decode(
+        self, q, k_cache, v_cache, block_tables, seq_lens, scale: float, window: int = 0
+    ) -> torch.Tensor:
+        """window > 0: each query sees only the last ``window`` positions of its context."""
         batch, heads, head_dim = q.shape
         out = _backend.empty_output((batch, heads, head_dim), q)
         self._decode[q.dtype](
@@ -73,6 +76,7 @@ class NativeAttention:
             head_dim,
             k_cache.shape[1],
             scale,
+            window,
             torch.get_num_threads(),
         )
         return out

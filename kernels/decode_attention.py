@@ -6,7 +6,7 @@ takes the tensors; `_decode_torch` is the reference it is tested against and the
 import torch
 
 from ._backend import compute_dtype, require, resolve_backend
-from ._paged import check_paged_inputs
+from ._paged import check_paged_inputs, check_window
 from .attention_cpu import NativeAttention, native_attention
 
 
@@ -18,6 +18,8 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     backend: str | None = None,
+    *,
+    window: int = 0,
 ) -> torch.Tensor:
     """Attention of each sequence's single query over its whole cached context.
 
@@ -25,8 +27,13 @@ def paged_decode_attention(
     seq_lens [B] int32 counts the context including the new token (already written to the
     cache), so every seq_len is >= 1. Entries of block_tables past a sequence's last block are
     never read. GQA: query head h reads KV head h // (H // H_kv). Returns [B, H, D].
+
+    window > 0 is a sliding window: the query at position p sees keys at positions
+    p - window < k <= p only (HF's sliding-window mask), so only the last ``window`` positions
+    of each context are read.
     """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    check_window(window)
     require(
         q.shape[0] == block_tables.shape[0],
         lambda: f"q has {q.shape[0]} sequences, block_tables {block_tables.shape[0]}",
@@ -34,11 +41,11 @@ def paged_decode_attention(
     if resolve_backend(backend, q) == "triton":
         from .decode_attention_triton import decode_triton
 
-        return decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
     native = _native(q, k_cache, v_cache, block_tables, seq_lens)
     if native is not None:
-        return native.decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return native.decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+    return _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
 
 
 def _native(q, k_cache, v_cache, block_tables, seq_lens):
@@ -48,7 +55,7 @@ def _native(q, k_cache, v_cache, block_tables, seq_lens):
     return native_attention()
 
 
-def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0) -> torch.Tensor:
     batch, heads, head_dim = q.shape
     if batch == 0:
         return q.new_empty(0, heads, head_dim)
@@ -68,12 +75,17 @@ def _decode_torch(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.T
     keys = k_cache.index_select(0, table).view(shape).to(dtype)
     values = v_cache.index_select(0, table).view(shape).to(dtype)
     hidden = torch.arange(context, device=q.device) >= lens[:, None]  # [B, L]
+    if window > 0:
+        hidden |= torch.arange(context, device=q.device) < lens[:, None] - window
     queries = q.to(dtype).view(batch, kv_heads, heads // kv_heads, head_dim)
     scores = torch.matmul(queries, keys.permute(0, 2, 3, 1))  # [B, H_kv, G, L]
     # masked_fill also replaces NaN that stale cache slots past a sequence's end may hold.
     scores = scores.masked_fill_(hidden[:, None, None, :], float("-inf")).mul_(scale)
     # A zero probability times a NaN value is still NaN: zero the values past each end
     # (only positions past the shortest sequence can be hidden).
-    values[:, shortest:].masked_fill_(hidden[:, shortest:, None, None], 0)
+    if window > 0:  # positions before a window hide values too
+        values.masked_fill_(hidden[:, :, None, None], 0)
+    else:
+        values[:, shortest:].masked_fill_(hidden[:, shortest:, None, None], 0)
     out = torch.matmul(scores.softmax(-1), values.transpose(1, 2))  # [B, H_kv, G, D]
     return out.reshape(batch, heads, head_dim).to(q.dtype)

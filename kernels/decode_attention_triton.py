@@ -48,6 +48,7 @@ def _decode_kernel(
     head_dim,
     num_partitions,
     partition_size,
+    window,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -60,6 +61,8 @@ def _decode_kernel(
     context = tl.load(lens_ptr + seq)
     begin = part * partition_size
     end = tl.minimum(context, begin + partition_size)
+    # A sliding window: positions before context - window are never read.
+    begin = tl.where(window > 0, tl.maximum(begin, context - window), begin)
     groups = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     heads = kv_head * group_size + groups
@@ -143,9 +146,17 @@ def _merge_kernel(
 
 
 def decode_triton(
-    q, k_cache, v_cache, block_tables, seq_lens, scale, partition_size: int | None = None
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    partition_size: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """partition_size: context split (None: PARTITION_SIZE when the grid is small, else none)."""
+    """partition_size: context split (None: PARTITION_SIZE when the grid is small, else none).
+    window > 0: each query sees only the last ``window`` positions of its context."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     _backend.require(
@@ -195,6 +206,7 @@ def decode_triton(
         head_dim,
         num_partitions,
         partition_size,
+        window,
         BLOCK_G=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=block_n,
         BLOCK_D=block_d,

@@ -5,7 +5,7 @@ passes it to every lora_shrink / lora_expand call of that pass (7 projections x 
 so the sort, the segment offsets and the few host-side scalars are computed once, not 200+ times.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class LoraIndex:
     active_rows, active_slots: order and sorted_slots cut to the num_active tokens with a slot.
     window_ends:  group_ends[first_slot : last_slot + 1].
     static:       host-side fields fixed in advance (static_lora_index), not read off the batch.
+    derived:      what a kernel path works out from the index once per pass and keeps here
+                  (lora_segment_gemm.long_segments), keyed by that path.
     """
 
     slot_ids: torch.Tensor
@@ -46,6 +48,7 @@ class LoraIndex:
     active_slots: torch.Tensor
     window_ends: torch.Tensor
     static: bool = False  # built by static_lora_index: for the Triton kernels only
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -21,6 +21,7 @@ from ._backend import require
 from .lora import _checked_index, _use_triton, lora_apply
 from .lora_cpu import ModuleStruct, NativeLoRA
 from .lora_groups import LoraIndex
+from .lora_segment_gemm import apply_long_segments, gemm_min_rows, long_segments
 from .lora_torch import _native
 
 
@@ -143,7 +144,13 @@ class LoRAModules:
             entry.a, entry.bt, entry.ranks = (ctypes.addressof(array) for array in arrays)
             entry.a_row, entry.b_row = a.stride(1), bt.stride(1)
             entry.d_out, entry.column = bt.shape[2], columns.start
-        for slot in range(self.num_slots):
+            # Every slot reads the stacks until placed: its rows at a fixed stride (filled
+            # as whole arrays; a CPU engine may have thousands of slots).
+            slots = range(self.num_slots)
+            arrays[0][:] = [a.data_ptr() + s * a.stride(0) * a.element_size() for s in slots]
+            arrays[1][:] = [bt.data_ptr() + s * bt.stride(0) * bt.element_size() for s in slots]
+            arrays[2][:] = [self.rank] * self.num_slots
+        for slot in self.placed:
             self._point(slot)
         return table
 
@@ -183,15 +190,29 @@ def lora_apply_modules(
         if modules.placed or not _use_triton(backend, x, index):
             native = _native(index, x, out)
             if native is not None:
-                native.apply_modules(
-                    x, modules.table, len(modules.modules), modules.rank, scales, out, slot_ids
-                )
+                _apply_native(native, x, modules, index, slot_ids, scales, out)
                 return
     if modules.placed:
         _apply_per_slot(x, modules, index, scales, out)
         return
     for a, b, columns in modules.modules:
         lora_apply(x, a, b, slot_ids, scales, out[:, columns], backend=backend, index=index)
+
+
+def _apply_native(native, x, modules: LoRAModules, index: LoraIndex, slot_ids, scales, out):
+    """The native kernel over the batch, but for bf16 runs of one slot long enough that a
+    product beats its per-token loop (lora_segment_gemm.py): those go through oneDNN."""
+    min_rows = gemm_min_rows(x.dtype)
+    split = None if min_rows is None else long_segments(index, min_rows)
+    if split is not None:
+        columns = tuple(cols for _, _, cols in modules.modules)
+        apply_long_segments(x, split.runs, modules.rows_of, columns, scales, out)
+        if not split.native_rows:
+            return
+        slot_ids = split.native_slot_ids
+    native.apply_modules(
+        x, modules.table, len(modules.modules), modules.rank, scales, out, slot_ids
+    )
 
 
 def _apply_per_slot(

@@ -10,7 +10,7 @@ import torch
 
 from . import _backend
 from ._backend import compute_dtype, require, resolve_backend
-from ._paged import check_paged_inputs, gather_context
+from ._paged import check_paged_inputs, check_window, gather_context
 from .attention_cpu import NativeAttention, native_attention
 
 # Sequences with at most this many new tokens go to the native kernel. Measured on 2 cores
@@ -28,6 +28,8 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     backend: str | None = None,
+    *,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of a flat batch of new tokens over each sequence's paged context.
 
@@ -36,8 +38,11 @@ def paged_prefill_attention(
     are the LAST q_len positions of a context of seq_lens[b] tokens, all of whose K/V (the new
     ones included) are already in the cache, so a cached prefix (prefix caching, an earlier
     chunk of a chunked prefill) is attended as well. Returns [T, H, D].
+
+    window > 0 is a sliding window: a query at position p sees keys p - window < k <= p only.
     """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    check_window(window)
     require(
         query_start_loc.shape == (block_tables.shape[0] + 1,),
         lambda: (
@@ -48,8 +53,10 @@ def paged_prefill_attention(
     if resolve_backend(backend, q) == "triton":
         from .prefill_attention_triton import prefill_triton
 
-        return prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-    return _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+        return prefill_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=window
+        )
+    return _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window)
 
 
 def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> None:
@@ -68,7 +75,7 @@ def check_query_layout(starts: list[int], lens: list[int], num_tokens: int) -> N
             )
 
 
-def _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0):
     """Short runs through the native kernel in one call, the rest through torch."""
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     check_query_layout(starts, lens, q.shape[0])
@@ -83,18 +90,21 @@ def _prefill_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, s
     out = _backend.empty_output(tuple(q.shape), q)
     if short:
         _attend_short_runs(
-            native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale
+            native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale, window
         )
     skip = set(short)
     for b in range(len(lens)):
         if b not in skip:
-            _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale)
+            _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale, window)
     return out
 
 
-def _attend_short_runs(native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale):
+def _attend_short_runs(
+    native, out, q, k_cache, v_cache, block_tables, short, starts, lens, scale, window
+):
     """Each new token is one decode query: token i of a run of q_len new tokens at the end of
-    a context of n sees the first n - q_len + i + 1 positions, through its sequence's table."""
+    a context of n sees the first n - q_len + i + 1 positions, through its sequence's table
+    (the last ``window`` of them under a sliding window)."""
     rows, owners, visible = [], [], []
     for b in short:
         begin, end = starts[b], starts[b + 1]
@@ -105,32 +115,44 @@ def _attend_short_runs(native, out, q, k_cache, v_cache, block_tables, short, st
     rows_t = torch.tensor(rows, device=q.device)
     tables = block_tables.index_select(0, torch.tensor(owners, device=q.device))
     seen = torch.tensor(visible, dtype=torch.int32, device=q.device)
-    attended = native.decode(q.index_select(0, rows_t), k_cache, v_cache, tables, seen, scale)
+    queries = q.index_select(0, rows_t)
+    attended = native.decode(queries, k_cache, v_cache, tables, seen, scale, window)
     out.index_copy_(0, rows_t, attended)
 
 
-def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def _prefill_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0):
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     check_query_layout(starts, lens, q.shape[0])
     out = _backend.empty_output(tuple(q.shape), q)
     for b in range(len(lens)):
-        _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale)
+        _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale, window)
     return out
 
 
-def _attend_sequence(out, q, k_cache, v_cache, block_tables, b, starts, lens, scale) -> None:
+def _attend_sequence(
+    out, q, k_cache, v_cache, block_tables, b, starts, lens, scale, window=0
+) -> None:
     begin, end, context = starts[b], starts[b + 1], lens[b]
     if end == begin:
         return
-    block_size = k_cache.shape[1]
-    dtype = compute_dtype(q.dtype)
-    table = block_tables[b, : -(-context // block_size)].long()
-    keys = gather_context(k_cache, table)[:context].to(dtype).transpose(0, 1)  # [H_kv, L, D]
-    values = gather_context(v_cache, table)[:context].to(dtype).transpose(0, 1)
-    queries = q[begin:end].to(dtype).transpose(0, 1)  # [H, q_len, D]
     q_len = end - begin
-    # Query i sits at context position context - q_len + i and sees keys up to there.
-    visible = torch.ones(q_len, context, dtype=torch.bool, device=q.device).tril(context - q_len)
+    block_size = k_cache.shape[1]
+    # Under a sliding window the first query sees nothing before `first`: whole blocks before
+    # it are not gathered.
+    first = max(0, context - q_len - window + 1) if window else 0
+    first_block = first // block_size
+    skipped = first_block * block_size
+    dtype = compute_dtype(q.dtype)
+    table = block_tables[b, first_block : -(-context // block_size)].long()
+    length = context - skipped
+    keys = gather_context(k_cache, table)[:length].to(dtype).transpose(0, 1)  # [H_kv, L, D]
+    values = gather_context(v_cache, table)[:length].to(dtype).transpose(0, 1)
+    queries = q[begin:end].to(dtype).transpose(0, 1)  # [H, q_len, D]
+    # Query i sits at context position context - q_len + i and sees keys up to there (and,
+    # under a window, none at or before context - q_len + i - window).
+    visible = torch.ones(q_len, length, dtype=torch.bool, device=q.device).tril(length - q_len)
+    if window:
+        visible &= ~torch.ones_like(visible).tril(length - q_len - window)
     attended = torch.nn.functional.scaled_dot_product_attention(
         queries.unsqueeze(0),
         keys.unsqueeze(0),

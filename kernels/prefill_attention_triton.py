@@ -36,6 +36,7 @@ def _prefill_kernel(
     block_size,
     group_size,
     head_dim,
+    window,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -66,9 +67,12 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Keys past the tile's last query are never visible to it.
     key_end = tl.minimum(context, context - q_len + (tile + 1) * BLOCK_M)
-    for start in range(0, key_end, BLOCK_N):
+    # Under a sliding window, keys at or before the tile's first query - window are not either.
+    first_seen = tl.maximum(0, context - q_len + tile * BLOCK_M - window + 1)
+    key_begin = tl.where(window > 0, first_seen, 0)
+    for start in range(key_begin // BLOCK_N * BLOCK_N, key_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        in_context = pos < key_end
+        in_context = (pos >= key_begin) & (pos < key_end)
         block = tl.load(
             table_ptr + seq * table_stride_b + pos // block_size, mask=in_context, other=0
         )
@@ -79,6 +83,7 @@ def _prefill_kernel(
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         visible = in_context[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & ((window == 0) | (pos[None, :] > q_pos[:, None] - window))
         scores = tl.where(visible, scores, float("-inf"))
         # Rows past q_len see nothing; keep their max finite so exp() stays NaN-free.
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
@@ -96,7 +101,9 @@ def _prefill_kernel(
     )
 
 
-def prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def prefill_triton(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window: int = 0
+):
     num_tokens, heads, head_dim = q.shape
     _backend.require(
         q.stride(2) == 1 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride(),
@@ -130,6 +137,7 @@ def prefill_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         k_cache.shape[1],
         heads // k_cache.shape[2],
         head_dim,
+        window,
         BLOCK_M=block_m,
         BLOCK_N=32,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),

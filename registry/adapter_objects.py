@@ -2,9 +2,9 @@
 object's bytes may go.
 
 An object (the adapter store's `<sha256>-<config sha256>`) is referenced by every adapter
-record whose `store_object` names it: its reference count is the number of such records,
-read from the records themselves, so no counter can drift from them. Its bytes may be
-deleted once nothing references it, which two more marks make safe across replicas:
+record whose `store_object` names it: its reference count is kept beside the records and
+written in the same atomic step as each of them (`loragate.registry.adapter_index`). Its
+bytes may be deleted once nothing references it, which two more marks make safe across replicas:
 - a pin: an upload in progress holds one (with an expiry, so a crashed replica leaks
   nothing) from before it writes the object until its record is registered;
 - a claim: the one replica deleting the object holds it (also with an expiry) while it
@@ -19,8 +19,8 @@ checked inside each store's atomic registration.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 
+from loragate.registry.adapter_index import AdapterCounts, MemoryAdapterIndex
 from loragate.registry.errors import AdapterQuotaExceeded, RegistryError
 from loragate.registry.records import (
     AdapterMetadata,
@@ -44,33 +44,27 @@ class AdapterBytesQuotaExceeded(RegistryError):
 
 def check_adapter_room(
     tenant: TenantRecord,
-    owned: Iterable[AdapterMetadata],
+    counts: AdapterCounts,
     old: AdapterMetadata | None,
     spec: AdapterSpec,
 ) -> None:
     """AdapterQuotaExceeded / AdapterBytesQuotaExceeded unless `spec` fits the tenant's
-    quota; `owned` are the tenant's adapters now, `old` the one `spec` replaces."""
-    owned = list(owned)
+    quota; `counts` are the tenant's adapter counters now, `old` the one `spec` replaces."""
     count_limit = tenant.quota.max_adapters
-    if old is None and count_limit is not None and len(owned) >= count_limit:
+    if old is None and count_limit is not None and counts.adapters >= count_limit:
         raise AdapterQuotaExceeded(tenant.name, count_limit)
     bytes_limit = tenant.quota.max_adapter_bytes
     if bytes_limit is not None:
-        used = sum(a.size_bytes for a in owned) - (old.size_bytes if old is not None else 0)
+        used = counts.size_bytes - (old.size_bytes if old is not None else 0)
         if used + spec.size_bytes > bytes_limit:
             raise AdapterBytesQuotaExceeded(tenant.name, bytes_limit, used, spec.size_bytes)
-
-
-def references(adapters: Iterable[AdapterMetadata], oid: str) -> int:
-    """How many adapter records point at object `oid`."""
-    return sum(1 for a in adapters if a.store_object == oid)
 
 
 class MemoryObjects:
     """Pins and claims of the in-memory store (a part of MemoryRegistryStore, which makes
     `_pins` and `_claims`)."""
 
-    _adapters: dict[str, AdapterMetadata]
+    _index: MemoryAdapterIndex
     _pins: dict[str, dict[str, float]]  # object -> pin -> expiry
     _claims: dict[str, float]  # object -> the claim's expiry
 
@@ -100,7 +94,7 @@ class MemoryObjects:
         now = self._clock()
         live = {t: e for t, e in pins.get(oid, {}).items() if e > now}
         pins[oid] = live
-        if live or claims.get(oid, 0) > now or references(self._adapters.values(), oid):
+        if live or claims.get(oid, 0) > now or self._index.object_references(oid):
             return False
         claims[oid] = now + check_lease_ttl(ttl_s)
         return True
@@ -110,4 +104,4 @@ class MemoryObjects:
         claims.pop(check_store_object(oid), None)
 
     async def object_references(self, oid: str) -> int:
-        return references(self._adapters.values(), check_store_object(oid))
+        return self._index.object_references(check_store_object(oid))

@@ -14,6 +14,15 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
+from loragate.registry.adapter_index import (
+    DEFAULT_CHANGE_LOG_SIZE,
+    DEFAULT_PAGE_SIZE,
+    AdapterCounts,
+    AdapterPage,
+    ChangeLog,
+    MemoryAdapterIndex,
+    check_page,
+)
 from loragate.registry.adapter_objects import MemoryObjects, check_adapter_room
 from loragate.registry.api_keys import StoredKey, issue_api_key, parse_api_key, secret_matches
 from loragate.registry.errors import (
@@ -25,7 +34,12 @@ from loragate.registry.errors import (
     TenantNotFound,
 )
 from loragate.registry.memory_quotas import MemoryQuotas, TenantLoad
-from loragate.registry.names import adapter_key, check_adapter_key, check_tenant_name
+from loragate.registry.names import (
+    adapter_key,
+    check_adapter_key,
+    check_adapter_name,
+    check_tenant_name,
+)
 from loragate.registry.persistence import Persistence, in_memory
 from loragate.registry.records import (
     AdapterMetadata,
@@ -53,10 +67,16 @@ from loragate.registry.store import RegistryStore
 class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
     """The default store: everything lives and dies with this process."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, lease_ttl_s: float = 300.0):
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_ttl_s: float = 300.0,
+        change_log_size: int = DEFAULT_CHANGE_LOG_SIZE,
+    ):
         self._clock = clock
         self._lease_ttl = check_lease_ttl(lease_ttl_s)
-        self._adapters: dict[str, AdapterMetadata] = {}
+        self._index = MemoryAdapterIndex(check_count("change_log_size", change_log_size, 1))
         self._last_lora_int_id = 0
         self._tenants: dict[str, TenantRecord] = {}
         self._keys: dict[str, StoredKey] = {}
@@ -71,6 +91,7 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
 
     def _changed(self, kind: ChangeKind, name: str) -> None:
         self._version += 1
+        self._index.log(self._version, kind, name)
         event = ChangeEvent(kind, name)
         for queue in self._watchers:
             queue.put_nowait(event)
@@ -119,7 +140,7 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
         for stored in snapshot.keys:
             self._keys[stored.key_id] = stored
         for adapter in snapshot.adapters:
-            self._adapters[adapter.key] = adapter
+            self._index.put(adapter)
             self._changed(ChangeKind.ADAPTER_REGISTERED, adapter.key)
         for report in snapshot.usage:
             counters = self._usage.setdefault(report.tenant, {})
@@ -142,7 +163,7 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
         if not isinstance(spec, AdapterSpec) or isinstance(spec, AdapterMetadata):
             raise ValueError(f"spec must be an AdapterSpec, got {type(spec).__name__}")
         key = adapter_key(spec.tenant, spec.name)
-        old = self._adapters.get(key)
+        old = self._index.get(key)
         if old is not None and not replace:
             raise AdapterNameTaken(key)
         if spec.public:
@@ -158,27 +179,46 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
             tenant = self._tenants.get(spec.tenant)
             if tenant is None:
                 raise TenantNotFound(spec.tenant)
-            owned = (a for a in self._adapters.values() if a.tenant == spec.tenant)
-            check_adapter_room(tenant, owned, old, spec)
+            check_adapter_room(tenant, self._index.counts(spec.tenant), old, spec)
         if lora_int_id is None:
             lora_int_id = self._next_lora_int_id()
         adapter = AdapterMetadata(
             **msgspec.structs.asdict(spec), lora_int_id=lora_int_id, created_at=self._clock()
         )
-        self._adapters[key] = adapter
+        self._index.put(adapter)
         self._changed(ChangeKind.ADAPTER_REGISTERED, key)
         return Registration(adapter, old)
 
     def _check_public_name(self, key: str, name: str) -> None:
-        for other in self._adapters.values():
-            if other.public and other.name == name and other.key != key:
-                raise PublicNameTaken(name, other.key)
+        other = self._index.public_key(name)
+        if other is not None and other != key:
+            raise PublicNameTaken(name, other)
 
     async def get_adapter(self, key: str) -> AdapterMetadata | None:
-        return self._adapters.get(check_adapter_key(key))
+        return self._index.get(check_adapter_key(key))
+
+    async def get_adapters(self, keys: list[str]) -> list[AdapterMetadata | None]:
+        return [self._index.get(check_adapter_key(key)) for key in keys]
 
     async def list_adapters(self) -> list[AdapterMetadata]:
-        return sorted(self._adapters.values(), key=lambda a: a.key)
+        return list(self._index.every())
+
+    async def public_adapter(self, name: str) -> AdapterMetadata | None:
+        key = self._index.public_key(check_adapter_name(name))
+        return None if key is None else self._index.get(key)
+
+    async def adapter_counts(self, tenant: str) -> AdapterCounts:
+        return self._index.counts(check_tenant_name(tenant))
+
+    async def page_adapters(
+        self, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        return self._index.page(*check_page(after, limit))
+
+    async def page_visible_adapters(
+        self, tenant: str, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        return self._index.visible_page(check_tenant_name(tenant), *check_page(after, limit))
 
     async def update_adapter(
         self,
@@ -189,24 +229,24 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
         lora_int_id: int | None = None,
         weights: AdapterWeights | None = None,
     ) -> AdapterMetadata | None:
-        old = self._adapters.get(check_adapter_key(key))
+        old = self._index.get(check_adapter_key(key))
         if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
             return None
         if public:
             self._check_public_name(key, old.name)
         changes = adapter_changes(status, public, weights)
         new = msgspec.structs.replace(old, **changes)
-        self._adapters[key] = new
+        self._index.put(new)
         self._changed(ChangeKind.ADAPTER_UPDATED, key)
         return new
 
     async def delete_adapter(
         self, key: str, *, lora_int_id: int | None = None
     ) -> AdapterMetadata | None:
-        old = self._adapters.get(check_adapter_key(key))
+        old = self._index.get(check_adapter_key(key))
         if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
             return None
-        del self._adapters[key]
+        self._index.remove(key)
         self._changed(ChangeKind.ADAPTER_DELETED, key)
         return old
 
@@ -276,9 +316,9 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
             return None
         for key_id in tenant.key_ids:
             self._keys.pop(key_id, None)
-        owned = sorted(a.key for a in self._adapters.values() if a.tenant == name)
+        owned = [adapter_key(name, a) for a in self._index.owned_names(name)]
         for adapter in owned:
-            del self._adapters[adapter]
+            self._index.remove(adapter)
             self._changed(ChangeKind.ADAPTER_DELETED, adapter)
         self._changed(ChangeKind.TENANT_DELETED, name)
         return tenant
@@ -328,6 +368,10 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
 
     async def version(self) -> int:
         return self._version
+
+    async def changes_since(self, version: int, *, limit: int = 1000) -> ChangeLog:
+        check_count("version", version)
+        return self._index.changes_since(version, self._version, check_count("limit", limit, 1))
 
 
 class _EventFeed:

@@ -20,6 +20,15 @@ ADAPTER_STATUSES = ("loading", "ready", "deleting")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _STORE_OBJECT = re.compile(r"[0-9a-f]{64}-[0-9a-f]{64}")
+_KIND = re.compile(r"(lora|dora|lora\+bias)(\+(saved-modules|vocab-lora|trainable-tokens))*")
+
+
+def check_adapter_kind(value: object) -> str:
+    """An adapter's kind as the loader names it: "lora", "dora", "lora+bias", each maybe
+    with "+saved-modules", "+vocab-lora", "+trainable-tokens"."""
+    if not isinstance(value, str) or not _KIND.fullmatch(value):
+        raise ValueError(f"kind must be an adapter kind such as 'lora' or 'dora', got {value!r}")
+    return value
 
 
 def check_store_object(value: object) -> str:
@@ -108,6 +117,7 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     status: str = "ready"
     store_object: str | None = None
+    kind: str = "lora"  # the loaded adapter's kind (records from before kinds are "lora")
 
     def __post_init__(self):
         check_adapter_name(self.name)
@@ -140,6 +150,7 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"status must be one of {ADAPTER_STATUSES}, got {self.status!r}")
         if self.store_object is not None:
             check_store_object(self.store_object)
+        check_adapter_kind(self.kind)
 
 
 class AdapterWeights(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +164,7 @@ class AdapterWeights(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
     size_bytes: int
     store_object: str | None = None
+    kind: str = "lora"
 
 
 class AdapterMetadata(AdapterSpec, frozen=True, kw_only=True):

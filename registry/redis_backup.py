@@ -10,6 +10,7 @@ from loragate.registry.api_keys import StoredKey
 from loragate.registry.errors import RegistryChanged
 from loragate.registry.persistence import Persistence, from_redis_config, unchecked
 from loragate.registry.records import ChangeKind
+from loragate.registry.redis_index import queue_put
 from loragate.registry.redis_wire import decode_adapter, decode_tenant, translated, usage_report
 from loragate.registry.snapshot import RegistrySnapshot
 
@@ -77,6 +78,8 @@ class RedisBackup:
                     f"{expect_version} -> {version}); run it again"
                 )
             existing = set(await pipe.hkeys(keys.tenants))
+            adapter_keys = [a.key for a in snapshot.adapters]
+            replaced = await pipe.hmget(keys.adapters, adapter_keys) if adapter_keys else []
             pipe.multi()
             for tenant in snapshot.tenants:
                 pipe.hset(keys.tenants, tenant.name, msgspec.json.encode(tenant))
@@ -84,10 +87,8 @@ class RedisBackup:
                 self._announce(pipe, kind or ChangeKind.TENANT_CREATED, tenant.name)
             for stored in snapshot.keys:
                 pipe.hset(keys.api_keys, stored.key_id, msgspec.json.encode(stored))
-            for adapter in snapshot.adapters:
-                pipe.hset(keys.adapters, adapter.key, msgspec.json.encode(adapter))
-                if adapter.tenant is not None:
-                    pipe.sadd(keys.owned(adapter.tenant), adapter.name)
+            for adapter, old in zip(snapshot.adapters, replaced, strict=True):
+                queue_put(pipe, keys, decode_adapter(old), adapter)
                 self._announce(pipe, ChangeKind.ADAPTER_REGISTERED, adapter.key)
             for report in snapshot.usage:
                 counters = [("", report.total)]
@@ -99,7 +100,7 @@ class RedisBackup:
                 pipe.sadd(keys.usage_tenants, report.tenant)
             pipe.eval(_RAISE_ID_LUA, 1, keys.lora_int_id, snapshot.highest_lora_int_id)
 
-        await self._transact([keys.version, keys.tenants], body)
+        await self._transact([keys.version, keys.tenants, keys.adapters], body)
 
 
 def _name(tenant) -> str:

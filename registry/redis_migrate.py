@@ -1,19 +1,25 @@
-"""Moves adapters stored before per-tenant namespaces to the keys they have now.
+"""Brings data written by older versions to today's layout, once, when a store opens.
 
-Before, the `adapters` hash was keyed by the bare name for every owner (names were global).
-Now a tenant's adapter lives under `<tenant>/<name>`. Old names were unique, so moving each
-tenant-owned record to its tenant's key can never collide; the operator's keep their key.
-It runs in one Lua script (atomic) each time a store opens, and moves nothing once done.
-Every replica of a deployment must run this version: an older replica would keep writing
-tenant adapters under bare names (they would be moved again at the next start).
+Two steps, in one Lua script (atomic), run only when the adapter index does not hold as
+many keys as the `adapters` hash (data written before the indexes existed, or before
+per-tenant namespaces); otherwise the script reads two counters and returns:
+- Before per-tenant namespaces, the `adapters` hash was keyed by the bare name for every
+  owner (names were global). Now a tenant's adapter lives under `<tenant>/<name>`. Old
+  names were unique, so moving each tenant-owned record to its tenant's key can never
+  collide; the operator's keep their key.
+- The indexes (`loragate.registry.redis_index`) are built from the records.
+Every replica of a deployment must run this version: an older replica would write records
+without their indexes (they would be rebuilt at the next start of a newer one).
 """
 
 from __future__ import annotations
 
-# KEYS: adapters, version. Returns how many records moved.
-_MOVE_LUA = """
+# KEYS: adapters, adapter-index, public-names, public-index, object-refs, tenants, version.
+# ARGV: namespace. Returns how many records it indexed (0: nothing to do).
+_UPGRADE_LUA = """
+if redis.call('HLEN', KEYS[1]) == redis.call('ZCARD', KEYS[2]) then return 0 end
+local ns = ARGV[1]
 local flat = redis.call('HGETALL', KEYS[1])
-local moved = 0
 for i = 1, #flat, 2 do
   local key, raw = flat[i], flat[i + 1]
   if not string.find(key, '/', 1, true) then
@@ -21,15 +27,54 @@ for i = 1, #flat, 2 do
     if type(tenant) == 'string' then
       redis.call('HSET', KEYS[1], tenant .. '/' .. key, raw)
       redis.call('HDEL', KEYS[1], key)
-      moved = moved + 1
     end
   end
 end
-if moved > 0 then redis.call('INCR', KEYS[2]) end
-return moved
+for _, tenant in ipairs(redis.call('HKEYS', KEYS[6])) do
+  redis.call('DEL', ns .. ':owned:' .. tenant, ns .. ':adapter-totals:' .. tenant)
+end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+local seen = {}
+flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat, 2 do
+  local key, record = flat[i], cjson.decode(flat[i + 1])
+  redis.call('ZADD', KEYS[2], 0, key)
+  if type(record['tenant']) == 'string' then
+    local tenant = record['tenant']
+    if not seen[tenant] then
+      seen[tenant] = true
+      redis.call('DEL', ns .. ':owned:' .. tenant, ns .. ':adapter-totals:' .. tenant)
+    end
+    redis.call('ZADD', ns .. ':owned:' .. tenant, 0, record['name'])
+    local totals = ns .. ':adapter-totals:' .. tenant
+    redis.call('HINCRBY', totals, 'adapters', 1)
+    redis.call('HINCRBY', totals, 'size_bytes', record['size_bytes'])
+  end
+  if record['public'] == true then
+    local holder = redis.call('HGET', KEYS[3], record['name'])
+    if not holder or key == record['name'] then
+      redis.call('HSET', KEYS[3], record['name'], key)
+      redis.call('ZADD', KEYS[4], 0, record['name'])
+    end
+  end
+  if type(record['store_object']) == 'string' then
+    redis.call('HINCRBY', KEYS[5], record['store_object'], 1)
+  end
+end
+redis.call('INCR', KEYS[7])
+return #flat / 2
 """
 
 
-async def move_tenant_adapters_to_their_namespaces(redis, adapters_key: str, version_key: str):
-    """The number of records moved (0 when the data is already in today's layout)."""
-    return int(await redis.eval(_MOVE_LUA, 2, adapters_key, version_key))
+async def upgrade_layout(redis, keys, namespace: str) -> int:
+    """The number of records indexed (0 when the data is already in today's layout)."""
+    names = [
+        keys.adapters,
+        keys.adapter_index,
+        keys.public_names,
+        keys.public_index,
+        keys.object_refs,
+        keys.tenants,
+        keys.version,
+    ]
+    return int(await redis.eval(_UPGRADE_LUA, len(names), *names, namespace))

@@ -22,16 +22,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS: adapters, pins, claim. ARGV: now, object id, claim TTL in ms, claim token.
-# Returns 1 when claimed: no adapter record references the object, no live pin, no claim.
+# KEYS: object-refs, pins, claim. ARGV: now, object id, claim TTL in ms, claim token.
+# Returns 1 when claimed: no adapter record references the object (its count in object-refs,
+# kept with the records), no live pin, no claim. A count at zero is dropped with the claim.
 CLAIM_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
 if redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-for _, raw in ipairs(redis.call('HVALS', KEYS[1])) do
-  local ok, record = pcall(cjson.decode, raw)
-  if not ok or record['store_object'] == ARGV[2] then return 0 end
-end
+if tonumber(redis.call('HGET', KEYS[1], ARGV[2]) or '0') > 0 then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[3])
 return 1
 """
@@ -63,7 +62,7 @@ class RedisObjects:
         pins, claim = self._object_keys(oid)
         ttl_ms = int(check_lease_ttl(ttl_s) * 1000)
         args = [self._clock(), oid, ttl_ms, uuid.uuid4().hex]
-        keys = [self._keys.adapters, pins, claim]
+        keys = [self._keys.object_refs, pins, claim]
         return bool(await self._claim_object(keys=keys, args=args))
 
     @translated
@@ -74,5 +73,4 @@ class RedisObjects:
     @translated
     async def object_references(self, oid: str) -> int:
         check_store_object(oid)
-        values = await self._redis.hvals(self._keys.adapters)
-        return sum(1 for raw in values if f'"store_object":"{oid}"' in raw)
+        return int(await self._redis.hget(self._keys.object_refs, oid) or 0)

@@ -4,7 +4,9 @@ Layout, under `<namespace>:` (a random namespace isolates a test):
   adapters        hash  adapter key -> AdapterMetadata JSON; the key is `<tenant>/<name>`
                         for a tenant's adapter, `<name>` for the operator's (each tenant
                         has its own namespace; see redis_migrate for older data)
-  owned:<tenant>  set   adapter names the tenant owns (max_adapters, delete_tenant)
+  adapter-index, owned:<tenant>, adapter-totals:<tenant>, public-names, public-index,
+  object-refs, changes   the indexes and the change log, written in the same MULTI as the
+                        records (see redis_index)
   lora-int-id     int   last lora_int_id handed out; seeded from the clock in milliseconds
                         when missing, so ids handed out after Redis lost its data are still
                         new to every engine that cached weights under an older id
@@ -17,7 +19,7 @@ Layout, under `<namespace>:` (a random namespace isolates a test):
   rpm:<tenant>, tpm:<tenant>  hash  unix second -> requests / tokens in that second
   object-pins:<id>  zset  upload pin -> expiry, on an adapter store object (redis_objects)
   object-claim:<id> str   the one replica deleting that object's bytes (with a TTL)
-  version         int   bumped by every adapter or tenant change
+  version         int   bumped by every adapter or tenant change (and logged in `changes`)
   epoch           str   random marker written at start-up: its loss means Redis lost data
   events          pub/sub channel of ChangeEvent JSON
 
@@ -41,6 +43,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import WatchError
 
+from loragate.registry.adapter_index import (
+    DEFAULT_CHANGE_LOG_SIZE,
+    DEFAULT_PAGE_SIZE,
+    AdapterCounts,
+    AdapterPage,
+    ChangeLog,
+    LoggedChange,
+    check_page,
+)
 from loragate.registry.adapter_objects import check_adapter_room
 from loragate.registry.errors import (
     AdapterNameTaken,
@@ -52,7 +63,9 @@ from loragate.registry.errors import (
 from loragate.registry.names import (
     adapter_key,
     check_adapter_key,
+    check_adapter_name,
     check_namespace,
+    check_tenant_name,
 )
 from loragate.registry.records import (
     AdapterMetadata,
@@ -66,6 +79,15 @@ from loragate.registry.records import (
     check_lease_ttl,
 )
 from loragate.registry.redis_backup import RedisBackup
+from loragate.registry.redis_index import (
+    ANNOUNCE_LUA,
+    CHANGES_LUA,
+    PAGE_LUA,
+    PUBLIC_LUA,
+    VISIBLE_PAGE_LUA,
+    queue_put,
+    queue_remove,
+)
 from loragate.registry.redis_lua import (
     ACQUIRE_LUA,
     ADD_TOKENS_LUA,
@@ -73,7 +95,7 @@ from loragate.registry.redis_lua import (
     REFRESH_LUA,
     RELEASE_LUA,
 )
-from loragate.registry.redis_migrate import move_tenant_adapters_to_their_namespaces
+from loragate.registry.redis_migrate import upgrade_layout
 from loragate.registry.redis_objects import CLAIM_LUA, PIN_LUA, RedisObjects
 from loragate.registry.redis_tenants import RedisTenants
 from loragate.registry.redis_usage import RedisUsageAndQuotas
@@ -82,12 +104,15 @@ from loragate.registry.redis_wire import (
     EventFeed,
     Keys,
     decode_adapter,
+    decode_counts,
     decode_tenant,
     reachable,
     redacted,
     translated,
 )
 from loragate.registry.store import RegistryStore
+
+_TOTALS = ("adapters", "size_bytes")
 
 
 class RedisRegistryStore(
@@ -108,6 +133,7 @@ class RedisRegistryStore(
         clock: Callable[[], float] = time.time,
         lease_ttl_s: float = 300.0,
         socket_timeout_s: float = 2.0,
+        change_log_size: int = DEFAULT_CHANGE_LOG_SIZE,
     ):
         if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"redis url must start with redis://, rediss:// or unix://: {url!r}")
@@ -116,6 +142,7 @@ class RedisRegistryStore(
         self._clock = clock
         self._lease_ttl = check_lease_ttl(lease_ttl_s)
         self._keys = Keys(namespace)
+        self._change_log_size = check_count("change_log_size", change_log_size, minimum=1)
         self._socket_timeout = socket_timeout_s
         options = dict(
             decode_responses=True,
@@ -137,6 +164,11 @@ class RedisRegistryStore(
         self._new_id = self._redis.register_script(NEW_ID_LUA)
         self._pin_object = self._redis.register_script(PIN_LUA)
         self._claim_object = self._redis.register_script(CLAIM_LUA)
+        self._announce_script = self._redis.register_script(ANNOUNCE_LUA)
+        self._page = self._redis.register_script(PAGE_LUA)
+        self._visible_page = self._redis.register_script(VISIBLE_PAGE_LUA)
+        self._public = self._redis.register_script(PUBLIC_LUA)
+        self._changes = self._redis.register_script(CHANGES_LUA)
         self._epoch: str | None = None
 
     async def _transact(self, watched: list[str], body: Callable[..., Awaitable]):
@@ -158,8 +190,11 @@ class RedisRegistryStore(
                     continue
 
     def _announce(self, pipe, kind: ChangeKind, name: str) -> None:
-        pipe.incr(self._keys.version)
-        pipe.publish(self._keys.events, msgspec.json.encode(ChangeEvent(kind, name)))
+        """Queue, in the caller's MULTI: bump the version, log the change, publish it."""
+        keys = [self._keys.version, self._keys.changes, self._keys.events]
+        args = [str(kind), name, self._change_log_size]
+        pipe.scripts.add(self._announce_script)  # loaded (if need be) before the MULTI
+        pipe.evalsha(self._announce_script.sha, len(keys), *keys, *args)
 
     # lifecycle
 
@@ -174,9 +209,7 @@ class RedisRegistryStore(
     @translated
     async def open(self) -> bool:
         self._epoch, created = await self._current_epoch()
-        await move_tenant_adapters_to_their_namespaces(
-            self._redis, self._keys.adapters, self._keys.version
-        )
+        await upgrade_layout(self._redis, self._keys, self._keys.namespace)
         return created
 
     @translated
@@ -230,34 +263,68 @@ class RedisRegistryStore(
                 record = decode_tenant(await pipe.hget(keys.tenants, tenant))
                 if record is None:
                     raise TenantNotFound(tenant)
-                every = (await pipe.hgetall(keys.adapters)).values()
-                owned = [a for a in map(decode_adapter, every) if a.tenant == tenant]
-                check_adapter_room(record, owned, old, spec)
+                counts = decode_counts(await pipe.hmget(keys.adapter_totals(tenant), *_TOTALS))
+                check_adapter_room(record, counts, old, spec)
             pipe.multi()
-            pipe.hset(keys.adapters, name, msgspec.json.encode(adapter))
-            if tenant is not None:
-                pipe.sadd(keys.owned(tenant), spec.name)
+            queue_put(pipe, keys, old, adapter)
             self._announce(pipe, ChangeKind.ADAPTER_REGISTERED, name)
             return Registration(adapter, old)
 
-        watched = [keys.adapters] + ([keys.tenants, keys.owned(tenant)] if tenant else [])
+        watched = [keys.adapters, keys.public_names]
+        if tenant is not None:
+            watched += [keys.tenants, keys.adapter_totals(tenant)]
         return await self._transact(watched, body)
 
     async def _check_public_name(self, pipe, key: str, name: str) -> None:
-        """Inside a transaction watching the adapters hash: no other public `name`."""
-        for raw in (await pipe.hgetall(self._keys.adapters)).values():
-            other = decode_adapter(raw)
-            if other.public and other.name == name and other.key != key:
-                raise PublicNameTaken(name, other.key)
+        """Inside a transaction watching public-names: no other public `name`."""
+        other = await pipe.hget(self._keys.public_names, name)
+        if other is not None and other != key:
+            raise PublicNameTaken(name, other)
 
     @translated
     async def get_adapter(self, key: str) -> AdapterMetadata | None:
         return decode_adapter(await self._redis.hget(self._keys.adapters, check_adapter_key(key)))
 
     @translated
+    async def get_adapters(self, keys: list[str]) -> list[AdapterMetadata | None]:
+        if not keys:
+            return []
+        raw = await self._redis.hmget(self._keys.adapters, [check_adapter_key(k) for k in keys])
+        return [decode_adapter(r) for r in raw]
+
+    @translated
     async def list_adapters(self) -> list[AdapterMetadata]:
         raw = await self._redis.hgetall(self._keys.adapters)
         return sorted((decode_adapter(v) for v in raw.values()), key=lambda a: a.key)
+
+    @translated
+    async def public_adapter(self, name: str) -> AdapterMetadata | None:
+        keys = [self._keys.public_names, self._keys.adapters]
+        return decode_adapter(await self._public(keys=keys, args=[check_adapter_name(name)]))
+
+    @translated
+    async def adapter_counts(self, tenant: str) -> AdapterCounts:
+        totals = self._keys.adapter_totals(check_tenant_name(tenant))
+        return decode_counts(await self._redis.hmget(totals, *_TOTALS))
+
+    @translated
+    async def page_adapters(
+        self, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        after, limit = check_page(after, limit)
+        keys = [self._keys.adapter_index, self._keys.adapters]
+        more, raw = await self._page(keys=keys, args=[after or "", limit])
+        return AdapterPage(tuple(decode_adapter(r) for r in raw if r is not None), bool(more))
+
+    @translated
+    async def page_visible_adapters(
+        self, tenant: str, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        after, limit = check_page(after, limit)
+        k = self._keys
+        keys = [k.owned(check_tenant_name(tenant)), k.public_index, k.public_names, k.adapters]
+        more, raw = await self._visible_page(keys=keys, args=[after or "", limit, tenant])
+        return AdapterPage(tuple(decode_adapter(r) for r in raw if r is not None), bool(more))
 
     @translated
     async def update_adapter(
@@ -280,11 +347,11 @@ class RedisRegistryStore(
                 await self._check_public_name(pipe, name, old.name)
             new = msgspec.structs.replace(old, **changes)
             pipe.multi()
-            pipe.hset(self._keys.adapters, name, msgspec.json.encode(new))
+            queue_put(pipe, self._keys, old, new)
             self._announce(pipe, ChangeKind.ADAPTER_UPDATED, name)
             return new
 
-        return await self._transact([self._keys.adapters], body)
+        return await self._transact([self._keys.adapters, self._keys.public_names], body)
 
     @translated
     async def delete_adapter(
@@ -297,9 +364,7 @@ class RedisRegistryStore(
             if old is None or (lora_int_id is not None and old.lora_int_id != lora_int_id):
                 return None
             pipe.multi()
-            pipe.hdel(self._keys.adapters, name)
-            if old.tenant is not None:
-                pipe.srem(self._keys.owned(old.tenant), old.name)
+            queue_remove(pipe, self._keys, old)
             self._announce(pipe, ChangeKind.ADAPTER_DELETED, name)
             return old
 
@@ -333,3 +398,14 @@ class RedisRegistryStore(
     @translated
     async def version(self) -> int:
         return int(await self._redis.get(self._keys.version) or 0)
+
+    @translated
+    async def changes_since(self, version: int, *, limit: int = 1000) -> ChangeLog:
+        check_count("version", version)
+        check_count("limit", limit, minimum=1)
+        keys = [self._keys.version, self._keys.changes]
+        latest, complete, raw = await self._changes(keys=keys, args=[version, limit])
+        logged = [msgspec.json.decode(r, type=LoggedChange) for r in raw]
+        events = tuple(ChangeEvent(c.kind, c.name) for c in logged)
+        upto = logged[-1].version if logged and len(logged) == limit else int(latest)
+        return ChangeLog(upto, int(latest), events, bool(complete))

@@ -17,6 +17,7 @@ from loragate.registry.records import (
     check_quota,
     check_weight,
 )
+from loragate.registry.redis_index import queue_remove
 from loragate.registry.redis_wire import decode_adapter, decode_tenant, translated
 
 
@@ -118,7 +119,7 @@ class RedisTenants:
             tenant = decode_tenant(await pipe.hget(keys.tenants, name))
             if tenant is None:
                 return None
-            owned = sorted(adapter_key(name, a) for a in await pipe.smembers(keys.owned(name)))
+            owned = [adapter_key(name, a) for a in await pipe.zrange(keys.owned(name), 0, -1)]
             records = await pipe.hmget(keys.adapters, owned) if owned else []
             pipe.multi()
             pipe.hdel(keys.tenants, name)
@@ -127,13 +128,14 @@ class RedisTenants:
             for adapter, raw in zip(owned, records, strict=True):
                 record = decode_adapter(raw)
                 if record is not None and record.tenant == name:
-                    pipe.hdel(keys.adapters, adapter)
+                    queue_remove(pipe, keys, record)
                     self._announce(pipe, ChangeKind.ADAPTER_DELETED, adapter)
-            pipe.delete(keys.owned(name))
+            pipe.delete(keys.owned(name), keys.adapter_totals(name))
             self._announce(pipe, ChangeKind.TENANT_DELETED, name)
             return tenant
 
-        return await self._transact([keys.tenants, keys.adapters, keys.owned(name)], body)
+        watched = [keys.tenants, keys.adapters, keys.owned(name), keys.public_names]
+        return await self._transact(watched, body)
 
     @translated
     async def verify_api_key(self, api_key: str) -> str | None:

@@ -12,6 +12,7 @@ import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from loragate.registry.adapter_index import AdapterCounts
 from loragate.registry.errors import RegistryUnavailable
 from loragate.registry.records import (
     AdapterMetadata,
@@ -66,10 +67,18 @@ class Keys:
         self.version = f"{ns}:version"
         self.epoch = f"{ns}:epoch"
         self.events = f"{ns}:events"
-        self._ns = ns
+        self.adapter_index = f"{ns}:adapter-index"
+        self.public_names = f"{ns}:public-names"
+        self.public_index = f"{ns}:public-index"
+        self.object_refs = f"{ns}:object-refs"
+        self.changes = f"{ns}:changes"
+        self.namespace = self._ns = ns
 
     def owned(self, tenant: str) -> str:
         return f"{self._ns}:owned:{tenant}"
+
+    def adapter_totals(self, tenant: str) -> str:
+        return f"{self._ns}:adapter-totals:{tenant}"
 
     def usage(self, tenant: str) -> str:
         return f"{self._ns}:usage:{tenant}"
@@ -115,6 +124,12 @@ class EventFeed:
 
 def decode_adapter(raw: str | None) -> AdapterMetadata | None:
     return None if raw is None else msgspec.json.decode(raw, type=AdapterMetadata)
+
+
+def decode_counts(raw: list[str | None]) -> AdapterCounts:
+    """An `adapter-totals:<tenant>` hash's (adapters, size_bytes), read with HMGET."""
+    adapters, size_bytes = raw
+    return AdapterCounts(int(adapters or 0), int(size_bytes or 0))
 
 
 def decode_tenant(raw: str | None) -> TenantRecord | None:

@@ -26,6 +26,12 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
+from loragate.registry.adapter_index import (
+    DEFAULT_PAGE_SIZE,
+    AdapterCounts,
+    AdapterPage,
+    ChangeLog,
+)
 from loragate.registry.persistence import Persistence
 from loragate.registry.records import (
     AdapterMetadata,
@@ -112,8 +118,35 @@ class RegistryStore(ABC):
         """The adapter stored under `key` (see adapter_key)."""
 
     @abstractmethod
+    async def get_adapters(self, keys: list[str]) -> list[AdapterMetadata | None]:
+        """The adapters stored under `keys`, in their order (None where absent), read in
+        one step (one HMGET on Redis): how a replica re-reads what it holds."""
+
+    @abstractmethod
     async def list_adapters(self) -> list[AdapterMetadata]:
-        """Every adapter, sorted by key."""
+        """Every adapter, sorted by key: reads every record (backups, small registries);
+        lists served to clients use the pages below."""
+
+    @abstractmethod
+    async def public_adapter(self, name: str) -> AdapterMetadata | None:
+        """The public adapter every tenant may call `name`, if any: one lookup."""
+
+    @abstractmethod
+    async def adapter_counts(self, tenant: str) -> AdapterCounts:
+        """How many adapters the tenant owns and their bytes: counters, never a scan."""
+
+    @abstractmethod
+    async def page_adapters(
+        self, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        """Up to `limit` adapters with keys after `after`, in key order (one round trip)."""
+
+    @abstractmethod
+    async def page_visible_adapters(
+        self, tenant: str, *, after: str | None = None, limit: int = DEFAULT_PAGE_SIZE
+    ) -> AdapterPage:
+        """Up to `limit` adapters `tenant` may name, with names after `after`, in name
+        order: its own, and the public ones its own names do not hide (one round trip)."""
 
     @abstractmethod
     async def update_adapter(
@@ -253,12 +286,17 @@ class RegistryStore(ABC):
 
         Subscribed once the `async with` is entered: every later change made through any
         store on the same backend arrives. If the backend goes away, iteration raises
-        RegistryUnavailable; watch again, then resync with list_adapters().
+        RegistryUnavailable; watch again, then catch up with changes_since().
         """
 
     @abstractmethod
     async def version(self) -> int:
         """A counter bumped by every adapter or tenant change: cheap to poll for resync."""
+
+    @abstractmethod
+    async def changes_since(self, version: int, *, limit: int = 1000) -> ChangeLog:
+        """Up to `limit` changes made after `version`, oldest first, read in one step
+        from the change log (see `loragate.registry.adapter_index`)."""
 
 
 def make_registry_store(redis_url: str | None, **options) -> RegistryStore:

@@ -105,7 +105,7 @@ def test_gateway_uses_only_the_engines_public_names():
 # settings). See README's Layout.
 GATEWAY_ORDER = [
     ("errors",),
-    ("store_seam",),
+    ("registry_seam",),
     ("tenancy",),
     ("adapter_control",),
     ("serving",),
@@ -113,8 +113,10 @@ GATEWAY_ORDER = [
     ("tgi",),
     ("admin",),
     ("settings", "settings_checks"),
+    ("registry_care",),
     ("replicas",),
-    ("operations",),
+    ("observation",),
+    ("assembly",),
 ]
 GATEWAY_LEVEL = {part: level for level, parts in enumerate(GATEWAY_ORDER) for part in parts}
 
@@ -161,6 +163,6 @@ def test_a_backward_gateway_import_is_caught(tmp_path):
     (serving / "down.py").write_text("from loragate.gateway.tenancy.principal import OPERATOR\n")
     assert gateway_backward_imports(tmp_path) == []
     (serving / "up.py").write_text(
-        "def late():\n    from loragate.gateway.operations.app import create_app\n"
+        "def late():\n    from loragate.gateway.assembly.app import create_app\n"
     )
-    assert gateway_backward_imports(tmp_path) == ["serving/up.py:2: serving imports operations"]
+    assert gateway_backward_imports(tmp_path) == ["serving/up.py:2: serving imports assembly"]

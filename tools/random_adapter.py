@@ -84,6 +84,17 @@ def _randomize(peft_model, seed: int, init_scale: float) -> None:
             a.copy_(torch.randn(a.shape, generator=generator) / math.sqrt(d_in))
             b_std = init_scale / (abs(scaling) * math.sqrt(r))
             b.copy_(torch.randn(b.shape, generator=generator) * b_std)
+        # DoRA's magnitudes start as the merged weight's norms, lora_B's bias at zero: moved
+        # too, so that each changes the output as a trained one would.
+        magnitude = getattr(module, "lora_magnitude_vector", None)
+        if magnitude is not None and "default" in magnitude:
+            weight = magnitude["default"].weight
+            weight.mul_(1 + init_scale * torch.randn(weight.shape, generator=generator))
+        lora_b = getattr(module, "lora_B", None)
+        if lora_b is not None and "default" in lora_b and lora_b["default"].bias is not None:
+            bias = lora_b["default"].bias
+            scaling = module.scaling["default"] or 1.0
+            bias.copy_(torch.randn(bias.shape, generator=generator) * init_scale / abs(scaling))
 
 
 def _check_saved_name(out: Path, expected: str | None) -> None:

@@ -1,7 +1,13 @@
 """This replica's copy of the registry store's adapters, and the rules for keeping it in step.
 
-Requests are served from the copy alone, so they neither wait on the store nor fail when
-it is down. Every change to the copy happens under one lock, each time right after a read
+The copy holds what this replica was asked for: an adapter is read from the store the
+first time a request names it (one read, by key or by public name) and served from the
+copy after, kept in step by the sync's change log (`sync`), so a replica starting on
+100,000 adapters reads none of them. A known adapter neither waits on the store nor fails
+when it is down; while the store is down, one never read here is missing, as it is to a
+replica that started during the outage.
+
+Every change to the copy happens under one lock, each time right after a read
 of the store (or a write to it) made under the same lock: reads and changes are therefore
 applied in the order the store saw them, whichever path (a change event, a periodic
 resync, this replica's own registration) brought them.
@@ -24,9 +30,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from loragate.adapters import LoRARequest
+from loragate.engine import object_of, store_path
+from loragate.gateway.adapter_control.misses import Misses
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
-from loragate.gateway.adapter_control.store_engine import UPLOAD_PATH, object_of, store_path
+from loragate.gateway.adapter_control.served_adapters import (
+    UPLOAD_PATH,
+    AdapterRecord,
+    InMemoryAdapterRegistry,
+)
+from loragate.gateway.errors import RegistryDownError
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.principal import Principal
 from loragate.registry import AdapterMetadata, adapter_key, split_adapter_key
 
@@ -38,10 +51,15 @@ class AdapterCatalog:
         self,
         adapter_root: Path | None,
         retire: Callable[[AdapterRecord], Awaitable[None]],
+        store: RegistrySeam | None = None,
     ):
+        """`store`: where to read what the copy does not hold yet (None: the copy is all
+        there is)."""
         self.root = adapter_root
+        self.store = store
         self.lock = asyncio.Lock()
         self.orphans: set[str] = set()
+        self.misses = Misses()
         self._local = InMemoryAdapterRegistry()
         self._retire = retire
         self._retiring: set[asyncio.Task] = set()
@@ -61,9 +79,50 @@ class AdapterCatalog:
         except ValueError:
             return None
         if tenant is not None:
-            return await self._local.get(name) if caller.is_operator else None
-        own = await self._local.get(adapter_key(caller.tenant, bare))
-        return own if own is not None else await self._local.public(bare)
+            return await self.lookup(name) if caller.is_operator else None
+        own = await self.lookup(adapter_key(caller.tenant, bare))
+        return own if own is not None else await self.public(bare)
+
+    async def lookup(self, key: str) -> AdapterRecord | None:
+        """The record of `key`, read from the store into the copy the first time it is
+        asked for (one read; a key the store lacks is remembered in `misses`)."""
+        record = await self._local.get(key)
+        if record is not None or self.store is None or self.misses.has_key(key):
+            return record
+        async with self.lock:
+            record = await self._local.get(key)
+            if record is None and not self.misses.has_key(key):
+                try:
+                    meta = await self.store.get_adapter(key)
+                except RegistryDownError:
+                    return None  # not known here: missing until the store answers
+                record = None if meta is None else await self.apply(meta)
+                if record is None:
+                    self.misses.add_key(key)
+            return record
+
+    async def public(self, name: str) -> AdapterRecord | None:
+        """The public adapter called `name`, read from the store the first time."""
+        record = await self._local.public(name)
+        if record is not None or self.store is None or self.misses.has_public(name):
+            return record
+        async with self.lock:
+            record = await self._local.public(name)
+            if record is None and not self.misses.has_public(name):
+                try:
+                    meta = await self.store.public_adapter(name)
+                except RegistryDownError:
+                    return None
+                if meta is not None:
+                    await self.apply(meta)
+                record = await self._local.public(name)
+                if record is None:
+                    self.misses.add_public(name)
+            return record
+
+    async def held(self) -> list[str]:
+        """The keys this replica holds a record of."""
+        return [r.key for r in await self._local.list()]
 
     async def owned_by(self, tenant: str) -> list[AdapterRecord]:
         """The adapters `tenant` owns, as this replica knows them."""
@@ -146,6 +205,7 @@ class AdapterCatalog:
     async def orphan_everything(self) -> int:
         """The store lost its data: keep serving everything known, as orphans."""
         self.orphans = {r.key for r in await self._local.list()}
+        self.misses.clear()
         return len(self.orphans)
 
     async def _drop(self, key: str) -> None:

@@ -27,16 +27,16 @@ import msgspec
 
 from loragate.adapters import AdapterError, LoRARequest
 from loragate.adapters.store import AdapterStoreError
-from loragate.engine import EngineDeadError
+from loragate.engine import EngineDeadError, store_path
+from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects, store_error
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
-from loragate.gateway.adapter_control.objects import AdapterObjects, store_error
 from loragate.gateway.adapter_control.paths import (
     AdapterPathError,
+    hide_root,
     relative_to_root,
     resolve_adapter_dir,
 )
-from loragate.gateway.adapter_control.records import AdapterRecord
-from loragate.gateway.adapter_control.store_engine import store_path
+from loragate.gateway.adapter_control.served_adapters import AdapterRecord
 from loragate.gateway.adapter_control.weights_update import WeightsUpdates
 from loragate.gateway.errors import (
     APIError,
@@ -47,7 +47,7 @@ from loragate.gateway.errors import (
     QuotaExceededError,
     RegistryDownError,
 )
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.registry import (
     AdapterBytesQuotaExceeded,
@@ -70,7 +70,7 @@ class AdapterManager:
     def __init__(
         self,
         engine,
-        store: StoreSeam,
+        store: RegistrySeam,
         adapter_root: Path | None,
         base_model: str,
         load_timeout: float | None = None,
@@ -82,15 +82,13 @@ class AdapterManager:
         self.store = store
         self.root = adapter_root
         self.base_model = base_model
-        self.catalog = AdapterCatalog(adapter_root, self.retire)
+        self.catalog = AdapterCatalog(adapter_root, self.retire, store)
         self.preload_waiting: set[str] = set()
         self.weights_updates = WeightsUpdates(self.catalog, store, engine, load_timeout, objects)
 
     def scrub(self, text: str) -> str:
         """Error text with the server's adapter root replaced, so no absolute path leaks."""
-        if self.root is None:
-            return text
-        return text.replace(str(self.root), "<adapter-root>")
+        return hide_root(text, self.root)
 
     async def lookup(self, name: str, param: str, caller: Principal = OPERATOR) -> AdapterRecord:
         """The adapter `caller` may use; another tenant's is exactly as missing as no adapter."""
@@ -160,7 +158,7 @@ class AdapterManager:
             )
         if owner is not None and caller.is_operator:
             await self._check_tenant_exists(owner)
-        existing = await self.catalog.get(adapter_key(owner, name))
+        existing = await self.catalog.lookup(adapter_key(owner, name))
         if existing is not None and not replace:
             raise InvalidRequestError(
                 f'adapter {name!r} is already registered; send "replace": true to replace it',
@@ -212,6 +210,7 @@ class AdapterManager:
             size_bytes=adapter.size_bytes,
             path=shown_path,
             store_object=store_object,
+            kind=adapter.kind,
         )
         try:
             if folder is None or self.objects is None:
@@ -392,7 +391,7 @@ class AdapterManager:
         return names
 
     async def _adopt(self, directory: Path) -> bool:
-        known = await self.catalog.get(directory.name)
+        known = await self.catalog.lookup(directory.name)
         lora_enabled = self.engine.model_info.lora_enabled
         if known is None or known.tenant is not None or not lora_enabled:
             return False

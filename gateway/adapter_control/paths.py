@@ -84,3 +84,10 @@ def relative_to_root(root: Path | None, path: Path) -> str:
     if root is not None and path.is_relative_to(root):
         return path.relative_to(root).as_posix()
     return path.name
+
+
+def hide_root(text: str, root: Path | None) -> str:
+    """Error text with the server's adapter root replaced, so no absolute path leaks."""
+    if root is None:
+        return text
+    return text.replace(str(root), "<adapter-root>")

@@ -1,12 +1,21 @@
 """Keeps this replica's copies (adapters, remembered tenant keys) in step with the store.
 
+It never reads the whole table. It keeps the store version it has caught up to, and on
+each change reads the store's change log after that version (`changes_since`, one read),
+then, for each changed adapter this replica holds, that one record (a key it does not
+hold costs nothing: only what it remembered missing about the key is forgotten); each
+changed tenant's remembered keys are forgotten. A replica that starts reads the version
+and nothing else: the catalog reads each adapter the first time a request names it. Only
+when the log no longer reaches back to its version (trimmed after a long outage, or a
+store that lost its data) does it re-read what it holds, one record each.
+
 Two loops, for the server's life:
-- watch: subscribed to the store's change events, it re-reads each changed adapter (so a
-  registration or deletion on any replica shows here within a second) and forgets the
-  keys of each changed tenant. Whenever it (re)subscribes, events may have been missed, so
-  it resyncs everything first. If the subscription fails it subscribes again.
+- watch: subscribed to the store's change events, each of which makes it catch up from
+  the log (so a registration or deletion on any replica shows here within a second).
+  Whenever it (re)subscribes, events may have been missed, so it catches up first. If the
+  subscription fails it subscribes again.
 - monitor: every `resync_seconds` (faster while the store is down) it pings the store,
-  notices a store that lost its data (`check_reset`), resyncs when the store's version
+  notices a store that lost its data (`check_reset`), catches up when the store's version
   moved (the safety net for a lost event), and writes usage counts that waited.
 """
 
@@ -19,12 +28,14 @@ from collections.abc import Callable
 
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.errors import RegistryDownError
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.auth import Authenticator
 from loragate.gateway.tenancy.usage_meter import UsageMeter
 from loragate.registry import ChangeEvent, ChangeKind
 
 log = logging.getLogger(__name__)
+
+REREAD_BATCH = 1000  # adapters re-read in one store read when the change log falls short
 
 _ADAPTER_EVENTS = (
     ChangeKind.ADAPTER_REGISTERED,
@@ -36,7 +47,7 @@ _ADAPTER_EVENTS = (
 class RegistrySync:
     def __init__(
         self,
-        store: StoreSeam,
+        store: RegistrySeam,
         catalog: AdapterCatalog,
         auth: Authenticator,
         usage: UsageMeter,
@@ -55,11 +66,17 @@ class RegistrySync:
         self.retry_seconds = min(retry_seconds, resync_seconds)
         self.resets_seen = 0
         self.data_lost_at: float | None = None  # when a loss of the store's data was noticed
-        self._version: int | None = None
+        self._version: int | None = None  # the store's version the copy has caught up to
+        self.records_read = 0  # adapter records the sync read (each changed one it holds)
         self._tasks: list[asyncio.Task] = []
         self._first_attempt = asyncio.Event()
         self._stopping = False
         self.on_subscribed = on_subscribed
+
+    @property
+    def version(self) -> int | None:
+        """The store version this replica's copy has caught up to (None before start)."""
+        return self._version
 
     async def start(self) -> None:
         """Read the store once and subscribe to its changes (if it answers; else keep trying
@@ -86,7 +103,7 @@ class RegistrySync:
             await asyncio.wait(self._tasks, timeout=5)
 
     async def resync(self, force: bool = False) -> None:
-        """Match the store's adapters (if its version moved, or `force`)."""
+        """Catch up with the store's changes (if its version moved, or `force`)."""
         async with self.catalog.lock:
             reset = await self.store.check_reset()
             if reset:
@@ -101,13 +118,59 @@ class RegistrySync:
                     adapters,
                     tenants,
                 )
-                force = True
-            version = await self.store.version()
-            if not force and version == self._version:
+                await self._reread_held(await self.store.version())
                 return
-            metas = await self.store.list_adapters()
-            await self.catalog.reconcile(metas)
-            self._version = version
+            if self._version is None:  # starting: nothing held yet, nothing to read
+                self._version = await self.store.version()
+                return
+            if force or await self.store.version() != self._version:
+                await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        """Apply the logged changes after `_version` (call with the catalog's lock held)."""
+        while True:
+            changes = await self.store.changes_since(self._version)
+            if not changes.complete:
+                log.warning(
+                    "registry change log does not reach back to version %d (now %d): "
+                    "re-reading the %d adapters held here",
+                    self._version,
+                    changes.latest,
+                    len(await self.catalog.held()),
+                )
+                await self._reread_held(changes.latest)
+                return
+            for event in changes.changes:
+                await self._apply_locked(event)
+            self._version = changes.version
+            if changes.version >= changes.latest:
+                return
+
+    async def _reread_held(self, version: int) -> None:
+        """Forget every miss and tenant key; re-read the adapters held here, a batch of
+        REREAD_BATCH in each read."""
+        self.catalog.misses.clear()
+        self.auth.recheck_all()
+        held = await self.catalog.held()
+        for start in range(0, len(held), REREAD_BATCH):
+            keys = held[start : start + REREAD_BATCH]
+            metas = await self.store.get_adapters(keys)
+            self.records_read += len(keys)
+            for key, meta in zip(keys, metas, strict=True):
+                await self.catalog.refresh(key, meta)
+        self._version = version
+
+    async def _apply_locked(self, event: ChangeEvent) -> None:
+        if event.kind not in _ADAPTER_EVENTS:
+            self.auth.forget_tenant(event.name)
+            return
+        self.catalog.misses.forget(event.name)
+        if event.name in self.catalog.orphans or await self.catalog.get(event.name) is not None:
+            await self._refresh(event.name)
+
+    async def _refresh(self, key: str) -> None:
+        self.records_read += 1
+        await self.catalog.refresh(key, await self.store.get_adapter(key))
 
     async def _watch(self) -> None:
         while not self._stopping:
@@ -133,12 +196,12 @@ class RegistrySync:
             await asyncio.sleep(self.retry_seconds)
 
     async def _apply(self, event: ChangeEvent) -> None:
-        if event.kind in _ADAPTER_EVENTS:
-            async with self.catalog.lock:
-                meta = await self.store.get_adapter(event.name)
-                await self.catalog.refresh(event.name, meta)
-        else:
-            self.auth.forget_tenant(event.name)
+        """An event says the store changed: read the log's changes since the last one."""
+        async with self.catalog.lock:
+            if self._version is None:
+                self._version = await self.store.version()
+            else:
+                await self._catch_up()
 
     async def _monitor(self) -> None:
         while not self._stopping:

@@ -39,13 +39,16 @@ from loragate.adapters.store import (
     SourceTooLargeError,
     hash_file,
 )
+from loragate.gateway.adapter_control.adapter_store_objects import (
+    AdapterObjects,
+    AdapterStoreUnavailableError,
+)
 from loragate.gateway.adapter_control.manager import AdapterManager
-from loragate.gateway.adapter_control.objects import AdapterObjects, AdapterStoreUnavailableError
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.adapter_control.records import AdapterRecord
-from loragate.gateway.adapter_control.store_engine import UPLOAD_PATH
+from loragate.gateway.adapter_control.served_adapters import UPLOAD_PATH, AdapterRecord
 from loragate.gateway.errors import APIError, InvalidRequestError, QuotaExceededError
 from loragate.gateway.tenancy.principal import Principal
+from loragate.registry import adapter_key
 
 CONFIG_LIMIT = 1 << 20  # adapter_config.json: a few KB in practice
 FIELD_LIMIT = 1024  # name, public, replace
@@ -288,9 +291,14 @@ class AdapterUploads:
         if tenant is None:
             return
         quota = tenant.quota
-        known = await self.manager.catalog.owned_by(owner)
-        replaced = next((r for r in known if r.name == name), None)
-        if replaced is None and quota.max_adapters is not None and len(known) >= quota.max_adapters:
+        # The registry's counters of the tenant's adapters (no scan), and the one replaced.
+        counts = await self.manager.store.adapter_counts(owner)
+        replaced = await self.manager.store.get_adapter(adapter_key(owner, name))
+        if (
+            replaced is None
+            and quota.max_adapters is not None
+            and counts.adapters >= quota.max_adapters
+        ):
             raise QuotaExceededError(
                 f"this tenant already owns its maximum of {quota.max_adapters} adapters; "
                 "delete one before registering another",
@@ -299,7 +307,7 @@ class AdapterUploads:
                 headers={"Retry-After": "60"},
             )
         if quota.max_adapter_bytes is not None:
-            used = sum(r.size_bytes for r in known) - (replaced.size_bytes if replaced else 0)
+            used = counts.size_bytes - (replaced.size_bytes if replaced else 0)
             if used + size > quota.max_adapter_bytes:
                 raise QuotaExceededError(
                     f"this tenant's adapters hold {used} bytes; {size} more would pass its "

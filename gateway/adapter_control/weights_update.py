@@ -18,13 +18,12 @@ from pathlib import Path
 import msgspec
 
 from loragate.adapters import AdapterError, LoRAAdapter
-from loragate.engine import AdapterWeightsChanged
+from loragate.engine import AdapterWeightsChanged, object_of
+from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
-from loragate.gateway.adapter_control.objects import AdapterObjects
-from loragate.gateway.adapter_control.records import AdapterRecord
-from loragate.gateway.adapter_control.store_engine import object_of
+from loragate.gateway.adapter_control.served_adapters import AdapterRecord
 from loragate.gateway.errors import RegistryDownError
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.registry import AdapterWeights
 
 log = logging.getLogger(__name__)
@@ -34,7 +33,7 @@ class WeightsUpdates:
     def __init__(
         self,
         catalog: AdapterCatalog,
-        store: StoreSeam,
+        store: RegistrySeam,
         engine,
         load_timeout,
         objects: AdapterObjects | None = None,
@@ -120,4 +119,5 @@ def weights_of(adapter: LoRAAdapter) -> AdapterWeights:
         target_modules=tuple(sorted(adapter.target_modules)),
         sha256=adapter.sha256,
         size_bytes=adapter.size_bytes,
+        kind=adapter.kind,
     )

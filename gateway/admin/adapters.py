@@ -8,12 +8,12 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from litestar import Controller, Request, Response, delete, get, patch, post
-from litestar.di import NamedDependency
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
+from loragate.gateway.adapter_control.listing import list_page
 from loragate.gateway.adapter_control.manager import AdapterManager
-from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.served_adapters import AdapterRecord
 from loragate.gateway.adapter_control.uploads import AdapterUploads
 from loragate.gateway.admin.schemas import (
     AdapterInfo,
@@ -27,6 +27,7 @@ from loragate.gateway.admin.schemas import (
 from loragate.gateway.errors import InvalidRequestError, PermissionDeniedError
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.tenancy.principal import Caller, Principal, caller_of
+from loragate.registry.adapter_index import DEFAULT_PAGE_SIZE
 
 
 async def upload_files(request: Request) -> AdapterInfo | None:
@@ -36,8 +37,9 @@ async def upload_files(request: Request) -> AdapterInfo | None:
     if not content_type.lower().startswith("multipart/form-data"):
         return None
     # A before_request hook gets no dependencies: it reads the services the app keeps.
-    uploads: AdapterUploads = request.app.state.uploads
-    served_model: ServedModel = request.app.state.served_model
+    services = request.app.state.services
+    uploads: AdapterUploads = services.uploads
+    served_model: ServedModel = services.served_model
     caller = caller_of(request)
     length = request.headers.get("content-length", "")
     staged = await uploads.receive(
@@ -62,9 +64,9 @@ class AdaptersController(Controller):
         self,
         data: JSONBody[RegisterAdapterRequest],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        uploads: NamedDependency[AdapterUploads],
-        served_model: NamedDependency[ServedModel],
+        adapters: AdapterManager,
+        uploads: AdapterUploads,
+        served_model: ServedModel,
     ) -> AdapterInfo:
         if (data.path is None) == (data.source is None):
             raise InvalidRequestError(
@@ -82,23 +84,33 @@ class AdaptersController(Controller):
             )
         return adapter_info(served_model.model_name, record, caller)
 
-    @get("/", summary="List the adapters the caller may use")
+    @get("/", summary="List the adapters the caller may use, a page at a time")
     async def list_adapters(
         self,
         caller: Caller,
-        catalog: NamedDependency[AdapterCatalog],
-        served_model: NamedDependency[ServedModel],
+        catalog: AdapterCatalog,
+        served_model: ServedModel,
+        limit: FromQuery[int] = DEFAULT_PAGE_SIZE,
+        after: FromQuery[str | None] = None,
     ) -> AdapterList:
-        records = await catalog.list(caller)
-        return AdapterList(data=[adapter_info(served_model.model_name, r, caller) for r in records])
+        """Up to `limit` (1-1000) adapters after the id `after`, in id order (a key for the
+        admin, a name for a tenant); ask again with after=`last_id` while `has_more`."""
+        page = await list_page(catalog, caller, after, limit)
+        data = [adapter_info(served_model.model_name, r, caller) for r in page.records]
+        return AdapterList(
+            data=data,
+            first_id=data[0].name if data else None,
+            last_id=data[-1].name if data else None,
+            has_more=page.has_more,
+        )
 
     @get("/{name:str}", summary="Describe one adapter")
     async def get_adapter(
         self,
         name: FromPath[str],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        served_model: NamedDependency[ServedModel],
+        adapters: AdapterManager,
+        served_model: ServedModel,
     ) -> AdapterInfo:
         return adapter_info(
             served_model.model_name, await adapters.lookup(name, "name", caller), caller
@@ -110,8 +122,8 @@ class AdaptersController(Controller):
         tenant: FromPath[str],
         name: FromPath[str],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        served_model: NamedDependency[ServedModel],
+        adapters: AdapterManager,
+        served_model: ServedModel,
     ) -> AdapterInfo:
         return await self.get_adapter.fn(self, f"{tenant}/{name}", caller, adapters, served_model)
 
@@ -121,8 +133,8 @@ class AdaptersController(Controller):
         name: FromPath[str],
         data: JSONBody[PatchAdapterRequest],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        served_model: NamedDependency[ServedModel],
+        adapters: AdapterManager,
+        served_model: ServedModel,
     ) -> AdapterInfo:
         await adapters.lookup(name, "name", caller)  # 404 first, as for a missing one
         if not caller.is_operator:
@@ -139,8 +151,8 @@ class AdaptersController(Controller):
         name: FromPath[str],
         data: JSONBody[PatchAdapterRequest],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        served_model: NamedDependency[ServedModel],
+        adapters: AdapterManager,
+        served_model: ServedModel,
     ) -> AdapterInfo:
         return await self.patch_adapter.fn(
             self, f"{tenant}/{name}", data, caller, adapters, served_model
@@ -152,7 +164,7 @@ class AdaptersController(Controller):
         summary="Delete an adapter; requests already using it finish first",
     )
     async def delete_adapter(
-        self, name: FromPath[str], caller: Caller, adapters: NamedDependency[AdapterManager]
+        self, name: FromPath[str], caller: Caller, adapters: AdapterManager
     ) -> DeletedAdapter:
         await adapters.unregister(name, caller)
         return DeletedAdapter(name=name)
@@ -163,7 +175,7 @@ class AdaptersController(Controller):
         tenant: FromPath[str],
         name: FromPath[str],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
+        adapters: AdapterManager,
     ) -> DeletedAdapter:
         return await self.delete_adapter.fn(self, f"{tenant}/{name}", caller, adapters)
 
@@ -179,8 +191,8 @@ class VLLMLoRAController(Controller):
         self,
         data: JSONBody[LoadLoRAAdapterRequest],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
-        uploads: NamedDependency[AdapterUploads],
+        adapters: AdapterManager,
+        uploads: AdapterUploads,
     ) -> Response[str]:
         if urlsplit(data.lora_path).scheme in ("s3", "file"):  # a source URI, as Dynamo takes
             await uploads.register_source(data.lora_name, data.lora_path, caller, None, False)
@@ -197,7 +209,7 @@ class VLLMLoRAController(Controller):
         self,
         data: JSONBody[UnloadLoRAAdapterRequest],
         caller: Caller,
-        adapters: NamedDependency[AdapterManager],
+        adapters: AdapterManager,
     ) -> Response[str]:
         await adapters.unregister(data.lora_name, caller)
         return Response(
@@ -232,4 +244,5 @@ def adapter_info(parent: str, record: AdapterRecord, caller: Principal) -> Adapt
         source=record.source,
         owner=record.tenant if caller.owns(record) else None,
         public=record.public,
+        kind=record.kind,
     )

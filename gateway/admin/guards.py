@@ -21,7 +21,7 @@ def admin_only(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
 
 def tenancy_enabled(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """400 on an open server: it has no tenants to manage."""
-    if not connection.app.state.auth.enabled:  # the Authenticator the app keeps
+    if not connection.app.state.services.auth.enabled:  # the app's Authenticator
         raise InvalidRequestError(
             "tenants need an admin key: this server runs open (single-tenant); start it with "
             "--admin-key to manage tenants",

@@ -64,11 +64,20 @@ class AdapterInfo(msgspec.Struct, kw_only=True):
     source: str
     owner: str | None = None
     public: bool = False
+    # "lora", "dora" or "lora+bias", with "+saved-modules", "+vocab-lora" (LoRA on
+    # embed_tokens or lm_head) or "+trainable-tokens" when the adapter carries them.
+    kind: str = "lora"
 
 
 class AdapterList(msgspec.Struct, kw_only=True):
+    """One page, as OpenAI's lists page: `has_more` says another follows, asked for with
+    `?after=<last_id>`."""
+
     object: str = "list"
     data: list[AdapterInfo]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
 
 
 class DeletedAdapter(msgspec.Struct, kw_only=True):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from litestar import Controller, Request, post
-from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
 from loragate.gateway.errors import APIError, ErrorDetail, ErrorResponse
 from loragate.gateway.openai.format import DeltaTracker, chat_logprobs, usage_of
 from loragate.gateway.openai.prompts import chat_messages
+from loragate.gateway.openai.reasoning import ReasoningSplitter, started_in_prompt
 from loragate.gateway.openai.sampling import chat_fields, chat_params
 from loragate.gateway.openai.schemas import (
     AssistantMessage,
@@ -25,8 +25,8 @@ from loragate.gateway.openai.schemas import (
 )
 from loragate.gateway.openai.tool_stream import ToolCallStreamer
 from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
+from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import run_generations
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
@@ -43,8 +43,8 @@ class ChatController(Controller):
         data: JSONBody[ChatCompletionRequest],
         request: Request,
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
-        generations: NamedDependency[Generations],
+        served_model: ServedModel,
+        accounting: Accounting,
     ) -> ChatCompletionResponse | Stream:
         plan = tool_plan(
             data.tools,
@@ -59,14 +59,16 @@ class ChatController(Controller):
             data.add_generation_prompt,
             data.add_special_tokens,
             tools=plan.tools if plan is not None else None,
+            chat_template_kwargs=data.chat_template_kwargs,
         )
+        splitter = _reasoning_splitter(served_model, data, prompt_ids)
         fields = chat_fields(data)
         (prompt,), cost = await served_model.measure(
             caller, [{"prompt_token_ids": prompt_ids}], params, fields
         )
-        request_id = generations.new_request_id("chatcmpl")
+        request_id = accounting.new_request_id("chatcmpl")
         run = await run_generations(
-            generations,
+            accounting,
             request,
             caller,
             lora,
@@ -79,13 +81,17 @@ class ChatController(Controller):
         created = int(time.time())
         if data.stream:
             return run.stream(
-                _stream(served_model, data, plan, run.generations[0], request_id, created)
+                _stream(served_model, data, plan, splitter, run.generations[0], request_id, created)
             )
         (final,) = await run.collect()
         top_n = data.top_logprobs or 0
         choices = []
         for c in final.outputs:
-            message = _message(plan, c.text)
+            reasoning, content = None, c.text
+            if splitter is not None:
+                split = splitter().split(c.text)
+                reasoning, content = split.reasoning, split.content
+            message = _message(plan, content, reasoning)
             choices.append(
                 ChatChoice(
                     index=c.index,
@@ -106,12 +112,24 @@ class ChatController(Controller):
         )
 
 
-def _message(plan: ToolPlan | None, text: str) -> AssistantMessage:
-    found = tool_calls(plan, text) if plan is not None else None
+def _reasoning_splitter(
+    served_model: ServedModel, data: ChatCompletionRequest, prompt_ids: list[int]
+) -> Callable[[], ReasoningSplitter] | None:
+    """A maker of one splitter per choice, under --reasoning-parser unless the request
+    turned thinking off (``chat_template_kwargs.enable_thinking: false``, as vLLM reads it)."""
+    parser = served_model.reasoning_parser
+    if parser is None or (data.chat_template_kwargs or {}).get("enable_thinking") is False:
+        return None
+    opened = started_in_prompt(served_model.tokenizer.decode(prompt_ids[-16:]), parser)
+    return lambda: ReasoningSplitter(parser, opened)
+
+
+def _message(plan: ToolPlan | None, text: str | None, reasoning: str | None) -> AssistantMessage:
+    found = tool_calls(plan, text or "") if plan is not None else None
     if found is None:
-        return AssistantMessage(content=text)
+        return AssistantMessage(content=text, reasoning_content=reasoning)
     content, calls = found
-    return AssistantMessage(content=content, tool_calls=calls)
+    return AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 
 
 def _finish(plan: ToolPlan | None, reason: str | None, called: bool) -> str | None:
@@ -126,6 +144,7 @@ async def _stream(
     served_model: ServedModel,
     data: JSONBody[ChatCompletionRequest],
     plan: ToolPlan | None,
+    splitter: Callable[[], ReasoningSplitter] | None,
     gen: Generation,
     request_id: str,
     created: int,
@@ -140,6 +159,7 @@ async def _stream(
     top_n = data.top_logprobs or 0
     trackers: dict[int, DeltaTracker] = {}
     calls: dict[int, ToolCallStreamer] = {}
+    splitters: dict[int, ReasoningSplitter] = {}
     try:
         for i in range(len(gen.latest.outputs)):
             yield chunk(
@@ -156,18 +176,31 @@ async def _stream(
                     logprobs = chat_logprobs(
                         served_model.tokenizer, delta.token_ids, delta.logprobs, top_n
                     )
+                text, content, reasoning = c.text, delta.text or None, None
+                if splitter is not None:
+                    final = delta.finish_reason is not None
+                    parts = splitters.setdefault(c.index, splitter())
+                    text = parts.split(c.text, final).content or ""
+                    new = parts.step(c.text, final)
+                    content, reasoning = new.content, new.reasoning
                 if plan is None:
+                    held = content is None and reasoning is None and logprobs is None
+                    if splitter is not None and held and delta.finish_reason is None:
+                        continue  # only text held back: a later step sends it
                     choices.append(
                         ChatChunkChoice(
                             index=c.index,
-                            delta=DeltaMessage(content=delta.text or None),
+                            delta=DeltaMessage(content=content, reasoning_content=reasoning),
                             logprobs=logprobs,
                             finish_reason=delta.finish_reason,
                         )
                     )
                     continue
+                if reasoning is not None:
+                    only_reasoning = DeltaMessage(reasoning_content=reasoning)
+                    choices.append(ChatChunkChoice(index=c.index, delta=only_reasoning))
                 streamer = calls.setdefault(c.index, ToolCallStreamer(plan.format))
-                choices += _tool_chunks(plan, streamer, c.index, c.text, delta, logprobs)
+                choices += _tool_chunks(plan, streamer, c.index, text, delta, logprobs)
             for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                 yield chunk([choice])
         if data.stream_options is not None and data.stream_options.include_usage:

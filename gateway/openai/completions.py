@@ -6,7 +6,6 @@ import time
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, post
-from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -21,8 +20,8 @@ from loragate.gateway.openai.format import (
 from loragate.gateway.openai.prompts import completion_prompts
 from loragate.gateway.openai.sampling import completion_fields, completion_params
 from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import run_generations
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
@@ -39,8 +38,8 @@ class CompletionsController(Controller):
         data: JSONBody[CompletionRequest],
         request: Request,
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
-        generations: NamedDependency[Generations],
+        served_model: ServedModel,
+        accounting: Accounting,
     ) -> CompletionResponse | Stream:
         params = completion_params(data, served_model.max_num_seqs)
         lora = await served_model.resolve_model(data.model, caller=caller)
@@ -50,9 +49,9 @@ class CompletionsController(Controller):
             params,
             completion_fields(data),
         )
-        request_id = generations.new_request_id("cmpl")
+        request_id = accounting.new_request_id("cmpl")
         run = await run_generations(
-            generations,
+            accounting,
             request,
             caller,
             lora,

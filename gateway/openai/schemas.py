@@ -95,6 +95,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # vLLM's field: the chat template writes its own special tokens; true adds the model's
     # rule on top (never a second BOS).
     add_special_tokens: bool = False
+    # vLLM's field: more variables for the chat template (Qwen3's enable_thinking).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class UsageInfo(msgspec.Struct, kw_only=True):
@@ -160,6 +162,8 @@ class ToolCall(msgspec.Struct, kw_only=True):
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None
+    # What a thinking model reasoned, split off by --reasoning-parser (vLLM's field).
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -197,6 +201,7 @@ class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
 class DeltaMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
@@ -229,5 +234,11 @@ class ModelCard(msgspec.Struct, kw_only=True):
 
 
 class ModelList(msgspec.Struct, kw_only=True):
+    """The base model, then a page of adapters: `has_more` says another follows, asked
+    for with `?after=<last_id>`."""
+
     object: str = "list"
     data: list[ModelCard]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False

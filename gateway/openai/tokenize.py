@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, get, post
-from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from loragate.gateway.errors import InvalidRequestError
@@ -31,6 +30,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None  # laid out by templates that know tools
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: the template's own variables
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):
@@ -63,7 +63,7 @@ class TokenizeController(Controller):
         self,
         data: JSONBody[TokenizeRequest],
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
+        served_model: ServedModel,
     ) -> TokenizeResponse:
         await served_model.resolve_model(data.model, caller=caller)
         if (data.prompt is None) == (data.messages is None):
@@ -74,6 +74,7 @@ class TokenizeController(Controller):
                 data.add_generation_prompt,
                 bool(data.add_special_tokens),
                 tools=data.tools,
+                chat_template_kwargs=data.chat_template_kwargs,
             )
         else:
             special = True if data.add_special_tokens is None else data.add_special_tokens
@@ -87,7 +88,7 @@ class TokenizeController(Controller):
         self,
         data: JSONBody[DetokenizeRequest],
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
+        served_model: ServedModel,
     ) -> DetokenizeResponse:
         await served_model.resolve_model(data.model, caller=caller)
         vocab = len(served_model.tokenizer)

@@ -50,6 +50,7 @@ class RayReplicas:
         """Join or start Ray, deploy the replicas, and wait until they serve: the engine."""
         import ray
         from ray import serve
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from loragate.gateway.replicas.board import ReplicaBoard
         from loragate.gateway.replicas.engine_replica import EngineReplica
@@ -58,9 +59,13 @@ class RayReplicas:
         if not ray.is_initialized():
             self._init_ray(ray)
         serve.start(proxy_location="Disabled")
+        # The board lives on the ingress's own node: an actor that asks for no CPU is
+        # otherwise placed on any node, and a worker node lost would take it along (the
+        # ingress then sees no replica, and new replicas, which look it up, never start).
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         board_cls = ray.remote(num_cpus=0)(ReplicaBoard)
         self._board = board_cls.options(
-            name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True
+            name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True, scheduling_strategy=here
         ).remote()
         settings = self.settings
         deployment = serve.deployment(EngineReplica).options(
@@ -91,13 +96,24 @@ class RayReplicas:
         return self.engine
 
     def _router(self) -> dict:
-        if self.request_router is None:
-            return {}
+        """The router given, else the spill rule's when --spill-at is set, else Ray Serve's."""
         from ray.serve.config import RequestRouterConfig
 
-        return {
-            "request_router_config": RequestRouterConfig(request_router_class=self.request_router)
-        }
+        if self.request_router is not None:
+            config = RequestRouterConfig(request_router_class=self.request_router)
+        elif self.settings.spill_at is not None:
+            from loragate.gateway.replicas.spill_router import SpillRouter
+
+            config = RequestRouterConfig(
+                request_router_class=SpillRouter,
+                request_router_kwargs={
+                    "spill_at": self.settings.spill_at,
+                    "idle_at": self.settings.spill_idle_at,
+                },
+            )
+        else:
+            return {}
+        return {"request_router_config": config}
 
     @property
     def autoscaled(self) -> bool:
@@ -115,14 +131,19 @@ class RayReplicas:
         if not self.autoscaled:
             return {"num_replicas": s.replicas}
         low = s.min_replicas or 1
-        return {
-            "autoscaling_config": {
-                "min_replicas": low,
-                "max_replicas": self.most_replicas(),
-                "initial_replicas": s.replicas or low,
-                "target_ongoing_requests": s.target_ongoing_requests,
-            }
+        config = {
+            "min_replicas": low,
+            "max_replicas": self.most_replicas(),
+            "initial_replicas": s.replicas or low,
+            "target_ongoing_requests": s.target_ongoing_requests,
         }
+        timing = {
+            "upscale_delay_s": s.upscale_delay_seconds,
+            "downscale_delay_s": s.downscale_delay_seconds,
+            "look_back_period_s": s.autoscaling_window_seconds,
+        }
+        config.update({k: v for k, v in timing.items() if v is not None})
+        return {"autoscaling_config": config}
 
     def _init_ray(self, ray) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home

@@ -9,9 +9,9 @@ its weights too (Ray Serve routes it elsewhere now, so keeping them would only h
 unless requests still run on it (then the engine's own LRU evicts them later).
 
 Adapters kept in the adapter store (uploads, sources by URI) reach the replica as
-`adapter-store:<object id>` paths: it fetches them by hash into its own
-`--adapter-cache-dir` (`{replica}` in it: this replica's id), checked before use, so
-nothing but the store is shared with the ingress.
+`adapter-store:<object id>` paths: its engine's adapter residency fetches them by hash into
+the replica's own `--adapter-cache-dir` (`{replica}` in it: this replica's id), checked
+before use, so nothing but the store is shared with the ingress.
 
 Every exception of a call comes back as a `Failure` value (the ingress re-raises it as
 itself). The replica reports its state to the board every `report_every_s` and applies
@@ -28,7 +28,7 @@ from ray import serve
 
 from loragate.adapters import LoRARequest
 from loragate.engine import AsyncLLMEngine, EngineConfig
-from loragate.gateway.adapter_control.store_engine import StoreBackedEngine, make_fetcher
+from loragate.gateway.adapter_control.adapter_store_setup import adapter_fetcher
 from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
 
 log = logging.getLogger(__name__)
@@ -69,21 +69,20 @@ class EngineReplica:
     ):
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
-        engine = AsyncLLMEngine.from_config(config, adapter_load_timeout)
         # Adapters uploaded to the store are fetched by hash into this replica's own cache.
         self.fetcher = None
         if adapter_cache_dir is not None:
-            self.fetcher = make_fetcher(adapter_store, adapter_cache_dir, self.replica_id)
-            engine = StoreBackedEngine(engine, self.fetcher)
-        self.engine = engine
+            self.fetcher = adapter_fetcher(adapter_store, adapter_cache_dir, self.replica_id)
+        self.engine = AsyncLLMEngine.from_config(config, adapter_load_timeout, self.fetcher)
         self.actor_name = ray.get_runtime_context().get_actor_name() or ""
+        self.node = ray.get_runtime_context().get_node_id()
         self.board = ray.get_actor(board_name, namespace=board_namespace)
         # The LoRARequest last asked for under each multiplexed id (kept, not popped: Ray
         # Serve may call `load` for one id from two overlapping requests).
         self._wanted: dict[str, LoRARequest] = {}
         self.held: set[str] = set()  # the ids in Ray Serve's LRU here
         self._loop = asyncio.get_running_loop()
-        in_memory = config.max_cpu_loras if config.enable_lora else 1
+        in_memory = self.engine.model_info.max_cpu_loras if config.enable_lora else 1
 
         async def load(model_id: str) -> _Resident:
             lora = self._wanted[model_id]
@@ -132,6 +131,7 @@ class EngineReplica:
             target_modules=tuple(sorted(adapter.target_modules)),
             sha256=adapter.sha256,
             size_bytes=adapter.size_bytes,
+            kind=adapter.kind,
         )
 
     async def model_info(self):
@@ -178,6 +178,7 @@ class EngineReplica:
             stats=await self.engine.stats(),
             multiplexed=tuple(sorted(self.held)),
             store_fetches=self.fetcher.fetches if self.fetcher is not None else 0,
+            node=self.node,
         )
         for lora in await self.board.report.remote(report):
             await self._remove(lora)

@@ -6,7 +6,14 @@ replica holding it, or to the one holding fewest); a base-model request names no
 least loaded of two replicas picked at random). Streams come back through Ray Serve's
 streaming handles, and closing one cancels the request on its replica (which aborts it).
 A replica that dies mid-call ends the call with EngineDeadError, which the gateway answers
-with 503; Ray Serve starts a replacement, and later calls go to live replicas.
+with 503 (an SSE error event once the stream has begun); Ray Serve starts a replacement.
+A request whose replica cannot be reached before it sent anything (a node lost, a replica
+that died, which Ray Serve's router may still pick for a moment) is sent again, up to
+`RETRIES` times with a backoff doubling up to `RETRY_BACKOFF_CAP_S` (about 40 s in all): Ray's
+router drops a replica once Ray has found it dead, so the retry goes to a live one, and
+nothing had reached the client or been counted. A node whose raylet is killed is only found
+dead after Ray's health checks miss it for some seconds, and meanwhile adapter affinity
+keeps routing that adapter's requests to the replica there: the window covers that.
 
 Every request to any replica goes through this ingress, so it counts the requests in flight
 per adapter itself, from the call on (idle here is idle on every replica), and it announces
@@ -16,6 +23,7 @@ changed weights behind a name from the weights each request's replica admitted i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Hashable
 
 from ray.exceptions import RayError
@@ -38,6 +46,10 @@ from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall
 
 # Errors that mean "the replica (or Ray) went away", not "the request was bad".
 _GONE = (RayError, RayServeException)
+# A request that reached no live replica is sent again this many times, after these waits.
+RETRIES = 14
+RETRY_BACKOFF_S = 0.1
+RETRY_BACKOFF_CAP_S = 4.0
 
 
 class ReplicatedEngine:
@@ -51,6 +63,8 @@ class ReplicatedEngine:
         self.dead_error: BaseException | None = None
         self._stopped = False
         self._streams: dict[Hashable, object] = {}  # request id -> its open replica stream
+        self._aborted: set[Hashable] = set()  # aborted while being sent: never sent again
+        self.retried = 0  # requests sent again because no replica answered the first time
         self._in_flight = InFlightRequests()  # requests per adapter, on every replica
         self._events = AdapterEvents()  # the weights each name's requests were admitted under
 
@@ -77,7 +91,6 @@ class ReplicatedEngine:
         if lora_request is not None:  # in flight from here, before anything is awaited
             self._in_flight.started(lora_request)
         finished = False
-        stream = None
         try:
             call = GenerateCall(
                 prompt,
@@ -92,10 +105,9 @@ class ReplicatedEngine:
             options = {"stream": True}
             if lora_request is not None:
                 options["multiplexed_model_id"] = lora_request.lora_name
-            stream = self._handle.options(**options).generate.remote(call)
-            self._streams[request_id] = stream
+            items = await self._send(call, options)
             first = True
-            async for item in _replica_stream(stream):
+            async for item in items:
                 if isinstance(item, Failure):
                     raise item.error
                 if first and lora_request is not None and item.lora_sha256 is not None:
@@ -107,10 +119,10 @@ class ReplicatedEngine:
             if not finished:
                 raise EngineDeadError("the replica ended the request without finishing it")
         finally:
-            if stream is not None:
-                self._streams.pop(request_id, None)
-                if not finished:
-                    stream.cancel()  # the replica's generator is cancelled and aborts it
+            self._aborted.discard(request_id)
+            stream = self._streams.pop(request_id, None)
+            if stream is not None and not finished:
+                stream.cancel()  # the replica's generator is cancelled and aborts it
             if lora_request is not None:
                 self._in_flight.ended(lora_request)
 
@@ -118,6 +130,7 @@ class ReplicatedEngine:
         """Cancel the request's stream: its replica aborts it (and its generate ends)."""
         stream = self._streams.get(request_id)
         if stream is not None:
+            self._aborted.add(request_id)
             stream.cancel()
 
     async def add_adapter(self, lora_request: LoRARequest, timeout: float | None = None):
@@ -153,6 +166,7 @@ class ReplicatedEngine:
         *,
         tools: list[dict] | None = None,
         chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         """By a replica's own prompt processor, so the ingress templates exactly as it."""
         return self._prompts.apply_chat_template(
@@ -161,6 +175,7 @@ class ReplicatedEngine:
             add_special_tokens,
             tools=tools,
             chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     async def stats(self) -> EngineStats:
@@ -175,6 +190,27 @@ class ReplicatedEngine:
         self._stopped = True
 
     # ---- inside -------------------------------------------------------------------------
+    async def _send(self, call: GenerateCall, options: dict):
+        """Open the request's stream on a replica and wait for its first item: its items,
+        the first one included. Sent again while no replica answered."""
+        for attempt in range(RETRIES + 1):
+            stream = self._handle.options(**options).generate.remote(call)
+            self._streams[call.request_id] = stream
+            items = _replica_stream(stream)
+            try:
+                first = await anext(items)
+            except StopAsyncIteration:
+                return _empty()
+            except EngineDeadError:
+                stream.cancel()
+                if attempt == RETRIES or self._stopped or call.request_id in self._aborted:
+                    raise
+                self.retried += 1
+                await asyncio.sleep(min(RETRY_BACKOFF_S * 2**attempt, RETRY_BACKOFF_CAP_S))
+                continue
+            return _chain(first, items)
+        raise AssertionError("unreachable")
+
     async def _call(self, method, *args):
         try:
             result = await method.remote(*args)
@@ -183,6 +219,17 @@ class ReplicatedEngine:
         if isinstance(result, Failure):
             raise result.error
         return result
+
+
+async def _empty() -> AsyncIterator:
+    return
+    yield
+
+
+async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
+    yield first
+    async for item in rest:
+        yield item
 
 
 async def _replica_stream(stream) -> AsyncIterator:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from loragate.engine import EngineClient, EngineDeadError
+from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
-from loragate.gateway.adapter_control.objects import AdapterObjects
 from loragate.gateway.replicas.wire import ReplicaReport
 from loragate.gateway.tenancy.principal import OPERATOR
 

@@ -7,7 +7,6 @@ server anyone is the operator. A single-process server lists its one engine as "
 from __future__ import annotations
 
 from litestar import Controller, get
-from litestar.di import NamedDependency
 
 from loragate.gateway.admin.guards import admin_only
 from loragate.gateway.replicas.reports import ReplicaReports
@@ -21,7 +20,7 @@ class ReplicasController(Controller):
     tags = ["Operations"]
 
     @get("/", summary="Engine replicas and what each holds", guards=[admin_only], opt=OPERATOR_ONLY)
-    async def list_replicas(self, replicas: NamedDependency[ReplicaReports]) -> ReplicaList:
+    async def list_replicas(self, replicas: ReplicaReports) -> ReplicaList:
         reports = await replicas.reports()
         names_of = await replicas.adapter_names_by_weights()
         mode = "ray" if replicas.replicated else "single"

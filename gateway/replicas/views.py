@@ -22,6 +22,7 @@ class ReplicaLoads(msgspec.Struct):
 class ReplicaView(msgspec.Struct):
     id: str
     actor: str
+    node: str  # the Ray node it runs on
     running: int
     waiting: int
     kv_usage: float
@@ -47,6 +48,7 @@ def replica_view(report: ReplicaReport, names_of: dict[str, list[str]]) -> Repli
     return ReplicaView(
         id=report.replica,
         actor=report.actor_name,
+        node=report.node,
         running=stats.running,
         waiting=stats.waiting,
         kv_usage=float(stats.memory.get("utilization", 0.0)),

@@ -32,6 +32,7 @@ class AdapterSummary:
     target_modules: tuple[str, ...]
     sha256: str
     size_bytes: int
+    kind: str = "lora"  # the loaded adapter's kind: "lora", "dora", "lora+saved-modules"...
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,4 @@ class ReplicaReport:
     reported_at: float = field(default_factory=time.time)
     retired_seen: int = 0  # how many retired adapters the board has handed this replica
     store_fetches: int = 0  # adapter store objects this replica downloaded into its cache
+    node: str = ""  # the Ray node the replica runs on (its id, hex)

@@ -5,8 +5,9 @@
 An output carrying `error` (this request alone failed on the engine: a plugin, or anything
 else) raises PluginFailedError or RequestFailedError as it is read past `prime()`: a 500 for
 a whole answer, an error event in a stream; the engine and every other request go on.
-`aclose()` is idempotent and releases everything the request held (queue place, adapter use,
-and, if unfinished, its KV blocks through the engine's abort), whichever way the request ends.
+`aclose()` is idempotent and ends the engine request (if unfinished, the engine aborts it and
+frees its KV blocks); its HTTP request's account (serving/accounting.py) closes it and gives
+back its queue place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from loragate.adapters import AdapterError
 from loragate.adapters.store import AdapterStoreError
 from loragate.engine import EngineDeadError, RequestOutput
-from loragate.gateway.adapter_control.objects import store_error
+from loragate.gateway.adapter_control.adapter_store_objects import store_error
 from loragate.gateway.errors import (
     EngineUnavailableError,
     InvalidRequestError,
@@ -39,7 +40,6 @@ class Generation:
         outputs: AsyncIterator[RequestOutput],
         request_id: str,
         *,
-        on_close: Callable[[Generation], None],
         field_names: dict[str, str],
         adapter_param: str,
         scrub: Callable[[str], str] = lambda text: text,
@@ -53,7 +53,6 @@ class Generation:
         self._tokens_seen = 0
         self._last_token_at = self.started
         self._outputs = outputs
-        self._on_close = on_close
         self._field_names = field_names
         self._adapter_param = adapter_param
         self._scrub = scrub
@@ -132,11 +131,10 @@ class Generation:
         )
 
     async def aclose(self) -> None:
-        """Release the request; an unfinished one is aborted and its KV blocks freed."""
+        """End the engine request; an unfinished one is aborted and its KV blocks freed."""
         if self._closed:
             return
         self._closed = True
-        self._on_close(self)  # synchronous, so it runs even while this task is being cancelled
         try:
             await self._outputs.aclose()
         except RuntimeError:  # the iterator is mid-step in a cancelled task: it aborts itself
@@ -152,11 +150,6 @@ async def prime_all(gens: list[Generation]) -> list[RequestOutput]:
 async def results_all(gens: list[Generation]) -> list[RequestOutput]:
     results = await asyncio.gather(*(g.result() for g in gens), return_exceptions=True)
     return _raise_first(results)
-
-
-async def close_all(gens: list[Generation]) -> None:
-    for gen in gens:
-        await gen.aclose()
 
 
 async def outputs_of(gen: Generation) -> AsyncIterator[RequestOutput]:

@@ -1,10 +1,10 @@
 """Running one HTTP request's generations, the same way for completions, chat and TGI.
 
-`run_generations` begins a MeteredRequest (the caller's quotas admit it), starts one engine
-request per prompt, and primes them all (bad input is a 4xx before any byte is sent); then
-the route either `collect`s the final outputs or `stream`s its own events. Either way the
-metered request ends exactly once: after collecting, when the stream closes, or at once if
-anything before that failed.
+`run_generations` opens the request's account (serving/accounting.py: the caller's quotas
+admit it), starts one engine request per prompt through it, and primes them all (bad input
+is a 4xx before any byte is sent); then the route either `collect`s the final outputs or
+`stream`s its own events. Either way the account ends exactly once: after collecting, when
+the stream closes, or at once if anything before that failed.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from litestar.response import Stream
 
 from loragate.adapters import LoRARequest
 from loragate.engine import RequestOutput, SamplingParams
+from loragate.gateway.serving.accounting import Accounting, RequestAccount
 from loragate.gateway.serving.disconnect import until_disconnect
 from loragate.gateway.serving.generation import Generation, prime_all, results_all
-from loragate.gateway.serving.generations import Generations
-from loragate.gateway.serving.metered import MeteredRequest
 from loragate.gateway.serving.sse import sse_response
 from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.request_cost import RequestCost
@@ -28,29 +27,29 @@ from loragate.gateway.tenancy.request_cost import RequestCost
 class Run:
     """One HTTP request's primed generations, until it is collected or streamed."""
 
-    def __init__(self, metered: MeteredRequest, request: Request):
-        self._metered = metered
+    def __init__(self, account: RequestAccount, request: Request):
+        self.account = account
         self._request = request
 
     @property
     def generations(self) -> list[Generation]:
-        return self._metered.generations
+        return self.account.generations
 
     async def collect(self) -> list[RequestOutput]:
         """Every generation's final output; the request ends here."""
         try:
             return await until_disconnect(self._request.receive, results_all(self.generations))
         finally:
-            await self._metered.end()
+            await self.account.end()
 
     def stream(self, events: AsyncIterator[bytes]) -> Stream:
         """The route's events as server-sent events, each sent once what it carries is
         counted; the request ends when they do."""
-        return sse_response(self._metered.counted(events), self._metered.end)
+        return sse_response(self.account.counted(events), self.account.end)
 
 
 async def run_generations(
-    generations: Generations,
+    accounting: Accounting,
     request: Request,
     caller: Principal,
     lora: LoRARequest | None,
@@ -64,10 +63,10 @@ async def run_generations(
 ) -> Run:
     """Begin, start each (prompt, request id), and prime; a 4xx here ends the request.
     `priority` is vLLM's request field (lower first under the `priority` policy)."""
-    metered = await generations.begin(caller, lora, cost)
+    account = await accounting.open(caller, lora, cost)
     try:
         for prompt, request_id in prompts:
-            metered.start(
+            account.start(
                 prompt,
                 params,
                 request_id=request_id,
@@ -75,8 +74,8 @@ async def run_generations(
                 adapter_param=adapter_param,
                 priority=priority,
             )
-        await until_disconnect(request.receive, prime_all(metered.generations))
+        await until_disconnect(request.receive, prime_all(account.generations))
     except BaseException:
-        await metered.end()
+        await account.end()
         raise
-    return Run(metered, request)
+    return Run(account, request)

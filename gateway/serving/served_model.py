@@ -23,6 +23,7 @@ class ServedModel:
         aliases: tuple[str, ...] = (),
         chat_template: str | None = None,
         auto_tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ):
         """`aliases`: other names of the base model (--served-model-name's extra names);
         `chat_template`: vLLM's --chat-template, in place of the model's own (None: the
@@ -34,6 +35,7 @@ class ServedModel:
         self.aliases = aliases
         self.chat_template = chat_template
         self.auto_tool_parser = auto_tool_parser
+        self.reasoning_parser = reasoning_parser  # --reasoning-parser, or None
         self.started_at = int(time.time())
 
     @property
@@ -74,6 +76,7 @@ class ServedModel:
         add_generation_prompt: bool,
         add_special_tokens: bool = False,
         tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         try:
             return self.engine.apply_chat_template(
@@ -82,6 +85,7 @@ class ServedModel:
                 add_special_tokens,
                 tools=tools,
                 chat_template=self.chat_template,
+                chat_template_kwargs=chat_template_kwargs,
             )
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc

@@ -30,7 +30,7 @@ from loragate.gateway.errors import (
     RegistryDownError,
     tgi_error_body,
 )
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.principal import CALLER_SCOPE_KEY, OPERATOR, Principal
 from loragate.registry import TenantRecord
 from loragate.registry.api_keys import parse_api_key
@@ -64,7 +64,7 @@ class Authenticator:
     def __init__(
         self,
         admin_key: str | None,
-        store: StoreSeam,
+        store: RegistrySeam,
         cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         api_key: str | None = None,
@@ -190,7 +190,7 @@ class AuthGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
             return await self.app(scope, receive, send)
-        authenticator: Authenticator = scope["litestar_app"].state.auth
+        authenticator: Authenticator = scope["litestar_app"].state.services.auth
         try:
             caller = await authenticator.authenticate(_header(scope, b"authorization"))
         except APIError as exc:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from litestar.connection import ASGIConnection
-from litestar.di import NamedDependency
 
 # Usage of requests made without a tenant key (open server, or the admin key) is counted
 # under this name, so it is reserved: no tenant may take it.
@@ -76,5 +75,5 @@ def caller_of(request: ASGIConnection) -> Principal:
     return caller
 
 
-# How route handlers ask Litestar for the caller (injected by name).
-Caller = NamedDependency[Principal]
+# How route handlers ask Litestar for the caller (provided as `caller`, typed).
+Caller = Principal

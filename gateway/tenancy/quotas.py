@@ -21,7 +21,7 @@ import asyncio
 import logging
 
 from loragate.gateway.errors import InvalidRequestError, QuotaExceededError, RegistryDownError
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.request_cost import RequestCost
 
@@ -35,7 +35,7 @@ _WHAT = {
 
 
 class QuotaKeeper:
-    def __init__(self, store: StoreSeam, lease_seconds: float):
+    def __init__(self, store: RegistrySeam, lease_seconds: float):
         self._store = store
         self._health = store.health
         self.refresh_every = lease_seconds / 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from loragate.gateway.errors import ConflictError, InvalidRequestError, NotFoundError
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.auth import Authenticator
 from loragate.gateway.tenancy.principal import UNTENANTED, Principal
 from loragate.gateway.tenancy.usage_meter import UsageMeter
@@ -28,7 +28,7 @@ from loragate.registry import (
 class TenantService:
     def __init__(
         self,
-        store: StoreSeam,
+        store: RegistrySeam,
         auth: Authenticator,
         usage: UsageMeter,
         drop_adapters_of: Callable[[str], Awaitable[None]],

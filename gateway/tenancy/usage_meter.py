@@ -9,7 +9,7 @@ the write cannot be told apart from one that never ran).
 Writes are grouped: every count recorded while a write is in flight goes, summed per
 tenant and adapter, into the next one (one transaction, one round trip), and each
 `record` returns once the write that carries it is done. Streams count before each event
-they send (serving/metered.py), so a step's events across every stream cost about one
+they send (serving/accounting.py), so a step's events across every stream cost about one
 round trip to Redis, not one each.
 """
 
@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from loragate.gateway.errors import RegistryDownError
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.registry import UsageCounts
 from loragate.registry.records import check_usage
 
@@ -29,7 +29,7 @@ _Key = tuple[str, str | None]  # (tenant, adapter name or None for the base mode
 
 
 class UsageMeter:
-    def __init__(self, store: StoreSeam):
+    def __init__(self, store: RegistrySeam):
         self._store = store
         self._health = store.health
         self._pending: dict[_Key, UsageCounts] = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from litestar import Controller, Request, get, post
-from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -22,8 +21,8 @@ from loragate.gateway.errors import (
     tgi_error_response,
 )
 from loragate.gateway.openai.format import token_text
+from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.generations import Generations
 from loragate.gateway.serving.run import Run, run_generations
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import sse_event
@@ -53,12 +52,12 @@ class TGIController(Controller):
         data: JSONBody[TGIRequest],
         request: Request,
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
-        generations: NamedDependency[Generations],
+        served_model: ServedModel,
+        accounting: Accounting,
     ) -> list[TGIResponse] | Stream:
         if data.stream:
-            return await _generate_stream(data, request, caller, served_model, generations)
-        return [await _generate(data, request, caller, served_model, generations)]
+            return await _generate_stream(data, request, caller, served_model, accounting)
+        return [await _generate(data, request, caller, served_model, accounting)]
 
     @post("/generate", status_code=200, summary="Generate (TGI / LoRAX)")
     async def generate(
@@ -66,10 +65,10 @@ class TGIController(Controller):
         data: JSONBody[TGIRequest],
         request: Request,
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
-        generations: NamedDependency[Generations],
+        served_model: ServedModel,
+        accounting: Accounting,
     ) -> TGIResponse:
-        return await _generate(data, request, caller, served_model, generations)
+        return await _generate(data, request, caller, served_model, accounting)
 
     @post("/generate_stream", status_code=200, summary="Generate as server-sent events")
     async def generate_stream(
@@ -77,13 +76,13 @@ class TGIController(Controller):
         data: JSONBody[TGIRequest],
         request: Request,
         caller: Caller,
-        served_model: NamedDependency[ServedModel],
-        generations: NamedDependency[Generations],
+        served_model: ServedModel,
+        accounting: Accounting,
     ) -> Stream:
-        return await _generate_stream(data, request, caller, served_model, generations)
+        return await _generate_stream(data, request, caller, served_model, accounting)
 
     @get("/info", summary="Model information (TGI)")
-    async def info(self, served_model: NamedDependency[ServedModel]) -> dict:
+    async def info(self, served_model: ServedModel) -> dict:
         return {
             "model_id": served_model.model_name,
             "max_total_tokens": served_model.max_model_len,
@@ -97,7 +96,7 @@ async def _run(
     request: Request,
     caller: Principal,
     served_model: ServedModel,
-    generations: Generations,
+    accounting: Accounting,
 ) -> tuple[Run, TGIParameters]:
     p = data.parameters or TGIParameters()
     params = tgi_params(p, served_model.max_num_seqs)
@@ -112,12 +111,12 @@ async def _run(
         prompt = {"prompt_token_ids": ids[-p.truncate :]}
     (prompt,), cost = await served_model.measure(caller, [prompt], params, tgi_fields(p))
     run = await run_generations(
-        generations,
+        accounting,
         request,
         caller,
         lora,
         cost,
-        [(prompt, generations.new_request_id("tgi"))],
+        [(prompt, accounting.new_request_id("tgi"))],
         params,
         field_names=tgi_fields(p),
         adapter_param="parameters.adapter_id",
@@ -130,9 +129,9 @@ async def _generate(
     request: Request,
     caller: Principal,
     served_model: ServedModel,
-    generations: Generations,
+    accounting: Accounting,
 ) -> TGIResponse:
-    run, p = await _run(data, request, caller, served_model, generations)
+    run, p = await _run(data, request, caller, served_model, accounting)
     (final,) = await run.collect()
     c = final.outputs[0]
     text = (data.inputs + c.text) if p.return_full_text else c.text
@@ -157,14 +156,14 @@ async def _generate_stream(
     request: Request,
     caller: Principal,
     served_model: ServedModel,
-    generations: Generations,
+    accounting: Accounting,
 ) -> Stream:
     best_of = (data.parameters or TGIParameters()).best_of
     if best_of is not None and best_of > 1:  # the best is known only at the end, as in TGI
         raise InvalidRequestError(
             "best_of > 1 is not supported when streaming", param="parameters.best_of"
         )
-    run, p = await _run(data, request, caller, served_model, generations)
+    run, p = await _run(data, request, caller, served_model, accounting)
     return run.stream(_events(served_model, data, p, run.generations[0]))
 
 

@@ -6,6 +6,7 @@ import copy
 import json
 import pickle
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -164,23 +165,45 @@ def test_bad_rank_value(spec, make_adapter):
 
 
 @pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
-def test_unsupported_target_module_in_config(spec, make_adapter, target):
+def test_vocabulary_modules_where_the_model_offers_none(spec, make_adapter, target):
+    """embed_tokens and lm_head are served (tests/engine/test_vocab_adapters.py) where the
+    model offers its vocabulary side; a spec that offers none refuses them, naming them."""
     path = make_adapter(targets=["q_proj", target])
+    spec = replace(spec, vocab_size=0, hidden_size=0)
     error = _refused(path, spec, UnsupportedTargetModuleError, "target_modules", target)
     assert error.field == "target_modules"
 
 
-@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
-def test_unsupported_target_module_found_in_weights(spec, make_adapter, target):
-    """A regex target_modules cannot be checked up front: the tensors are."""
-    path = make_adapter(targets=["q_proj", target])
-    _edit_config(path, target_modules=r".*(q_proj|embed_tokens|lm_head)")
-    _refused(path, spec, UnsupportedTargetModuleError, "adapter_model.safetensors", target)
+def test_modules_to_save_naming_another_module(spec, make_adapter):
+    path = make_adapter()
+    _edit_config(path, modules_to_save=["lm_head", "norm"])
+    error = _refused(path, spec, UnsupportedAdapterError, "modules_to_save", "norm")
+    assert "lm_head" not in str(error).split("names")[1].split(";")[0]
 
 
-def test_modules_to_save(spec, make_adapter):
-    path = make_adapter(modules_to_save=["lm_head"])
-    _refused(path, spec, UnsupportedAdapterError, "modules_to_save", "lm_head")
+def test_saved_embedding_of_another_vocabulary(spec, make_adapter):
+    path = make_adapter(modules_to_save=["embed_tokens"])
+    _edit_tensors(
+        path, lambda t: {k: (v[:100] if "embed_tokens" in k else v) for k, v in t.items()}
+    )
+    _refused(path, spec, AdapterShapeError, "embed_tokens", "(100, 64)", "(128, 64)")
+
+
+def test_embedding_lora_of_another_vocabulary(spec, make_adapter):
+    path = make_adapter(targets=["q_proj", "embed_tokens"])
+    _edit_tensors(
+        path,
+        lambda t: {
+            k: (v[:, :120].contiguous() if "lora_embedding_A" in k else v) for k, v in t.items()
+        },
+    )
+    _refused(path, spec, AdapterShapeError, "lora_embedding_A", "(4, 120)")
+
+
+def test_trainable_token_past_the_vocabulary(spec, make_adapter):
+    path = make_adapter(trainable_token_indices=[3, 5])
+    _edit_config(path, trainable_token_indices=[3, 500])
+    _refused(path, spec, AdapterShapeError, "trainable_token_indices", "500", "128")
 
 
 @pytest.mark.parametrize("bias", ["all", "lora_only"])
@@ -190,9 +213,31 @@ def test_bias_other_than_none(spec, make_adapter, bias):
     assert error.field == "bias"
 
 
-def test_dora(spec, make_adapter):
+def test_dora_without_base_weights_to_take_norms_from(spec, make_adapter):
+    """DoRA is served (tests/engine/test_dora_and_bias.py) where the model gives its base
+    weights; a spec that gives none refuses it, naming the field."""
     path = make_adapter(use_dora=True)
-    _refused(path, spec, UnsupportedAdapterError, "use_dora", "DoRA")
+    _refused(path, spec, UnsupportedAdapterError, "use_dora", "base weights")
+
+
+def test_dora_with_a_lora_bias(spec, make_adapter):
+    path = make_adapter(use_dora=True)
+    _edit_config(path, lora_bias=True)
+    _refused(path, spec, UnsupportedAdapterError, "use_dora", "lora_bias")
+
+
+def test_dora_magnitude_of_the_wrong_length(spec, make_adapter):
+    path = make_adapter(use_dora=True, targets=["q_proj"])
+    _edit_tensors(path, lambda t: {k: (v[:10] if "magnitude" in k else v) for k, v in t.items()})
+    spec = replace(spec, base_weight=lambda layer, module: torch.zeros(64, 64))
+    _refused(path, spec, AdapterShapeError, "lora_magnitude_vector", "(10,)", "64 outputs")
+
+
+def test_dora_module_without_its_magnitude(spec, make_adapter):
+    path = make_adapter(use_dora=True, targets=["q_proj"])
+    _edit_tensors(path, lambda t: {k: v for k, v in t.items() if "magnitude" not in k})
+    spec = replace(spec, base_weight=lambda layer, module: torch.zeros(64, 64))
+    _refused(path, spec, AdapterShapeError, "q_proj has no lora_magnitude_vector")
 
 
 def test_dora_magnitude_tensor_without_the_flag(spec, make_adapter):
@@ -201,9 +246,16 @@ def test_dora_magnitude_tensor_without_the_flag(spec, make_adapter):
     _refused(path, spec, UnsupportedAdapterError, "lora_magnitude_vector", "DoRA")
 
 
-def test_lora_bias(spec, make_adapter):
+def test_lora_bias_tensor_without_the_flag(spec, make_adapter):
     path = make_adapter(lora_bias=True)
-    _refused(path, spec, UnsupportedAdapterError, "lora_bias")
+    _edit_config(path, lora_bias=False)
+    _refused(path, spec, UnsupportedAdapterError, "lora_B bias", "lora_bias")
+
+
+def test_lora_bias_of_the_wrong_length(spec, make_adapter):
+    path = make_adapter(lora_bias=True, targets=["q_proj"])
+    _edit_tensors(path, lambda t: {k: (v[:7] if k.endswith(".bias") else v) for k, v in t.items()})
+    _refused(path, spec, AdapterShapeError, "lora_B bias", "(7,)")
 
 
 def test_base_modifying_init(spec, make_adapter):

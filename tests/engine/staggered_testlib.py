@@ -79,3 +79,30 @@ def drive(engine, arrivals, params: SamplingParams) -> dict[str, list[int]]:
                 done[out.request_id] = out.outputs[0].token_ids
         step += 1
     return done
+
+
+# A float32 engine with a small KV budget (preemptions) and a small token budget (chunked
+# prefill), four adapter slots: the engine the adapter-kind and mixed-rank tests drive.
+TIGHT_LORA_ENGINE = dict(
+    dtype="float32",
+    max_model_len=128,
+    block_size=8,
+    num_kv_blocks=24,
+    max_num_batched_tokens=32,
+    max_num_seqs=8,
+    enable_lora=True,
+    max_loras=4,
+    max_lora_rank=8,
+)
+
+
+def drive_under_pressure(engine, arrivals, n: int) -> tuple[dict[str, list[int]], StepLog]:
+    """`drive` with greedy(n), then check the hard paths ran: a prefill chunk that ends before
+    its prompt, steps mixing prefill and decode, steps mixing adapters, a preemption."""
+    log = record_steps(engine)
+    outputs = drive(engine, arrivals, greedy(n))
+    assert log.partial_chunks >= 1, "no prefill was chunked"
+    assert log.mixed_steps >= 2, "no step mixed prefill and decode"
+    assert log.mixed_adapter_steps >= 2, "no step mixed adapters"
+    assert engine.scheduler.num_preemptions >= 1, "nothing was preempted"
+    return outputs, log

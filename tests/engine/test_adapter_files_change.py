@@ -88,7 +88,7 @@ def test_files_overwritten_in_place_serve_the_new_weights(setup, make_llm, tmp_p
     assert out.outputs[0].token_ids == expected["B"]
     assert out.lora_sha256 == _weights_sha(paths, "B")
     # One int id, two weight sets: two entries in the CPU tier, never one overwritten.
-    assert llm.engine.adapters.stats()["cpu_adapters"] == 2
+    assert llm.engine.residency.cache.stats()["cpu_adapters"] == 2
     put(paths, "A", x)
     assert run(llm, LoRARequest("x", 4, str(x))) == expected["A"]
     assert run(llm, LoRARequest("x", 3, str(x))) == expected["A"]
@@ -100,7 +100,7 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(setup, make_
     with B) is reused and still gives B, as with prefix caching off."""
     model_dir, paths, expected = setup
     llm = engine(make_llm, model_dir, max_loras=2, max_cpu_loras=2)
-    cache = llm.engine.adapters
+    cache = llm.engine.residency.cache
     y = tmp_path / "y"
     put(paths, "A", y)
     lora_y = LoRARequest("y", 3, str(y))
@@ -154,14 +154,14 @@ def test_a_waiting_request_runs_with_the_weights_it_was_admitted_under(setup, ma
     lora = LoRARequest("x", 3, str(x))
     request = llm.engine.add_request("early", {"prompt_token_ids": PROMPT}, PARAMS, lora)
     put(paths, "B", x)
-    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # would evict A
+    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # would evict A
     outputs = []
     while llm.engine.has_unfinished_requests():
         outputs += [o for o in llm.engine.step() if o.finished]
     assert outputs[0].outputs[0].token_ids == expected["A"]
     assert request.adapter_identity.sha256 == _weights_sha(paths, "A")
     assert run(llm, lora) == expected["B"]
-    stats = llm.engine.adapters.stats()
+    stats = llm.engine.residency.cache.stats()
     assert stats["cpu_adapters"] == 1 and stats["held_weights"] == 0  # A aged out once unneeded
 
 
@@ -180,7 +180,7 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     wait = identity_module.RACY_NS / 1e9 - (time.time() - paths["A"].stat().st_ctime)
     time.sleep(max(0.0, wait) + 0.05)
     assert run(llm, lora) == expected["A"]
-    before, reads = len(hashes), llm.engine.adapters.stats()["file_reads"]
+    before, reads = len(hashes), llm.engine.residency.cache.stats()["file_reads"]
     short = SamplingParams(temperature=0, max_tokens=1)
     outs = llm.generate(
         [{"prompt_token_ids": [1, 5, 6, i]} for i in range(100)],
@@ -190,7 +190,7 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     )
     assert len(outs) == 100
     assert len(hashes) == before, "unchanged files were hashed again"
-    assert llm.engine.adapters.stats()["file_reads"] == reads
+    assert llm.engine.residency.cache.stats()["file_reads"] == reads
 
 
 def _weights_sha(paths, name) -> str:
@@ -203,13 +203,13 @@ def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
     lora = LoRARequest("a", 1, str(paths["A"]))
     for request_id in ("kept", "aborted"):
         llm.engine.add_request(request_id, {"prompt_token_ids": PROMPT}, PARAMS, lora)
-    assert llm.engine.adapters.stats()["held_weights"] == 1
+    assert llm.engine.residency.cache.stats()["held_weights"] == 1
     llm.engine.step()
     assert llm.engine.abort_request("aborted")
-    assert llm.engine.adapters.stats()["held_weights"] == 1
+    assert llm.engine.residency.cache.stats()["held_weights"] == 1
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
-    assert llm.engine.adapters.stats()["held_weights"] == 0
+    assert llm.engine.residency.cache.stats()["held_weights"] == 0
 
 
 def _reads_by_thread(monkeypatch) -> list[str]:
@@ -251,7 +251,7 @@ def test_weights_that_left_memory_come_back_on_a_loader_thread(
     put(paths, "A", x)
     _settle(x)  # so that A may leave the CPU tier: a stat proves its files still hold it
     llm.engine.add_request("a", {"prompt_token_ids": PROMPT}, PARAMS, LoRARequest("x", 3, str(x)))
-    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
+    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
     threads = _reads_by_thread(monkeypatch)
     llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
     outputs = _drain(llm)
@@ -270,7 +270,7 @@ def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, mon
     _settle(x)
     lora = LoRARequest("x", 3, str(x))
     llm.engine.add_request("doomed", {"prompt_token_ids": PROMPT}, PARAMS, lora)
-    llm.engine.adapters.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
+    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
     put(paths, "B", x)
     threads = _reads_by_thread(monkeypatch)
     llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
@@ -279,4 +279,4 @@ def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, mon
     assert "AdapterChangedError" in outputs["doomed"].error
     assert outputs["base"].outputs[0].token_ids == expected[None]
     assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
-    assert llm.engine.adapters.stats()["held_weights"] == 0
+    assert llm.engine.residency.cache.stats()["held_weights"] == 0

@@ -48,7 +48,7 @@ def test_padded_static_decode_batch_matches_peft(tiny_setup, make_llm):
     graphs = DecodeGraphs(
         engine.model,
         engine.kv_cache,
-        engine.adapters,
+        engine.residency,
         engine.runner.lora_rank,
         max_batch=16,
         max_model_len=engine.max_model_len,

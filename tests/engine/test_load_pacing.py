@@ -32,7 +32,7 @@ def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_ll
     llm = make_llm(str(model_dir), max_model_len=128, enable_lora=True, max_loras=2)
     engine = llm.llm_engine
     pauses: list[float] = []
-    cache = engine.adapters
+    cache = engine.residency.cache
     cache.load_pacing = dataclasses.replace(cache.load_pacing, sleep=pauses.append)
 
     cache.preload(LoRARequest("first", 1, str(paths["first"])))  # nothing runs: no pause

@@ -132,21 +132,21 @@ def test_an_adapter_that_cannot_take_a_slot_fails_only_its_request(
     )
     engine = llm.engine
     good, bad = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
-    acquire = engine.adapters.acquire
+    acquire = engine.residency.cache.acquire
 
     def failing(request, busy_slots=frozenset(), identity=None, **kwargs):
         if request == bad:
             raise AdapterError("adapter_model.safetensors changed on disk")
         return acquire(request, busy_slots, identity, **kwargs)
 
-    engine.adapters.acquire = failing
+    engine.residency.cache.acquire = failing
     try:
         engine.add_request("doomed", PROMPT, SamplingParams(**GREEDY), lora_request=bad)
         engine.add_request("fine", PROMPT, SamplingParams(**GREEDY), lora_request=good)
         engine.add_request("base", PROMPT, SamplingParams(**GREEDY))
         outs = _run(engine, {"doomed", "fine", "base"})
     finally:
-        engine.adapters.acquire = acquire
+        engine.residency.cache.acquire = acquire
     assert outs["doomed"].error_type == "request_failed"
     assert outs["fine"].error is None and len(outs["fine"].outputs[0].token_ids) == 6
     assert outs["base"].error is None
@@ -162,7 +162,7 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
     llm = make_llm(
         model=tiny_dir, max_model_len=64, num_kv_blocks=64, enable_lora=True, max_lora_rank=8
     )
-    cache = llm.engine.adapters
+    cache = llm.engine.residency.cache
     preload = cache.preload
 
     def slow_preload(request):

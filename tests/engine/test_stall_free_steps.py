@@ -12,7 +12,7 @@ from tiny_llama import hf_greedy
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import LLM, EngineConfig
-from loragate.gateway.operations.cli import main as cli
+from loragate.gateway.assembly.cli import main as cli
 
 
 def prompt(i: int, length: int) -> list[int]:

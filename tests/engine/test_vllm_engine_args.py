@@ -19,7 +19,7 @@ from loragate.engine import (
     LLMEngine,
     SamplingParams,
 )
-from loragate.gateway.operations.cli import main
+from loragate.gateway.assembly.cli import main
 
 TP_REFUSAL = "tensor_parallel_size=2: tensor parallelism is not supported yet"
 

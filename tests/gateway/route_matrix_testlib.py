@@ -50,7 +50,7 @@ def _tool_call_ids_dropped(value):
 
 def _json(got: httpx.Response):
     assert got.status_code == 200, got.text
-    return _tool_call_ids_dropped(_stable(got.json()))
+    return _stable(_tool_call_ids_dropped(got.json()))
 
 
 def _events(api: Api, path: str, body: dict) -> list:

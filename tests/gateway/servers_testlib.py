@@ -13,7 +13,8 @@ from pathlib import Path
 from gateway_testlib import ENGINE
 
 from loragate.engine import EngineConfig
-from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.gateway.assembly.server import BackgroundServer
+from loragate.gateway.settings import GatewaySettings
 
 
 def tiny_settings(tiny_dir: Path, engine: dict | None = None, **gateway) -> GatewaySettings:
@@ -27,11 +28,11 @@ def start_tiny_server(tiny_dir: Path, engine: dict | None = None, **gateway) -> 
     return BackgroundServer(tiny_settings(tiny_dir, engine, **gateway)).start()
 
 
-CLI_MODULE = "loragate.gateway.operations.cli"
+CLI_MODULE = "loragate.gateway.assembly.cli"
 
 
 class ServeProcess:
-    """`python -m loragate.gateway.operations.cli serve ...`, its output collected on threads."""
+    """`python -m loragate.gateway.assembly.cli serve ...`, its output collected on threads."""
 
     def __init__(self, *args, env: dict | None = None):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -22,15 +22,20 @@ def context_rows(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> t
     return cache[table_row[positions // block_size].long(), positions % block_size]
 
 
-def attention_reference(q, keys, values, scale, q_positions):
-    """q [n, H, D] at context positions q_positions attends keys/values [L, H_kv, D] causally."""
+def attention_reference(q, keys, values, scale, q_positions, window=0):
+    """q [n, H, D] at context positions q_positions attends keys/values [L, H_kv, D] causally
+    (and, with a sliding window, only keys at positions p - window < k <= p)."""
     q, keys, values = q.double(), keys.double(), values.double()
     group = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1)
     values = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q, keys) * scale
     positions = torch.arange(keys.shape[0], device=keys.device)
-    visible = positions[None, :] <= torch.as_tensor(q_positions, device=keys.device)[:, None]
+    at = torch.as_tensor(q_positions, device=keys.device)[:, None]
+    visible = positions[None, :] <= at
+    if window:
+        visible &= positions[None, :] > at - window
+    keys, values = keys.nan_to_num(), values.nan_to_num()  # poisoned rows out of the window
     scores = scores.masked_fill(~visible[None], float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
 

@@ -60,6 +60,9 @@ JOINING = STAGGERED + "test_requests_joining_running_decodes_match_hf"
 EVICTED = STAGGERED + "test_prefix_cache_evicted_blocks_are_not_reused_stale"
 CHUNKED = STAGGERED + "test_chunked_prefill_matches_unchunked_and_hf"
 LORA = "tests/engine/test_staggered_lora.py"
+DORA = "tests/engine/test_dora_and_bias.py"
+VOCAB = "tests/engine/test_vocab_adapters.py"
+RANKS = "tests/engine/test_mixed_ranks.py"
 FORKS = "tests/engine/test_sequence_sharing.py"
 ROWS = "tests/engine/test_input_batch.py"
 SAMPLING_ROWS = "tests/engine/test_sampling_batch.py"
@@ -238,7 +241,7 @@ MUTANTS = [
         "LoRA output is not scaled by lora_alpha / r",
         (
             Patch(
-                "loragate.engine.models.llama",
+                "loragate.engine.models.decoder",
                 "_add_lora",
                 "lora.weights.scales,",
                 "torch.ones_like(lora.weights.scales),",
@@ -271,6 +274,62 @@ MUTANTS = [
             ),
         ),
         first=LORA,
+    ),
+    Mutant(
+        "dora_scale_from_another_slot",
+        "a DoRA row takes another adapter's column scales (and lora_B biases)",
+        (
+            Patch(
+                "loragate.engine.models.decoder",
+                "_add_lora",
+                "    rows, slots = extras\n",
+                "    rows, slots = extras[0], extras[1].flip(0)\n",
+            ),
+        ),
+        first=DORA,
+    ),
+    Mutant(
+        "embedding_lora_row_for_the_wrong_token",
+        "an embedding LoRA adds the row of another token of the batch",
+        (
+            Patch(
+                "loragate.engine.models.decoder",
+                "_embed_rows",
+                "(a_t[tokens] @ b.T)",
+                "(a_t[tokens.flip(0)] @ b.T)",
+            ),
+        ),
+        first=VOCAB,
+    ),
+    Mutant(
+        "lm_head_rows_given_the_base_logits",
+        "the rows of an adapter with an lm_head LoRA or its own lm_head get the base's logits",
+        (
+            # One patch: a function is patched from its source once (a second patch of the
+            # same function would look for the source of the first one's result).
+            Patch(
+                "loragate.engine.models.decoder",
+                "PagedDecoder.compute_logits",
+                "logits[rows] = _head_rows(logits[rows], hidden[rows], vocab)\n"
+                "    if lora is not None:\n"
+                "        _add_head_lora(lora, batch.sample_indices, hidden, logits)",
+                "logits[rows] = logits[rows]\n    if lora is not None:\n        pass",
+            ),
+        ),
+        first=VOCAB,
+    ),
+    Mutant(
+        "slot_read_at_another_rank",
+        "each slot's rows read at the smallest adapter's rank instead of its own",
+        (
+            Patch(
+                "loragate.kernels.lora_modules",
+                "LoRAModules._point",
+                "ranks[slot] = rows[0].shape[0]",
+                "ranks[slot] = min(rows[0].shape[0], 8)",
+            ),
+        ),
+        first=RANKS,
     ),
     Mutant(
         "stale_prefix_cache_after_eviction",

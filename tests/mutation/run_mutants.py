@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBSET = [
     "tests/engine/test_staggered_equality.py",
     "tests/engine/test_staggered_lora.py",
+    "tests/engine/test_dora_and_bias.py",
+    "tests/engine/test_vocab_adapters.py",
+    "tests/engine/test_mixed_ranks.py",
     "tests/engine/test_sequence_sharing.py",
     "tests/engine/test_input_batch.py",
     "tests/engine/test_sampling_batch.py",

@@ -1,13 +1,14 @@
-"""The sweep of a deployment's adapter store (gateway/adapter_control/objects.py): objects that
-no registration names and no upload pins are deleted; referenced and pinned ones stay."""
+"""The sweep of a deployment's adapter store (gateway/adapter_control/adapter_store_objects.py):
+objects that no registration names and no upload pins are deleted; referenced and pinned ones
+stay."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from loragate.adapters.store import AdapterFetcher, LocalStore
-from loragate.gateway.adapter_control.objects import AdapterObjects
-from loragate.gateway.store_seam import StoreSeam
+from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.registry import AdapterSpec
 from loragate.registry.memory import MemoryRegistryStore
 
@@ -22,7 +23,7 @@ def put(store: LocalStore, oid: str) -> None:
 
 
 async def test_the_sweep_deletes_only_what_nothing_uses(tmp_path: Path):
-    registry = StoreSeam(MemoryRegistryStore())
+    registry = RegistrySeam(MemoryRegistryStore())
     store = LocalStore(tmp_path / "store")
     for oid in IDS.values():
         put(store, oid)

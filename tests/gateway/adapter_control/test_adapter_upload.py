@@ -30,7 +30,7 @@ from tenancy_testlib import ADMIN_KEY, Api
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
 from uploads_testlib import CONFIG, WEIGHTS, N, generated, parts_of, upload
 
-from loragate.gateway import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 
 
 @pytest.fixture(scope="module")

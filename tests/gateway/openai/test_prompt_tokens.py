@@ -11,7 +11,8 @@ from transformers import AutoTokenizer
 from loragate.engine import EngineConfig
 from loragate.engine.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.model_loader import resolve_model
-from loragate.gateway import BackgroundServer, GatewaySettings
+from loragate.gateway.assembly.server import BackgroundServer
+from loragate.gateway.settings import GatewaySettings
 
 BOS = 1
 TEXT = "The capital of France is"

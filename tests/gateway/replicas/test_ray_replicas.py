@@ -24,8 +24,8 @@ from servers_testlib import start_tiny_server
 from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api, requests_naming_an_adapter
 
-from loragate.gateway import GatewaySettings
 from loragate.gateway.replicas.cluster import RayReplicas
+from loragate.gateway.settings import GatewaySettings
 from loragate.tools import make_random_adapter
 
 pytestmark = pytest.mark.ray

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from loragate.gateway import GatewaySettings
+from loragate.gateway.settings import GatewaySettings
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_replicas_without_ray_exit_with_the_install_hint(tiny_dir, no_ray_env):
         [
             sys.executable,
             "-m",
-            "loragate.gateway.operations.cli",
+            "loragate.gateway.assembly.cli",
             "serve",
             "--model",
             str(tiny_dir),
@@ -54,7 +54,8 @@ def test_the_single_process_server_needs_no_ray(tiny_dir, no_ray_env):
     script = (
         "import sys\n"
         "from loragate.engine import EngineConfig\n"
-        "from loragate.gateway import BackgroundServer, GatewaySettings\n"
+        "from loragate.gateway.assembly.server import BackgroundServer\n"
+        "from loragate.gateway.settings import GatewaySettings\n"
         "import httpx\n"
         f"settings = GatewaySettings(engine=EngineConfig(model={str(tiny_dir)!r}, "
         "num_kv_blocks=64, max_model_len=256), port=0)\n"

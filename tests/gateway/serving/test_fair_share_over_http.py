@@ -12,7 +12,7 @@ from gateway_testlib import metrics
 from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.engine import SCHEDULING_POLICIES
-from loragate.gateway.operations.cli import main as cli
+from loragate.gateway.assembly.cli import main as cli
 
 
 def test_weight_tenant_and_priority_reach_the_fair_scheduler(start_server):

@@ -10,7 +10,7 @@ import pytest
 from loragate.adapters import LoRARequest
 from loragate.engine import CompletionOutput, EngineConfig
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
-from loragate.gateway.adapter_control.records import AdapterRecord, InMemoryAdapterRegistry
+from loragate.gateway.adapter_control.served_adapters import AdapterRecord, InMemoryAdapterRegistry
 from loragate.gateway.errors import QueueFullError, field_of
 from loragate.gateway.openai.format import DeltaTracker
 from loragate.gateway.serving.admission import Admission

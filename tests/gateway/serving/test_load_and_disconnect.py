@@ -88,7 +88,7 @@ def test_200_concurrent_streams_across_4_adapters_then_all_blocks_free(server, o
         assert text == ref.outputs[0].text, f"request {i} ({models[i]})"
     wait_until(lambda: kv_idle(url), "every request to finish")
     assert metrics(url)["loragate_kv_cache_allocated_blocks"] == 0
-    engine = server.app.state.engine
+    engine = server.app.state.services.engine
     asyncio.run(_check_integrity(engine))
 
 

@@ -31,7 +31,7 @@ from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.adapters.json_depth import MAX_JSON_DEPTH
-from loragate.gateway import BackgroundServer
+from loragate.gateway.assembly.server import BackgroundServer
 from loragate.tools import make_random_adapter
 
 HEADER_TIMEOUT_S = 1.0

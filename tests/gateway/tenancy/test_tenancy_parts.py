@@ -12,15 +12,15 @@ import pytest
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
-from loragate.gateway.adapter_control.records import AdapterRecord
+from loragate.gateway.adapter_control.served_adapters import AdapterRecord
 from loragate.gateway.errors import (
     AuthenticationError,
     InvalidRequestError,
     QuotaExceededError,
     RegistryDownError,
 )
+from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.settings import GatewaySettings
-from loragate.gateway.store_seam import StoreSeam
 from loragate.gateway.tenancy.auth import Authenticator, bearer_token
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.gateway.tenancy.quotas import QuotaKeeper
@@ -77,7 +77,7 @@ def test_bearer_tokens_are_parsed_strictly():
 def test_admin_key_tenant_keys_and_one_refusal_for_everything():
     async def scenario():
         store = MemoryRegistryStore()
-        auth = Authenticator(ADMIN, StoreSeam(store), cache_seconds=30)
+        auth = Authenticator(ADMIN, RegistrySeam(store), cache_seconds=30)
         issued = await store.create_tenant("acme", TenantQuota(requests_per_minute=5))
         assert await auth.authenticate(f"Bearer {ADMIN}") is OPERATOR
         caller = await auth.authenticate(f"Bearer {issued.api_key}")
@@ -89,7 +89,7 @@ def test_admin_key_tenant_keys_and_one_refusal_for_everything():
                 await auth.authenticate(header)
             messages.add(refused.value.message)
         assert len(messages) == 1
-        open_server = Authenticator(None, StoreSeam(store), cache_seconds=30)
+        open_server = Authenticator(None, RegistrySeam(store), cache_seconds=30)
         assert await open_server.authenticate(None) is OPERATOR
 
     asyncio.run(scenario())
@@ -98,7 +98,7 @@ def test_admin_key_tenant_keys_and_one_refusal_for_everything():
 def test_verified_keys_are_remembered_for_a_while_and_forgotten_on_change():
     async def scenario():
         store, clock = Switchable(MemoryRegistryStore()), Clock()
-        auth = Authenticator(ADMIN, StoreSeam(store), 30, clock=clock)
+        auth = Authenticator(ADMIN, RegistrySeam(store), 30, clock=clock)
         issued = await store.inner.create_tenant("acme")
         header = f"Bearer {issued.api_key}"
         await auth.authenticate(header)
@@ -123,7 +123,7 @@ def test_verified_keys_are_remembered_for_a_while_and_forgotten_on_change():
 def test_known_keys_work_while_the_store_is_down_and_unknown_ones_get_503():
     async def scenario():
         store, clock = Switchable(MemoryRegistryStore()), Clock()
-        seam = StoreSeam(store, "test")
+        seam = RegistrySeam(store, "test")
         health = seam.health
         auth = Authenticator(ADMIN, seam, 30, clock=clock)
         known = await store.inner.create_tenant("acme")
@@ -143,7 +143,7 @@ def test_known_keys_work_while_the_store_is_down_and_unknown_ones_get_503():
 def test_after_the_store_lost_its_data_known_tenants_stay_until_recreated():
     async def scenario():
         store, clock = MemoryRegistryStore(), Clock()
-        auth = Authenticator(ADMIN, StoreSeam(store), 30, clock=clock)
+        auth = Authenticator(ADMIN, RegistrySeam(store), 30, clock=clock)
         issued = await store.create_tenant("acme")
         await auth.authenticate(f"Bearer {issued.api_key}")
         await store.delete_tenant("acme")  # as if the store had been wiped
@@ -160,7 +160,7 @@ def test_after_the_store_lost_its_data_known_tenants_stay_until_recreated():
 def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
     async def scenario():
         store = Switchable(MemoryRegistryStore())
-        seam = StoreSeam(store, "test")
+        seam = RegistrySeam(store, "test")
         health = seam.health
         keeper = QuotaKeeper(seam, lease_seconds=30)
         caller = Principal("acme", TenantQuota(max_concurrent_requests=1))
@@ -183,7 +183,7 @@ def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
 
 def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
     async def scenario():
-        keeper = QuotaKeeper(StoreSeam(MemoryRegistryStore(), "test"), lease_seconds=30)
+        keeper = QuotaKeeper(RegistrySeam(MemoryRegistryStore(), "test"), lease_seconds=30)
         caller = Principal("acme", TenantQuota(tokens_per_minute=100, requests_per_minute=6))
         params = SamplingParams(max_tokens=20, n=2)
         cost = request_cost([5, 5], params, max_model_len=512, sequences_param="prompt")
@@ -216,7 +216,7 @@ def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
 def test_usage_waits_while_the_store_is_down_and_is_written_exactly_once():
     async def scenario():
         store = Switchable(MemoryRegistryStore())
-        seam = StoreSeam(store, "test")
+        seam = RegistrySeam(store, "test")
         health = seam.health
         meter = UsageMeter(seam)
         await meter.record("acme", "sql", UsageCounts(3, 4, 1))

@@ -1,0 +1,164 @@
+"""Cold adapters joining running streams, as issue 47's goal states it: 4 cold rank-64
+adapters (all seven projections) requested while 8 streams decode, the worst token gap of
+the streams against their median gap (goal: at most 2x).
+
+The scenario of tests/engine/test_adapter_cold_start.py, in the dtype asked for and with
+the step records printed: each run is a fresh engine on the default model (SmolLM2-135M);
+8 base streams decode, after their 8th token four requests arrive at once for four adapters
+in no memory tier (read from local disk), each decodes 32 tokens, and the streams leave a
+few tokens after the last of them. Then the same engine runs the streams alone for as many
+tokens, so a machine that stalls streams by itself shows it. From the step records of the
+window: the median step, the longest step with its phases, and the steps that ran a cold
+request's prompt.
+
+    .venv/bin/python benchmarks/cold_join_gaps.py --runs 3 --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from adapter_join import random_adapters
+
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM, SamplingParams
+from loragate.engine.async_engine import AsyncLLMEngine
+
+STREAMS = 8
+COLD = 4
+STREAM_TOKENS = 900
+COLD_TOKENS = 32
+BURST_AFTER = 8
+
+
+def gaps(stamps: list[list[float]]) -> list[float]:
+    """Gaps between two tokens of each stream, its first token (its own prefill) left out."""
+    return [b - a for times in stamps for a, b in zip(times[1:], times[2:], strict=False)]
+
+
+async def beside_cold(engine, base_prompts, cold_prompts, loras) -> list[list[float]]:
+    stream = SamplingParams(temperature=0, max_tokens=STREAM_TOKENS, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=COLD_TOKENS, min_tokens=COLD_TOKENS)
+    stamps: list[list[float]] = [[] for _ in base_prompts]
+    enough, cold_done = asyncio.Event(), asyncio.Event()
+
+    async def base(i: int):
+        after = 0
+        request = {"prompt_token_ids": base_prompts[i]}
+        async for out in engine.generate(request, stream, f"base{i}"):
+            stamps[i].append(time.monotonic())
+            if len(out.outputs[0].token_ids) >= BURST_AFTER:
+                enough.set()
+            after += cold_done.is_set()
+            if after > 4 or out.finished:
+                break
+
+    async def cold(i: int):
+        await enough.wait()
+        request = {"prompt_token_ids": cold_prompts[i]}
+        async for out in engine.generate(request, greedy, f"cold{i}", lora_request=loras[i]):
+            assert out.error is None, out.error
+
+    async def colds():
+        await asyncio.gather(*(cold(i) for i in range(len(cold_prompts))))
+        cold_done.set()
+
+    await asyncio.gather(*(base(i) for i in range(len(base_prompts))), colds())
+    while engine.num_requests:
+        await asyncio.sleep(0.01)
+    return stamps
+
+
+async def alone(engine, base_prompts, tokens: int) -> list[list[float]]:
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    stamps: list[list[float]] = [[] for _ in base_prompts]
+
+    async def base(i: int):
+        async for _ in engine.generate({"prompt_token_ids": base_prompts[i]}, params, f"q{i}"):
+            stamps[i].append(time.monotonic())
+
+    await asyncio.gather(*(base(i) for i in range(len(base_prompts))))
+    return stamps
+
+
+def one_run(dtype: str, paths: list[Path], run: int) -> dict:
+    llm = LLM(
+        dtype=dtype,
+        max_model_len=STREAM_TOKENS + 64,
+        max_num_seqs=16,
+        kv_cache_memory_gb=0.75,
+        enable_lora=True,
+        max_loras=COLD,
+        max_cpu_loras=COLD,
+        max_lora_rank=64,
+    )
+    inner = llm.llm_engine
+    base_prompts = [
+        inner.encode(f"Tell me a short story about a lighthouse keeper. ({run} {i})")
+        for i in range(STREAMS)
+    ]
+    cold_prompts = [inner.encode(f"Name a color. ({run} {i})") for i in range(COLD)]
+    loras = [LoRARequest(f"cold{run}-{i}", i + 1, str(p)) for i, p in enumerate(paths)]
+    engine = AsyncLLMEngine(inner)
+    try:
+        first = inner.step_records[-1].index + 1 if inner.step_records else 0
+        stamps = asyncio.run(beside_cold(engine, base_prompts, cold_prompts, loras))
+        records = [r for r in inner.step_records if r.index >= first]
+        quiet = asyncio.run(alone(engine, base_prompts, max(len(s) for s in stamps)))
+    finally:
+        engine.shutdown()
+    stats = inner.residency.cache.stats()
+    assert stats["disk_loads"] == COLD, stats
+    cold_seqs = {seq for r in records for seq, _ in r.prefill_chunks if r.decode_seq_ids}
+    joins = [r for r in records if r.prefill_tokens and r.decode_seq_ids]
+    longest = max(records, key=lambda r: r.ms)
+    g, q = gaps(stamps), gaps(quiet)
+    return {
+        "median": statistics.median(g) * 1e3,
+        "worst": max(g) * 1e3,
+        "alone_median": statistics.median(q) * 1e3,
+        "alone_worst": max(q) * 1e3,
+        "step_median": statistics.median(r.ms for r in records),
+        "join_steps": [round(r.ms, 1) for r in joins],
+        "cold_prefills": len(cold_seqs),
+        "longest": (
+            round(longest.ms, 1),
+            longest.prefill_tokens,
+            len(longest.decode_seq_ids),
+            {k: round(v, 1) for k, v in longest.phases},
+        ),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        paths = random_adapters(Path(root), COLD * args.runs)
+        results = []
+        for run in range(args.runs):
+            load = os.getloadavg()[0]
+            result = one_run(args.dtype, paths[run * COLD : (run + 1) * COLD], run)
+            results.append(result)
+            print(f"run {run} (load average {load:.2f} before): {result}", flush=True)
+    print(f"\n# dtype {args.dtype}; {COLD} cold rank-64 adapters beside {STREAMS} streams")
+    print("| run | worst gap ms | median gap ms | worst / median | alone: worst / median |")
+    print("|---|---|---|---|---|")
+    for run, r in enumerate(results):
+        ratio, quiet = r["worst"] / r["median"], r["alone_worst"] / r["alone_median"]
+        print(
+            f"| {run} | {r['worst']:.0f} | {r['median']:.0f} | {ratio:.2f}x | "
+            f"{r['alone_worst']:.0f} / {r['alone_median']:.0f} = {quiet:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""First token of a request beside running streams: the base model's, a warm adapter's (in
+the CPU tier, so its slot borrows it in place) and a cold one's (read from local disk), as
+issue 47 asks: rank 64 on all seven projections (`--rank` for another), a 256-token prompt, 8
+base streams decoding.
+
+One engine on the default model (SmolLM2-135M). Each round starts the 8 streams, then sends
+the three requests one at a time in turns (base, warm, cold, base, ...), so a load change
+on the machine hits all three alike; a request's first token is the wall time from
+`add_request` to the step that returns its first token, with the steps in between run as
+the server runs them (`step_tokens`). The join step's phases come from the step records.
+
+    .venv/bin/python benchmarks/first_token.py --rounds 5 --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from adapter_join import random_adapters
+
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM, SamplingParams
+
+STREAMS = 8
+PROMPT_TOKENS = 256
+
+
+def first_token(llm: LLM, prompt: list[int], tag: str, lora: LoRARequest | None):
+    """Seconds to the request's first token, and the phases of the step that gave it."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    start = time.perf_counter()
+    engine.add_request(tag, {"prompt_token_ids": prompt}, params, lora_request=lora)
+    while True:
+        output = engine.step_tokens()
+        if any(r.request.request_id == tag and r.seqs[0].results for r in output.requests):
+            seconds = time.perf_counter() - start
+            break
+    record = engine.step_records[-1]
+    engine.abort_request(tag)
+    return seconds, dict(record.phases), record.ms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--rank", type=int, default=64, help="the adapters' rank")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as root:
+        paths = random_adapters(Path(root), 1 + args.rounds, args.rank)
+        llm = LLM(
+            dtype=args.dtype,
+            max_model_len=2048,
+            max_num_seqs=16,
+            kv_cache_memory_gb=1.0,
+            enable_lora=True,
+            max_loras=4,
+            max_cpu_loras=8,
+            max_lora_rank=args.rank,
+        )
+        engine = llm.llm_engine
+        warm = LoRARequest("warm", 1, str(paths[0]))
+        engine.residency.cache.preload(warm)
+        words = engine.encode(" ".join(["lighthouse"] * (2 * PROMPT_TOKENS)))
+        results: dict[str, list] = {"base": [], "warm": [], "cold": []}
+        stream = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+        for r in range(args.rounds):
+            for i in range(STREAMS):
+                prompt = engine.encode(f"Tell me a story about a lighthouse keeper. ({r} {i})")
+                engine.add_request(f"s{r}-{i}", {"prompt_token_ids": prompt}, stream)
+            for _ in range(4):
+                engine.step_tokens()
+            cold = LoRARequest(f"cold{r}", 2 + r, str(paths[1 + r]))
+            for name, lora in (("base", None), ("warm", warm), ("cold", cold)):
+                prompt = [words[0] + r, *words[1:PROMPT_TOKENS]]  # no prefix-cache hit
+                results[name].append(first_token(llm, prompt, f"{name}{r}", lora))
+                for _ in range(3):
+                    engine.step_tokens()
+            for i in range(STREAMS):
+                engine.abort_request(f"s{r}-{i}")
+            while engine.has_unfinished_requests():
+                engine.step_tokens()
+
+    print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    shape = f"rank {args.rank} on all projections, {PROMPT_TOKENS}-token prompt"
+    print(f"# {args.rounds} rounds; {shape}")
+    print("| request | first token ms (median) | its step ms | step phases (ms) |")
+    print("|---|---|---|---|")
+    medians = {}
+    for name, runs in results.items():
+        medians[name] = statistics.median(s for s, _, _ in runs) * 1e3
+        step = statistics.median(ms for _, _, ms in runs)
+        phases = {k: statistics.median(p.get(k, 0.0) for _, p, _ in runs) for k in runs[0][1]}
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+        print(f"| {name} | {medians[name]:.1f} | {step:.1f} | {shown} |")
+    print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
+    print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()

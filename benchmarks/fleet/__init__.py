@@ -1,0 +1,1 @@
+"""The fleet model behind benchmarks/fleet_sim.py: one idea per file."""

@@ -1,0 +1,173 @@
+"""Measure what the fleet model needs from one replica on this machine, and write it to
+benchmarks/fleet_figures.json: step time against prompt tokens, running sequences and
+distinct adapters in the batch (least squares on the engine's own step records), and the
+adapter load times disk -> CPU tier and CPU tier -> slot. One engine, one torch thread (what
+a replica of `--replica-cpus 0.5` or 1 gets from Ray), the replica benchmark's settings:
+rank-8 adapters on q/k/v/o, 4 slots, 8 in the CPU tier, 32-token prompts, 16 tokens out.
+
+The adapter store's fetch is not measured here: it is taken from BENCHMARKS.md (issue 37,
+quiet machine: a cold adapter from S3 costs 88 ms more to its first token than one in the
+CPU tier, 20 MB over localhost). The ingress-to-replica overhead is measured by
+benchmarks/fleet/check_run.py against a deployed replica.
+
+    cd benchmarks && ../.venv/bin/python -m fleet.measure
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM, SamplingParams
+from loragate.tools import make_random_adapter
+from loragate.tools.base_model import load_hf_model, resolve_base_model
+
+from .figures import FIGURES_JSON, Capacity, Figures, LoadTimes, StepTime
+
+STORE_MS_FROM_BENCHMARKS = 88.0  # 0.274 s cold - 0.186 s in the CPU tier, issue 37's table
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def machine() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line]
+    return f"{names[0] if names else platform.processor()}, {torch.get_num_threads()} torch thread"
+
+
+def fit_non_negative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: a cost that the noise of a loaded machine
+    fits below zero (a distinct adapter's, beside the model's) is taken as none."""
+    keep = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        coef[keep] = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        if (coef >= 0).all():
+            return coef
+        keep.remove(int(np.argmin(coef)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--batches", default="1,2,4,8,16,32")
+    p.add_argument("--adapters", default="0,1,2,4")
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path, default=FIGURES_JSON)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    cap = Capacity(slots=4, cpu_tier=8, max_num_seqs=64, token_budget=512)
+    source = resolve_base_model(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = load_hf_model(source.hf_dir)
+        loras = [
+            LoRARequest(
+                f"a{i}",
+                i + 1,
+                str(
+                    make_random_adapter(
+                        base,
+                        Path(tmp) / f"a{i}",
+                        rank=8,
+                        targets=TARGETS,
+                        seed=i,
+                        base_model_name=source.name,
+                    )
+                ),
+            )
+            for i in range(12)
+        ]
+        del base
+        llm = LLM(
+            args.model,
+            enable_lora=True,
+            max_loras=cap.slots,
+            max_cpu_loras=cap.cpu_tier,
+            max_lora_rank=8,
+            max_num_seqs=cap.max_num_seqs,
+            max_num_batched_tokens=cap.token_budget,
+            num_kv_blocks=1024,
+            max_model_len=512,
+        )
+        engine = llm.llm_engine
+        disk = []
+        for lora in loras[4:12]:  # fresh adapters, read from disk into the CPU tier
+            t = time.perf_counter()
+            engine.add_adapter(lora)
+            disk.append((time.perf_counter() - t) * 1e3)
+        params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
+        rng = np.random.default_rng(0)
+        rows, ms = [], []
+        for round_ in range(args.repeats + 1):  # the first round warms up and is dropped
+            first = round_ == 0
+            for b in map(int, args.batches.split(",")):
+                for d in map(int, args.adapters.split(",")):
+                    start = len(engine.step_records) and engine.step_records[-1].index
+                    prompts = [
+                        {"prompt_token_ids": rng.integers(100, 40000, args.input_len).tolist()}
+                        for _ in range(b)
+                    ]
+                    picks = [loras[i % d] if d else None for i in range(b)]
+                    llm.generate(prompts, params, lora_request=picks, use_tqdm=False)
+                    if first:
+                        continue
+                    for rec in engine.step_records:
+                        if rec.index > start:
+                            rows.append((rec.prefill_tokens, len(rec.decode_seq_ids), min(d, b)))
+                            ms.append(rec.ms)
+        x = np.array([[1.0, *r] for r in rows])
+        coef = fit_non_negative(x, np.array(ms))
+        fit = x @ coef
+        err = float(np.median(np.abs(fit - ms) / np.array(ms)))
+        slot = [row[3] / row[2] * 1e3 for row in engine.residency.loads().values() if row[2]]
+    figures = Figures(
+        step=StepTime(*(round(float(c), 4) for c in coef)),
+        load=LoadTimes(
+            store_ms=STORE_MS_FROM_BENCHMARKS,
+            disk_ms=round(statistics.median(disk), 2),
+            slot_ms=round(statistics.median(slot), 3) if slot else 0.0,
+        ),
+        capacity=cap,
+        source={
+            "machine": machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "cd benchmarks && ../.venv/bin/python -m fleet.measure",
+            "load_average": " ".join(f"{v:.2f}" for v in __import__("os").getloadavg()),
+            "model": source.name,
+            "steps_fitted": len(ms),
+            "fit_median_relative_error": round(err, 3),
+            "disk_ms_samples": [round(v, 1) for v in disk],
+            "measured": "step time (fit), disk_ms, slot_ms",
+            "from_benchmarks_md": "store_ms (issue 37, quiet machine)",
+            "from_check_run": "overhead_ms (benchmarks/fleet/check_run.py)",
+        },
+    )
+    steps = Path("results/fleet_steps.json")  # the raw step records, beside the fit
+    steps.parent.mkdir(parents=True, exist_ok=True)
+    steps.write_text(
+        json.dumps(
+            {
+                "columns": ["prefill_tokens", "decode_seqs", "adapters", "ms"],
+                "rows": [[*r, m] for r, m in zip(rows, ms, strict=True)],
+            }
+        )
+    )
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    record = figures.to_json() | {"overhead_ms": old.get("overhead_ms", 0.0)}
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()

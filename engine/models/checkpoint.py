@@ -1,0 +1,56 @@
+"""One base weight read back from the model's checkpoint on demand, in float32: what an
+adapter derives from the base when it is loaded (DoRA's column norms), on the loader thread.
+
+The engine's own copies are packed for the CPU's matrix multiply (or in bfloat16), so the
+float32 values PEFT takes its norms from are read from the safetensors files themselves,
+one tensor at a time (memory-mapped: nothing else of the file is read).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from loragate.engine.models.llama import LlamaFamily
+
+
+class CheckpointWeights:
+    """``weight(layer, module)``: that module's base weight ``[d_out, d_in]`` in float32."""
+
+    def __init__(self, hf_dir: Path, family: LlamaFamily):
+        self.hf_dir = Path(hf_dir)
+        self.family = family
+        self._where: dict[str, tuple[Path, str]] | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        """Sent to another process (a replica's spec) without the lock and the index."""
+        return {"hf_dir": self.hf_dir, "family": self.family}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["hf_dir"], state["family"])
+
+    def weight(self, layer: int, module: str) -> torch.Tensor:
+        name = self.family.module_weight_name(layer, module)
+        where = self._index().get(name)
+        if where is None:
+            raise ValueError(f"the checkpoint in {self.hf_dir} has no tensor {name!r}")
+        file, key = where
+        with safe_open(str(file), framework="pt") as handle:
+            return handle.get_tensor(key).to(torch.float32)
+
+    def _index(self) -> dict[str, tuple[Path, str]]:
+        """The decoder's name of every tensor -> (file, name in the file), read once."""
+        with self._lock:
+            if self._where is None:
+                where = {}
+                for file in sorted(self.hf_dir.glob("*.safetensors")):
+                    with safe_open(str(file), framework="pt") as handle:
+                        keys = set(handle.keys())
+                    renamed = self.family.checkpoint_names(keys)
+                    where.update((renamed.get(key, key), (file, key)) for key in keys)
+                self._where = where
+            return self._where

@@ -1,0 +1,38 @@
+"""What this CPU's instruction set offers, read from /proc/cpuinfo at run time, never assumed.
+
+The kernels pick their CPU paths from it (lora_segment_gemm.py: AMX tiles or not), the engine
+its default dtype (engine/cpu_features.py: native bfloat16 or not). Machines differ between
+runs of the same code: an AMD EPYC with AVX512-BF16, an Intel Xeon with AMX as well.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+AMX_FLAGS = ("amx_tile", "amx_bf16")  # both: tile registers and their bf16 products
+AVX512_BF16_FLAG = "avx512_bf16"
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The first CPU's feature flags (x86 `flags`, Arm `Features`); empty where unreadable."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+@cache
+def this_cpu_flags() -> frozenset[str]:
+    """This machine's flags, read once per process (they do not change while it runs)."""
+    return cpu_flags()
+
+
+def has_amx(flags: frozenset[str]) -> bool:
+    return all(flag in flags for flag in AMX_FLAGS)

@@ -1,0 +1,119 @@
+"""Long runs of one adapter's rows as matrix products: a prefill chunk's LoRA on tiles.
+
+The native kernels (lora_cpu.c) walk the batch token by token, which is what a decode batch
+over many adapters wants and what a prompt does not: a 512-token chunk of one adapter's
+prompt, admitted beside the running streams (the join step), is a [512, d_in] by [d_in, r]
+product that oneDNN runs as tile matmuls (AMX where the CPU has it) many times faster than
+per-token dot products. So in a bfloat16 batch, each run of at least `min_rows` consecutive
+rows of one slot goes through `torch.mm`/`addmm_` (oneDNN's bf16 GEMM), and the native kernel
+takes the rest with those rows masked out (slot -1). Each slot reads its own rows at its own
+rank (`LoRAModules.rows_of`), as the native kernel does.
+
+The threshold is read from the CPU at run time (kernels/cpu_isa.py) and overridable with
+LORAGATE_LORA_GEMM_ROWS (rows; 0 turns the split off): 32 rows with AMX, 1024 on
+AVX512-BF16 without AMX, never on a CPU with neither (bf16 emulated there). float32 never
+splits: its output stays bit-equal to the native kernel's, which float32 equality with PEFT
+is tested against. The bf16 results differ from the native kernel's within the bf16 rule
+only (the rank-r intermediate is rounded to bf16, as PEFT's own bf16 forward rounds it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ._backend import require
+from .cpu_isa import AVX512_BF16_FLAG, has_amx, this_cpu_flags
+from .lora_groups import LoraIndex
+
+GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
+# Rows of one slot from which a bf16 product beats the native per-token loop. AMX: a tile is
+# 16 rows, so two tiles' worth (not yet timed on an AMX CPU). AVX512-BF16 without AMX: the
+# native loop (vdpbf16ps) wins short runs and oneDNN's bf16 GEMM long ones; measured by
+# benchmarks/lora_segments.py on a 2-core AMD EPYC (2026-11-27, quiet, a chunk of one slot
+# beside 16 decoding rows, the default model's q/k/v, gate/up and down, ranks 8-128), split
+# against native: 1.19-1.95x at 256 rows, 0.98-1.42x at 512, 0.87-0.96x at 768, 0.79-0.93x at
+# 1024 and 0.59-0.74x at 2000 (BENCHMARKS.md, issue 47). A batch of over 2048 tokens takes
+# neither (lora_torch.NATIVE_MAX_TOKENS).
+AMX_MIN_ROWS = 32
+AVX512_BF16_MIN_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class LongSegments:
+    """A sorted batch's slots with runs of at least min_rows rows, and the slot ids the
+    native kernel takes for the rest (those runs' rows set to -1)."""
+
+    runs: tuple[tuple[int, int, int], ...]  # (slot, first row, end row)
+    native_slot_ids: torch.Tensor
+    native_rows: int  # rows left with a slot for the native kernel
+
+
+def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:
+    """From how many rows of one slot a product runs instead of the per-token loop, for
+    tensors of `dtype` on this CPU (or one with `flags`); None: never."""
+    override = os.environ.get(GEMM_ROWS_ENV, "").strip()
+    if override:
+        require(
+            override.isdigit(),
+            lambda: f"{GEMM_ROWS_ENV} must be a whole number of rows (0: off), got {override!r}",
+        )
+        rows = int(override)
+        return rows if rows > 0 and dtype == torch.bfloat16 else None
+    if dtype != torch.bfloat16:
+        return None
+    flags = this_cpu_flags() if flags is None else flags
+    if has_amx(flags):
+        return AMX_MIN_ROWS
+    return AVX512_BF16_MIN_ROWS if AVX512_BF16_FLAG in flags else None
+
+
+def long_segments(index: LoraIndex, min_rows: int) -> LongSegments | None:
+    """The batch's runs of at least `min_rows` consecutive rows of one slot (a prompt chunk
+    is one: its rows lie together whatever the order around them, prefills before decodes),
+    or None when it has none. Worked out once per index and threshold, not in each of a
+    step's LoRA calls."""
+    if index.num_active < min_rows or index.static:
+        return None
+    key = ("long_segments", min_rows)
+    if key in index.derived:
+        return index.derived[key]
+    ids = index.slot_ids
+    starts = [0, *(torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist(), ids.shape[0]]
+    slot_at = ids[torch.tensor(starts[:-1])].tolist()
+    runs = tuple(
+        (slot, first, end)
+        for slot, first, end in zip(slot_at, starts[:-1], starts[1:], strict=True)
+        if slot >= 0 and end - first >= min_rows
+    )
+    found = None
+    if runs:
+        native = ids.clone()
+        for _, first, end in runs:
+            native[first:end] = -1
+        covered = sum(end - first for _, first, end in runs)
+        found = LongSegments(runs, native, index.num_active - covered)
+    index.derived[key] = found
+    return found
+
+
+def apply_long_segments(
+    x: torch.Tensor,
+    runs: tuple[tuple[int, int, int], ...],
+    rows_of,
+    columns: tuple[slice, ...],
+    scales: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """out[first:end, module's columns] += scale[s] * (x[first:end] @ A^T) @ Bt for each run
+    and module; `rows_of(slot)` gives per module (A [r, d_in], Bt [r, d_out]) or None."""
+    for slot, first, end in runs:
+        scale = float(scales[slot])  # only the runs' slots: there may be a thousand
+        xs = x[first:end]
+        for cols, weights in zip(columns, rows_of(slot), strict=True):
+            if weights is None:
+                continue
+            a, bt = weights
+            out[first:end, cols].addmm_(xs @ a.T, bt, alpha=scale)

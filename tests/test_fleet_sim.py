@@ -1,0 +1,187 @@
+"""The fleet model (benchmarks/fleet_sim.py, benchmarks/fleet/) against the real run it was
+checked on (benchmarks/fleet_check.json: two replicas on Ray Serve, 200 adapters, measured
+once on this machine): simulated TTFT and load counts within 20% of the measured ones, for
+each routing policy. A deliberately wrong figure must fail the same check, so the check can
+fail. Plus the pieces on their own: the workload's popularity and rates, each router's
+choice, and the scheduler's slot rule."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from fleet.check import CHECK_JSON, compare, table  # noqa: E402
+from fleet.figures import Capacity, Figures, LoadTimes, StepTime, load_figures  # noqa: E402
+from fleet.in_run import figures_of, spread  # noqa: E402
+from fleet.replica import Replica, Request  # noqa: E402
+from fleet.routing import Holders, Multiplexed, RoundRobin, Spill  # noqa: E402
+from fleet.workload import Workload  # noqa: E402
+
+TOLERANCE = 0.20
+LOADS = ("disk_loads", "slot_loads")
+TTFTS = ("ttft_p50_s", "ttft_p99_s")
+
+
+def _off(rows, metrics) -> list:
+    return [r for r in rows if r.metric in metrics and r.error > TOLERANCE]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    assert CHECK_JSON.exists(), "benchmarks/fleet_check.json: run `python -m fleet.check_run`"
+    rows = compare(load_figures())
+    assert len(rows) == 12  # three policies x TTFT p50, p99, disk loads, slot loads
+    return rows
+
+
+def test_load_counts_match_the_measured_run(rows):
+    assert not _off(rows, LOADS), "the model's loads drifted:\n" + table(rows)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap, BENCHMARKS.md (fleet model): on the loaded machine of the recorded run "
+    "the model's P99 TTFT is 27-50% below the measured one, and one P50 25% below",
+)
+def test_ttft_matches_the_measured_run(rows):
+    assert not _off(rows, TTFTS), "the model's TTFT drifted:\n" + table(rows)
+
+
+@pytest.mark.parametrize(
+    "wrong, capacity",
+    [
+        pytest.param(lambda f: f, {"cpu_tier": 16}, id="a CPU tier twice as large"),
+        pytest.param(lambda f: f, {"slots": 2}, id="half the slots"),
+        pytest.param(
+            lambda f: replace(f, load=replace(f.load, disk_ms=f.load.disk_ms * 3)),
+            None,
+            id="disk loads 3x slower",
+        ),
+        pytest.param(
+            lambda f: replace(f, load=replace(f.load, paced_ratio=0.0)),
+            None,
+            id="loads not paced",
+        ),
+    ],
+)
+def test_a_wrong_figure_fails_the_check(rows, wrong, capacity):
+    """The check is not vacuous: each mistake in the model's inputs moves some figure that
+    the right inputs hold within 20% out of it."""
+    held = {(r.config, r.metric) for r in rows if r.error <= TOLERANCE}
+    assert held
+    bad = compare(wrong(load_figures()), capacity=capacity)
+    assert [r for r in bad if (r.config, r.metric) in held and r.error > TOLERANCE], (
+        "a wrong figure passed the check:\n" + table(bad)
+    )
+
+
+def test_zipf_popularity_and_poisson_rate():
+    w = Workload(adapters=1000, rate=50.0, num_requests=20_000, zipf=1.0, seed=3)
+    times, picks = w.requests()
+    assert np.all(np.diff(times) >= 0)
+    harmonic = (1 / np.arange(1, 1001)).sum()
+    assert abs(np.mean(picks == 0) - 1 / harmonic) < 0.01  # the top adapter's share
+    assert abs(np.mean(picks == 1) - 0.5 / harmonic) < 0.01
+    assert abs(len(times) / times[-1] - 50.0) < 2.5
+    steep = Workload(adapters=1000, rate=50.0, num_requests=20_000, zipf=2.0, seed=3)
+    assert np.mean(steep.requests()[1] == 0) > 0.5
+
+
+def test_bursty_arrivals_keep_the_mean_rate_and_burst():
+    w = Workload(
+        adapters=10,
+        rate=20.0,
+        num_requests=40_000,
+        arrivals="bursty",
+        burst_factor=4.0,
+        burst_fraction=0.2,
+        burst_period_s=5.0,
+        seed=1,
+    )
+    times, _ = w.requests()
+    assert abs(len(times) / times[-1] - 20.0) < 2.0
+    per_second = np.bincount(times.astype(int))
+    assert per_second.max() > 2.5 * 20 and per_second.min() < 0.5 * 20
+
+
+def _figures(**cap) -> Figures:
+    return Figures(StepTime(10.0, 0.1, 0.1, 0.5), LoadTimes(80.0, 30.0, 1.0), Capacity(**cap))
+
+
+def _fleet(n: int, **cap) -> list[Replica]:
+    return [Replica(i, _figures(**cap), 16, 32, from_store=True) for i in range(n)]
+
+
+def test_routers_choose_as_the_real_ones():
+    fleet, holders = _fleet(4), Holders()
+    assert [RoundRobin().choose(7, fleet, holders).index for _ in range(1)] == [0]
+    rr = RoundRobin()
+    assert [rr.choose(7, fleet, holders).index for _ in range(5)] == [0, 1, 2, 3, 0]
+    holders.add(7, 2)
+    mux = Multiplexed(seed=0)
+    assert {mux.choose(7, fleet, holders).index for _ in range(20)} == {2}  # affinity
+    fleet[2].in_flight = 9
+    assert {mux.choose(7, fleet, holders).index for _ in range(20)} == {2}  # even when busy
+    spill = Spill(seed=0, spill_at=4, idle_at=1)
+    fleet[0].in_flight, fleet[1].in_flight, fleet[3].in_flight = 3, 1, 0
+    assert spill.choose(7, fleet, holders).index == 3 and spill.spilled == 1
+    fleet[3].in_flight = 2  # nobody idle: routed as Ray Serve routes it
+    assert spill.choose(7, fleet, holders).index == 1
+    fleet[1].in_flight = 2
+    assert spill.choose(7, fleet, holders).index == 2 and spill.spilled == 2
+
+
+def test_a_request_without_a_free_slot_blocks_the_adapters_behind_it():
+    (r,) = _fleet(1, slots=1, cpu_tier=4)
+    for a in (1, 2):
+        r.accept(Request(a, 0.0, a))
+        r.start_load()
+        r.finish_load(a)
+    step = r.plan_step(0.0)
+    assert [q.adapter for q in step.prefills] == [1]  # adapter 2 waits for the one slot
+    r.accept(Request(3, 0.0, 1))  # adapter 1 again, behind the blocked one
+    r.finish_step()
+    step = r.plan_step(0.1)
+    assert [q.adapter for q in step.prefills] == []
+    assert r.loads == {"store": 2, "disk": 2, "slot": 1}
+
+
+def test_one_adapter_copied_into_a_slot_a_step():
+    (r,) = _fleet(1, slots=4, cpu_tier=4)
+    for a in (1, 2, 3):
+        r.accept(Request(a, 0.0, a))
+        r.start_load()
+        r.finish_load(a)
+    assert [q.adapter for q in r.plan_step(0.0).prefills] == [1]
+    r.finish_step()
+    assert [q.adapter for q in r.plan_step(0.1).prefills] == [2]
+    assert r.loads["slot"] == 2
+
+
+def test_in_run_figures_come_from_the_trace_alone():
+    """The step fit, its spread and the overheads the check gives the model are read from
+    the run's trace: steps of a known cost (doubled one time in ten) give back that cost,
+    and each request's time outside its replica is its overhead."""
+    rng = np.random.default_rng(0)
+    steps = []
+    for i in range(400):
+        p, d, a = int(rng.integers(0, 4)) * 32, int(rng.integers(0, 20)), int(rng.integers(1, 5))
+        ms = (20 + 1.0 * p + 2.0 * d + 0.5 * a) * (2.0 if i % 10 == 0 else 1.0)
+        steps.append({"t": float(i), "ms": ms, "prefill": p, "decodes": d, "adapters": a})
+    client = [{"id": f"r{i}", "sent": 10.0 * i, "first": 10.0 * i + 1.0} for i in range(50)]
+    on_replica = [
+        {"id": f"r{i}", "arrived": 10.0 * i + 0.01 * (i % 5), "first": 10.0 * i + 0.98}
+        for i in range(50)
+    ]
+    got = figures_of({"step": steps, "client": client, "request": on_replica, "load": []})
+    fit = StepTime(**got["step"])
+    assert fit.ms(32, 4, 2) == pytest.approx((20 + 32 + 8 + 1) * 1.1, rel=0.1)
+    assert len([n for n in got["step_noise"] if n > 1.5]) == 10  # the slow tenth, kept
+    assert got["overhead_ms_median"] == pytest.approx(20 + 20, abs=0.5)
+    assert spread([1.0, 2.0, 3.0, 4.0], 2) == [1.75, 3.25]  # the quartiles
