@@ -8,7 +8,8 @@ streaming handles, and closing one cancels the request on its replica (which abo
 A replica that dies mid-call ends the call with EngineDeadError, which the gateway answers
 with 503 (an SSE error event once the stream has begun); Ray Serve starts a replacement.
 A request whose replica cannot be reached before it sent anything (a node lost, a replica
-that died, which Ray Serve's router may still pick for a moment) is sent again, up to
+that died, which Ray Serve's router may still pick for a moment; a stream that ends before
+its first item; a replica whose engine had stopped) is sent again, up to
 `RETRIES` times with a backoff doubling up to `RETRY_BACKOFF_CAP_S` (about 40 s in all): Ray's
 router drops a replica once Ray has found it dead, so the retry goes to a live one, and
 nothing had reached the client or been counted. A node whose raylet is killed is only found
@@ -199,12 +200,18 @@ class ReplicatedEngine:
             items = _replica_stream(stream)
             try:
                 first = await anext(items)
-            except StopAsyncIteration:
-                return _empty()
-            except EngineDeadError:
+                if _replica_gone(first):
+                    raise first.error
+            except (EngineDeadError, StopAsyncIteration) as exc:
+                # No replica answered: Ray raised for a dead or unreachable one, the stream
+                # ended before its first item (a replica always sends one: an output or a
+                # Failure), or the replica's own engine had stopped. Nothing was sent.
                 stream.cancel()
                 if attempt == RETRIES or self._stopped or call.request_id in self._aborted:
-                    raise
+                    why = str(exc) or "its stream ended before any output"
+                    raise EngineDeadError(
+                        f"no replica answered the request in {attempt + 1} tries: {why}"
+                    ) from exc
                 self.retried += 1
                 await asyncio.sleep(min(RETRY_BACKOFF_S * 2**attempt, RETRY_BACKOFF_CAP_S))
                 continue
@@ -221,9 +228,9 @@ class ReplicatedEngine:
         return result
 
 
-async def _empty() -> AsyncIterator:
-    return
-    yield
+def _replica_gone(item) -> bool:
+    """A first item that says its replica's engine had stopped before the request began."""
+    return isinstance(item, Failure) and isinstance(item.error, EngineDeadError)
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:

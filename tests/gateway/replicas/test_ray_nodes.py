@@ -251,7 +251,8 @@ def test_a_node_lost_under_load(cluster, deployment, admin, cache, redis_url):
 
     # Sent after the removal: every one answered, none a 5xx.
     after = [caller.complete(models[i % len(models)]) for i in range(12)]
-    assert [r.status_code for r in after] == [200] * 12, [r.text for r in after]
+    refused = [(i, r.status_code, r.text) for i, r in enumerate(after) if r.status_code != 200]
+    assert not refused, refused
     # The ingress still sees the surviving replica: the board it reads outlives worker nodes.
     wait_until(
         lambda: (v := replicas_of(admin)) and all(x["node"] != victim["node"] for x in v),

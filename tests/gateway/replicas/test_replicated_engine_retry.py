@@ -17,6 +17,7 @@ from ray.exceptions import ActorDiedError
 from loragate.engine import EngineDeadError
 from loragate.gateway.replicas import replicated_engine
 from loragate.gateway.replicas.replicated_engine import RETRIES, ReplicatedEngine
+from loragate.gateway.replicas.wire import Failure
 
 DONE = SimpleNamespace(finished=True, lora_sha256=None)
 PART = SimpleNamespace(finished=False, lora_sha256=None)
@@ -79,6 +80,30 @@ def test_a_request_no_replica_answered_is_sent_again():
     assert [s.cancelled for s in handle.opened] == [True, True, False]
 
 
+def test_a_stream_that_ended_before_its_first_item_is_sent_again():
+    """A replica always sends one item (an output or a Failure): a stream with none is a
+    replica that went away before answering (seen in CI after a node was removed)."""
+    handle = FakeHandle([[], [PART, DONE]])
+    engine = ReplicatedEngine(handle, None, None, None)
+    assert asyncio.run(run(engine)) == [PART, DONE]
+    assert len(handle.opened) == 2 and engine.retried == 1
+
+
+def test_a_replica_whose_engine_had_stopped_passes_the_request_on():
+    handle = FakeHandle([[Failure(EngineDeadError("stopped"))], [PART, DONE]])
+    engine = ReplicatedEngine(handle, None, None, None)
+    assert asyncio.run(run(engine)) == [PART, DONE]
+    assert engine.retried == 1
+
+
+def test_a_failure_of_the_request_itself_is_not_sent_again():
+    handle = FakeHandle([[Failure(ValueError("max_tokens too large"))], [PART, DONE]])
+    engine = ReplicatedEngine(handle, None, None, None)
+    with pytest.raises(ValueError, match="max_tokens"):
+        asyncio.run(run(engine))
+    assert len(handle.opened) == 1 and engine.retried == 0
+
+
 def test_a_request_that_had_begun_is_not_sent_again():
     handle = FakeHandle([[PART, dead()], [PART, DONE]])
     engine = ReplicatedEngine(handle, None, None, None)
@@ -88,9 +113,9 @@ def test_a_request_that_had_begun_is_not_sent_again():
 
 
 def test_retries_end_with_engine_dead_when_no_replica_answers():
-    handle = FakeHandle([[dead()]] * (RETRIES + 1))
+    handle = FakeHandle([[dead()]] * RETRIES + [[]])
     engine = ReplicatedEngine(handle, None, None, None)
-    with pytest.raises(EngineDeadError):
+    with pytest.raises(EngineDeadError, match=f"no replica answered the request in {RETRIES + 1}"):
         asyncio.run(run(engine))
     assert len(handle.opened) == RETRIES + 1
 
