@@ -8,11 +8,11 @@ STALL_BOUND times their median gap, and the cold requests answer exactly what PE
 (greedy).
 
 A stall the engine causes happens every time cold adapters arrive. A gap over the bound is
-therefore measured once more, with four other cold adapters on a fresh engine, before the
-test fails: on a shared 2-core VM a single step now and then takes two to four times its
-median for reasons outside the process (measured with no thread of the engine's own on the
-CPU), while an engine that stalls on loads does so in both runs. Where the streams stall by
-themselves, with no adapter in sight, the bound cannot be tested and the test says so.
+therefore measured again, on a fresh engine with cold adapters each time, up to ATTEMPTS
+runs in all, before the test fails: on a shared 2-core VM a single step now and then takes
+two to four times its median for reasons outside the process, while an engine that stalls
+on loads does so in every run. Where the streams stall by themselves, with no adapter in
+sight, the bound cannot be tested and the test says so.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from loragate.engine import SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 
 COLD = {f"cold{i}": (64, ALL_MODULES, False) for i in range(4)}
-AGAIN = {f"again{i}": (64, ALL_MODULES, False) for i in range(4)}  # the confirming run's
+AGAIN = {f"again{i}": (64, ALL_MODULES, False) for i in range(4)}  # the confirming runs'
 # A bound: the streams leave once the cold requests are done. The cold requests take about
 # as long on any machine (their loads are paced beside the steps: seconds), the streams' steps
 # do not: on a quiet 2-core EPYC a step is about 30 ms, and 240 tokens ran out before the
@@ -56,11 +56,21 @@ BURST_AFTER = 8  # stream tokens before the burst of cold requests
 # loads at once (each paced to a ninth of a core) slowed the steps by a third on 2 cores.
 # One load at a time on machines under 8 cores (engine/adapter_residency.py): 1.76-1.92x.
 STALL_BOUND = 2.0
+# Runs before the test fails. Measured on a 2-core Xeon VM (2026-11-27, Cascade Lake, no
+# AVX512-BF16): 8 base streams decoding with no adapter and no load anywhere had a single
+# step of 2.0-3.5x the median in 4 of 11 runs of 150-600 steps (211, 288, 318 and 388 ms
+# against medians of 83-113; no steal time, no garbage collection in them), so a run of
+# this test's ~300 steps meets such a step about a third of the time whatever the engine
+# does; CI failed it in two runs of one suite (3.46x, then 2.22x) while the streams alone
+# kept under 2x. Three runs make that about 4%, and an engine that stalls on loads still
+# fails all three. The bound itself is issue 12's and stays.
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
 def cold_adapters(default_hf_dir, tmp_path_factory):
-    """Two sets of four cold adapters: the run's, and a confirming run's."""
+    """Two sets of four cold adapters: the first run's, and the confirming runs' (each run
+    starts a fresh engine, in whose memory tiers no adapter is)."""
     both = make_adapters(
         default_hf_dir, tmp_path_factory.mktemp("cold"), {**COLD, **AGAIN}, init_scale=0.3
     )
@@ -81,7 +91,8 @@ def test_cold_adapters_load_without_stalling_running_streams(
     default_hf_dir, cold_adapters, prompts, make_llm
 ):
     base_prompts, cold_prompts = prompts
-    for attempt, adapters in enumerate(cold_adapters, start=1):
+    for attempt in range(1, ATTEMPTS + 1):
+        adapters = cold_adapters[min(attempt, len(cold_adapters)) - 1]
         llm, stamps = _streams_beside_cold_requests(
             make_llm, default_hf_dir, adapters, base_prompts, cold_prompts
         )
@@ -106,8 +117,8 @@ def test_cold_adapters_load_without_stalling_running_streams(
                 f"{alone_median * 1e3:.0f}) with no adapter loading: the bound is not testable"
             )
     pytest.fail(
-        f"a stream stalled {worst * 1e3:.0f} ms (median {median * 1e3:.0f}) in both runs, "
-        "each with four cold adapters"
+        f"a stream stalled {worst * 1e3:.0f} ms (median {median * 1e3:.0f}) in all "
+        f"{ATTEMPTS} runs, each with four cold adapters"
     )
 
 
