@@ -197,7 +197,8 @@ class AdapterCache(CacheReports):
 
     # -- admission ----------------------------------------------------------------------
     def preload(self, request: LoRARequest) -> LoRAAdapter:
-        """The adapter ``request``'s files hold now, validated and in the CPU tier.
+        """The adapter ``request``'s files hold now, validated, and kept in the CPU tier
+        unless the weights admitted requests hold fill it.
 
         Its ``identity`` is what a request is admitted under. Unchanged files cost one stat
         (no read, no hash); changed files are read, hashed and cached as a new entry, the
@@ -206,7 +207,8 @@ class AdapterCache(CacheReports):
         identity, fresh, seconds = self._resolve(request)
         with self._lock:
             adapter = self._cpu_entry(request, identity, fresh, seconds)
-            self._usage.touch(identity, request, used=False)
+            if adapter.identity in self._cpu:  # not kept where held weights fill the tier
+                self._usage.touch(adapter.identity, request, used=False)
             return adapter
 
     def load(self, request: LoRARequest, identity: WeightsIdentity) -> LoRAAdapter:
@@ -350,12 +352,33 @@ class AdapterCache(CacheReports):
             raise ValueError(f"choose_victim {exc}") from None
 
     # -- CPU tier ---------------------------------------------------------------------
-    def identity_in_cpu(self, request: LoRARequest) -> WeightsIdentity | None:
-        """The identity of ``request``'s files when a stat vouches for them and their
-        weights are in CPU memory (admitting it under that identity reads no file)."""
+    def admission_identity(self, request: LoRARequest) -> WeightsIdentity:
+        """What a request naming ``request`` is admitted under: ``known_identity`` where a
+        stat vouches for its files, otherwise read, validated and kept in the CPU tier where
+        it has room beside the weights admitted requests hold (``preload``). An AdapterError
+        leaves the cache as it was."""
+        identity = self.known_identity(request)
+        return identity if identity is not None else self.preload(request).identity
+
+    def room_to_load(self, loading: int = 0) -> bool:
+        """Whether weights may be read into the CPU tier for an admitted request now, with
+        ``loading`` reads already under way: the tier has a place and bytes left beside the
+        weights admitted requests hold, which never leave it for another load."""
+        with self._lock:
+            held = [identity for identity in self._cpu if self._holds.get(identity)]
+            used = sum(self._cpu_bytes[identity] for identity in held)
+            return len(held) + loading < self.cpu_budget.count and used < self.cpu_budget.limit
+
+    def known_identity(self, request: LoRARequest) -> WeightsIdentity | None:
+        """The identity of ``request``'s files when a stat vouches for them (unchanged since
+        read), whether or not their weights are still in memory: admitting a request under it
+        reads no file, and where the weights left memory the request's own load reads them
+        once the tier has room (``room_to_load``)."""
         identity = self._book.known(request.lora_path)
         with self._lock:
-            return identity if identity is not None and identity in self._cpu else None
+            if identity is not None and identity in self._cpu:
+                self._usage.touch(identity, request, used=False)
+        return identity
 
     def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
         """The identity of ``request``'s files now: from a stat when they are unchanged since
@@ -395,7 +418,7 @@ class AdapterCache(CacheReports):
             if identity in self._cpu:
                 self._counters["cpu_hits"] += 1
                 return self._cpu[identity]
-        self._insert_cpu(identity, request, fresh, seconds)
+        self._insert_cpu(identity, request, fresh, seconds, admitted)
         return fresh
 
     def _read(self, request: LoRARequest) -> tuple[LoRAAdapter, float]:
@@ -420,16 +443,30 @@ class AdapterCache(CacheReports):
         return adapter, time.perf_counter() - started
 
     def _insert_cpu(
-        self, identity: WeightsIdentity, request: LoRARequest, adapter: LoRAAdapter, seconds: float
+        self,
+        identity: WeightsIdentity,
+        request: LoRARequest,
+        adapter: LoRAAdapter,
+        seconds: float,
+        admitted: bool = False,
     ) -> None:
+        """Keep ``adapter`` in the CPU tier, evicting weights no admitted request holds. Where
+        only held weights are left, an admitted request's load is kept past the bound (loads
+        start only while there is room, so only loads already under way get here) and a
+        read for admission is not kept: its request's own load reads it when there is room.
+        Held weights never leave for another request's weights: they would be read again at
+        their turn, and a burst over more adapters than the tier holds then read each many
+        times over (the fleet check run: 1542 disk loads for 240 requests)."""
         self._counters["disk_loads"] += 1
         self._seconds["load_seconds"] += seconds
         self._count_load(identity, 0, seconds)
         size = cpu_bytes(adapter)
         while not self.cpu_budget.fits(len(self._cpu), sum(self._cpu_bytes.values()), size):
-            droppable = [held for held in self._cpu if self._may_leave_cpu(held)]
+            droppable = [held for held in self._cpu if not self._holds.get(held)]
+            if not droppable and not admitted:
+                return
             if not droppable:
-                break  # all needed by admitted requests and no longer on disk: kept until done
+                break
             candidates = [
                 self._usage.candidate(held, self._slot_of.get(held)) for held in droppable
             ]
@@ -442,13 +479,6 @@ class AdapterCache(CacheReports):
         self._cpu[identity] = adapter
         self._cpu_bytes[identity] = size
         self._usage.sized(identity, request, adapter.size_bytes)
-
-    def _may_leave_cpu(self, identity: WeightsIdentity) -> bool:
-        """No admitted request needs these weights, or a stat proves their files still hold
-        them (so a later miss reads them back)."""
-        if not self._holds.get(identity):
-            return True
-        return self._book.known(self._usage.request_of(identity).lora_path) == identity
 
     # -- both tiers -------------------------------------------------------------------
     def remove(self, request: LoRARequest, busy_slots=frozenset()) -> bool:

@@ -10,7 +10,12 @@ The scheduler takes a device slot only for weights already in memory (the CPU ti
 slot). A request whose weights are not there waits in the queue while a loader thread reads
 them, and every other request keeps running; the next step that finds them in memory
 schedules it. A load that fails fails the requests waiting for those weights, with the
-adapter's own error (AdapterChangedError when the files now hold other weights).
+adapter's own error (AdapterChangedError when the files now hold other weights). A load
+starts only while the CPU tier has room beside the weights admitted requests hold, which
+never leave it for another request's load: a burst over more distinct adapters than the
+tier holds is read once each, in turn, where evicting waiting requests' weights for each
+other's loads read them many times over (the fleet check run found 1542 disk loads for 240
+requests).
 
 Weights in CPU memory come into a device slot on the step that admits their request: at
 most one adapter per step, and its request runs in that step, so a burst spreads them over
@@ -113,6 +118,7 @@ class AdapterResidency:
         self._in_flight = InFlightRequests()
         self._events = AdapterEvents()
         self._stored = StoredAdapters(fetcher)
+        self._workers = workers
         self._pool = loader_pool(workers, "loragate-adapter-load")
         self._loads: dict[WeightsIdentity, Future] = {}
         self._lock = threading.Lock()
@@ -155,12 +161,13 @@ class AdapterResidency:
     ) -> tuple[LoRARequest, WeightsIdentity]:
         """For a request naming ``lora``, on the event loop: the LoRARequest the engine runs
         it with (a store object's verified local directory, fetched by hash if need be) and
-        the weights it is admitted under (one stat when in memory, else read and validated on
-        a loader thread within ``timeout`` s). Announces weights changed behind the name.
+        the weights it is admitted under (one stat when its files are unchanged since read,
+        whether or not the weights are still in memory; else read and validated on a loader
+        thread within ``timeout`` s). Announces weights changed behind the name.
         AdapterError for a bad adapter, AdapterStoreError for an object the store cannot
         give, AdapterLoadTimeoutError past ``timeout``."""
         local = await self.fetched(lora)
-        identity = self.cache.identity_in_cpu(local)
+        identity = self.cache.known_identity(local)
         if identity is None:
             identity = (await self.read(local, timeout)).identity
         self._stored.check(lora, identity)
@@ -192,7 +199,7 @@ class AdapterResidency:
         """The weights a request naming ``lora_request`` runs with: ``identity`` when a
         loader resolved them already (the async engine's way), otherwise the files as they
         are now (one stat when unchanged since read). AdapterError for a bad adapter."""
-        return identity or self.cache.preload(lora_request).identity
+        return identity or self.cache.admission_identity(lora_request)
 
     def hold(self, request: Request) -> None:
         """``request`` was admitted: its weights stay loadable until it ends, and start
@@ -210,10 +217,15 @@ class AdapterResidency:
 
     def start(self, request: Request) -> None:
         """Begin reading ``request``'s admitted weights on a loader thread unless they are in
-        memory or already on their way."""
+        memory or already on their way. A load starts only while a loader thread is free and
+        the CPU tier has room beside the weights admitted requests hold; otherwise `acquire`
+        starts it on a later step (the scheduler's order, not a queue's, picks the next)."""
         identity = request.adapter_identity
         with self._lock:
             if identity in self._loads or self.cache.in_memory(identity):
+                return
+            loading = sum(not load.done() for load in self._loads.values())
+            if loading >= self._workers or not self.cache.room_to_load(loading):
                 return
             self._loads[identity] = self._pool.submit(
                 self.cache.load, request.lora_request, identity

@@ -120,9 +120,10 @@ def test_one_int_id_with_two_weight_sets_is_two_entries(spec, two, tmp_path):
 
 
 def test_admitted_weights_stay_in_memory_until_released(spec, two, make_adapter, tmp_path):
-    """Weights an admitted request needs and no file holds any more are kept past
-    max_cpu_loras; once released they age out. Without a hold, a request whose weights left
-    memory gets AdapterChangedError, never other weights."""
+    """Weights an admitted request needs and no file holds any more stay in the CPU tier
+    (another adapter read beside them, where they fill it, is validated but not kept); once
+    released they age out. Without a hold, a request whose weights left memory gets
+    AdapterChangedError, never other weights."""
     a, b = two
     live = tmp_path / "live"
     copy_files(a, live)
@@ -132,8 +133,8 @@ def test_admitted_weights_stay_in_memory_until_released(spec, two, make_adapter,
     cache.hold(admitted)
     copy_files(b, live)
     other = LoRARequest("c", 2, str(make_adapter("C", seed=3)))
-    cache.preload(other)
-    assert cache.stats()["cpu_adapters"] == 2  # over the bound: A is needed and gone from disk
+    cache.preload(other)  # A is needed, gone from disk, and fills the tier: C is not kept
+    assert cache.stats()["cpu_adapters"] == 1 and cache.in_memory(admitted)
     slot = cache.acquire(request, set(), admitted)
     assert cache.resident_identities() == {slot: admitted}
     cache.release(admitted)

@@ -243,40 +243,49 @@ def _drain(llm) -> dict:
 def test_weights_that_left_memory_come_back_on_a_loader_thread(
     setup, make_llm, tmp_path, monkeypatch
 ):
-    """Admitted under A, A leaves the CPU tier before the request is scheduled: a loader
-    thread reads it back (never the step) while a base request runs; the answer is A's."""
+    """A was read, then left the CPU tier; a request for it is admitted under A by a stat (no
+    read) and, once the tier has room beside the weights running requests hold, a loader
+    thread reads A back (never the step) while a base request runs; the answer is A's."""
     model_dir, paths, expected = setup
     llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
     x = tmp_path / "x"
     put(paths, "A", x)
-    _settle(x)  # so that A may leave the CPU tier: a stat proves its files still hold it
-    llm.engine.add_request("a", {"prompt_token_ids": PROMPT}, PARAMS, LoRARequest("x", 3, str(x)))
-    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
+    _settle(x)  # a stat vouches for A's files from now on
+    llm.engine.residency.cache.preload(LoRARequest("x", 3, str(x)))
+    c = LoRARequest("c", 9, str(paths["C"]))
+    llm.engine.add_request("c", {"prompt_token_ids": PROMPT}, PARAMS, c)  # C evicts A
     threads = _reads_by_thread(monkeypatch)
+    llm.engine.add_request("a", {"prompt_token_ids": PROMPT}, PARAMS, LoRARequest("x", 3, str(x)))
+    assert not llm.engine.residency.loading, "C's request holds the one place in the tier"
     llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
     outputs = _drain(llm)
     assert outputs["a"].outputs[0].token_ids == expected["A"]
+    assert outputs["c"].outputs[0].token_ids == expected["C"]
     assert outputs["base"].outputs[0].token_ids == expected[None]
     assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
 
 
 def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, monkeypatch):
-    """Admitted under A, A leaves memory and the files now hold B: the loader's
-    AdapterChangedError fails that request alone; the base request finishes."""
+    """Admitted under A (by a stat: A had left memory), its load waiting for room while C's
+    request runs; the files then hold B: the loader's AdapterChangedError fails that request
+    alone; the others finish."""
     model_dir, paths, expected = setup
     llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
     x = tmp_path / "x"
     put(paths, "A", x)
     _settle(x)
     lora = LoRARequest("x", 3, str(x))
+    llm.engine.residency.cache.preload(lora)
+    c = LoRARequest("c", 9, str(paths["C"]))
+    llm.engine.add_request("c", {"prompt_token_ids": PROMPT}, PARAMS, c)  # C evicts A
     llm.engine.add_request("doomed", {"prompt_token_ids": PROMPT}, PARAMS, lora)
-    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # evicts A
     put(paths, "B", x)
     threads = _reads_by_thread(monkeypatch)
     llm.engine.add_request("base", {"prompt_token_ids": PROMPT}, PARAMS)
     outputs = _drain(llm)
     assert outputs["doomed"].error_type == "request_failed"
     assert "AdapterChangedError" in outputs["doomed"].error
+    assert outputs["c"].outputs[0].token_ids == expected["C"]
     assert outputs["base"].outputs[0].token_ids == expected[None]
     assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
     assert llm.engine.residency.cache.stats()["held_weights"] == 0
