@@ -276,6 +276,19 @@ MUTANTS = [
         first=LORA,
     ),
     Mutant(
+        "held_weights_evicted_for_a_load",
+        "weights an admitted request holds leave the CPU tier for another request's weights",
+        (
+            Patch(
+                "loragate.adapters.cache",
+                "AdapterCache._insert_cpu",
+                "droppable = [held for held in self._cpu if not self._holds.get(held)]",
+                "droppable = list(self._cpu)",
+            ),
+        ),
+        first="tests/adapters/test_held_weights_stay.py",
+    ),
+    Mutant(
         "dora_scale_from_another_slot",
         "a DoRA row takes another adapter's column scales (and lora_B biases)",
         (
