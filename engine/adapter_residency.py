@@ -203,7 +203,7 @@ class AdapterResidency:
 
     def hold(self, request: Request) -> None:
         """``request`` was admitted: its weights stay loadable until it ends, and start
-        loading now unless they are in memory."""
+        loading now unless they are in memory (or wait for room: `start`)."""
         self.cache.hold(request.adapter_identity)
         self.start(request)
 
