@@ -14,12 +14,13 @@ import time
 
 import pytest
 import torch
+from files_change_testlib import engine, put
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
 from loragate.adapters import identity as identity_module
 from loragate.adapters import loader as loader_module
-from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE
+from loragate.adapters.identity import WEIGHTS_FILE
 from loragate.engine import SamplingParams
 
 PROMPT = [
@@ -45,28 +46,6 @@ def setup(tiny_model_dir, tmp_path_factory):
     expected[None] = peft_greedy(peft_model, None, PROMPT, N)
     assert len({tuple(expected[k]) for k in ("A", "B", None)}) == 3, "A, B, base must differ"
     return model_dir, paths, expected
-
-
-def put(paths, weights: str, directory):
-    """Overwrite ``directory``'s files in place (same inodes) with adapter ``weights``'s."""
-    directory.mkdir(exist_ok=True)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        data = (paths[weights] / name).read_bytes()
-        with open(directory / name, "wb") as f:
-            f.write(data)
-
-
-def engine(make_llm, model_dir, *, prefix_caching=True, max_loras=2, max_cpu_loras=2):
-    return make_llm(
-        model=str(model_dir),
-        max_model_len=1024,
-        num_kv_blocks=256,
-        enable_lora=True,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        max_lora_rank=8,
-        enable_prefix_caching=prefix_caching,
-    )
 
 
 def run(llm, lora):

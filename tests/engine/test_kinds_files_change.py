@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 from adapter_kinds_testlib import kind_specs, make_kind
+from files_change_testlib import engine, put
 from tiny_llama import peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE
 from loragate.engine import SamplingParams
 
 PROMPT = [
@@ -48,29 +48,6 @@ def setup(tiny_model_dir, tmp_path_factory):
     return model_dir, paths, expected
 
 
-def put(paths, version: str, directory):
-    """Overwrite `directory`'s files in place (same inodes) with `version`'s."""
-    directory.mkdir(exist_ok=True)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        data = (paths[version] / name).read_bytes()
-        with open(directory / name, "wb") as f:
-            f.write(data)
-
-
-def engine(make_llm, model_dir, *, prefix_caching=True, max_loras=2, max_cpu_loras=2):
-    return make_llm(
-        model=str(model_dir),
-        dtype="float32",
-        max_model_len=1024,
-        num_kv_blocks=256,
-        enable_lora=True,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
-        max_lora_rank=8,
-        enable_prefix_caching=prefix_caching,
-    )
-
-
 def run(llm, lora):
     out = llm.generate({"prompt_token_ids": PROMPT}, PARAMS, lora_request=lora, use_tqdm=False)
     return out[0].outputs[0].token_ids
@@ -81,7 +58,7 @@ def test_files_replaced_in_place_serve_the_new_weights_and_never_the_old_kv(
     setup, make_llm, tmp_path, kind
 ):
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir)
+    llm = engine(make_llm, model_dir, dtype="float32")
     x = tmp_path / "x"
     put(paths, f"{kind}1", x)
     lora = LoRARequest("x", 3, str(x))
@@ -99,7 +76,8 @@ def test_files_replaced_in_place_serve_the_new_weights_and_never_the_old_kv(
     )
     put(paths, f"{kind}1", x)
     assert run(llm, LoRARequest("x", 4, str(x))) == expected[f"{kind}1"]
-    assert run(engine(make_llm, model_dir, prefix_caching=False), lora) == expected[f"{kind}1"]
+    uncached = engine(make_llm, model_dir, dtype="float32", prefix_caching=False)
+    assert run(uncached, lora) == expected[f"{kind}1"]
 
 
 @pytest.mark.parametrize("kind", ["dora", "saved"])
@@ -110,7 +88,7 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(
     hold the new one: the request runs the new one. Once its slot is gone too, the cached
     prompt KV (computed with the new one) is reused and still gives the new answer."""
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir, max_loras=2, max_cpu_loras=2)
+    llm = engine(make_llm, model_dir, dtype="float32", max_loras=2, max_cpu_loras=2)
     cache = llm.engine.residency.cache
     y = tmp_path / "y"
     put(paths, f"{kind}1", y)
@@ -137,7 +115,7 @@ def test_churn_over_one_slot_with_both_kinds_rewritten_between_rounds(setup, mak
     round rewrites both names' files to the other version; every answer is the version on
     disk, for DoRA, saved modules and plain LoRA alike."""
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    llm = engine(make_llm, model_dir, dtype="float32", max_loras=1, max_cpu_loras=1)
     d, s = tmp_path / "d", tmp_path / "s"
     plain = LoRARequest("plain", 20, str(paths["plain"]))
     for round_, version in enumerate(["1", "2", "1", "2"]):
