@@ -13,6 +13,12 @@ Adapters kept in the adapter store (uploads, sources by URI) reach the replica a
 the replica's own `--adapter-cache-dir` (`{replica}` in it: this replica's id), checked
 before use, so nothing but the store is shared with the ingress.
 
+A replica runs as many torch threads as it has CPUs (whole ones, at least one), set before
+its engine starts: Ray puts that count in `OMP_NUM_THREADS`, but only once the actor is
+placed, and a worker that loaded torch before (a setup hook, a prestarted worker) keeps
+OpenMP's default of one thread per core. Two replicas of half a CPU each on 2 cores then ran
+two threads each, and their steps took 10x as long (the fleet check run, 2026-11-27).
+
 Every exception of a call comes back as a `Failure` value (the ingress re-raises it as
 itself). The replica reports its state to the board every `report_every_s` and applies
 the retirements it hears of there.
@@ -22,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import ray
+import torch
 from ray import serve
 
 from loragate.adapters import LoRARequest
@@ -35,6 +43,11 @@ log = logging.getLogger(__name__)
 
 # How often a replica drops its cached copies of adapter store objects deleted meanwhile.
 PRUNE_EVERY_S = 600.0
+
+
+def torch_threads(cpus: float | None) -> int:
+    """The torch threads of a replica given ``cpus`` CPUs (None: as torch has now)."""
+    return torch.get_num_threads() if cpus is None else max(1, math.floor(cpus))
 
 
 class _Resident:
@@ -69,6 +82,10 @@ class EngineReplica:
     ):
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
+        # Before the engine's threads start: they take torch's count when they first run.
+        torch.set_num_threads(
+            torch_threads(ray.get_runtime_context().get_assigned_resources().get("CPU"))
+        )
         # Adapters uploaded to the store are fetched by hash into this replica's own cache.
         self.fetcher = None
         if adapter_cache_dir is not None:
@@ -179,6 +196,7 @@ class EngineReplica:
             multiplexed=tuple(sorted(self.held)),
             store_fetches=self.fetcher.fetches if self.fetcher is not None else 0,
             node=self.node,
+            torch_threads=torch.get_num_threads(),
         )
         for lora in await self.board.report.remote(report):
             await self._remove(lora)

@@ -23,6 +23,7 @@ class ReplicaView(msgspec.Struct):
     id: str
     actor: str
     node: str  # the Ray node it runs on
+    torch_threads: int  # the threads its engine's steps run on (its whole CPUs, >= 1)
     running: int
     waiting: int
     kv_usage: float
@@ -49,6 +50,7 @@ def replica_view(report: ReplicaReport, names_of: dict[str, list[str]]) -> Repli
         id=report.replica,
         actor=report.actor_name,
         node=report.node,
+        torch_threads=report.torch_threads,
         running=stats.running,
         waiting=stats.waiting,
         kv_usage=float(stats.memory.get("utilization", 0.0)),

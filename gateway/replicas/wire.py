@@ -55,3 +55,4 @@ class ReplicaReport:
     retired_seen: int = 0  # how many retired adapters the board has handed this replica
     store_fetches: int = 0  # adapter store objects this replica downloaded into its cache
     node: str = ""  # the Ray node the replica runs on (its id, hex)
+    torch_threads: int = 0  # the threads its engine's steps run on (its whole CPUs, >= 1)

@@ -97,6 +97,8 @@ def one_round(api: Api, names) -> dict:
 def test_each_adapter_is_served_by_one_replica_and_loaded_once(admin, url):
     replicas = replicas_of(admin)
     assert len(replicas) == 2
+    # Half a CPU each: one torch thread each, not one per core of the machine.
+    assert [r["torch_threads"] for r in replicas] == [1, 1], replicas
     base = admin.base_model()
     # Warm-up: every adapter once (registration at start-up already placed each).
     warm = one_round(admin, ADAPTER_NAMES)
