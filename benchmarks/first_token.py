@@ -7,7 +7,10 @@ One engine on the default model (SmolLM2-135M). Each round starts the 8 streams,
 the three requests one at a time in turns (base, warm, cold, base, ...), so a load change
 on the machine hits all three alike; a request's first token is the wall time from
 `add_request` to the step that returns its first token, with the steps in between run as
-the server runs them (`step_tokens`). The join step's phases come from the step records.
+the server runs them (`step_tokens`). The join step's phases come from the step records, and
+the time inside its LoRA calls from a timer around them (`LoRATimer`: every projection's
+`kernels.lora_apply_modules`, and the part of it spent in products on long runs of one
+adapter, kernels/lora_segment_gemm.py); the rest of the LoRA time is the native loop's.
 
     .venv/bin/python benchmarks/first_token.py --rounds 5 --dtype float32
 """
@@ -23,27 +26,58 @@ from pathlib import Path
 
 from adapter_join import random_adapters
 
+from loragate import kernels
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
+from loragate.kernels import lora_modules
 
 STREAMS = 8
 PROMPT_TOKENS = 256
 
 
-def first_token(llm: LLM, prompt: list[int], tag: str, lora: LoRARequest | None):
-    """Seconds to the request's first token, and the phases of the step that gave it."""
+class LoRATimer:
+    """Milliseconds inside the model's LoRA calls since `reset`: all of them, and those of
+    the products on long runs (the model reads `kernels.lora_apply_modules` on each call and
+    lora_modules its `apply_long_segments`, so wrapping the names times them)."""
+
+    def __init__(self) -> None:
+        self.lora_ms = self.products_ms = 0.0
+        self._wrap(kernels, "lora_apply_modules", "lora_ms")
+        self._wrap(lora_modules, "apply_long_segments", "products_ms")
+
+    def _wrap(self, module, name: str, total: str) -> None:
+        real = getattr(module, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                setattr(self, total, getattr(self, total) + (time.perf_counter() - start) * 1e3)
+
+        setattr(module, name, timed)
+
+    def reset(self) -> None:
+        self.lora_ms = self.products_ms = 0.0
+
+
+def first_token(llm: LLM, prompt: list[int], tag: str, lora: LoRARequest | None, timer):
+    """Seconds to the request's first token, the phases of the step that gave it, its wall
+    ms, and its LoRA ms (all, products)."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     start = time.perf_counter()
     engine.add_request(tag, {"prompt_token_ids": prompt}, params, lora_request=lora)
     while True:
+        timer.reset()
         output = engine.step_tokens()
         if any(r.request.request_id == tag and r.seqs[0].results for r in output.requests):
             seconds = time.perf_counter() - start
             break
     record = engine.step_records[-1]
     engine.abort_request(tag)
-    return seconds, dict(record.phases), record.ms
+    lora_ms = {"lora": timer.lora_ms, "products": timer.products_ms}
+    return seconds, dict(record.phases), record.ms, lora_ms
 
 
 def main() -> None:
@@ -66,6 +100,7 @@ def main() -> None:
             max_lora_rank=args.rank,
         )
         engine = llm.llm_engine
+        timer = LoRATimer()
         warm = LoRARequest("warm", 1, str(paths[0]))
         engine.residency.cache.preload(warm)
         words = engine.encode(" ".join(["lighthouse"] * (2 * PROMPT_TOKENS)))
@@ -80,7 +115,7 @@ def main() -> None:
             cold = LoRARequest(f"cold{r}", 2 + r, str(paths[1 + r]))
             for name, lora in (("base", None), ("warm", warm), ("cold", cold)):
                 prompt = [words[0] + r, *words[1:PROMPT_TOKENS]]  # no prefix-cache hit
-                results[name].append(first_token(llm, prompt, f"{name}{r}", lora))
+                results[name].append(first_token(llm, prompt, f"{name}{r}", lora, timer))
                 for _ in range(3):
                     engine.step_tokens()
             for i in range(STREAMS):
@@ -91,15 +126,17 @@ def main() -> None:
     print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
     shape = f"rank {args.rank} on all projections, {PROMPT_TOKENS}-token prompt"
     print(f"# {args.rounds} rounds; {shape}")
-    print("| request | first token ms (median) | its step ms | step phases (ms) |")
-    print("|---|---|---|---|")
+    print("| request | first token ms (median) | its step ms | step phases (ms) | LoRA ms |")
+    print("|---|---|---|---|---|")
     medians = {}
     for name, runs in results.items():
-        medians[name] = statistics.median(s for s, _, _ in runs) * 1e3
-        step = statistics.median(ms for _, _, ms in runs)
-        phases = {k: statistics.median(p.get(k, 0.0) for _, p, _ in runs) for k in runs[0][1]}
+        medians[name] = statistics.median(s for s, _, _, _ in runs) * 1e3
+        step = statistics.median(ms for _, _, ms, _ in runs)
+        phases = {k: statistics.median(p.get(k, 0.0) for _, p, _, _ in runs) for k in runs[0][1]}
         shown = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
-        print(f"| {name} | {medians[name]:.1f} | {step:.1f} | {shown} |")
+        lora = {k: statistics.median(t[k] for _, _, _, t in runs) for k in runs[0][3]}
+        spent = f"{lora['lora']:.1f} (products {lora['products']:.1f})"
+        print(f"| {name} | {medians[name]:.1f} | {step:.1f} | {shown} | {spent} |")
     print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
     print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
 
