@@ -1,12 +1,16 @@
 """The join step's LoRA: one adapter's prompt chunk beside decoding rows of many adapters,
 through the native per-token kernel alone against the split (kernels/lora_segment_gemm.py:
-the chunk's rows as oneDNN products, the rest native), on the default model's projection
-shapes (SmolLM2-135M: d 576, q/k/v 576+192+192, gate/up 2x1536, down 1536 -> 576).
+the chunk's rows as torch products, the rest native), on the default model's projection
+shapes (SmolLM2-135M: d 576, q/k/v 576+192+192, o 576, gate/up 2x1536, down 1536 -> 576;
+one layer's seven projections).
 
-    python benchmarks/lora_segments.py --dtype bfloat16 --chunks 16,32,64,128,512,2048
+    python benchmarks/lora_segments.py --dtype bfloat16 --chunks 16,32,64,128,512,2032
+    python benchmarks/lora_segments.py --dtype float32 --ranks 8,64,128
 
-Both paths run in turns inside one loop (A, B, A, B...), so a load change hits both; the
-median of each is printed with the CPU's model name and flags of interest.
+Both paths run on the same weights (one group per path: `LoRAModules(gemm_rows=...)`) in
+turns inside one loop (A, B, A, B...), so a load change hits both; the median of each is
+printed with the CPU's model name and flags of interest. A chunk and its decoding rows stay
+within lora_torch.NATIVE_MAX_TOKENS (2048), past which neither path is the native one.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import time
 import torch
 
 from loragate import kernels
-from loragate.kernels.cpu_isa import AMX_FLAGS, AVX512_BF16_FLAG, this_cpu_flags
-from loragate.kernels.lora_segment_gemm import GEMM_ROWS_ENV
+from loragate.kernels.cpu_isa import AMX_FLAGS, AVX512_BF16_FLAG, AVX512F_FLAG, this_cpu_flags
 
-SHAPES = {"qkv": (576, (576, 192, 192)), "gate_up": (576, (1536, 1536)), "down": (1536, (576,))}
+SHAPES = {
+    "qkv": (576, (576, 192, 192)),
+    "o": (576, (576,)),
+    "gate_up": (576, (1536, 1536)),
+    "down": (1536, (576,)),
+}
 
 
 def cpu_name() -> str:
@@ -33,52 +41,57 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def group(d_in: int, d_outs: tuple, slots: int, rank: int, dtype) -> kernels.LoRAModules:
+def weights(d_in: int, d_outs: tuple, slots: int, rank: int, dtype) -> list:
+    """A projection's modules: per module, A, B and its columns of the fused output."""
     made, start = [], 0
     for d_out in d_outs:
         a = torch.randn(slots, rank, d_in, dtype=dtype) * 0.02
         bt = torch.randn(slots, rank, d_out, dtype=dtype) * 0.02
         made.append((a, bt.transpose(1, 2), slice(start, start + d_out)))
         start += d_out
-    return kernels.LoRAModules(made)
+    return made
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--chunks", default="16,32,64,128,512,2048")
-    p.add_argument("--ranks", default="8,64")
+    p.add_argument("--chunks", default="16,32,64,128,256,512,1024,2032")
+    p.add_argument("--ranks", default="8,64,128")
     p.add_argument("--decoding", type=int, default=16, help="decode rows, one adapter each")
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     flags = this_cpu_flags()
     print(f"# {cpu_name()}; amx: {all(f in flags for f in AMX_FLAGS)}; ", end="")
-    print(f"avx512_bf16: {AVX512_BF16_FLAG in flags}; threads {torch.get_num_threads()}")
+    print(f"avx512f: {AVX512F_FLAG in flags}; avx512_bf16: {AVX512_BF16_FLAG in flags}; ", end="")
+    print(f"avx2: {'avx2' in flags}; threads {torch.get_num_threads()}")
     print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
     print("| rank | chunk rows | native ms | split ms | split / native |")
     print("|---|---|---|---|---|")
     slots = args.decoding + 1
     for rank in (int(r) for r in args.ranks.split(",")):
-        groups = {name: group(d, outs, slots, rank, dtype) for name, (d, outs) in SHAPES.items()}
+        made = {name: weights(d, outs, slots, rank, dtype) for name, (d, outs) in SHAPES.items()}
         for chunk in (int(c) for c in args.chunks.split(",")):
+            paths = {
+                "native": {n: kernels.LoRAModules(m, gemm_rows=0) for n, m in made.items()},
+                "split": {n: kernels.LoRAModules(m, gemm_rows=chunk) for n, m in made.items()},
+            }
             ids = torch.tensor([0] * chunk + list(range(1, slots)))
             xs = {n: torch.randn(ids.shape[0], d, dtype=dtype) for n, (d, _) in SHAPES.items()}
             outs = {
                 n: torch.zeros(ids.shape[0], sum(o), dtype=dtype) for n, (_, o) in SHAPES.items()
             }
             scales = torch.ones(slots)
-            times = {"0": [], str(max(chunk, 1)): []}
+            times = {path: [] for path in paths}
             for _ in range(args.repeats):
-                for rows in times:
-                    os.environ[GEMM_ROWS_ENV] = rows
+                for path, groups in paths.items():
                     index = kernels.lora_index(ids, slots)
                     start = time.perf_counter()
                     for name, g in groups.items():
                         kernels.lora_apply_modules(
                             xs[name], g, ids, scales, outs[name], index=index
                         )
-                    times[rows].append(time.perf_counter() - start)
+                    times[path].append(time.perf_counter() - start)
             native, split = (statistics.median(t) * 1e3 for t in times.values())
             print(f"| {rank} | {chunk} | {native:.3f} | {split:.3f} | {split / native:.2f} |")
 

@@ -5,9 +5,10 @@ A projection the model fuses (q/k/v, gate/up) adds each module's adapter output 
 module's own columns of the fused output; a single projection is a group of one. The
 modules' stacks are views of the adapter slots, whose storage never moves, so everything a
 call needs but the step's rows (shapes checked, the native kernel's table of pointers and
-strides) is worked out once, when the group is prepared, rather than in each of the ~200
-LoRA calls of a decode step: one call per projection instead of one per module, and no
-per-module checks on the step.
+strides, from how many rows of one slot a product beats the per-token loop) is worked out
+once, when the group is prepared, rather than in each of the ~200 LoRA calls of a decode
+step: one call per projection instead of one per module, and no per-module checks on the
+step.
 """
 
 from __future__ import annotations
@@ -33,9 +34,17 @@ class LoRAModules:
     tier's copy of an adapter, adapters/slots.py): then each module of that slot reads its
     own A ``[r_s, d_in]`` and B transposed ``[r_s, d_out]``, their first ``rank`` rows at most,
     as the stacks are cut to ``rank``.
+
+    ``gemm_rows``: from how many consecutive rows of one slot the native path runs them as
+    products (lora_segment_gemm.py); 0 never; None (the default) as this CPU and
+    LORAGATE_LORA_GEMM_ROWS say for the group's dtype, read here once.
     """
 
-    def __init__(self, modules: Sequence[tuple[torch.Tensor, torch.Tensor, slice]]):
+    def __init__(
+        self,
+        modules: Sequence[tuple[torch.Tensor, torch.Tensor, slice]],
+        gemm_rows: int | None = None,
+    ):
         require(len(modules) > 0, "a projection has at least one module")
         first = modules[0][0]
         require(first.dim() == 3, f"lora_a must be 3-D, got {tuple(first.shape)}")
@@ -60,6 +69,8 @@ class LoRAModules:
                 f"columns {columns} do not hold d_out {b.shape[1]}",
             )
         self.width = max(columns.stop for _, _, columns in self.modules)
+        require(gemm_rows is None or gemm_rows >= 0, f"gemm_rows must be >= 0, got {gemm_rows}")
+        self.gemm_rows = gemm_min_rows(self.dtype) if gemm_rows is None else gemm_rows or None
         # slot -> per module, (A [r, d_in], B transposed [r, d_out]) or None: slots whose
         # rows are not the stacks'.
         self.placed: dict[int, tuple] = {}
@@ -200,9 +211,9 @@ def lora_apply_modules(
 
 
 def _apply_native(native, x, modules: LoRAModules, index: LoraIndex, slot_ids, scales, out):
-    """The native kernel over the batch, but for bf16 runs of one slot long enough that a
-    product beats its per-token loop (lora_segment_gemm.py): those go through oneDNN."""
-    min_rows = gemm_min_rows(x.dtype)
+    """The native kernel over the batch, but for runs of one slot long enough that a product
+    beats its per-token loop (lora_segment_gemm.py): those go through torch's products."""
+    min_rows = modules.gemm_rows
     split = None if min_rows is None else long_segments(index, min_rows)
     if split is not None:
         columns = tuple(cols for _, _, cols in modules.modules)

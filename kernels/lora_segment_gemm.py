@@ -3,18 +3,22 @@
 The native kernels (lora_cpu.c) walk the batch token by token, which is what a decode batch
 over many adapters wants and what a prompt does not: a 512-token chunk of one adapter's
 prompt, admitted beside the running streams (the join step), is a [512, d_in] by [d_in, r]
-product that oneDNN runs as tile matmuls (AMX where the CPU has it) many times faster than
-per-token dot products. So in a bfloat16 batch, each run of at least `min_rows` consecutive
-rows of one slot goes through `torch.mm`/`addmm_` (oneDNN's bf16 GEMM), and the native kernel
-takes the rest with those rows masked out (slot -1). Each slot reads its own rows at its own
-rank (`LoRAModules.rows_of`), as the native kernel does.
+product that oneDNN (bf16) or the BLAS (float32) runs many times faster than per-token dot
+products. So each run of at least `min_rows` consecutive rows of one slot goes through
+`torch.mm`/`addmm_`, and the native kernel takes the rest with those rows masked out (slot
+-1). Each slot reads its own rows at its own rank (`LoRAModules.rows_of`), as the native
+kernel does.
 
-The threshold is read from the CPU at run time (kernels/cpu_isa.py) and overridable with
-LORAGATE_LORA_GEMM_ROWS (rows; 0 turns the split off): 32 rows with AMX, 1024 on
-AVX512-BF16 without AMX, never on a CPU with neither (bf16 emulated there). float32 never
-splits: its output stays bit-equal to the native kernel's, which float32 equality with PEFT
-is tested against. The bf16 results differ from the native kernel's within the bf16 rule
-only (the rank-r intermediate is rounded to bf16, as PEFT's own bf16 forward rounds it).
+The threshold depends on the dtype and the CPU, read from its flags at run time
+(kernels/cpu_isa.py), and is overridable with LORAGATE_LORA_GEMM_ROWS (rows, for float32 and
+bf16 alike; 0 turns the split off). bf16: 32 rows with AMX, 1024 on AVX512-BF16 without AMX,
+never on a CPU with neither (bf16 emulated there). float32: never by default (the native
+loop stays; not measured yet). LoRAModules reads the threshold once, when a projection's
+group is prepared.
+
+The split's results differ from the native kernel's by the order of the sums only: in float32
+within float32 rounding (a float64 reference bounds both), in bf16 within the bf16 rule (the
+rank-r intermediate is rounded to bf16, as PEFT's own bf16 forward rounds it).
 """
 
 from __future__ import annotations
@@ -53,18 +57,21 @@ class LongSegments:
 
 def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:
     """From how many rows of one slot a product runs instead of the per-token loop, for
-    tensors of `dtype` on this CPU (or one with `flags`); None: never."""
+    tensors of `dtype` on this CPU (or one with `flags`); None: never. Reads the environment
+    and the CPU's flags: call it once, where a projection's group is prepared (LoRAModules),
+    not per call."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return None  # the native kernel takes no other dtype
     override = os.environ.get(GEMM_ROWS_ENV, "").strip()
     if override:
         require(
             override.isdigit(),
             lambda: f"{GEMM_ROWS_ENV} must be a whole number of rows (0: off), got {override!r}",
         )
-        rows = int(override)
-        return rows if rows > 0 and dtype == torch.bfloat16 else None
-    if dtype != torch.bfloat16:
-        return None
+        return int(override) or None
     flags = this_cpu_flags() if flags is None else flags
+    if dtype == torch.float32:
+        return None
     if has_amx(flags):
         return AMX_MIN_ROWS
     return AVX512_BF16_MIN_ROWS if AVX512_BF16_FLAG in flags else None

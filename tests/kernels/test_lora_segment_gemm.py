@@ -1,7 +1,8 @@
-"""kernels/lora_segment_gemm.py: a bf16 batch's long runs of one slot go through oneDNN's
-products, the rest through the native per-token kernel, and every row still gets its own
-slot's adapter at that slot's own rank (float64 reference); float32 never splits, so its
-output stays bit-equal to the native kernel's; the threshold is read from the CPU's flags."""
+"""kernels/lora_segment_gemm.py: a batch's long runs of one slot go through torch's products
+(oneDNN in bf16, the BLAS in float32), the rest through the native per-token kernel, and every
+row still gets its own slot's adapter at that slot's own rank (float64 reference); the
+threshold is read from the dtype and the CPU's flags once, when a group is prepared, and
+LORAGATE_LORA_GEMM_ROWS overrides it for both dtypes."""
 
 import pytest
 import torch
@@ -32,19 +33,55 @@ def test_the_threshold_follows_the_cpu_and_the_dtype(monkeypatch, tmp_path):
     assert AVX512_BF16_MIN_ROWS > AMX_MIN_ROWS, "vdpbf16ps wins longer runs than AMX does"
     assert gemm_min_rows(torch.bfloat16, AVX2) is None
     for flags in (AMX, AVX512_BF16, AVX2):
-        assert gemm_min_rows(torch.float32, flags) is None, "float32 stays on the native path"
+        assert gemm_min_rows(torch.float32, flags) is None, "not measured: the native loop"
+    for flags in (AMX, AVX512_BF16, AVX2):
         assert gemm_min_rows(torch.float16, flags) is None
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16 avx512_bf16\n")
     assert has_amx(cpu_flags(cpuinfo)) and not has_amx(cpu_flags(tmp_path / "missing"))
     monkeypatch.setenv(GEMM_ROWS_ENV, "16")
-    assert gemm_min_rows(torch.bfloat16, AVX2) == 16
-    assert gemm_min_rows(torch.float32, AMX) is None
+    for flags in (AMX, AVX512_BF16, AVX2):
+        assert gemm_min_rows(torch.bfloat16, flags) == 16
+        assert gemm_min_rows(torch.float32, flags) == 16, "the override applies to float32"
+    assert gemm_min_rows(torch.float16, AVX2) is None, "the native kernel takes no float16"
     monkeypatch.setenv(GEMM_ROWS_ENV, "0")
     assert gemm_min_rows(torch.bfloat16, AMX) is None
+    assert gemm_min_rows(torch.float32, AVX2) is None
     monkeypatch.setenv(GEMM_ROWS_ENV, "many")
     with pytest.raises(ValueError, match=GEMM_ROWS_ENV):
         gemm_min_rows(torch.bfloat16, AMX)
+
+
+def test_a_group_reads_the_threshold_once(monkeypatch):
+    """LoRAModules reads the threshold when it is prepared, not on each call: the
+    environment changed afterwards changes nothing; `gemm_rows` sets it (0: never)."""
+    monkeypatch.setenv(GEMM_ROWS_ENV, "32")
+    modules = fused_group(torch.float32)
+    group = kernels.LoRAModules(modules)
+    assert group.gemm_rows == 32
+    assert kernels.LoRAModules(modules, gemm_rows=7).gemm_rows == 7
+    assert kernels.LoRAModules(modules, gemm_rows=0).gemm_rows is None
+    with pytest.raises(ValueError, match="gemm_rows"):
+        kernels.LoRAModules(modules, gemm_rows=-1)
+    monkeypatch.setenv(GEMM_ROWS_ENV, "0")
+
+    def no_reading(*args):
+        raise AssertionError("the threshold was read on a call")
+
+    monkeypatch.setattr(lora_segment_gemm, "gemm_min_rows", no_reading)
+    monkeypatch.setattr("loragate.kernels.lora_modules.gemm_min_rows", no_reading)
+    calls = []
+    real = lora_segment_gemm.apply_long_segments
+    monkeypatch.setattr(
+        "loragate.kernels.lora_modules.apply_long_segments",
+        lambda *args: calls.append(args[1]) or real(*args),
+    )
+    slots = batch_slots()
+    x = torch.randn(slots.shape[0], D_IN)
+    out = torch.zeros(slots.shape[0], sum(D_OUTS))
+    index = kernels.lora_index(slots, SLOTS)
+    kernels.lora_apply_modules(x, group, slots, torch.ones(SLOTS), out, index=index)
+    assert calls == [((0, 0, 40), (3, 43, 113))], "still split at the 32 read when prepared"
 
 
 def batch_slots() -> torch.Tensor:
@@ -73,70 +110,82 @@ def test_long_runs_are_found_once_per_index():
     assert long_segments(kernels.lora_index(scattered, SLOTS), 32) is None, "no run of 32"
 
 
-@pytest.mark.parametrize("placed", [False, True], ids=["stacks", "placed at own ranks"])
-def test_bf16_runs_on_products_match_the_reference(placed, monkeypatch):
-    """Every row its own slot's rows, at that slot's rank (slot 3 placed at rank 2 below the
-    group's 6, leaving module 1 alone): the split output against float64 and against the
-    native kernel alone, within the bf16 rule; base rows untouched."""
-    torch.manual_seed(5)
-    dtype = torch.bfloat16
+def split_and_native(dtype, placed: bool, seed: int, monkeypatch):
+    """One batch (batch_slots) through a group that splits runs of 32 rows and one that
+    never splits, over the same weights (slot 3 placed at rank 2 below the group's 6, leaving
+    module 1 alone, if `placed`); returns both outputs, the float64 reference, the output
+    before and the runs the products took."""
+    torch.manual_seed(seed)
     modules = fused_group(dtype)
-    group = kernels.LoRAModules(modules)
-    assert group.table is not None
     placements = {3: placed_rows(dtype, 2, skip=1)} if placed else {}
-    for slot, rows in placements.items():
-        group.place(slot, rows)
     slots = batch_slots()
     x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
     scales = torch.rand(SLOTS) + 0.5
     before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
-
-    def run(rows: str) -> torch.Tensor:
-        monkeypatch.setenv(GEMM_ROWS_ENV, rows)
-        fused = before.clone()
-        index = kernels.lora_index(slots, SLOTS)
-        kernels.lora_apply_modules(x, group, slots, scales, fused, index=index)
-        return fused
-
     calls = []
     real = lora_segment_gemm.apply_long_segments
     monkeypatch.setattr(
         "loragate.kernels.lora_modules.apply_long_segments",
         lambda *args: calls.append(args[1]) or real(*args),
     )
-    split, native = run("32"), run("0")
-    assert calls == [((0, 0, 40), (3, 43, 113))], "the long runs went through the products"
+    outputs = []
+    for rows in (32, 0):
+        group = kernels.LoRAModules(modules, gemm_rows=rows)
+        assert group.table is not None
+        for slot, placed_at in placements.items():
+            group.place(slot, placed_at)
+        fused = before.clone()
+        index = kernels.lora_index(slots, SLOTS)
+        kernels.lora_apply_modules(x, group, slots, scales, fused, index=index)
+        outputs.append(fused)
     expected = module_reference(x, as_stacks(modules, placements), slots, scales, before)
+    return *outputs, expected, before, calls
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["stacks", "placed at own ranks"])
+def test_bf16_runs_on_products_match_the_reference(placed, monkeypatch):
+    """Every row its own slot's rows, at that slot's rank: the split output against float64
+    and against the native kernel alone, within the bf16 rule; base rows untouched."""
+    split, native, expected, before, calls = split_and_native(
+        torch.bfloat16, placed, 5, monkeypatch
+    )
+    assert calls == [((0, 0, 40), (3, 43, 113))], "the long runs went through the products"
     assert rel_error(split, expected) < 2e-2
     assert rel_error(split, native.double()) < 2e-2
+    slots = batch_slots()
     assert torch.equal(split[slots < 0], before[slots < 0]), "base rows must not change"
 
 
-def test_float32_stays_bit_equal_to_the_native_kernel(monkeypatch):
-    torch.manual_seed(9)
-    modules = fused_group(torch.float32)
-    group = kernels.LoRAModules(modules)
+@pytest.mark.parametrize("placed", [False, True], ids=["stacks", "placed at own ranks"])
+def test_float32_runs_on_products_match_the_reference(placed, monkeypatch):
+    """float32: the split's adapter output (out minus what was there) against float64 within
+    float32 rounding, as close as the native kernel's own; base rows untouched. A run given
+    another slot's rows, rank or scale, or added twice, is off by the size of the output."""
+    split, native, expected, before, calls = split_and_native(torch.float32, placed, 9, monkeypatch)
+    assert calls == [((0, 0, 40), (3, 43, 113))], "the long runs went through the products"
+    delta = expected - before.double()
+    assert rel_error(split - before, delta) < 1e-5
+    assert rel_error(native - before, delta) < 1e-5
     slots = batch_slots()
-    x = torch.randn(slots.shape[0], D_IN)
-    scales = torch.rand(SLOTS) + 0.5
-    before = torch.randn(slots.shape[0], sum(D_OUTS))
-    outputs = []
-    for rows in ("16", "0"):
-        monkeypatch.setenv(GEMM_ROWS_ENV, rows)
-        fused = before.clone()
-        kernels.lora_apply_modules(
-            x, group, slots, scales, fused, index=kernels.lora_index(slots, SLOTS)
-        )
-        outputs.append(fused)
-    assert torch.equal(outputs[0], outputs[1])
+    assert torch.equal(split[slots < 0], before[slots < 0]), "base rows must not change"
 
 
-def test_avx512_bf16_sends_a_long_prompt_chunk_to_the_products(monkeypatch):
-    """With no override, on a CPU with AVX512-BF16 and no AMX: a bf16 prompt chunk of
-    AVX512_BF16_MIN_ROWS rows of one slot beside decoding rows goes through the products, a
-    shorter one stays native, and both match the float64 reference; float32 never splits."""
+@pytest.mark.parametrize(
+    "flags, dtype, threshold",
+    [
+        (AVX512_BF16, torch.bfloat16, AVX512_BF16_MIN_ROWS),
+        (AVX512_BF16, torch.float32, None),
+        (AVX2, torch.float32, None),
+        (AVX2, torch.bfloat16, None),
+    ],
+    ids=["avx512_bf16-bf16", "avx512_bf16-float32", "avx2-float32", "avx2-bf16"],
+)
+def test_the_cpu_sends_a_long_prompt_chunk_to_the_products(flags, dtype, threshold, monkeypatch):
+    """With no override, on a CPU with these flags: a prompt chunk of `threshold` rows of one
+    slot beside decoding rows goes through the products, a shorter one stays native, and both
+    match the float64 reference; where there is no threshold, no chunk splits."""
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
-    monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: AVX512_BF16)
+    monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: flags)
     calls = []
     real = lora_segment_gemm.apply_long_segments
     monkeypatch.setattr(
@@ -145,19 +194,21 @@ def test_avx512_bf16_sends_a_long_prompt_chunk_to_the_products(monkeypatch):
     )
     torch.manual_seed(11)
     scales = torch.rand(SLOTS) + 0.5
-    for dtype in (torch.bfloat16, torch.float32):
-        modules = fused_group(dtype)
-        group = kernels.LoRAModules(modules)
-        for chunk in (AVX512_BF16_MIN_ROWS - 1, AVX512_BF16_MIN_ROWS):
-            calls.clear()
-            slots = torch.tensor([3] * chunk + [0, 1, 2, 1, -1])  # slot 2 is empty
-            x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
-            before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
-            out = before.clone()
-            index = kernels.lora_index(slots, SLOTS)
-            kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
-            split = dtype == torch.bfloat16 and chunk >= AVX512_BF16_MIN_ROWS
-            assert calls == ([((3, 0, chunk),)] if split else []), (dtype, chunk)
-            expected = module_reference(x, as_stacks(modules, {}), slots, scales, before)
-            assert rel_error(out, expected) < (2e-2 if dtype == torch.bfloat16 else 1e-5)
-            assert torch.equal(out[slots < 0], before[slots < 0]), "base rows must not change"
+    modules = fused_group(dtype)
+    group = kernels.LoRAModules(modules)
+    assert group.gemm_rows == threshold
+    longest = AVX512_BF16_MIN_ROWS if threshold is None else threshold
+    for chunk in (longest - 1, longest):
+        calls.clear()
+        slots = torch.tensor([3] * chunk + [0, 1, 2, 1, -1])  # slot 2 is empty
+        x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
+        before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
+        out = before.clone()
+        index = kernels.lora_index(slots, SLOTS)
+        kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
+        split = threshold is not None and chunk >= threshold
+        assert calls == ([((3, 0, chunk),)] if split else []), chunk
+        expected = module_reference(x, as_stacks(modules, {}), slots, scales, before)
+        bound = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        assert rel_error(out - before, expected - before.double()) < bound
+        assert torch.equal(out[slots < 0], before[slots < 0]), "base rows must not change"
