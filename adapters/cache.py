@@ -26,7 +26,9 @@ Counters (``stats()``):
   acquire_waits    acquire calls that returned None (every slot busy)
   cpu_hits         the CPU tier had the adapter (acquire miss or preload)
   disk_loads       adapters read and validated from disk into the CPU tier (misses)
-  file_reads       adapter directories read and hashed (a stat could not vouch for them)
+  file_reads       adapter directories read (hashed, unless a stat vouched for them)
+  vouched_reads    of those, weights read back for requests admitted under them whose
+                   files a stat vouched for: read without hashing them again
   cpu_evictions    adapters dropped from the CPU tier to respect max_cpu_loras
   load_seconds     time spent in disk loads
   slot_load_seconds time spent putting adapters in device slots
@@ -50,7 +52,7 @@ from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
 from loragate.adapters.identity import IdentityBook, WeightsIdentity
-from loragate.adapters.loader import LoRAAdapter, load_adapter
+from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.slots import DeviceSlots
@@ -66,6 +68,7 @@ from loragate.adapters.usage import UsageBook
 
 _COUNTERS = (
     "device_hits slot_loads device_evictions acquire_waits cpu_hits disk_loads file_reads "
+    "vouched_reads "
     "cpu_evictions"
 ).split()
 
@@ -218,7 +221,11 @@ class AdapterCache(CacheReports):
             adapter = self._cpu.get(identity)
             if adapter is not None:
                 return adapter
-        fresh, seconds = self._read(request)  # no lock held while reading
+        # No lock held while reading. Files a stat still vouches for since they hashed to
+        # ``identity`` are read without hashing them again (adapters/loader.py).
+        vouched = self._book.entry(request.lora_path)
+        vouched = vouched if vouched is not None and vouched[1] == identity else None
+        fresh, seconds = self._read(request, vouched)
         with self._lock:
             return self._cpu_entry(request, identity, fresh, seconds, admitted=True)
 
@@ -421,7 +428,7 @@ class AdapterCache(CacheReports):
         self._insert_cpu(identity, request, fresh, seconds, admitted)
         return fresh
 
-    def _read(self, request: LoRARequest) -> tuple[LoRAAdapter, float]:
+    def _read(self, request: LoRARequest, vouched=None) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
         adapter = load_adapter(
             request.lora_path,
@@ -431,6 +438,7 @@ class AdapterCache(CacheReports):
             self.load_pacing,
             # On a CPU the slots read the stacks in place: made in the slots' dtype.
             self._slots.dtype if self._slots.borrow else torch.float32,
+            vouched,
         )
         # Larger than a whole tier: refused before anything remembers it.
         self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)
@@ -440,6 +448,7 @@ class AdapterCache(CacheReports):
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:
             self._counters["file_reads"] += 1
+            self._counters["vouched_reads"] += vouched_identity(adapter.stamp, vouched) is not None
         return adapter, time.perf_counter() - started
 
     def _insert_cpu(

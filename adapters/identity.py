@@ -104,6 +104,12 @@ class IdentityBook:
             return None
         return identity
 
+    def entry(self, directory: str) -> tuple[FilesStamp, WeightsIdentity] | None:
+        """The stamp and identity last hashed for ``directory`` (no disk access): what a read
+        compares its own stamps with before trusting that identity."""
+        with self._lock:
+            return self._entries.get(directory)
+
     def last(self, directory: str) -> WeightsIdentity | None:
         """The identity last hashed for ``directory`` (no disk access; may be out of date)."""
         with self._lock:

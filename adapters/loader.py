@@ -1,10 +1,14 @@
 """Reading a PEFT LoRA directory into plain float32 CPU tensors, or refusing it.
 
-The weights file is read once: the same bytes are hashed (sha256, for the registry and
-every cache tier) and parsed as safetensors (adapters/safetensors_views.py), which runs no
-code. The config file is hashed too, and both files are stat'ed before and after the read:
-a directory rewritten mid-read is read again, so the hashes always describe the tensors.
-Pickle formats are refused outright.
+The weights file is read once, in one pass: each chunk is hashed (sha256, for the registry
+and every cache tier) right after it is read, while it is still in the CPU's cache, then the
+bytes are parsed as safetensors (adapters/safetensors_views.py), which runs no code. The
+config file is hashed too, and both files are stat'ed before and after the read: a directory
+rewritten mid-read is read again, so the hashes always describe the tensors. Weights read
+again for a request admitted under them (`vouched`: the files' stamp, unchanged since they
+were hashed, and that hash) are not hashed again when the stamps before and after the read
+are that one: the same stat that admitted the request vouches for the bytes. Pickle formats
+are refused outright.
 """
 
 from __future__ import annotations
@@ -142,10 +146,13 @@ def load_adapter(
     strict_base_model: bool = False,
     pacing: LoadPacing = ALWAYS_PACED,
     stack_dtype: torch.dtype = torch.float32,
+    vouched: tuple[FilesStamp, WeightsIdentity] | None = None,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
     ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
-    ``stack_dtype`` is the dtype of its stacked modules (LoRAAdapter.stacked)."""
+    ``stack_dtype`` is the dtype of its stacked modules (LoRAAdapter.stacked). With
+    ``vouched`` (a trusted stamp of these files and the identity they hashed to), files
+    whose stamps before and after the read are that stamp are not hashed again."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -171,7 +178,8 @@ def load_adapter(
         stamp = stamp_files(root)
         if stamp is None:
             raise AdapterNotFoundError("adapter files vanished while being read", path=root)
-        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp, pacing)
+        known = vouched_identity(stamp, vouched)
+        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp, pacing, known)
         if stamp.same_files(stamp_files(root) or stamp):
             adapter.stack_modules(pacing, stack_dtype)
             return adapter
@@ -182,21 +190,24 @@ def load_adapter(
     )
 
 
-def sha256_hex(data: bytes, pacing: LoadPacing = ALWAYS_PACED) -> str:
-    """The content hash of one file's bytes (a function so tests can count hashes), paced."""
-    digest = hashlib.sha256()
-    view = memoryview(data)
-    for start in range(0, len(view), CHUNK_BYTES):
-        began = time.perf_counter()
-        digest.update(view[start : start + CHUNK_BYTES])
-        pacing.pause_after(began)
-    return digest.hexdigest()
+def vouched_identity(
+    stamp: FilesStamp, vouched: tuple[FilesStamp, WeightsIdentity] | None
+) -> WeightsIdentity | None:
+    """The identity ``vouched`` gives files stamped ``stamp``: its own when it is a trusted
+    stamp of the very same files, else None (hash them)."""
+    if vouched is None:
+        return None
+    trusted, identity = vouched
+    return identity if trusted.trusted and trusted.same_files(stamp) else None
 
 
-def paced_read(path: Path, pacing: LoadPacing = ALWAYS_PACED) -> memoryview:
-    """The file's bytes, read in chunks with pauses (adapters/pacing.py) straight into one
-    anonymous mapping: its pages are touched by the reads, which leave the GIL free, where a
-    zeroed bytearray or joined chunks would fill tens of MB under it."""
+def hashed_read(path: Path, pacing: LoadPacing = ALWAYS_PACED, hash_it: bool = True):
+    """The file's bytes and their sha256 hex digest (None unless ``hash_it``), in one pass:
+    read in chunks straight into one anonymous mapping (its pages are touched by the reads,
+    which leave the GIL free, where a zeroed bytearray or joined chunks would fill tens of MB
+    under it), each chunk hashed while it is still in the CPU's cache, with a pause after
+    each (adapters/pacing.py)."""
+    digest = hashlib.sha256() if hash_it else None
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
         view, done = memoryview(mmap.mmap(-1, size)) if size else memoryview(b""), 0
@@ -205,10 +216,15 @@ def paced_read(path: Path, pacing: LoadPacing = ALWAYS_PACED) -> memoryview:
             count = file.readinto(view[done : done + CHUNK_BYTES])
             if not count:  # the file shrank since fstat
                 break
+            if digest is not None:
+                digest.update(view[done : done + count])
             done += count
             pacing.pause_after(began)
         extra = file.read()  # or grew: the stat check after the read tells
-    return view[:done] if not extra else memoryview(bytes(view[:done]) + extra)
+    if extra and digest is not None:
+        digest.update(extra)
+    data = view[:done] if not extra else memoryview(bytes(view[:done]) + extra)
+    return data, None if digest is None else digest.hexdigest()
 
 
 def _read(
@@ -218,16 +234,19 @@ def _read(
     strict: bool,
     stamp: FilesStamp,
     pacing: LoadPacing,
+    known: WeightsIdentity | None = None,
 ) -> LoRAAdapter:
     config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
-    config_sha256 = sha256_hex(config_path.read_bytes(), pacing)
+    _, config_sha256 = hashed_read(config_path, pacing, hash_it=known is None)
     supported = set(spec.modules) | ({EMBED, HEAD} if spec.vocab_size else set())
     config = read_lora_config(
         config_path, max_lora_rank=max_lora_rank, supported_modules=frozenset(supported)
     )
     _check_base_model(config, spec, strict)
 
-    data = paced_read(weights_path, pacing)
+    data, sha256 = hashed_read(weights_path, pacing, hash_it=known is None)
+    if known is not None:
+        sha256, config_sha256 = known.sha256, known.config_sha256
     began = time.perf_counter()
     try:
         tensors = tensor_views(data)
@@ -257,7 +276,7 @@ def _read(
         use_rslora=config.use_rslora,
         target_modules=frozenset(targets),
         weights=weights,
-        sha256=sha256_hex(data, pacing),
+        sha256=sha256,
         size_bytes=len(data),
         base_model_name_or_path=config.base_model_name_or_path,
         config_sha256=config_sha256,

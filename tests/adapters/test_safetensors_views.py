@@ -4,6 +4,7 @@ test_adapter_cold_start.py's to show.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -12,7 +13,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from loragate.adapters.loader import paced_read
+from loragate.adapters.loader import hashed_read
 from loragate.adapters.pacing import UNPACED
 from loragate.adapters.safetensors_views import SafetensorsError, tensor_views
 
@@ -98,9 +99,13 @@ def test_an_unaligned_tensor_is_copied_not_misread():
     assert got["w"].tolist() == [1.5, -2.0] and bytes(got["u"].tolist()) == b"abc"
 
 
-def test_paced_read_returns_the_file_exactly(tmp_path):
-    for size in (0, 1, 4 * 2**20, 4 * 2**20 + 5):
+def test_hashed_read_returns_the_file_exactly_and_its_hash(tmp_path):
+    for size in (0, 1, 4 * 2**20, 4 * 2**20 + 5, 8 * 2**20 + 3):
         path = tmp_path / f"f{size}"
         content = bytes((i * 7) % 251 for i in range(size))
         path.write_bytes(content)
-        assert bytes(paced_read(path, UNPACED)) == content, size
+        data, digest = hashed_read(path, UNPACED)
+        assert bytes(data) == content, size
+        assert digest == hashlib.sha256(content).hexdigest(), size
+        data, digest = hashed_read(path, UNPACED, hash_it=False)
+        assert bytes(data) == content and digest is None, size

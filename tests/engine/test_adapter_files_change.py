@@ -149,10 +149,13 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     llm = engine(make_llm, model_dir)
     lora = LoRARequest("a", 1, str(paths["A"]))
     hashes = []
-    real = loader_module.sha256_hex
-    monkeypatch.setattr(
-        loader_module, "sha256_hex", lambda data, *pacing: hashes.append(1) or real(data, *pacing)
-    )
+    real = loader_module.hashed_read
+
+    def counted(path, pacing, hash_it=True):
+        hashes.extend([1] if hash_it else [])
+        return real(path, pacing, hash_it)
+
+    monkeypatch.setattr(loader_module, "hashed_read", counted)
     assert run(llm, lora) == expected["A"]
     # A stamp taken within RACY_NS of the files' last write is not trusted (a write in the same
     # clock tick could hide); the files here were written at the start of this module.

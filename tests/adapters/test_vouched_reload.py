@@ -1,0 +1,102 @@
+"""Weights read back for a request admitted under them are not hashed again while a stat
+vouches for their files (issue 47: a cold load's read, hash and check; SHA-256 is most of a
+load's CPU time on CPUs without SHA extensions). The same stat admitted the request without
+reading anything; files changed since are hashed, and a change fails the request alone."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from loragate.adapters import AdapterCache, AdapterChangedError, LoRARequest
+from loragate.adapters import identity as identity_module
+from loragate.adapters import loader as loader_module
+from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE
+
+RACY_NS = 50_000_000
+
+
+@pytest.fixture(autouse=True)
+def short_racy_window(monkeypatch):
+    monkeypatch.setattr(identity_module, "RACY_NS", RACY_NS)
+
+
+def settle():
+    time.sleep(RACY_NS / 1e9 + 0.02)
+
+
+@pytest.fixture
+def hashes(monkeypatch):
+    """The paths hashed by adapter reads, in order."""
+    seen = []
+    real = loader_module.hashed_read
+
+    def counted(path, pacing, hash_it=True):
+        if hash_it:
+            seen.append(path.name)
+        return real(path, pacing, hash_it)
+
+    monkeypatch.setattr(loader_module, "hashed_read", counted)
+    return seen
+
+
+@pytest.fixture
+def evicted(spec, make_adapter):
+    """A cache of one CPU place, adapter A admitted under its settled files and then evicted
+    by B's read: A's weights must be read back for its request."""
+    paths = [make_adapter(name, rank=4, seed=i + 1) for i, name in enumerate("AB")]
+    settle()
+    a, b = (LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(zip("AB", paths, strict=True)))
+    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    first = cache.preload(a)
+    weights = {key: (x.clone(), y.clone()) for key, (x, y) in first.weights.items()}
+    cache.preload(b)
+    assert not cache.in_memory(first.identity)
+    identity = cache.admission_identity(a)  # a stat vouches: no read
+    assert identity == first.identity
+    return cache, a, paths[0], identity, weights
+
+
+def test_weights_read_back_under_a_vouching_stat_are_not_hashed_again(evicted, hashes):
+    cache, request, _, identity, weights = evicted
+    reads = cache.stats()["file_reads"]
+    adapter = cache.load(request, identity)
+    assert hashes == [], "files a stat vouched for were hashed again"
+    assert adapter.identity == identity and cache.in_memory(identity)
+    assert cache.stats()["file_reads"] == reads + 1
+    assert cache.stats()["vouched_reads"] == 1
+    assert adapter.weights.keys() == weights.keys()
+    for key, (a, b) in weights.items():
+        assert torch.equal(adapter.weights[key][0], a) and torch.equal(adapter.weights[key][1], b)
+
+
+def test_files_changed_after_admission_are_hashed_and_fail_the_request(
+    evicted, hashes, make_adapter
+):
+    cache, request, path, identity, _ = evicted
+    other = make_adapter("C", rank=4, seed=9)  # same sizes, other weights
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        (path / name).write_bytes((other / name).read_bytes())
+    settle()
+    with pytest.raises(AdapterChangedError):
+        cache.load(request, identity)
+    assert hashes == [CONFIG_FILE, WEIGHTS_FILE]
+    assert cache.stats()["vouched_reads"] == 0
+    assert not cache.in_memory(identity)
+
+
+def test_fresh_files_are_hashed_even_when_unchanged(spec, make_adapter, hashes):
+    """A stamp inside the racy window vouches for nothing: a write in the same clock tick
+    could hide behind it."""
+    path = make_adapter("A", rank=4, seed=1)
+    request = LoRARequest("A", 1, str(path))
+    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    identity = cache.preload(request).identity
+    cache.preload(LoRARequest("B", 2, str(make_adapter("B", rank=4, seed=2))))
+    hashes.clear()
+    identity_module.RACY_NS = 10**18  # every stamp racy
+    cache.load(request, identity)
+    assert hashes == [CONFIG_FILE, WEIGHTS_FILE]
+    assert cache.stats()["vouched_reads"] == 0
