@@ -5,6 +5,7 @@ speed (issue 12: paced idle loads took 1.3 s instead of 0.16 s)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from tiny_llama import make_adapters
 
@@ -42,7 +43,35 @@ def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_ll
     engine.add_request("running", {"prompt_token_ids": [5, 6, 7, 8]}, params)
     engine.step()
     assert engine.scheduler.running, "a sequence runs while the second adapter loads"
-    cache.preload(LoRARequest("second", 2, str(paths["second"])))
+    # On another thread (a server's loader), beside the steps: paced.
+    loader = threading.Thread(
+        target=cache.preload, args=(LoRARequest("second", 2, str(paths["second"])),)
+    )
+    loader.start()
+    loader.join()
     # one pause per chunk read and hashed, per stacked module: the load was paced
     assert len(pauses) >= 3 + len(ADAPTERS_2["second"][1])
     engine.abort_request("running")
+
+
+def test_a_load_on_the_stepping_thread_is_not_paced(tiny_model_dir, make_llm, tmp_path):
+    """The offline engine reads a cold adapter in add_request, on the thread that runs the
+    steps: no step runs until the read is done, so pausing it would only stall every
+    running sequence for the pauses' length (8 times the read's)."""
+    model_dir = tiny_model_dir("llama")
+    paths = make_adapters(model_dir, tmp_path, ADAPTERS_2)
+    llm = make_llm(str(model_dir), max_model_len=128, enable_lora=True, max_loras=2)
+    engine = llm.llm_engine
+    pauses: list[float] = []
+    cache = engine.residency.cache
+    cache.load_pacing = dataclasses.replace(cache.load_pacing, sleep=pauses.append)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine.add_request("running", {"prompt_token_ids": [5, 6, 7, 8]}, params)
+    engine.step()
+    assert engine.scheduler.running
+    lora = LoRARequest("second", 2, str(paths["second"]))
+    engine.add_request("cold", {"prompt_token_ids": [5, 6]}, params, lora_request=lora)
+    assert cache.stats()["file_reads"] == 1, "the cold adapter was read in add_request"
+    assert pauses == [], "a load on the stepping thread paused"
+    engine.abort_request("running")
+    engine.abort_request("cold")
