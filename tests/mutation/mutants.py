@@ -289,6 +289,19 @@ MUTANTS = [
         first="tests/adapters/test_held_weights_stay.py",
     ),
     Mutant(
+        "vouched_read_trusts_changed_files",
+        "weights read back for an admitted request skip their hash though the files changed",
+        (
+            Patch(
+                "loragate.adapters.loader",
+                "vouched_identity",
+                "return identity if trusted.trusted and trusted.same_files(stamp) else None",
+                "return identity if trusted.trusted else None",
+            ),
+        ),
+        first="tests/adapters/test_vouched_reload.py",
+    ),
+    Mutant(
         "dora_scale_from_another_slot",
         "a DoRA row takes another adapter's column scales (and lora_B biases)",
         (
