@@ -12,9 +12,9 @@ kernel does.
 The threshold depends on the dtype and the CPU, read from its flags at run time
 (kernels/cpu_isa.py), and is overridable with LORAGATE_LORA_GEMM_ROWS (rows, for float32 and
 bf16 alike; 0 turns the split off). bf16: 32 rows with AMX, 1024 on AVX512-BF16 without AMX,
-never on a CPU with neither (bf16 emulated there). float32: never by default (the native
-loop stays; not measured yet). LoRAModules reads the threshold once, when a projection's
-group is prepared.
+never on a CPU with neither (bf16 emulated there). float32: FLOAT32_AVX2_MIN_ROWS on a CPU
+with AVX2 and FMA but no AVX-512 (measured there), never elsewhere (not measured: the native
+loop stays). LoRAModules reads the threshold once, when a projection's group is prepared.
 
 The split's results differ from the native kernel's by the order of the sums only: in float32
 within float32 rounding (a float64 reference bounds both), in bf16 within the bf16 rule (the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ._backend import require
-from .cpu_isa import AVX512_BF16_FLAG, has_amx, this_cpu_flags
+from .cpu_isa import AVX512_BF16_FLAG, avx2_without_avx512, has_amx, this_cpu_flags
 from .lora_groups import LoraIndex
 
 GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
@@ -43,6 +43,14 @@ GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
 # neither (lora_torch.NATIVE_MAX_TOKENS).
 AMX_MIN_ROWS = 32
 AVX512_BF16_MIN_ROWS = 1024
+# Rows of one slot from which a float32 product (the BLAS's sgemm) beats the native loop on a
+# CPU with AVX2 and FMA but no AVX-512, measured by benchmarks/lora_segments.py on a 2-core AMD
+# EPYC of that kind (2026-11-27, quiet runs, a chunk beside 16 decoding rows of other slots,
+# the default model's seven projections), split against native: rank 64 0.98 at 192 rows,
+# 0.88 at 256, 0.77 at 512, 0.63 at 1024, 0.46 at 2032; rank 128 0.93 at 128, 0.80 at 256,
+# 0.59 at 1024; rank 8 1.09-1.16 at 256-384, 0.94-0.98 at 512, 0.71 at 2032. Other CPUs
+# keep the native loop for float32: not measured there (AVX-512 widens the native loop too).
+FLOAT32_AVX2_MIN_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> in
         return int(override) or None
     flags = this_cpu_flags() if flags is None else flags
     if dtype == torch.float32:
-        return None
+        return FLOAT32_AVX2_MIN_ROWS if avx2_without_avx512(flags) else None
     if has_amx(flags):
         return AMX_MIN_ROWS
     return AVX512_BF16_MIN_ROWS if AVX512_BF16_FLAG in flags else None

@@ -12,10 +12,11 @@ from test_lora_modules import reference as module_reference
 
 from loragate import kernels
 from loragate.kernels import lora_segment_gemm
-from loragate.kernels.cpu_isa import cpu_flags, has_amx
+from loragate.kernels.cpu_isa import avx2_without_avx512, cpu_flags, has_amx
 from loragate.kernels.lora_segment_gemm import (
     AMX_MIN_ROWS,
     AVX512_BF16_MIN_ROWS,
+    FLOAT32_AVX2_MIN_ROWS,
     GEMM_ROWS_ENV,
     gemm_min_rows,
     long_segments,
@@ -32,13 +33,15 @@ def test_the_threshold_follows_the_cpu_and_the_dtype(monkeypatch, tmp_path):
     assert gemm_min_rows(torch.bfloat16, AVX512_BF16) == AVX512_BF16_MIN_ROWS
     assert AVX512_BF16_MIN_ROWS > AMX_MIN_ROWS, "vdpbf16ps wins longer runs than AMX does"
     assert gemm_min_rows(torch.bfloat16, AVX2) is None
-    for flags in (AMX, AVX512_BF16, AVX2):
+    assert gemm_min_rows(torch.float32, AVX2) == FLOAT32_AVX2_MIN_ROWS
+    for flags in (AMX, AVX512_BF16):
         assert gemm_min_rows(torch.float32, flags) is None, "not measured: the native loop"
     for flags in (AMX, AVX512_BF16, AVX2):
         assert gemm_min_rows(torch.float16, flags) is None
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16 avx512_bf16\n")
     assert has_amx(cpu_flags(cpuinfo)) and not has_amx(cpu_flags(tmp_path / "missing"))
+    assert avx2_without_avx512(AVX2) and not avx2_without_avx512(AVX512_BF16 | AVX2)
     monkeypatch.setenv(GEMM_ROWS_ENV, "16")
     for flags in (AMX, AVX512_BF16, AVX2):
         assert gemm_min_rows(torch.bfloat16, flags) == 16
@@ -175,7 +178,7 @@ def test_float32_runs_on_products_match_the_reference(placed, monkeypatch):
     [
         (AVX512_BF16, torch.bfloat16, AVX512_BF16_MIN_ROWS),
         (AVX512_BF16, torch.float32, None),
-        (AVX2, torch.float32, None),
+        (AVX2, torch.float32, FLOAT32_AVX2_MIN_ROWS),
         (AVX2, torch.bfloat16, None),
     ],
     ids=["avx512_bf16-bf16", "avx512_bf16-float32", "avx2-float32", "avx2-bf16"],
