@@ -7,10 +7,11 @@ One engine on the default model (SmolLM2-135M). Each round starts the 8 streams,
 the three requests one at a time in turns (base, warm, cold, base, ...), so a load change
 on the machine hits all three alike; a request's first token is the wall time from
 `add_request` to the step that returns its first token, with the steps in between run as
-the server runs them (`step_tokens`). The join step's phases come from the step records, and
-the time inside its LoRA calls from a timer around them (`LoRATimer`: every projection's
-`kernels.lora_apply_modules`, and the part of it spent in products on long runs of one
-adapter, kernels/lora_segment_gemm.py); the rest of the LoRA time is the native loop's.
+the server runs them (`step_tokens`). The last step's phases come from the step records;
+the LoRA time of all the steps until the first token from a timer around the LoRA calls
+(`LoRATimer`: every projection's `kernels.lora_apply_modules`, and the part of it spent in
+products on long runs of one adapter, kernels/lora_segment_gemm.py; the rest is the native
+loop's), and the prompt's chunks (rows per step) from the step records.
 
     .venv/bin/python benchmarks/first_token.py --rounds 5 --dtype float32
 """
@@ -63,21 +64,23 @@ class LoRATimer:
 
 def first_token(llm: LLM, prompt: list[int], tag: str, lora: LoRARequest | None, timer):
     """Seconds to the request's first token, the phases of the step that gave it, its wall
-    ms, and its LoRA ms (all, products)."""
+    ms, the LoRA ms of all the steps until then (all, products) and the prompt's chunks."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    timer.reset()
     start = time.perf_counter()
     engine.add_request(tag, {"prompt_token_ids": prompt}, params, lora_request=lora)
+    chunks = []
     while True:
-        timer.reset()
         output = engine.step_tokens()
+        chunks += [n for _, n in engine.step_records[-1].prefill_chunks if n > 1]
         if any(r.request.request_id == tag and r.seqs[0].results for r in output.requests):
             seconds = time.perf_counter() - start
             break
     record = engine.step_records[-1]
     engine.abort_request(tag)
     lora_ms = {"lora": timer.lora_ms, "products": timer.products_ms}
-    return seconds, dict(record.phases), record.ms, lora_ms
+    return seconds, dict(record.phases), record.ms, lora_ms, chunks
 
 
 def main() -> None:
@@ -126,17 +129,20 @@ def main() -> None:
     print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
     shape = f"rank {args.rank} on all projections, {PROMPT_TOKENS}-token prompt"
     print(f"# {args.rounds} rounds; {shape}")
-    print("| request | first token ms (median) | its step ms | step phases (ms) | LoRA ms |")
-    print("|---|---|---|---|---|")
+    print(
+        "| request | first token ms (median) | its step ms | step phases (ms) | LoRA ms | chunks |"
+    )
+    print("|---|---|---|---|---|---|")
     medians = {}
     for name, runs in results.items():
-        medians[name] = statistics.median(s for s, _, _, _ in runs) * 1e3
-        step = statistics.median(ms for _, _, ms, _ in runs)
-        phases = {k: statistics.median(p.get(k, 0.0) for _, p, _, _ in runs) for k in runs[0][1]}
+        medians[name] = statistics.median(s for s, _, _, _, _ in runs) * 1e3
+        step = statistics.median(ms for _, _, ms, _, _ in runs)
+        phases = {k: statistics.median(p.get(k, 0.0) for _, p, _, _, _ in runs) for k in runs[0][1]}
         shown = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
-        lora = {k: statistics.median(t[k] for _, _, _, t in runs) for k in runs[0][3]}
+        lora = {k: statistics.median(t[k] for _, _, _, t, _ in runs) for k in runs[0][3]}
         spent = f"{lora['lora']:.1f} (products {lora['products']:.1f})"
-        print(f"| {name} | {medians[name]:.1f} | {step:.1f} | {shown} | {spent} |")
+        chunks = runs[len(runs) // 2][4]  # one round's prompt chunks (rows per step)
+        print(f"| {name} | {medians[name]:.1f} | {step:.1f} | {shown} | {spent} | {chunks} |")
     print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
     print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
 
