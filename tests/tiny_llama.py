@@ -155,6 +155,18 @@ def make_adapters(model_dir, out_root, specs, init_scale=0.3) -> dict[str, Path]
     return paths
 
 
+def ranked_adapters(model_dir, out_root: Path, ranks: dict[str, int], seed: int) -> dict[str, Path]:
+    """One random adapter per name at its rank on every module (seeded `seed + rank`), made
+    from the tiny model in `model_dir`."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {
+        name: make_random_adapter(
+            base, out_root / name, rank=rank, targets=ALL_MODULES, seed=seed + rank, init_scale=0.4
+        )
+        for name, rank in ranks.items()
+    }
+
+
 def peft_model_with(model_dir, paths: dict):
     """The base model in float32 with every adapter of ``paths`` loaded under its name."""
     from peft import PeftModel

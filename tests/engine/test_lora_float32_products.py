@@ -7,14 +7,11 @@ for its adapter at its own rank, token for token."""
 from __future__ import annotations
 
 import pytest
-import torch
 from staggered_testlib import drive, greedy, record_steps
-from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
-from transformers import AutoModelForCausalLM
+from tiny_llama import peft_greedy, peft_model_with, ranked_adapters
 
 from loragate.adapters import LoRARequest
 from loragate.kernels import lora_cpu, lora_modules, lora_segment_gemm
-from loragate.tools import make_random_adapter
 
 N = 10
 RANKS = {"r8": 8, "r16": 16, "r64": 64}
@@ -24,14 +21,7 @@ LONG_PROMPT = 150  # chunks of up to max_num_batched_tokens rows of one slot
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir, tmp_path_factory):
     model_dir = tiny_model_dir("llama")
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    root = tmp_path_factory.mktemp("float32-products")
-    paths = {
-        name: make_random_adapter(
-            base, root / name, rank=rank, targets=ALL_MODULES, seed=30 + rank, init_scale=0.4
-        )
-        for name, rank in RANKS.items()
-    }
+    paths = ranked_adapters(model_dir, tmp_path_factory.mktemp("float32-products"), RANKS, seed=30)
     return str(model_dir), paths, peft_model_with(model_dir, paths)
 
 

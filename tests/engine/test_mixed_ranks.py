@@ -8,13 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 from staggered_testlib import TIGHT_LORA_ENGINE, drive_under_pressure
-from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
-from transformers import AutoModelForCausalLM
+from tiny_llama import peft_greedy, peft_model_with, ranked_adapters
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.kernels import lora_cpu
-from loragate.tools import make_random_adapter
 
 N = 12
 RANKS = {"r8": 8, "r16": 16, "r64": 64, "r128": 128}
@@ -23,14 +21,7 @@ RANKS = {"r8": 8, "r16": 16, "r64": 64, "r128": 128}
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir, tmp_path_factory):
     model_dir = tiny_model_dir("llama")
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    root = tmp_path_factory.mktemp("mixed-ranks")
-    paths = {
-        name: make_random_adapter(
-            base, root / name, rank=rank, targets=ALL_MODULES, seed=80 + rank, init_scale=0.4
-        )
-        for name, rank in RANKS.items()
-    }
+    paths = ranked_adapters(model_dir, tmp_path_factory.mktemp("mixed-ranks"), RANKS, seed=80)
     return str(model_dir), paths, peft_model_with(model_dir, paths)
 
 
