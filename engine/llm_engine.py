@@ -83,6 +83,7 @@ class LLMEngine:
         # this one owner; None without LoRA. Made before the KV cache is sized: on a GPU the
         # slots' stacks are allocated here, and the KV budget counts what is in use.
         self.residency = None
+        self._step_thread: int | None = None  # the thread running steps (loads on it: unpaced)
         if config.enable_lora:
             spec = self.model.lora_spec(self.base_model_name)
             capacity = lora_capacity(config, spec, device, dtype)
@@ -265,7 +266,7 @@ class LLMEngine:
         scheduler = getattr(self, "scheduler", None)
         if scheduler is None or not scheduler.running:
             return False
-        return threading.get_ident() != getattr(self, "_step_thread", None)
+        return threading.get_ident() != self._step_thread
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
