@@ -18,6 +18,11 @@ counts only what is left: nothing is counted twice. What it may count and the cl
 got is the last event, if the process dies between the write and the send. While the store
 is unreachable the counts wait in this process (usage_meter), and die with it.
 
+An engine request of a whole answer whose engine stopped mid-request (a replica lost) is
+sent again by `resend` (serving/run.py decides when): the lost one's tokens reached no
+client, so they are neither counted nor observed, and the lease and queue place stay as they
+were. A whole answer that still ends in that error is `undelivered`: nothing of it counted.
+
 `records` says what the account did: sequences admitted and released, the reservation and
 lease, the usage recorded, the tokens the lease was given back with, and what the metrics
 were told (tests/gateway/serving/test_request_account.py checks each against what was sent).
@@ -114,7 +119,21 @@ class AccountRecords:
     recorded: UsageCounts = field(default_factory=UsageCounts)  # usage written, in all
     quota_tokens: int | None = None  # tokens the lease was given back with (None: not yet)
     observed: list[tuple[str, int]] = field(default_factory=list)  # (request id, tokens)
+    resent: int = 0  # engine requests sent again after their engine stopped mid-request
+    delivered: bool = True  # False: the client got nothing of it (a whole answer lost)
     ended: bool = False
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What one engine request was started with, to send it again as it was."""
+
+    prompt: object
+    params: SamplingParams
+    request_id: str
+    field_names: dict[str, str]
+    adapter_param: str
+    priority: int
 
 
 class RequestAccount:
@@ -134,6 +153,7 @@ class RequestAccount:
         self.generations: list[Generation] = []
         self.records = AccountRecords(reserved=cost, lease=lease)
         self._places: list[int] = []  # each generation's sequences in the queue
+        self._started: list[_Started] = []  # what each generation was started with
 
     def start(
         self,
@@ -147,7 +167,7 @@ class RequestAccount:
     ) -> Generation:
         """Admit one engine request to the queue (429 if it is full) and hand it to the
         engine; call its `prime()` next."""
-        accounting, caller = self._accounting, self.caller
+        accounting = self._accounting
         engine = accounting.engine
         if not engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {engine.dead_error}")
@@ -158,27 +178,53 @@ class RequestAccount:
             accounting.observer.count_rejected("queue_full")
             raise
         self.records.admitted_seqs += num_seqs
-        outputs = engine.generate(
-            prompt,
-            params,
-            request_id,
+        started = _Started(prompt, params, request_id, field_names, adapter_param, priority)
+        gen = self._launch(started)
+        self.generations.append(gen)
+        self._places.append(num_seqs)
+        self._started.append(started)
+        return gen
+
+    @property
+    def engine_running(self) -> bool:
+        return self._accounting.engine.is_running
+
+    async def resend(self, gen: Generation) -> Generation:
+        """Send again an engine request whose engine stopped mid-request (a replica or its
+        node lost) before anything of this HTTP request left for its client (a whole answer
+        not yet sent): the same prompt and parameters, under the same id and in the same
+        queue place; primed. What the lost one produced is neither counted nor observed, as
+        no client received it. Only where the engine still runs (replicas left): one engine
+        in this process that stopped cannot take it again."""
+        assert gen.engine_lost, "only an engine request whose engine stopped is sent again"
+        assert self.records.recorded == UsageCounts(), "a stream's events were sent already"
+        index = self.generations.index(gen)
+        await gen.aclose()
+        again = self._launch(self._started[index])
+        self.generations[index] = again
+        self.records.resent += 1
+        await again.prime()
+        return again
+
+    def _launch(self, started: _Started) -> Generation:
+        caller, root = self.caller, self._accounting.adapter_root
+        outputs = self._accounting.engine.generate(
+            started.prompt,
+            started.params,
+            started.request_id,
             lora_request=self.lora,
             cache_salt=caller.cache_salt,
             tenant=caller.tenant,
             tenant_weight=caller.weight,
-            priority=priority,
+            priority=started.priority,
         )
-        root = accounting.adapter_root
-        gen = Generation(
+        return Generation(
             outputs,
-            request_id,
-            field_names=field_names,
-            adapter_param=adapter_param,
+            started.request_id,
+            field_names=started.field_names,
+            adapter_param=started.adapter_param,
             scrub=lambda text: hide_root(text, root),
         )
-        self.generations.append(gen)
-        self._places.append(num_seqs)
-        return gen
 
     async def counted(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """`events`, each sent only once the usage it carries is counted in the store."""
@@ -196,6 +242,13 @@ class RequestAccount:
         self.records.recorded = _plus(self.records.recorded, new)
         await asyncio.shield(self._accounting.in_background(self._record(new)))
 
+    def undelivered(self) -> None:
+        """The client gets none of what the engine produced: a whole answer that ends in an
+        error because its engine stopped mid-request. `end()` counts no usage, gives the
+        lease back with nothing used and tells the metrics of no generation."""
+        assert self.records.recorded == UsageCounts(), "a stream's events were sent already"
+        self.records.delivered = False
+
     async def end(self) -> None:
         """Release everything, once (later calls do nothing). The queue places are given
         back and the metrics told at once, so even while this task is being cancelled; the
@@ -209,7 +262,7 @@ class RequestAccount:
             for gen in self.generations:
                 await gen.aclose()
         finally:
-            counts = usage_counts(self.generations)
+            counts = usage_counts(self.generations) if self.records.delivered else UsageCounts()
             unrecorded = _minus(counts, self.records.recorded)
             self.records.recorded = _plus(self.records.recorded, unrecorded)
             self.records.quota_tokens = counts.prompt_tokens + counts.completion_tokens
@@ -220,7 +273,7 @@ class RequestAccount:
         accounting = self._accounting
         accounting.admission.release(num_seqs)
         self.records.released_seqs += num_seqs
-        if gen.latest is not None:
+        if gen.latest is not None and self.records.delivered:
             accounting.observer.observe_generation(gen, self.lora, self.caller.tenant)
             self.records.observed.append((gen.request_id, gen.num_output_tokens))
 

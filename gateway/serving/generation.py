@@ -57,6 +57,7 @@ class Generation:
         self._adapter_param = adapter_param
         self._scrub = scrub
         self._closed = False
+        self.engine_lost = False  # its engine (a replica) stopped after it had begun
 
     @property
     def finished(self) -> bool:
@@ -97,6 +98,7 @@ class Generation:
                 self._seen(out)
                 yield checked(out)
         except EngineDeadError as exc:
+            self.engine_lost = True
             raise EngineUnavailableError(
                 f"the engine stopped mid-request: {exc}", code=ENGINE_UNAVAILABLE
             ) from exc

@@ -5,6 +5,11 @@ admit it), starts one engine request per prompt through it, and primes them all 
 is a 4xx before any byte is sent); then the route either `collect`s the final outputs or
 `stream`s its own events. Either way the account ends exactly once: after collecting, when
 the stream closes, or at once if anything before that failed.
+
+A whole answer is sent only once every generation has finished, so one whose engine stopped
+mid-request (a replica, or the node under it, lost) is sent again, up to `RESENDS` times,
+before anything reaches the client; a stream that had begun ends with an error event
+instead (the route's events).
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ from litestar.response import Stream
 
 from loragate.adapters import LoRARequest
 from loragate.engine import RequestOutput, SamplingParams
+from loragate.gateway.errors import EngineUnavailableError
 from loragate.gateway.serving.accounting import Accounting, RequestAccount
 from loragate.gateway.serving.disconnect import until_disconnect
 from loragate.gateway.serving.generation import Generation, prime_all, results_all
 from loragate.gateway.serving.sse import sse_response
 from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.request_cost import RequestCost
+
+# Times a whole answer's engine request is sent again after its engine stopped mid-request
+# (each send itself waits for a live replica: gateway/replicas/replicated_engine.py).
+RESENDS = 2
 
 
 class Run:
@@ -38,9 +48,24 @@ class Run:
     async def collect(self) -> list[RequestOutput]:
         """Every generation's final output; the request ends here."""
         try:
-            return await until_disconnect(self._request.receive, results_all(self.generations))
+            return await until_disconnect(self._request.receive, self._finished())
         finally:
             await self.account.end()
+
+    async def _finished(self) -> list[RequestOutput]:
+        for attempt in range(RESENDS + 1):
+            try:
+                return await results_all(self.generations)
+            except EngineUnavailableError:
+                lost = [g for g in self.generations if g.engine_lost]
+                if not lost:
+                    raise
+                if attempt == RESENDS or not self.account.engine_running:
+                    self.account.undelivered()  # the 503 is all its client gets
+                    raise
+                for gen in lost:
+                    await self.account.resend(gen)
+        raise AssertionError("unreachable")
 
     def stream(self, events: AsyncIterator[bytes]) -> Stream:
         """The route's events as server-sent events, each sent once what it carries is

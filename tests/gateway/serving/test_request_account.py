@@ -17,13 +17,13 @@ import asyncio
 import pytest
 
 from loragate.adapters import LoRARequest
-from loragate.engine import CompletionOutput, RequestOutput, SamplingParams
-from loragate.gateway.errors import QueueFullError
+from loragate.engine import CompletionOutput, EngineDeadError, RequestOutput, SamplingParams
+from loragate.gateway.errors import EngineUnavailableError, QueueFullError
 from loragate.gateway.serving.accounting import Accounting, RequestAccount
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.disconnect import ClientDisconnectedError
 from loragate.gateway.serving.generation import outputs_of
-from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.run import RESENDS, run_generations
 from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.request_cost import RequestCost
 from loragate.registry import UsageCounts
@@ -260,5 +260,79 @@ def test_cancelled_after_the_last_token():
         account, sent = await stream_until(accounting, engine, leave_after=TOKENS)
         assert sent == TOKENS and engine.aborted == []
         check(account, sent, quotas, usage, metrics, accounting.admission)
+
+    asyncio.run(scenario())
+
+
+class LosingEngine(ScriptedEngine):
+    """A ScriptedEngine whose first `losses` requests stop after `lost_after` outputs with
+    EngineDeadError, as a replica's calls do when its node is lost; `running` says whether
+    the engine itself still runs (replicas left) or stopped with them (one engine)."""
+
+    def __init__(self, losses: int, lost_after: int = 2, running: bool = True):
+        super().__init__()
+        self.losses, self.lost_after, self.is_running = losses, lost_after, running
+
+    async def generate(self, prompt, params, request_id, lora_request=None, **options):
+        losing = self.losses > 0
+        self.losses -= 1
+        async for out in super().generate(prompt, params, request_id, lora_request):
+            yield out
+            if losing and len(out.outputs[0].token_ids) == self.lost_after:
+                raise EngineDeadError("the replica serving it stopped: its node was lost")
+
+
+def losing_parts(engine: LosingEngine):
+    _, _, quotas, usage, metrics = parts()
+    accounting = Opened(engine, Admission(max_running=1, max_queue=4), quotas, usage, metrics)
+    return accounting, quotas, usage, metrics
+
+
+def test_a_whole_answer_lost_mid_request_is_sent_again_and_counted_once():
+    async def scenario():
+        engine = LosingEngine(losses=1)
+        accounting, quotas, usage, metrics = losing_parts(engine)
+        engine.release(2 + TOKENS)  # the lost request's two outputs, then the whole answer
+        run = await start(accounting, Client())
+        (final,) = await asyncio.wait_for(run.collect(), WAIT_S)
+        await settled(accounting)
+        assert final.finished and final.outputs[0].token_ids == list(range(TOKENS))
+        assert engine.handed == ["r-0", "r-0"] and run.account.records.resent == 1
+        # The lost request's two tokens reached no client: only the answer is counted.
+        check(run.account, TOKENS, quotas, usage, metrics, accounting.admission)
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_lost_more_often_than_it_is_resent_is_a_503():
+    async def scenario():
+        engine = LosingEngine(losses=RESENDS + 1)
+        accounting, quotas, usage, metrics = losing_parts(engine)
+        engine.release(2 * (RESENDS + 1))
+        run = await start(accounting, Client())
+        with pytest.raises(EngineUnavailableError) as raised:
+            await asyncio.wait_for(run.collect(), WAIT_S)
+        await settled(accounting)
+        assert raised.value.code == "engine_unavailable"
+        assert engine.handed == ["r-0"] * (RESENDS + 1)
+        assert run.account.records.resent == RESENDS
+        # Nothing was sent: nothing counted, the lease given back with nothing, no place held.
+        check(run.account, None, quotas, usage, metrics, accounting.admission)
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_engine_is_not_sent_the_request_again():
+    async def scenario():
+        engine = LosingEngine(losses=1)
+        accounting, quotas, usage, metrics = losing_parts(engine)
+        engine.release(2)
+        run = await start(accounting, Client())
+        engine.is_running = False  # one engine, and it stopped: no replica to send it to
+        with pytest.raises(EngineUnavailableError, match="stopped mid-request"):
+            await asyncio.wait_for(run.collect(), WAIT_S)
+        await settled(accounting)
+        assert engine.handed == ["r-0"] and run.account.records.resent == 0
+        check(run.account, None, quotas, usage, metrics, accounting.admission)
 
     asyncio.run(scenario())
