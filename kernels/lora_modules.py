@@ -22,7 +22,13 @@ from ._backend import require
 from .lora import _checked_index, _use_triton, lora_apply
 from .lora_cpu import ModuleStruct, NativeLoRA
 from .lora_groups import LoraIndex
-from .lora_segment_gemm import apply_long_segments, gemm_min_rows, long_segments
+from .lora_segment_gemm import (
+    apply_long_segments,
+    gemm_min_rows,
+    gemm_row_ranks,
+    long_segments,
+    worth_a_product,
+)
 from .lora_torch import _native
 
 
@@ -37,7 +43,8 @@ class LoRAModules:
 
     ``gemm_rows``: from how many consecutive rows of one slot the native path runs them as
     products (lora_segment_gemm.py); 0 never; None (the default) as this CPU and
-    LORAGATE_LORA_GEMM_ROWS say for the group's dtype, read here once.
+    LORAGATE_LORA_GEMM_ROWS say for the group's dtype, read here once, with the rows times
+    a slot's own rank such a run needs besides (``gemm_row_ranks``; None: rows alone).
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class LoRAModules:
         self.width = max(columns.stop for _, _, columns in self.modules)
         require(gemm_rows is None or gemm_rows >= 0, f"gemm_rows must be >= 0, got {gemm_rows}")
         self.gemm_rows = gemm_min_rows(self.dtype) if gemm_rows is None else gemm_rows or None
+        self.gemm_row_ranks = gemm_row_ranks(self.dtype) if gemm_rows is None else None
         # slot -> per module, (A [r, d_in], B transposed [r, d_out]) or None: slots whose
         # rows are not the stacks'.
         self.placed: dict[int, tuple] = {}
@@ -110,6 +118,10 @@ class LoRAModules:
             None if entry is None else (entry[0][: self.rank], entry[1][: self.rank])
             for entry in placed
         )
+
+    def own_rank(self, slot: int) -> int:
+        """The most rank rows any module of ``slot`` reads (0: it adds nothing here)."""
+        return max((rows[0].shape[0] for rows in self.rows_of(slot) if rows is not None), default=0)
 
     def _check_rows(self, entry, d_out: int) -> None:
         a, bt = entry
@@ -215,6 +227,8 @@ def _apply_native(native, x, modules: LoRAModules, index: LoraIndex, slot_ids, s
     beats its per-token loop (lora_segment_gemm.py): those go through torch's products."""
     min_rows = modules.gemm_rows
     split = None if min_rows is None else long_segments(index, min_rows)
+    if split is not None and modules.gemm_row_ranks is not None:
+        split = worth_a_product(index, split, modules.gemm_row_ranks, modules.own_rank)
     if split is not None:
         columns = tuple(cols for _, _, cols in modules.modules)
         apply_long_segments(x, split.runs, modules.rows_of, columns, scales, out)

@@ -11,8 +11,10 @@ kernel does.
 
 The threshold depends on the dtype and the CPU, read from its flags at run time
 (kernels/cpu_isa.py), and is overridable with LORAGATE_LORA_GEMM_ROWS (rows, for float32 and
-bf16 alike; 0 turns the split off). bf16: 32 rows with AMX, 1024 on AVX512-BF16 without AMX,
-never on a CPU with neither (bf16 emulated there). float32: FLOAT32_AVX2_MIN_ROWS on a CPU
+bf16 alike; 0 turns the split off). bf16 with AMX: a run's rows times its slot's own rank
+at least AMX_ROW_RANKS (and at least AMX_MIN_ROWS rows), as oneDNN's cost there is mostly per
+product while the native loop's grows with rows and rank; 1024 rows on AVX512-BF16 without
+AMX; never on a CPU with neither (bf16 emulated there). float32: FLOAT32_AVX2_MIN_ROWS on a CPU
 with AVX2 and FMA but no AVX-512 (measured there), never elsewhere (not measured: the native
 loop stays). LoRAModules reads the threshold once, when a projection's group is prepared.
 
@@ -33,8 +35,14 @@ from .cpu_isa import AVX512_BF16_FLAG, avx2_without_avx512, has_amx, this_cpu_fl
 from .lora_groups import LoraIndex
 
 GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
-# Rows of one slot from which a bf16 product beats the native per-token loop. AMX: a tile is
-# 16 rows, so two tiles' worth (not yet timed on an AMX CPU). AVX512-BF16 without AMX: the
+# Rows of one slot from which a bf16 product beats the native per-token loop. AMX: where rows
+# times the slot's rank reach AMX_ROW_RANKS, never under two tiles' worth of rows; measured by
+# benchmarks/lora_segments.py on a 2-core Intel Xeon with AMX (2026-11-27, quiet, a chunk of
+# one slot beside 16 decoding rows, the default model's seven projections), split against
+# native: rank 8 2.7 at 128 rows, 1.14 at 512, 0.76 at 768, 0.71 at 1024; rank 16 1.12 at
+# 256, 0.89 at 384, 0.75 at 512; rank 32 1.13 at 192, 0.91 at 256; rank 64 1.21 at 64, 0.92
+# at 128, 0.74 at 256; rank 128 0.87 at 96, 0.75 at 128 (BENCHMARKS.md, issue 47): break-even
+# near 5,000-8,000 rows x rank. AVX512-BF16 without AMX: the
 # native loop (vdpbf16ps) wins short runs and oneDNN's bf16 GEMM long ones; measured by
 # benchmarks/lora_segments.py on a 2-core AMD EPYC (2026-11-27, quiet, a chunk of one slot
 # beside 16 decoding rows, the default model's q/k/v, gate/up and down, ranks 8-128), split
@@ -42,6 +50,7 @@ GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
 # 1024 and 0.59-0.74x at 2000 (BENCHMARKS.md, issue 47). A batch of over 2048 tokens takes
 # neither (lora_torch.NATIVE_MAX_TOKENS).
 AMX_MIN_ROWS = 32
+AMX_ROW_RANKS = 8192
 AVX512_BF16_MIN_ROWS = 1024
 # Rows of one slot from which a float32 product (the BLAS's sgemm) beats the native loop on a
 # CPU with AVX2 and FMA but no AVX-512, measured by benchmarks/lora_segments.py on a 2-core AMD
@@ -83,6 +92,36 @@ def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> in
     if has_amx(flags):
         return AMX_MIN_ROWS
     return AVX512_BF16_MIN_ROWS if AVX512_BF16_FLAG in flags else None
+
+
+def gemm_row_ranks(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:
+    """Rows times a slot's own rank from which its run takes a product, on top of
+    `gemm_min_rows` (None: rows alone decide): AMX_ROW_RANKS for bf16 on a CPU with AMX, unless
+    LORAGATE_LORA_GEMM_ROWS sets the rows. Read once, where a group is prepared."""
+    if dtype != torch.bfloat16 or os.environ.get(GEMM_ROWS_ENV, "").strip():
+        return None
+    return AMX_ROW_RANKS if has_amx(this_cpu_flags() if flags is None else flags) else None
+
+
+def worth_a_product(
+    index: LoraIndex, split: LongSegments, row_ranks: int, rank_of
+) -> LongSegments | None:
+    """`split`'s runs whose rows times their slot's own rank (`rank_of(slot)`) reach
+    `row_ranks`; the others go back to the native kernel. Worked out once per index and set
+    of runs kept."""
+    kept = tuple(run for run in split.runs if (run[2] - run[1]) * rank_of(run[0]) >= row_ranks)
+    if kept == split.runs:
+        return split
+    if not kept:
+        return None
+    key = ("long_segments", kept)
+    if key not in index.derived:
+        native = index.slot_ids.clone()
+        for _, first, end in kept:
+            native[first:end] = -1
+        covered = sum(end - first for _, first, end in kept)
+        index.derived[key] = LongSegments(kept, native, index.num_active - covered)
+    return index.derived[key]
 
 
 def long_segments(index: LoraIndex, min_rows: int) -> LongSegments | None:

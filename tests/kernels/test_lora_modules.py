@@ -154,3 +154,35 @@ def test_bad_placements_are_named():
     with pytest.raises(ValueError, match="contiguous"):
         group.place(0, strided)
     assert not group.placed, "a refused placement changes nothing"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 3, 4, 9, 40])
+def test_any_thread_count_gives_the_same_bits(dtype, tokens):
+    """The native call splits a batch between threads by rows, by columns or not at all, as
+    its size says; each row's sums are the same whichever thread makes them, so one thread
+    and several give bit-equal outputs (float32 is bit-equal to the one-thread path), and
+    both match the float64 reference. A share given another share's rows, y scratch or
+    output rows would not."""
+    torch.manual_seed(tokens)
+    modules = fused_group(dtype)
+    group = kernels.LoRAModules(modules, gemm_rows=0)
+    assert group.table is not None, lora_cpu.native_lora_error()
+    slots = torch.sort(torch.randint(-1, SLOTS, (tokens,)))[0]
+    x = torch.randn(tokens, D_IN, dtype=dtype)
+    scales = torch.rand(SLOTS) + 0.5
+    before = torch.randn(tokens, sum(D_OUTS), dtype=dtype)
+    outputs = {}
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            out = before.clone()
+            index = kernels.lora_index(slots, SLOTS)
+            kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
+            outputs[count] = out
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outputs[1], outputs[2]) and torch.equal(outputs[1], outputs[3])
+    bound = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_error(outputs[2], reference(x, modules, slots, scales, before)) < bound

@@ -15,11 +15,14 @@ from loragate.kernels import lora_segment_gemm
 from loragate.kernels.cpu_isa import avx2_without_avx512, cpu_flags, has_amx
 from loragate.kernels.lora_segment_gemm import (
     AMX_MIN_ROWS,
+    AMX_ROW_RANKS,
     AVX512_BF16_MIN_ROWS,
     FLOAT32_AVX2_MIN_ROWS,
     GEMM_ROWS_ENV,
     gemm_min_rows,
+    gemm_row_ranks,
     long_segments,
+    worth_a_product,
 )
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
@@ -42,7 +45,13 @@ def test_the_threshold_follows_the_cpu_and_the_dtype(monkeypatch, tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16 avx512_bf16\n")
     assert has_amx(cpu_flags(cpuinfo)) and not has_amx(cpu_flags(tmp_path / "missing"))
     assert avx2_without_avx512(AVX2) and not avx2_without_avx512(AVX512_BF16 | AVX2)
+    assert gemm_row_ranks(torch.bfloat16, AMX) == AMX_ROW_RANKS, "AMX weighs rows by rank"
+    for flags in (AVX512_BF16, AVX2):
+        assert gemm_row_ranks(torch.bfloat16, flags) is None
+    for flags in (AMX, AVX512_BF16, AVX2):
+        assert gemm_row_ranks(torch.float32, flags) is None
     monkeypatch.setenv(GEMM_ROWS_ENV, "16")
+    assert gemm_row_ranks(torch.bfloat16, AMX) is None, "the override sets rows alone"
     for flags in (AMX, AVX512_BF16, AVX2):
         assert gemm_min_rows(torch.bfloat16, flags) == 16
         assert gemm_min_rows(torch.float32, flags) == 16, "the override applies to float32"
@@ -215,3 +224,82 @@ def test_the_cpu_sends_a_long_prompt_chunk_to_the_products(flags, dtype, thresho
         bound = 2e-2 if dtype == torch.bfloat16 else 1e-5
         assert rel_error(out - before, expected - before.double()) < bound
         assert torch.equal(out[slots < 0], before[slots < 0]), "base rows must not change"
+
+
+def test_a_run_is_weighed_by_its_slots_own_rank():
+    """With a rows-times-rank floor, a run stays native unless its rows times its slot's own
+    rank reach it; the native rows are then the run's again."""
+    slots = batch_slots()
+    index = kernels.lora_index(slots, SLOTS)
+    split = long_segments(index, 32)
+    ranks = {0: 8, 3: 2}
+    kept = worth_a_product(index, split, 300, ranks.__getitem__)
+    assert kept.runs == ((0, 0, 40),), "40 x 8 reaches 300; 70 x 2 does not"
+    assert kept.native_rows == 73
+    expected = slots.clone()
+    expected[:40] = -1
+    assert torch.equal(kept.native_slot_ids, expected)
+    assert worth_a_product(index, split, 300, ranks.__getitem__) is kept, "once per index"
+    assert worth_a_product(index, split, 140, ranks.__getitem__) is split, "both kept"
+    assert worth_a_product(index, split, 321, ranks.__getitem__) is None, "none kept"
+
+
+def test_amx_sends_a_chunk_to_the_products_by_rows_times_rank(monkeypatch):
+    """On a CPU with AMX (bf16), a stacked slot of the group's rank 6 splits from
+    AMX_ROW_RANKS / 6 rows, not from AMX_MIN_ROWS; both match the float64 reference."""
+    monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
+    monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: AMX)
+    calls = []
+    real = lora_segment_gemm.apply_long_segments
+    monkeypatch.setattr(
+        "loragate.kernels.lora_modules.apply_long_segments",
+        lambda *args: calls.append(args[1]) or real(*args),
+    )
+    torch.manual_seed(13)
+    scales = torch.rand(SLOTS) + 0.5
+    modules = fused_group(torch.bfloat16)
+    group = kernels.LoRAModules(modules)
+    assert (group.gemm_rows, group.gemm_row_ranks) == (AMX_MIN_ROWS, AMX_ROW_RANKS)
+    assert group.rank == 6
+    needed = -(-AMX_ROW_RANKS // group.rank)
+    for chunk in (AMX_MIN_ROWS, needed - 1, needed):
+        calls.clear()
+        slots = torch.tensor([3] * chunk + [0, 1, 2, 1, -1])
+        x = torch.randn(slots.shape[0], D_IN, dtype=torch.bfloat16)
+        before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=torch.bfloat16)
+        out = before.clone()
+        kernels.lora_apply_modules(
+            x, group, slots, scales, out, index=kernels.lora_index(slots, SLOTS)
+        )
+        assert calls == ([((3, 0, chunk),)] if chunk == needed else []), chunk
+        expected = module_reference(x, as_stacks(modules, {}), slots, scales, before)
+        assert rel_error(out - before, expected - before.double()) < 2e-2
+        assert torch.equal(out[slots < 0], before[slots < 0]), "base rows must not change"
+
+
+def test_a_placed_slot_is_weighed_at_its_own_rank(monkeypatch):
+    """Slot 3 placed at rank 2 (under the group's 6): its 70-row run times 2 misses a floor
+    that slot 0's 40 rows times 6 reach, so only slot 0's run takes the products; every row
+    still matches the float64 reference."""
+    calls = []
+    real = lora_segment_gemm.apply_long_segments
+    monkeypatch.setattr(
+        "loragate.kernels.lora_modules.apply_long_segments",
+        lambda *args: calls.append(args[1]) or real(*args),
+    )
+    torch.manual_seed(17)
+    modules = fused_group(torch.bfloat16)
+    placements = {3: placed_rows(torch.bfloat16, 2, skip=1)}
+    group = kernels.LoRAModules(modules, gemm_rows=32)
+    group.gemm_row_ranks = 200  # 40 x 6 = 240 reaches it, 70 x 2 = 140 does not
+    group.place(3, placements[3])
+    assert (group.own_rank(0), group.own_rank(3)) == (6, 2)
+    slots = batch_slots()
+    x = torch.randn(slots.shape[0], D_IN, dtype=torch.bfloat16)
+    scales = torch.rand(SLOTS) + 0.5
+    before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=torch.bfloat16)
+    out = before.clone()
+    kernels.lora_apply_modules(x, group, slots, scales, out, index=kernels.lora_index(slots, SLOTS))
+    assert calls == [((0, 0, 40),)]
+    expected = module_reference(x, as_stacks(modules, placements), slots, scales, before)
+    assert rel_error(out - before, expected - before.double()) < 2e-2
