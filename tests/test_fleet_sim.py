@@ -8,6 +8,7 @@ choice, and the scheduler's slot rule."""
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from fleet.check import CHECK_JSON, compare, table  # noqa: E402
 from fleet.figures import Capacity, Figures, LoadTimes, StepTime, load_figures  # noqa: E402
 from fleet.in_run import figures_of, spread  # noqa: E402
+from fleet.measure import loads_beside_steps, other_steppers  # noqa: E402
 from fleet.replica import Replica, Request  # noqa: E402
 from fleet.routing import Holders, Multiplexed, RoundRobin, Spill  # noqa: E402
 from fleet.workload import Workload  # noqa: E402
@@ -65,7 +67,7 @@ def test_ttft_matches_the_measured_run(rows):
             id="disk loads 3x slower",
         ),
         pytest.param(
-            lambda f: replace(f, load=replace(f.load, paced_ratio=0.0)),
+            lambda f: replace(f, load=replace(f.load, paced_ratio=0.0, disk_paced_ms=None)),
             None,
             id="loads not paced",
         ),
@@ -186,3 +188,65 @@ def test_in_run_figures_come_from_the_trace_alone():
     assert len([n for n in got["step_noise"] if n > 1.5]) == 10  # the slow tenth, kept
     assert got["overhead_ms_median"] == pytest.approx(20 + 20, abs=0.5)
     assert spread([1.0, 2.0, 3.0, 4.0], 2) == [1.75, 3.25]  # the quartiles
+
+
+def test_a_paced_load_takes_its_measured_time():
+    """Beside running sequences a disk load takes `disk_paced_ms` when measured (its pauses
+    then the rest past its alone work), else (1 + ratio) times its alone time; with nothing
+    running it takes its alone time."""
+    measured = Figures(StepTime(10.0, 0.1, 0.1, 0.5), LoadTimes(80.0, 30.0, 1.0, 8.0, 400.0))
+    (r,) = [Replica(0, measured, 16, 32, from_store=False)]
+    r.accept(Request(0, 0.0, 1))
+    _, seconds, _ = r.start_load()
+    assert seconds == pytest.approx(0.030)
+    assert r.pause_after_load() == 0.0  # nothing running
+    r.running.append(Request(1, 0.0, 2))
+    assert r.pause_after_load() == pytest.approx(0.370)
+    older = Figures.from_json(
+        measured.to_json() | {"load": {"store_ms": 80, "disk_ms": 30, "slot_ms": 1}}
+    )
+    assert older.load.disk_paced_ms is None and older.load.paced_ms() == pytest.approx(270.0)
+    assert Figures.from_json(measured.to_json()).load.paced_ms() == 400.0
+
+
+def test_loads_beside_steps_times_only_loads_paced_throughout():
+    """fleet.measure's paced loads: each starts while sequences run on the stepping thread,
+    one that ends beside none is not kept, and the steps are stopped at the end."""
+    state = {"running": False, "steps_ran": False}
+
+    def steps(stop):
+        state["running"] = True
+        while not stop.is_set():
+            state["steps_ran"] = True
+            time.sleep(0.001)
+        state["running"] = False
+
+    tried = []
+
+    def load(i):
+        tried.append(i)
+        time.sleep(0.02)
+        if i == 1:  # the sequences ended during this load
+            state["running"] = False
+
+    def running():
+        if not state["running"] and state["steps_ran"]:
+            state["running"] = True  # the next batch starts
+            return False
+        return state["running"]
+
+    got = loads_beside_steps(load, steps, running, count=3, settle_s=0.0)
+    assert len(got) == 3 and all(15 < ms < 200 for ms in got)
+    assert tried == [0, 1, 2, 3]  # the load that ended beside no sequence, tried again
+    assert state["steps_ran"] and not state["running"]
+
+
+def test_other_steppers_run_until_stopped():
+    """The processes standing for the other replicas' step threads stay busy until told."""
+    procs, stop = other_steppers(1)
+    time.sleep(1.0)
+    assert [p.is_alive() for p in procs] == [True]
+    stop.set()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0]

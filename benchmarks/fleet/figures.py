@@ -44,6 +44,17 @@ class LoadTimes:
     # While steps run, a load pauses `paced_ratio` times its own work after each chunk so as
     # not to stall them (adapters/pacing.py): it then takes (1 + ratio) times as long.
     paced_ratio: float = PAUSE_RATIO
+    # A disk load's whole time, pauses included, measured while an engine steps beside it
+    # (and other replicas' steps load the other cores: fleet/measure.py): its work then
+    # waits for cores and the GIL, and each pause is `paced_ratio` times the work's wall
+    # time, not its alone time. None (figures measured before it): (1 + ratio) * disk_ms.
+    disk_paced_ms: float | None = None
+
+    def paced_ms(self) -> float:
+        """A disk load's time while steps run beside it."""
+        if self.disk_paced_ms is not None:
+            return self.disk_paced_ms
+        return (1 + self.paced_ratio) * self.disk_ms
 
 
 @dataclass(frozen=True)
