@@ -209,6 +209,19 @@ def test_a_paced_load_takes_its_measured_time():
     assert Figures.from_json(measured.to_json()).load.paced_ms() == 400.0
 
 
+def test_paced_loads_draw_from_the_measured_spread():
+    """With the paced loads' samples measured, each paced load takes one of them (the
+    replica's seeded draws), and the figures keep them through their JSON."""
+    load = LoadTimes(80.0, 30.0, 1.0, 8.0, 300.0, (130.0, 530.0))
+    figures = Figures.from_json(Figures(StepTime(10.0, 0.1, 0.1, 0.5), load).to_json())
+    assert figures.load.disk_paced_samples_ms == (130.0, 530.0)
+    r = Replica(0, figures, 16, 32, from_store=False)
+    r.running.append(Request(1, 0.0, 2))
+    pauses = {round(r.pause_after_load(), 3) for _ in range(50)}
+    assert pauses == {0.1, 0.5}
+    assert figures.load.paced_ms() == 300.0  # no draw: the median
+
+
 def test_loads_beside_steps_times_only_loads_paced_throughout():
     """fleet.measure's paced loads: each starts while sequences run on the stepping thread,
     one that ends beside none is not kept, and the steps are stopped at the end."""

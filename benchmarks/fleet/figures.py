@@ -10,6 +10,7 @@ kernel's per-adapter segments), fitted by least squares on the engine's step rec
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -49,9 +50,16 @@ class LoadTimes:
     # waits for cores and the GIL, and each pause is `paced_ratio` times the work's wall
     # time, not its alone time. None (figures measured before it): (1 + ratio) * disk_ms.
     disk_paced_ms: float | None = None
+    # Those measured times themselves (their spread: the cores and the GIL a load waits
+    # for vary from one to the next); a paced load draws one at random. Empty: every paced
+    # load takes `paced_ms()`.
+    disk_paced_samples_ms: tuple[float, ...] = ()
 
-    def paced_ms(self) -> float:
-        """A disk load's time while steps run beside it."""
+    def paced_ms(self, rng: random.Random | None = None) -> float:
+        """A disk load's time while steps run beside it: drawn from the measured ones when
+        given `rng` and samples, else their median, else (1 + ratio) times its alone time."""
+        if rng is not None and self.disk_paced_samples_ms:
+            return rng.choice(self.disk_paced_samples_ms)
         if self.disk_paced_ms is not None:
             return self.disk_paced_ms
         return (1 + self.paced_ratio) * self.disk_ms
@@ -93,7 +101,10 @@ class Figures:
     def from_json(cls, data: dict) -> Figures:
         return cls(
             step=StepTime(**data["step"]),
-            load=LoadTimes(**data["load"]),
+            load=LoadTimes(
+                **data["load"]
+                | {"disk_paced_samples_ms": tuple(data["load"].get("disk_paced_samples_ms", ()))}
+            ),
             capacity=Capacity(**data.get("capacity", {})),
             overhead_ms=data.get("overhead_ms", 0.0),
             step_scale=data.get("step_scale", 1.0),

@@ -166,7 +166,7 @@ def main() -> None:
         default=1,
         help="processes busy beside the paced loads: the check run's other replicas",
     )
-    p.add_argument("--paced-loads", type=int, default=8)
+    p.add_argument("--paced-loads", type=int, default=16)
     args = p.parse_args()
     torch.set_num_threads(1)
     cap = Capacity(slots=4, cpu_tier=8, max_num_seqs=64, token_budget=512)
@@ -243,6 +243,7 @@ def main() -> None:
             disk_ms=round(statistics.median(disk), 2),
             slot_ms=round(statistics.median(slot), 3) if slot else 0.0,
             disk_paced_ms=round(statistics.median(paced), 2),
+            disk_paced_samples_ms=tuple(round(v, 1) for v in paced),
         ),
         capacity=cap,
         source={
@@ -254,7 +255,6 @@ def main() -> None:
             "steps_fitted": len(ms),
             "fit_median_relative_error": round(err, 3),
             "disk_ms_samples": [round(v, 1) for v in disk],
-            "disk_paced_ms_samples": [round(v, 1) for v in paced],
             "disk_paced_beside": f"the engine stepping 8 sequences, {args.other_steppers} "
             "other stepping processes",
             "measured": "step time (fit), disk_ms, disk_paced_ms, slot_ms",

@@ -5,12 +5,13 @@ step), the CPU tier (`cpu_tier` adapters: Ray Serve's multiplexed LRU, which is 
 the router knows the replica holds), the replica's disk cache (adapters fetched from the
 store once, never dropped), and the adapter store. A request whose adapter is not in the
 CPU tier waits for one loader (FIFO) to bring it up, paced while steps run
-(adapters/pacing.py: the load then takes its time measured beside a stepping engine, where
-measured, else (1 + ratio) times its alone time); requests for an adapter being loaded
-wait for that load. The scheduler admits waiting requests in order within the token
-budget and `max_num_seqs`, as engine/scheduler.py does: one adapter is copied into a slot
-per step (the others needing a copy wait for the next), and a request whose adapter finds no
-slot free of running sequences blocks the adapter requests behind it for that step.
+(adapters/pacing.py: the load then takes one of its times measured beside a stepping
+engine, drawn at random, where measured, else (1 + ratio) times its alone time); requests
+for an adapter being loaded wait for that load. The scheduler admits waiting requests in
+order within the token budget and `max_num_seqs`, as engine/scheduler.py does: one adapter
+is copied into a slot per step (the others needing a copy wait for the next), and a
+request whose adapter finds no slot free of running sequences blocks the adapter requests
+behind it for that step.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class Replica:
         """Seconds the load takes past its alone work: paced while sequences run (the
         measured paced time, fleet/figures.py's `LoadTimes.paced_ms`)."""
         load = self.figures.load
-        return (load.paced_ms() - load.disk_ms) / 1e3 if self.running else 0.0
+        return (load.paced_ms(self.rng) - load.disk_ms) / 1e3 if self.running else 0.0
 
     def finish_load(self, a: int) -> list[Request]:
         """The adapter is in the CPU tier: its requests wait for the scheduler."""
