@@ -1,7 +1,11 @@
-"""The model against the real run recorded in benchmarks/fleet_check.json: the same
-workload, capacities and routing, simulated with the measured figures; TTFT and load counts
-side by side with their relative error. The model's router draws are random (Ray Serve's
-two choices), so each figure is the mean over `seeds` simulations."""
+"""The model against a real run: the same workload, capacities and routing, simulated with
+the figures measured on the run's machine; TTFT and load counts side by side with their
+relative error. The model's router draws are random (Ray Serve's two choices), so each
+figure is the mean over `seeds` simulations.
+
+The recorded runs: benchmarks/fleet_check.json with benchmarks/fleet_figures.json, and each
+folder of benchmarks/fleet_runs/ holding a run's fleet_check.json and the fleet_figures.json
+measured beside it (`recorded_runs`)."""
 
 from __future__ import annotations
 
@@ -9,13 +13,14 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .figures import Figures, StepTime, load_figures
+from .figures import FIGURES_JSON, Figures, StepTime, load_figures
 from .report import summary
 from .routing import POLICIES
 from .simulate import simulate
 from .workload import Workload
 
 CHECK_JSON = Path(__file__).resolve().parent.parent / "fleet_check.json"
+RUNS_DIR = Path(__file__).resolve().parent.parent / "fleet_runs"
 METRICS = ("ttft_p50_s", "ttft_p99_s", "disk_loads", "slot_loads")
 
 
@@ -29,6 +34,26 @@ class Row:
     @property
     def error(self) -> float:
         return abs(self.simulated - self.measured) / self.measured
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    name: str
+    figures: Path  # fleet.measure's figures, taken on the run's machine
+    check: Path  # fleet.check_run's record
+
+
+def recorded_runs(
+    check: Path = CHECK_JSON, figures: Path = FIGURES_JSON, runs_dir: Path = RUNS_DIR
+) -> list[RecordedRun]:
+    """The run the check names by default, then every run kept in `runs_dir` (a folder each,
+    with both files), by folder name."""
+    runs = [RecordedRun(check.name, figures, check)]
+    for folder in sorted(runs_dir.glob("*/")) if runs_dir.is_dir() else ():
+        kept = (folder / FIGURES_JSON.name, folder / CHECK_JSON.name)
+        if all(p.exists() for p in kept):
+            runs.append(RecordedRun(folder.name, *kept))
+    return runs
 
 
 def simulated(figures: Figures, record: dict, policy: str, seeds: int) -> dict:
