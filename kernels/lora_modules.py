@@ -211,7 +211,7 @@ def lora_apply_modules(
         return
     if modules.table is not None and x.dtype == modules.dtype:
         if modules.placed or not _use_triton(backend, x, index):
-            native = _native(index, x, out)
+            native = _native(index, x, out, splits_long_runs=modules.gemm_rows is not None)
             if native is not None:
                 _apply_native(native, x, modules, index, slot_ids, scales, out)
                 return

@@ -27,17 +27,29 @@ from .lora_groups import LoraIndex
 NATIVE_MAX_TOKENS = 2048
 # One slot for every active token: up to this many of them the native loops beat one BLAS
 # matmul (same machine and call: at 16 tokens 0.1 against 0.2 ms, at 128 even in float32 and
-# native ahead in bf16, at 600 BLAS ahead in float32 rank 64, 1.7 against 2.4 ms).
+# native ahead in bf16, at 600 BLAS ahead in float32 rank 64, 1.7 against 2.4 ms). Where the
+# CPU has a split rule for the dtype (lora_segment_gemm.gemm_min_rows), the native path takes
+# such batches whole and its rule sends the long runs to products: on the Xeon with AMX, a
+# rank-8 warm adapter's 256-token prompt spent 79 ms in LoRA on the grouped matmuls (oneDNN's
+# cost per small product), 35 ms on the native loop (benchmarks/first_token.py, bf16).
 NATIVE_MAX_SINGLE_SLOT_TOKENS = 128
 
 
-def _native(index: LoraIndex, *tensors: torch.Tensor) -> NativeLoRA | None:
+def _native(
+    index: LoraIndex, *tensors: torch.Tensor, splits_long_runs: bool = False
+) -> NativeLoRA | None:
     """The native per-token kernels, where they serve this call better than a grouped matmul:
     several slots in use or a few tokens on one, decode-sized batches, float32 or bfloat16
-    tensors with contiguous rows (scales, read as float32, are not among `tensors`)."""
+    tensors with contiguous rows (scales, read as float32, are not among `tensors`). A caller
+    that `splits_long_runs` (lora_segment_gemm.py: long runs of one slot go to products by
+    this CPU's measured rule) takes one slot's tokens however many, up to NATIVE_MAX_TOKENS."""
     if index.num_tokens > NATIVE_MAX_TOKENS:
         return None
-    if index.single_slot is not None and index.num_active > NATIVE_MAX_SINGLE_SLOT_TOKENS:
+    if (
+        not splits_long_runs
+        and index.single_slot is not None
+        and index.num_active > NATIVE_MAX_SINGLE_SLOT_TOKENS
+    ):
         return None
     if not (NativeLoRA.fits(*tensors) and index.slot_ids.is_contiguous()):
         return None

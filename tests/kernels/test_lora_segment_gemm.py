@@ -11,7 +11,7 @@ from test_lora_modules import D_IN, D_OUTS, SLOTS, as_stacks, fused_group, place
 from test_lora_modules import reference as module_reference
 
 from loragate import kernels
-from loragate.kernels import lora_segment_gemm
+from loragate.kernels import lora_modules, lora_segment_gemm
 from loragate.kernels.cpu_isa import avx2_without_avx512, cpu_flags, has_amx
 from loragate.kernels.lora_segment_gemm import (
     AMX_MIN_ROWS,
@@ -24,6 +24,7 @@ from loragate.kernels.lora_segment_gemm import (
     long_segments,
     worth_a_product,
 )
+from loragate.kernels.lora_torch import NATIVE_MAX_SINGLE_SLOT_TOKENS
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
 AVX512_BF16 = frozenset({"avx512f", "avx512_bf16"})
@@ -303,3 +304,43 @@ def test_a_placed_slot_is_weighed_at_its_own_rank(monkeypatch):
     assert calls == [((0, 0, 40),)]
     expected = module_reference(x, as_stacks(modules, placements), slots, scales, before)
     assert rel_error(out - before, expected - before.double()) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_slots_long_prompt_goes_native_where_a_rule_splits_it(dtype, monkeypatch):
+    """A batch of one slot's 200 rows (a prompt chunk alone): a group with a split rule takes
+    it on the native path, whose rule sends the run to the products (over
+    NATIVE_MAX_SINGLE_SLOT_TOKENS rows: no cap there); a group without one leaves it to the
+    per-slot matmuls. Both match the float64 reference."""
+    paths = []
+    real_products = lora_segment_gemm.apply_long_segments
+    real_per_slot = lora_modules._apply_per_slot
+    monkeypatch.setattr(
+        lora_modules,
+        "apply_long_segments",
+        lambda *args: paths.append("products") or real_products(*args),
+    )
+    monkeypatch.setattr(
+        lora_modules,
+        "_apply_per_slot",
+        lambda *args: paths.append("per slot") or real_per_slot(*args),
+    )
+    torch.manual_seed(19)
+    modules = fused_group(dtype)
+    placements = {3: placed_rows(dtype, 4)}
+    rows = NATIVE_MAX_SINGLE_SLOT_TOKENS + 72
+    slots = torch.full((rows,), 3)
+    x = torch.randn(rows, D_IN, dtype=dtype)
+    scales = torch.rand(SLOTS) + 0.5
+    before = torch.randn(rows, sum(D_OUTS), dtype=dtype)
+    expected = module_reference(x, as_stacks(modules, placements), slots, scales, before)
+    bound = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for gemm_rows, path in ((32, "products"), (0, "per slot")):
+        paths.clear()
+        group = kernels.LoRAModules(modules, gemm_rows=gemm_rows)
+        group.place(3, placements[3])
+        out = before.clone()
+        index = kernels.lora_index(slots, SLOTS)
+        kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
+        assert paths == [path], gemm_rows
+        assert rel_error(out - before, expected - before.double()) < bound
