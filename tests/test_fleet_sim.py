@@ -44,9 +44,9 @@ def rows():
 
 @pytest.fixture(scope="module", params=recorded_runs(), ids=lambda run: run.name)
 def run_rows(request):
-    """The check's rows against each recorded run, on the figures measured beside it."""
+    """Each recorded run, and the check's rows against it on the figures measured beside it."""
     run = request.param
-    return compare(load_figures(run.figures), run.check)
+    return run, compare(load_figures(run.figures), run.check)
 
 
 def test_every_recorded_run_is_checked(tmp_path):
@@ -62,18 +62,27 @@ def test_every_recorded_run_is_checked(tmp_path):
 
 
 def test_load_counts_match_the_measured_run(run_rows):
-    assert not _off(run_rows, LOADS), "the model's loads drifted:\n" + table(run_rows)
+    _, rows = run_rows
+    assert not _off(rows, LOADS), "the model's loads drifted:\n" + table(rows)
 
 
-@pytest.mark.xfail(
+UNPACED_FIGURES = pytest.mark.xfail(
     strict=True,
     reason="known gap, BENCHMARKS.md (fleet model): the model's TTFT runs 25-50% below the "
     "recorded run's (a loaded AVX-512 EPYC), and 27-62% below a quiet rerun on an AVX2 EPYC "
     "(benchmarks/fleet_runs/): their figures hold no load timed beside running steps "
     "(fleet.measure's disk_paced_ms), and loads took 2.5x their alone time in the AVX2 run",
 )
-def test_ttft_matches_the_measured_run(run_rows):
-    assert not _off(run_rows, TTFTS), "the model's TTFT drifted:\n" + table(run_rows)
+
+
+def test_ttft_matches_the_measured_run(run_rows, request):
+    """Within 20% of every recorded run; an expected failure (strict) for a run whose figures
+    were measured before fleet.measure timed paced loads. A run recorded with them is held
+    to it."""
+    run, rows = run_rows
+    if load_figures(run.figures).load.disk_paced_ms is None:
+        request.applymarker(UNPACED_FIGURES)
+    assert not _off(rows, TTFTS), "the model's TTFT drifted:\n" + table(rows)
 
 
 @pytest.mark.parametrize(
