@@ -71,6 +71,9 @@ class Replica:
         self.reported: set[int] = set()  # the ids the router last heard of
         self.report_due = False
         self.loads = {"store": 0, "disk": 0, "slot": 0}
+        # Seconds of its disk loads, reading and pauses (the store's fetch not counted): what
+        # the engine's `load_seconds` counts in a real replica.
+        self.disk_load_s = 0.0
 
     # ---- a request arrives ---------------------------------------------------------------
     def accept(self, req: Request) -> bool:
@@ -108,6 +111,7 @@ class Replica:
             if dropped in self.slots and dropped not in {r.adapter for r in self.running}:
                 del self.slots[dropped]  # the replica drops the weights, slot and all
         ms = self.figures.load.disk_ms
+        self.disk_load_s += ms / 1e3
         if self.from_store and a not in self.disk:
             ms += self.figures.load.store_ms
             self.loads["store"] += 1
@@ -118,7 +122,9 @@ class Replica:
         """Seconds the load takes past its alone work: paced while sequences run (the
         measured paced time, fleet/figures.py's `LoadTimes.paced_ms`)."""
         load = self.figures.load
-        return (load.paced_ms(self.rng) - load.disk_ms) / 1e3 if self.running else 0.0
+        pause = (load.paced_ms(self.rng) - load.disk_ms) / 1e3 if self.running else 0.0
+        self.disk_load_s += pause
+        return pause
 
     def finish_load(self, a: int) -> list[Request]:
         """The adapter is in the CPU tier: its requests wait for the scheduler."""

@@ -38,6 +38,7 @@ def summary(run: Run) -> dict:
         "hit": {t: tiers[t] / n for t in TIERS},
         "loads": run.loads,
         "loads_per_s": {k: v / run.duration_s for k, v in run.loads.items()},
+        "disk_load_ms_mean": run.disk_load_ms_mean,
         "spilled": run.spilled,
         "busiest_replica_share": max(run.per_replica) / max(1, n),
     }

@@ -33,6 +33,7 @@ class Run:
     overhead_ms: np.ndarray  # each request's, in the order of `requests`
     spilled: int = 0
     per_replica: list[int] = field(default_factory=list)
+    disk_load_ms_mean: float = 0.0  # every disk load's, warm-up included
 
     def ttfts(self) -> np.ndarray:
         return np.array([r.first_token - r.arrival for r in self.requests]) + self.overhead_ms / 1e3
@@ -134,6 +135,9 @@ def simulate(
         overhead_ms=overheads(figures, len(requests) - skip, seed),
         spilled=getattr(router, "spilled", 0),
         per_replica=[counts[r.index] for r in fleet],
+        disk_load_ms_mean=sum(r.disk_load_s for r in fleet)
+        * 1e3
+        / max(1, sum(r.loads["disk"] for r in fleet)),
     )
 
 
