@@ -131,6 +131,7 @@ def paced_load_ms(llm, loras: list, count: int, input_len: int, others: int) -> 
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
 
     def steps(stop: threading.Event) -> None:
+        torch.set_num_threads(1)  # a replica's one torch thread, on the thread that steps
         while not stop.is_set():
             prompts = [
                 {"prompt_token_ids": rng.integers(100, 40000, input_len).tolist()} for _ in range(8)
