@@ -5,6 +5,11 @@ benchmarks/fleet_figures.json), and its capacities (engine settings, not measure
 Step time is linear in what a step computes: a fixed cost, each prompt token prefilled,
 each running sequence decoded, and each distinct adapter in the batch (the batched LoRA
 kernel's per-adapter segments), fitted by least squares on the engine's step records.
+
+A disk load is measured twice: alone (nothing running, so not paced) and paced beside a
+stepping engine with the other cores busy, as a replica's loader runs in a fleet on shared
+cores. The paced time is not (1 + ratio) times the alone one there: each pause is a
+multiple of its chunk's wall time, which waits for cores and the GIL beside the steps.
 """
 
 from __future__ import annotations
