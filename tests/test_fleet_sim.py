@@ -114,6 +114,49 @@ def test_a_wrong_figure_fails_the_check(rows, wrong, capacity):
     )
 
 
+PACED_RUNS = [r for r in recorded_runs() if load_figures(r.figures).load.disk_paced_ms]
+
+
+def _paced_times(factor: float):
+    def wrong(f: Figures) -> Figures:
+        samples = tuple(factor * s for s in f.load.disk_paced_samples_ms)
+        load = f.load
+        return replace(
+            f,
+            load=replace(
+                load, disk_paced_ms=factor * load.disk_paced_ms, disk_paced_samples_ms=samples
+            ),
+        )
+
+    return wrong
+
+
+@pytest.mark.parametrize("run", PACED_RUNS, ids=lambda run: run.name)
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        pytest.param(_paced_times(3.0), id="loads beside steps 3x slower"),
+        pytest.param(_paced_times(1 / 3), id="loads beside steps 3x faster"),
+    ],
+)
+def test_a_wrong_load_time_fails_the_check_of_a_run_held_to_its_ttft(run, wrong):
+    """On a run recorded with load times measured beside steps, whose TTFT the check holds
+    too: those times taken 3x too slow or too fast move a held TTFT out of 20%. (Half the
+    slots or twice the CPU tier do not, on the Xeon's run at 1.2 requests/s: its slot loads
+    move 4-12% and its TTFT under 20%; the test's default run holds those.)"""
+    rows = compare(load_figures(run.figures), run.check)
+    held = {(r.config, r.metric) for r in rows if r.metric in TTFTS and r.error <= TOLERANCE}
+    assert {m for _, m in held} == set(TTFTS), "the run's TTFT is held"
+    bad = compare(wrong(load_figures(run.figures)), run.check)
+    assert [r for r in bad if (r.config, r.metric) in held and r.error > TOLERANCE], (
+        "a wrong figure passed the check:\n" + table(bad)
+    )
+
+
+def test_a_run_is_held_to_its_ttft():
+    assert PACED_RUNS, "a recorded run with paced load figures (fleet_runs/2026-11-27-xeon-amx)"
+
+
 def test_zipf_popularity_and_poisson_rate():
     w = Workload(adapters=1000, rate=50.0, num_requests=20_000, zipf=1.0, seed=3)
     times, picks = w.requests()
