@@ -14,6 +14,7 @@ instead (the route's events).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from litestar import Request
@@ -30,8 +31,11 @@ from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.request_cost import RequestCost
 
 # Times a whole answer's engine request is sent again after its engine stopped mid-request
-# (each send itself waits for a live replica: gateway/replicas/replicated_engine.py).
+# (each send itself waits for a live replica: gateway/replicas/replicated_engine.py), after a
+# pause doubling from RESEND_BACKOFF_S: a lost node's replica can take a request in the moment
+# before it dies, until Ray's router has dropped it.
 RESENDS = 2
+RESEND_BACKOFF_S = 0.5
 
 
 class Run:
@@ -63,6 +67,7 @@ class Run:
                 if attempt == RESENDS or not self.account.engine_running:
                     self.account.undelivered()  # the 503 is all its client gets
                     raise
+                await asyncio.sleep(RESEND_BACKOFF_S * 2**attempt)
                 for gen in lost:
                     await self.account.resend(gen)
         raise AssertionError("unreachable")
