@@ -116,11 +116,7 @@ def worth_a_product(
         return None
     key = ("long_segments", kept)
     if key not in index.derived:
-        native = index.slot_ids.clone()
-        for _, first, end in kept:
-            native[first:end] = -1
-        covered = sum(end - first for _, first, end in kept)
-        index.derived[key] = LongSegments(kept, native, index.num_active - covered)
+        index.derived[key] = _segments(index, kept)
     return index.derived[key]
 
 
@@ -142,15 +138,19 @@ def long_segments(index: LoraIndex, min_rows: int) -> LongSegments | None:
         for slot, first, end in zip(slot_at, starts[:-1], starts[1:], strict=True)
         if slot >= 0 and end - first >= min_rows
     )
-    found = None
-    if runs:
-        native = ids.clone()
-        for _, first, end in runs:
-            native[first:end] = -1
-        covered = sum(end - first for _, first, end in runs)
-        found = LongSegments(runs, native, index.num_active - covered)
+    found = _segments(index, runs) if runs else None
     index.derived[key] = found
     return found
+
+
+def _segments(index: LoraIndex, runs: tuple[tuple[int, int, int], ...]) -> LongSegments:
+    """`runs` for the products, and the batch's slot ids with their rows set to -1 for the
+    native kernel."""
+    native = index.slot_ids.clone()
+    for _, first, end in runs:
+        native[first:end] = -1
+    covered = sum(end - first for _, first, end in runs)
+    return LongSegments(runs, native, index.num_active - covered)
 
 
 def apply_long_segments(

@@ -31,6 +31,18 @@ AVX512_BF16 = frozenset({"avx512f", "avx512_bf16"})
 AVX2 = frozenset({"avx2", "fma"})
 
 
+def record_product_runs(monkeypatch) -> list:
+    """The runs each call sends to the products (lora_modules' apply_long_segments), in a
+    list that grows as calls are made; the products still run."""
+    calls = []
+    real = lora_segment_gemm.apply_long_segments
+    monkeypatch.setattr(
+        "loragate.kernels.lora_modules.apply_long_segments",
+        lambda *args: calls.append(args[1]) or real(*args),
+    )
+    return calls
+
+
 def test_the_threshold_follows_the_cpu_and_the_dtype(monkeypatch, tmp_path):
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
     assert gemm_min_rows(torch.bfloat16, AMX) == AMX_MIN_ROWS
@@ -83,12 +95,7 @@ def test_a_group_reads_the_threshold_once(monkeypatch):
 
     monkeypatch.setattr(lora_segment_gemm, "gemm_min_rows", no_reading)
     monkeypatch.setattr("loragate.kernels.lora_modules.gemm_min_rows", no_reading)
-    calls = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        "loragate.kernels.lora_modules.apply_long_segments",
-        lambda *args: calls.append(args[1]) or real(*args),
-    )
+    calls = record_product_runs(monkeypatch)
     slots = batch_slots()
     x = torch.randn(slots.shape[0], D_IN)
     out = torch.zeros(slots.shape[0], sum(D_OUTS))
@@ -135,12 +142,7 @@ def split_and_native(dtype, placed: bool, seed: int, monkeypatch):
     x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
     scales = torch.rand(SLOTS) + 0.5
     before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
-    calls = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        "loragate.kernels.lora_modules.apply_long_segments",
-        lambda *args: calls.append(args[1]) or real(*args),
-    )
+    calls = record_product_runs(monkeypatch)
     outputs = []
     for rows in (32, 0):
         group = kernels.LoRAModules(modules, gemm_rows=rows)
@@ -199,12 +201,7 @@ def test_the_cpu_sends_a_long_prompt_chunk_to_the_products(flags, dtype, thresho
     match the float64 reference; where there is no threshold, no chunk splits."""
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
     monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: flags)
-    calls = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        "loragate.kernels.lora_modules.apply_long_segments",
-        lambda *args: calls.append(args[1]) or real(*args),
-    )
+    calls = record_product_runs(monkeypatch)
     torch.manual_seed(11)
     scales = torch.rand(SLOTS) + 0.5
     modules = fused_group(dtype)
@@ -250,12 +247,7 @@ def test_amx_sends_a_chunk_to_the_products_by_rows_times_rank(monkeypatch):
     AMX_ROW_RANKS / 6 rows, not from AMX_MIN_ROWS; both match the float64 reference."""
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
     monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: AMX)
-    calls = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        "loragate.kernels.lora_modules.apply_long_segments",
-        lambda *args: calls.append(args[1]) or real(*args),
-    )
+    calls = record_product_runs(monkeypatch)
     torch.manual_seed(13)
     scales = torch.rand(SLOTS) + 0.5
     modules = fused_group(torch.bfloat16)
@@ -282,12 +274,7 @@ def test_a_placed_slot_is_weighed_at_its_own_rank(monkeypatch):
     """Slot 3 placed at rank 2 (under the group's 6): its 70-row run times 2 misses a floor
     that slot 0's 40 rows times 6 reach, so only slot 0's run takes the products; every row
     still matches the float64 reference."""
-    calls = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        "loragate.kernels.lora_modules.apply_long_segments",
-        lambda *args: calls.append(args[1]) or real(*args),
-    )
+    calls = record_product_runs(monkeypatch)
     torch.manual_seed(17)
     modules = fused_group(torch.bfloat16)
     placements = {3: placed_rows(torch.bfloat16, 2, skip=1)}
