@@ -135,6 +135,11 @@ class _Started:
     adapter_param: str
     priority: int
 
+    @property
+    def num_seqs(self) -> int:
+        """The sequences it takes in the queue."""
+        return max(self.params.n, self.params.best_of or 1)
+
 
 class RequestAccount:
     """One HTTP request: its lease, its engine requests and their queue places, its usage."""
@@ -152,7 +157,6 @@ class RequestAccount:
         self.lora = lora
         self.generations: list[Generation] = []
         self.records = AccountRecords(reserved=cost, lease=lease)
-        self._places: list[int] = []  # each generation's sequences in the queue
         self._started: list[_Started] = []  # what each generation was started with
 
     def start(
@@ -171,17 +175,16 @@ class RequestAccount:
         engine = accounting.engine
         if not engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {engine.dead_error}")
-        num_seqs = max(params.n, params.best_of or 1)
+        started = _Started(prompt, params, request_id, field_names, adapter_param, priority)
+        num_seqs = started.num_seqs
         try:
             accounting.admission.admit(num_seqs)
         except Exception:
             accounting.observer.count_rejected("queue_full")
             raise
         self.records.admitted_seqs += num_seqs
-        started = _Started(prompt, params, request_id, field_names, adapter_param, priority)
         gen = self._launch(started)
         self.generations.append(gen)
-        self._places.append(num_seqs)
         self._started.append(started)
         return gen
 
@@ -256,8 +259,8 @@ class RequestAccount:
         if self.records.ended:
             return
         self.records.ended = True
-        for gen, num_seqs in zip(self.generations, self._places, strict=True):
-            self._release(gen, num_seqs)
+        for gen, started in zip(self.generations, self._started, strict=True):
+            self._release(gen, started.num_seqs)
         try:
             for gen in self.generations:
                 await gen.aclose()
