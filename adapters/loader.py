@@ -1,19 +1,18 @@
 """Reading a PEFT LoRA directory into plain float32 CPU tensors, or refusing it.
 
 The weights file is read once, in one pass: each chunk is hashed (sha256, for the registry
-and every cache tier) right after it is read, while it is still in the CPU's cache, then the
-bytes are parsed as safetensors (adapters/safetensors_views.py), which runs no code. The
-config file is hashed too, and both files are stat'ed before and after the read: a directory
-rewritten mid-read is read again, so the hashes always describe the tensors. Weights read
-again for a request admitted under them (`vouched`: the files' stamp, unchanged since they
-were hashed, and that hash) are not hashed again when the stamps before and after the read
-are that one: the same stat that admitted the request vouches for the bytes. Pickle formats
-are refused outright.
+and every cache tier) while the next one is read (or right after it, where the read is
+paced), then the bytes are parsed as safetensors (adapters/safetensors_views.py), which runs
+no code. The config file is hashed too, and both files are stat'ed before and after the
+read: a directory rewritten mid-read is read again, so the hashes always describe the
+tensors. Weights read again for a request admitted under them (`vouched`: the files' stamp,
+unchanged since they were hashed, and that hash) are not hashed again when the stamps before
+and after the read are that one: the same stat that admitted the request vouches for the
+bytes. Pickle formats are refused outright.
 """
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from loragate.adapters.chunk_hasher import ChunkHasher
 from loragate.adapters.errors import (
     AdapterError,
     AdapterNotFoundError,
@@ -205,26 +205,34 @@ def hashed_read(path: Path, pacing: LoadPacing = ALWAYS_PACED, hash_it: bool = T
     """The file's bytes and their sha256 hex digest (None unless ``hash_it``), in one pass:
     read in chunks straight into one anonymous mapping (its pages are touched by the reads,
     which leave the GIL free, where a zeroed bytearray or joined chunks would fill tens of MB
-    under it), each chunk hashed while it is still in the CPU's cache, with a pause after
-    each (adapters/pacing.py)."""
-    digest = hashlib.sha256() if hash_it else None
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        view, done = memoryview(mmap.mmap(-1, size)) if size else memoryview(b""), 0
-        while done < size:
-            began = time.perf_counter()
-            count = file.readinto(view[done : done + CHUNK_BYTES])
-            if not count:  # the file shrank since fstat
-                break
-            if digest is not None:
-                digest.update(view[done : done + count])
-            done += count
-            pacing.pause_after(began)
-        extra = file.read()  # or grew: the stat check after the read tells
-    if extra and digest is not None:
-        digest.update(extra)
-    data = view[:done] if not extra else memoryview(bytes(view[:done]) + extra)
-    return data, None if digest is None else digest.hexdigest()
+    under it), with a pause after each (adapters/pacing.py). Each chunk is hashed while the
+    next is read, on a thread of its own (adapters/chunk_hasher.py), unless the read is paced
+    now or fits one chunk: then right after it is read, while it is still in the CPU's
+    cache."""
+    hasher = None
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if hash_it:
+                hasher = ChunkHasher(threaded=size > CHUNK_BYTES and not pacing.active())
+            view, done = memoryview(mmap.mmap(-1, size)) if size else memoryview(b""), 0
+            while done < size:
+                began = time.perf_counter()
+                count = file.readinto(view[done : done + CHUNK_BYTES])
+                if not count:  # the file shrank since fstat
+                    break
+                if hasher is not None:
+                    hasher.update(view[done : done + count])
+                done += count
+                pacing.pause_after(began)
+            extra = file.read()  # or grew: the stat check after the read tells
+        if extra and hasher is not None:
+            hasher.update(memoryview(extra))
+        data = view[:done] if not extra else memoryview(bytes(view[:done]) + extra)
+        return data, None if hasher is None else hasher.hexdigest()
+    finally:
+        if hasher is not None:
+            hasher.close()
 
 
 def _read(

@@ -29,9 +29,13 @@ class LoadPacing:
     busy: Callable[[], bool] = _always  # whether steps are running that a load would slow
     sleep: Callable[[float], None] = time.sleep
 
+    def active(self) -> bool:
+        """Whether a load pauses now: steps run beside it and the pacing is on."""
+        return self.ratio > 0 and self.busy()
+
     def pause_after(self, started: float) -> None:
         """Sleep `ratio` times the work done since `started`, if anything runs beside it."""
-        if self.ratio > 0 and self.busy():
+        if self.active():
             self.sleep((time.perf_counter() - started) * self.ratio)
 
 
