@@ -27,8 +27,9 @@ Counters (``stats()``):
   cpu_hits         the CPU tier had the adapter (acquire miss or preload)
   disk_loads       adapters read and validated from disk into the CPU tier (misses)
   file_reads       adapter directories read (hashed, unless a stat vouched for them)
-  vouched_reads    of those, weights read back for requests admitted under them whose
-                   files a stat vouched for: read without hashing them again
+  vouched_reads    of those, read without hashing them again because a stat vouched
+                   for the files: weights read back for requests admitted under them, or
+                   a store object's files as the fetch that checked them left them
   cpu_evictions    adapters dropped from the CPU tier to respect max_cpu_loras
   load_seconds     time spent in disk loads
   slot_load_seconds time spent putting adapters in device slots
@@ -51,7 +52,7 @@ from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
-from loragate.adapters.identity import IdentityBook, WeightsIdentity
+from loragate.adapters.identity import FilesStamp, IdentityBook, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
@@ -199,15 +200,19 @@ class AdapterCache(CacheReports):
             return max(self._device.rank)
 
     # -- admission ----------------------------------------------------------------------
-    def preload(self, request: LoRARequest) -> LoRAAdapter:
+    def preload(
+        self, request: LoRARequest, vouched: tuple[FilesStamp, WeightsIdentity] | None = None
+    ) -> LoRAAdapter:
         """The adapter ``request``'s files hold now, validated, and kept in the CPU tier
         unless the weights admitted requests hold fill it.
 
         Its ``identity`` is what a request is admitted under. Unchanged files cost one stat
         (no read, no hash); changed files are read, hashed and cached as a new entry, the
-        old one left to age out. An AdapterError leaves the cache exactly as it was.
+        old one left to age out. ``vouched`` (a trusted stamp of these files and what they
+        hashed to elsewhere: a store object's check) spares the hash of files still so
+        stamped (adapters/loader.py). An AdapterError leaves the cache exactly as it was.
         """
-        identity, fresh, seconds = self._resolve(request)
+        identity, fresh, seconds = self._resolve(request, vouched)
         with self._lock:
             adapter = self._cpu_entry(request, identity, fresh, seconds)
             if adapter.identity in self._cpu:  # not kept where held weights fill the tier
@@ -359,13 +364,15 @@ class AdapterCache(CacheReports):
             raise ValueError(f"choose_victim {exc}") from None
 
     # -- CPU tier ---------------------------------------------------------------------
-    def admission_identity(self, request: LoRARequest) -> WeightsIdentity:
+    def admission_identity(
+        self, request: LoRARequest, vouched: tuple[FilesStamp, WeightsIdentity] | None = None
+    ) -> WeightsIdentity:
         """What a request naming ``request`` is admitted under: ``known_identity`` where a
         stat vouches for its files, otherwise read, validated and kept in the CPU tier where
-        it has room beside the weights admitted requests hold (``preload``). An AdapterError
-        leaves the cache as it was."""
+        it has room beside the weights admitted requests hold (``preload``, with
+        ``vouched``). An AdapterError leaves the cache as it was."""
         identity = self.known_identity(request)
-        return identity if identity is not None else self.preload(request).identity
+        return identity if identity is not None else self.preload(request, vouched).identity
 
     def room_to_load(self, loading: int = 0) -> bool:
         """Whether weights may be read into the CPU tier for an admitted request now, with
@@ -387,13 +394,15 @@ class AdapterCache(CacheReports):
                 self._usage.touch(identity, request, used=False)
         return identity
 
-    def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
+    def _resolve(
+        self, request: LoRARequest, vouched=None
+    ) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
         """The identity of ``request``'s files now: from a stat when they are unchanged since
         hashed, otherwise by reading them (the adapter read is returned too). No lock held."""
         identity = self._book.known(request.lora_path)
         if identity is not None:
             return identity, None, 0.0
-        adapter, seconds = self._read(request)
+        adapter, seconds = self._read(request, vouched)
         return adapter.identity, adapter, seconds
 
     def _cpu_entry(

@@ -16,7 +16,11 @@ Backends, behind one small protocol (``AdapterStore``):
 own cache directory first, else fetched from the store. A fetched file is hashed and
 compared with the id before it is renamed into the cache; a file that does not hash to it
 (corrupt or truncated in the store) is an ``CorruptObjectError`` for the request that asked,
-and nothing is cached.
+and nothing is cached. That check vouches for the files it hashed (``vouched``): their
+``FilesStamp`` (adapters/identity.py), taken before they were hashed and unchanged after, and
+the id's identity, so the engine's first read of them (adapters/loader.py) hashes them again
+only if they changed since, or if the stamp is too recent to be trusted (files written within
+``RACY_NS`` of the check, as a download just made is: those are hashed again).
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE, WeightsIdentity
+from loragate.adapters.identity import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    FilesStamp,
+    WeightsIdentity,
+    stamp_files,
+)
 
 FILES = (CONFIG_FILE, WEIGHTS_FILE)
 HASH_CHUNK = 1 << 20
@@ -93,6 +103,16 @@ def verify(directory: Path, oid: str) -> None:
                 f"not the {want[:16]} its id names (corrupt or truncated in the store); "
                 "it is not served"
             )
+
+
+def verify_stamped(directory: Path, oid: str) -> FilesStamp | None:
+    """``verify``, and the stamp of the files it hashed: taken before they were read and the
+    same after (None where they changed meanwhile)."""
+    before = stamp_files(directory)
+    verify(directory, oid)
+    after = stamp_files(directory)
+    unchanged = before is not None and after is not None and before.same_files(after)
+    return before if unchanged else None
 
 
 class AdapterStore(Protocol):
@@ -273,13 +293,15 @@ def _missing(exc) -> bool:
     return code in ("404", "NoSuchKey", "NotFound")
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target`` in one step; someone else's copy there wins."""
+def _publish(staging: Path, target: Path) -> bool:
+    """Rename ``staging`` to ``target`` in one step; someone else's copy there wins (False)."""
     try:
         os.rename(staging, target)
     except OSError:
         if not target.is_dir():
             raise
+        return False
+    return True
 
 
 def open_store(uri: str | None, cache_dir: str | Path) -> AdapterStore:
@@ -299,7 +321,8 @@ class AdapterFetcher:
 
     With a LocalStore the store is the cache (nothing is copied); objects are still
     verified once per process before first use. ``fetches`` counts objects brought from a
-    remote store (what a replica had to download).
+    remote store (what a replica had to download). ``vouched`` says what a check vouches
+    for, so the engine's read does not hash the same bytes twice.
     """
 
     def __init__(self, store: AdapterStore, cache_dir: str | Path):
@@ -307,6 +330,8 @@ class AdapterFetcher:
         self.local = store if isinstance(store, LocalStore) else LocalStore(cache_dir)
         self.fetches = 0
         self._verified: set[str] = set()
+        # local directory -> the stamp its files had while they hashed to its id, and that id
+        self._vouches: dict[str, tuple[FilesStamp, WeightsIdentity]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -326,7 +351,7 @@ class AdapterFetcher:
         with lock:  # one fetch of an object at a time, however many requests want it
             if self.local.has(oid):
                 if oid not in self._verified:
-                    verify(self.local.path(oid), oid)
+                    self._vouch(oid, verify_stamped(self.local.path(oid), oid))
                     self._verified.add(oid)
                 return self.local.path(oid)
             if self.local is self.store:
@@ -337,13 +362,31 @@ class AdapterFetcher:
             staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.local.root))
             try:
                 self.store.fetch(oid, staging)
-                verify(staging, oid)
-                _publish(staging, self.local.path(oid))
+                stamp = verify_stamped(staging, oid)
+                # the files keep their inodes and times through the rename; another's copy
+                # that won it was not checked here, and is vouched for by nothing
+                if not _publish(staging, self.local.path(oid)):
+                    stamp = None
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             self.fetches += 1
+            self._vouch(oid, stamp)
             self._verified.add(oid)
             return self.local.path(oid)
+
+    def vouched(self, directory: str | Path) -> tuple[FilesStamp, WeightsIdentity] | None:
+        """What this fetcher's check of the object in ``directory`` (its ``ensure`` answer)
+        vouches for: the stamp its files had while they hashed to the object's id, and that
+        identity. A read whose own stamps are that stamp, where it is trusted, need not hash
+        them again (adapters/loader.py ``load_adapter``); None for any other directory."""
+        return self._vouches.get(str(directory))
+
+    def _vouch(self, oid: str, stamp: FilesStamp | None) -> None:
+        key = str(self.local.path(oid))
+        if stamp is None:
+            self._vouches.pop(key, None)
+        else:
+            self._vouches[key] = (stamp, parse_object_id(oid))
 
     def adopt(self, oid: str, directory: Path) -> None:
         """Cache files this process just wrote to the store (an upload), so its engine does
@@ -364,5 +407,6 @@ class AdapterFetcher:
     def forget(self, oid: str) -> None:
         """Drop the cached copy (the store deleted the object)."""
         self._verified.discard(oid)
+        self._vouches.pop(str(self.local.path(oid)), None)
         if self.local is not self.store:
             self.local.delete(oid)

@@ -29,7 +29,8 @@ Requests in flight per adapter (engine/adapter_in_flight.py) count from the mome
 async engine is handed one until it ends, so a server removes an adapter only once nothing
 uses it; changed weights behind a name are announced to listeners (engine/adapter_events.py).
 An adapter named by its adapter store object is fetched by hash here, before it is read
-(engine/stored_adapters.py). Nobody else holds the AdapterCache: the scheduler, the runner,
+(engine/stored_adapters.py), and its first read takes the fetch's word for the hash of files
+unchanged since it checked them. Nobody else holds the AdapterCache: the scheduler, the runner,
 the CUDA graphs, the stats and the async engine each ask this object
 (tests/engine/test_adapter_ownership.py checks it).
 
@@ -184,9 +185,11 @@ class AdapterResidency:
 
     async def read(self, lora: LoRARequest, timeout: float) -> LoRAAdapter:
         """Read and validate ``lora``'s files into the CPU tier on a loader thread (one stat
-        when unchanged since read): its LoRAAdapter. AdapterLoadTimeoutError past
+        when unchanged since read; a fetched store object's, not hashed again when unchanged
+        since its fetch checked them): its LoRAAdapter. AdapterLoadTimeoutError past
         ``timeout`` seconds (the read goes on, and its result is kept)."""
-        work = asyncio.wrap_future(self._pool.submit(self.cache.preload, lora))
+        vouched = self._stored.vouched(lora)
+        work = asyncio.wrap_future(self._pool.submit(self.cache.preload, lora, vouched))
         try:
             return await asyncio.wait_for(asyncio.shield(work), timeout)
         except TimeoutError as exc:
@@ -285,7 +288,8 @@ class AdapterResidency:
     def preload(self, lora: LoRARequest) -> LoRAAdapter:
         """Read and validate ``lora``'s files into the CPU tier now, on this thread (the
         offline engine's way; one stat when unchanged since read)."""
-        return self.cache.preload(self._stored.fetch(lora))
+        local = self._stored.fetch(lora)
+        return self.cache.preload(local, self._stored.vouched(local))
 
     def remove(self, lora: LoRARequest, busy_slots) -> bool:
         """Drop ``lora``'s weights from every tier; True if any were cached. ValueError,

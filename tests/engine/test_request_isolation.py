@@ -165,9 +165,9 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
     cache = llm.engine.residency.cache
     preload = cache.preload
 
-    def slow_preload(request):
+    def slow_preload(request, vouched=None):
         time.sleep(1.5)  # as a huge or hostile file would
-        return preload(request)
+        return preload(request, vouched)
 
     cache.preload = slow_preload
     engine = AsyncLLMEngine(llm.engine, adapter_load_timeout=0.3)
