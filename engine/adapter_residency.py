@@ -198,11 +198,21 @@ class AdapterResidency:
                 f"reading and validating the adapter took longer than {timeout:g} s"
             ) from exc
 
-    def admit(self, lora_request, identity: WeightsIdentity | None) -> WeightsIdentity:
-        """The weights a request naming ``lora_request`` runs with: ``identity`` when a
-        loader resolved them already (the async engine's way), otherwise the files as they
-        are now (one stat when unchanged since read). AdapterError for a bad adapter."""
-        return identity or self.cache.admission_identity(lora_request)
+    def admit(
+        self, lora_request: LoRARequest, identity: WeightsIdentity | None
+    ) -> tuple[LoRARequest, WeightsIdentity]:
+        """The LoRARequest a request naming ``lora_request`` runs with and its weights:
+        both as given when a loader resolved them already (the async engine's way),
+        otherwise, on this thread (the offline engine's way), a store object's verified
+        local directory, fetched if need be, and the files as they are now (one stat when
+        unchanged since read). AdapterError for a bad adapter, AdapterStoreError for an
+        object the store cannot give."""
+        if identity is not None:
+            return lora_request, identity
+        local = self._stored.fetch(lora_request)
+        identity = self.cache.admission_identity(local, self._stored.vouched(local))
+        self._stored.check(lora_request, identity)
+        return local, identity
 
     def hold(self, request: Request) -> None:
         """``request`` was admitted: its weights stay loadable until it ends, and start

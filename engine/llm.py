@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from itertools import count
 
 from tqdm.auto import tqdm
 
 from loragate.adapters import LoRARequest
+from loragate.adapters.store import AdapterFetcher
 from loragate.engine.beam_search_params import (
     BeamSearchOutput,
     BeamSearchParams,
@@ -23,10 +24,21 @@ from loragate.engine.sampling_params import SamplingParams
 class LLM:
     """`LLM()` serves the default model; keyword arguments are EngineConfig fields."""
 
-    def __init__(self, model: str | None = None, *, plugins=(), **kwargs):
-        """`plugins`: plugin objects or "module:object" strings, besides entry points."""
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        plugins=(),
+        adapter_fetcher: AdapterFetcher | None = None,
+        **kwargs,
+    ):
+        """`plugins`: plugin objects or "module:object" strings, besides entry points.
+        `adapter_fetcher` (not vLLM's; adapters/store.py) serves adapters named by their
+        adapter store object (`LoRARequest(name, id, store_path(oid))`): each is fetched into
+        the fetcher's cache directory and checked against its id before it is read."""
         _check_engine_keywords(kwargs)
-        self.engine = LLMEngine(EngineConfig(model=model, plugins=tuple(plugins), **kwargs))
+        config = EngineConfig(model=model, plugins=tuple(plugins), **kwargs)
+        self.engine = LLMEngine(config, adapter_fetcher=adapter_fetcher)
         self._ids = count()
 
     @property
@@ -51,6 +63,8 @@ class LLM:
         """Run every prompt to completion; outputs come back in input order.
 
         `priority` (vLLM's): one int per prompt, lower first under the `priority` policy.
+        Outputs name each `lora_request` as given (a store object's path included, whose
+        local copy the engine runs).
 
         Text prompts get the model's special tokens (its BOS rule) unless
         `add_special_tokens=False`; token-id prompts are taken as they are."""
@@ -74,7 +88,8 @@ class LLM:
             for request_id in ids:
                 self.engine.abort_request(request_id)
             raise
-        return self._run(ids, use_tqdm)
+        outs = self._run(ids, use_tqdm)
+        return [_as_given(out, lora) for out, lora in zip(outs, loras, strict=True)]
 
     def chat(
         self,
@@ -164,6 +179,12 @@ def _check_engine_keywords(kwargs: dict) -> None:
             f"LLM() got an unexpected keyword argument {unknown[0]!r}: engine arguments are "
             "the fields of loragate.engine.EngineConfig"
         )
+
+
+def _as_given(out: RequestOutput, lora: LoRARequest | None) -> RequestOutput:
+    """``out`` naming the LoRARequest its prompt was given with (not the local copy of a
+    store object the engine ran)."""
+    return out if out.lora_request == lora else replace(out, lora_request=lora)
 
 
 def _with_special_tokens_flag(prompt: PromptInput, add_special_tokens: bool) -> PromptInput:

@@ -184,7 +184,8 @@ class LLMEngine:
         under the `fair` policy. `priority` is vLLM's (lower first, `priority` policy).
         `adapter_identity` admits it under weights a loader thread already read
         (AsyncLLMEngine's); without it the adapter's files are checked here (one stat when
-        unchanged since read)."""
+        unchanged since read), an adapter store object's fetched first (the request then
+        runs, and its outputs name, the object's verified local directory)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -192,7 +193,9 @@ class LLMEngine:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         tenant_weight = check_tenant_weight(tenant_weight)
         text, token_ids = self.inputs.tokenize(prompt)
-        adapter_identity = self._validate(token_ids, params, lora_request, adapter_identity)
+        lora_request, adapter_identity = self._validate(
+            token_ids, params, lora_request, adapter_identity
+        )
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         request = Request(
@@ -456,10 +459,10 @@ class LLMEngine:
     # ---- checks -------------------------------------------------------------------------
     def _validate(
         self, token_ids, params: SamplingParams, lora_request, identity
-    ) -> WeightsIdentity | None:
-        """Raise for anything wrong; return the weights the request is admitted under (the
-        adapter files' content now, unless a loader read them already), which it runs with
-        and which scope its KV."""
+    ) -> tuple[LoRARequest | None, WeightsIdentity | None]:
+        """Raise for anything wrong; return the LoRARequest the request runs with (a store
+        object's local directory) and the weights it is admitted under (the adapter files'
+        content now, unless a loader read them already), which scope its KV."""
         check_request(self.inputs, self.plugins, token_ids, params)
         if lora_request is not None:
             if self.residency is None:
@@ -468,7 +471,7 @@ class LLMEngine:
                     "but the engine was started without enable_lora=True"
                 )
             return self.residency.admit(lora_request, identity)
-        return None
+        return None, None
 
     def add_adapter(self, lora_request: LoRARequest):
         """Read and validate the adapter's files into the CPU tier (one stat when they are
