@@ -8,12 +8,13 @@ hashed again too."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import pytest
 from tiny_llama import ALL_MODULES, make_adapters
 
-from loragate.adapters import LoRARequest, loader
+from loragate.adapters import LoRARequest
 from loragate.adapters.identity import RACY_NS, WEIGHTS_FILE
 from loragate.adapters.store import (
     AdapterFetcher,
@@ -32,32 +33,43 @@ STORES = ("served", "rewritten", "same_bytes")
 
 @pytest.fixture(scope="module")
 def aged(tiny_model_dir, tmp_path_factory):
-    """The model, adapters A and B, and one local store per test holding A's object, put
-    there longer ago than RACY_NS (as an upload is, before its first request): the stamps
-    the fetch takes of them are trusted."""
+    """The model, adapters A and B with their identities, and one local store per test
+    holding A's object, put there longer ago than RACY_NS (as an upload is, before its
+    first request): the stamps the fetch takes of them are trusted."""
     model_dir = tiny_model_dir("llama")
     root = tmp_path_factory.mktemp("vouch")
     specs = {"A": (8, ALL_MODULES, False), "B": (8, ALL_MODULES, False)}
     paths = make_adapters(model_dir, root / "adapters", specs)
-    oid = object_id(identity_of(paths["A"]))
+    identities = {name: identity_of(path) for name, path in paths.items()}
+    oid = object_id(identities["A"])
     for name in STORES:
         LocalStore(root / name).put(oid, paths["A"])
     time.sleep(RACY_NS / 1e9 + 0.1)
-    return model_dir, paths, oid, root
+    return model_dir, paths, identities, root
+
+
+class _Recorded:
+    """A sha256 that notes its hex digest when asked for it."""
+
+    def __init__(self, digest, digests: list[str]):
+        self._digest, self._digests = digest, digests
+
+    def hexdigest(self) -> str:
+        self._digests.append(self._digest.hexdigest())
+        return self._digests[-1]
+
+    def __getattr__(self, name):
+        return getattr(self._digest, name)
 
 
 @pytest.fixture
-def hashed(monkeypatch):
-    """The files the loader read, each with whether it hashed it."""
-    reads = []
-    real = loader.hashed_read
-
-    def recording(path, pacing=loader.ALWAYS_PACED, hash_it=True):
-        reads.append((path.name, hash_it))
-        return real(path, pacing, hash_it)
-
-    monkeypatch.setattr(loader, "hashed_read", recording)
-    return reads
+def digests(monkeypatch) -> list[str]:
+    """Every sha256 this process computes from here on (the fetch's check and the reads
+    alike, however they hash: in line, in chunks, on a thread of their own)."""
+    found: list[str] = []
+    real = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *a, **k: _Recorded(real(*a, **k), found))
+    return found
 
 
 def start(model_dir, fetcher) -> AsyncLLMEngine:
@@ -77,8 +89,9 @@ async def drain(stream) -> list:
     return [out async for out in stream]
 
 
-def test_a_fetched_object_is_read_without_hashing_it_again(aged, hashed):
-    model_dir, paths, oid, root = aged
+def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
+    model_dir, paths, identities, root = aged
+    oid = object_id(identities["A"])
     fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache")
     engine = start(model_dir, fetcher)
     lora = LoRARequest("kept", 1, store_path(oid))
@@ -90,12 +103,14 @@ def test_a_fetched_object_is_read_without_hashing_it_again(aged, hashed):
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
     stamp, identity = fetcher.vouched(root / "served" / oid)
     assert stamp.trusted and identity == parse_object_id(oid)
-    assert hashed == [("adapter_config.json", False), (WEIGHTS_FILE, False)]
+    assert digests.count(identity.sha256) == 1  # the fetch's check; the read took its word
+    assert digests.count(identity.config_sha256) == 1
     assert stats["file_reads"] == stats["vouched_reads"] == 1
 
 
-def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, hashed):
-    model_dir, paths, oid, root = aged
+def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests):
+    model_dir, paths, identities, root = aged
+    oid = object_id(identities["A"])
     fetcher = AdapterFetcher(LocalStore(root / "rewritten"), root / "cache")
     checked = fetcher.ensure(oid)  # the fetch checks it and vouches for it...
     other = (paths["B"] / WEIGHTS_FILE).read_bytes()
@@ -109,13 +124,14 @@ def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, hashed)
         stats = engine.engine.residency.cache.stats()
     finally:
         engine.shutdown()
-    assert (WEIGHTS_FILE, True) in hashed and (WEIGHTS_FILE, False) not in hashed
-    assert stats["vouched_reads"] == 0
+    assert digests.count(identities["B"].sha256) == 1  # the read hashed them
+    assert stats["file_reads"] == 1 and stats["vouched_reads"] == 0
     assert fetcher.vouched(checked) is None  # the cached copy was dropped with its word
 
 
-def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, hashed):
-    model_dir, paths, oid, root = aged
+def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, digests):
+    model_dir, paths, identities, root = aged
+    oid = object_id(identities["A"])
     fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache")
     checked = fetcher.ensure(oid)
     (checked / WEIGHTS_FILE).write_bytes((checked / WEIGHTS_FILE).read_bytes())
@@ -126,12 +142,12 @@ def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, hash
     finally:
         engine.shutdown()
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
-    assert hashed == [("adapter_config.json", True), (WEIGHTS_FILE, True)]
+    assert digests.count(parse_object_id(oid).sha256) == 2  # the fetch's check and the read
 
 
-def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged, hashed, tmp_path):
-    model_dir, paths, _, _ = aged
-    oid = object_id(identity_of(paths["B"]))
+def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged, digests, tmp_path):
+    model_dir, paths, identities, _ = aged
+    oid = object_id(identities["B"])
     store = LocalStore(tmp_path / "store")
     store.put(oid, paths["B"])  # just now: a write in the same clock tick could hide
     fetcher = AdapterFetcher(store, tmp_path / "cache")
@@ -143,4 +159,4 @@ def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged,
         engine.shutdown()
     assert outs[-1].finished
     assert not fetcher.vouched(store.path(oid))[0].trusted
-    assert hashed == [("adapter_config.json", True), (WEIGHTS_FILE, True)]
+    assert digests.count(parse_object_id(oid).sha256) == 2  # the fetch's check and the read
