@@ -171,47 +171,70 @@ DEFINE_DOT(bf16, load_bf16, get_bf16)
 #endif
 
 /* y[t, j] = sum_k x[t, k] * a[slot[t]][j, k] for j < rank, zero past the slot's own rank;
- * x and a of type E, y of type Y. The stacked entry point NAME takes a[s] = a + s * a_slot. */
+ * x and a of type E, y of type Y. The stacked entry point NAME takes a[s] = a + s * a_slot.
+ * NAME##_quad computes rank rows 4q..4q+3 for tokens first..end-1, two tokens of one slot
+ * at a time where it can. Threads split the quads; one thread alone goes run by run (the
+ * tokens of one slot), each run through all its quads: a slot's A is then read front to
+ * back in one go (a decode batch of one token per slot streams each A whole, where quad by
+ * quad over the batch it read 4 rows of each slot in turn), and a long run still reads each
+ * quad's rows from L1 for all its tokens. Each y[t, j] is the same sum either way: the pairs
+ * never span two slots, so they are the same pairs. */
 #define DEFINE_SHRINK(NAME, E, Y, PUT)                                                      \
+    static inline void NAME##_quad(const E *x, int64_t x_row, const void *const *a,          \
+                                   const int64_t *ranks, int64_t a_row, Y *y, int64_t y_row, \
+                                   const int64_t *slots, int64_t first, int64_t end,         \
+                                   int64_t q, int64_t rank, int64_t d_in) {                  \
+        const int64_t j = 4 * q;                                                            \
+        for (int64_t t = first; t < end; ++t) {                                             \
+            const int64_t s = slots[t];                                                     \
+            Y *yt = y + t * y_row + j;                                                      \
+            float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                       \
+            const int64_t n = rank - j < 4 ? rank - j : 4;                                  \
+            const int64_t own = s >= 0 && a[s] ? ranks[s] - j : 0;                          \
+            if (own >= 4 && n == 4 && t + 1 < end && slots[t + 1] == s) {                   \
+                /* the next token reads the same slot: one pass over its rows */            \
+                const E *aj = (const E *)a[s] + j * a_row;                                  \
+                float next[4];                                                              \
+                dot4x2_##E(x + t * x_row, x + (t + 1) * x_row, aj, aj + a_row,              \
+                           aj + 2 * a_row, aj + 3 * a_row, d_in, sums, next);               \
+                for (int64_t i = 0; i < 4; ++i) PUT(yt + i, sums[i]);                       \
+                for (int64_t i = 0; i < 4; ++i) PUT(yt + y_row + i, next[i]);               \
+                ++t;                                                                        \
+                continue;                                                                   \
+            }                                                                               \
+            if (own > 0) {                                                                  \
+                const E *xt = x + t * x_row;                                                \
+                const E *aj = (const E *)a[s] + j * a_row;                                  \
+                if (n == 4 && own >= 4) {                                                   \
+                    dot4_##E(xt, aj, aj + a_row, aj + 2 * a_row, aj + 3 * a_row, d_in,      \
+                             sums);                                                         \
+                } else {                                                                    \
+                    for (int64_t i = 0; i < n && i < own; ++i)                              \
+                        sums[i] = dot1_##E(xt, aj + i * a_row, d_in);                       \
+                }                                                                           \
+            }                                                                               \
+            for (int64_t i = 0; i < n; ++i) PUT(yt + i, sums[i]);                           \
+        }                                                                                   \
+    }                                                                                       \
     static void NAME##_slots(const E *x, int64_t x_row, const void *const *a,                \
                              const int64_t *ranks, int64_t a_row, Y *y, int64_t y_row,      \
                              const int64_t *slots, int64_t num_tokens, int64_t rank,         \
                              int64_t d_in, int32_t threads) {                                \
         const int64_t quads = (rank + 3) / 4;                                               \
-        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
-        for (int64_t q = 0; q < quads; ++q) {                                               \
-            const int64_t j = 4 * q;                                                        \
-            for (int64_t t = 0; t < num_tokens; ++t) {                                      \
-                const int64_t s = slots[t];                                                 \
-                Y *yt = y + t * y_row + j;                                                  \
-                float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                   \
-                const int64_t n = rank - j < 4 ? rank - j : 4;                              \
-                const int64_t own = s >= 0 && a[s] ? ranks[s] - j : 0;                      \
-                if (own >= 4 && n == 4 && t + 1 < num_tokens && slots[t + 1] == s) {        \
-                    /* the next token reads the same slot: one pass over its rows */        \
-                    const E *aj = (const E *)a[s] + j * a_row;                              \
-                    float next[4];                                                          \
-                    dot4x2_##E(x + t * x_row, x + (t + 1) * x_row, aj, aj + a_row,          \
-                               aj + 2 * a_row, aj + 3 * a_row, d_in, sums, next);           \
-                    for (int64_t i = 0; i < 4; ++i) PUT(yt + i, sums[i]);                   \
-                    for (int64_t i = 0; i < 4; ++i) PUT(yt + y_row + i, next[i]);           \
-                    ++t;                                                                    \
-                    continue;                                                               \
-                }                                                                           \
-                if (own > 0) {                                                              \
-                    const E *xt = x + t * x_row;                                            \
-                    const E *aj = (const E *)a[s] + j * a_row;                              \
-                    if (n == 4 && own >= 4) {                                               \
-                        dot4_##E(xt, aj, aj + a_row, aj + 2 * a_row, aj + 3 * a_row, d_in,  \
-                                 sums);                                                     \
-                    } else {                                                                \
-                        for (int64_t i = 0; i < n && i < own; ++i)                          \
-                            sums[i] = dot1_##E(xt, aj + i * a_row, d_in);                   \
-                    }                                                                       \
-                }                                                                           \
-                for (int64_t i = 0; i < n; ++i) PUT(yt + i, sums[i]);                       \
+        if (threads < 2) {                                                                  \
+            for (int64_t first = 0, end; first < num_tokens; first = end) {                 \
+                for (end = first + 1; end < num_tokens && slots[end] == slots[first];)      \
+                    ++end;                                                                  \
+                for (int64_t q = 0; q < quads; ++q)                                         \
+                    NAME##_quad(x, x_row, a, ranks, a_row, y, y_row, slots, first, end, q,  \
+                                rank, d_in);                                                \
             }                                                                               \
+            return;                                                                         \
         }                                                                                   \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
+        for (int64_t q = 0; q < quads; ++q)                                                 \
+            NAME##_quad(x, x_row, a, ranks, a_row, y, y_row, slots, 0, num_tokens, q, rank, \
+                        d_in);                                                              \
     }                                                                                       \
     void NAME(const E *x, int64_t x_row, const E *a, int64_t a_slot, int64_t a_row, Y *y,    \
               int64_t y_row, const int64_t *slots, int64_t num_tokens, int64_t rank,         \
