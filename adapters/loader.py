@@ -255,17 +255,18 @@ def _read(
     data, sha256 = hashed_read(weights_path, pacing, hash_it=known is None)
     if known is not None:
         sha256, config_sha256 = known.sha256, known.config_sha256
-    began = time.perf_counter()
     try:
-        tensors = tensor_views(data)
+        tensors = tensor_views(data, pacing)
     except SafetensorsError as exc:
         raise CorruptWeightsError(f"cannot parse safetensors: {exc}", path=weights_path) from exc
     vocab = read_vocab_extras(
         {k: v for k, v in tensors.items() if is_vocab_key(k)}, config, spec, weights_path
     )
     layer_tensors = {k: v for k, v in tensors.items() if not is_vocab_key(k)}
-    weights, extras = _lora_weights(layer_tensors, config, spec, weights_path, vocab is not None)
-    row_scales, row_biases = _row_extras(extras, weights, config, spec, weights_path)
+    weights, extras = _lora_weights(
+        layer_tensors, config, spec, weights_path, vocab is not None, pacing
+    )
+    row_scales, row_biases = _row_extras(extras, weights, config, spec, weights_path, pacing)
     targets = {module for _, module in weights}
     if vocab is not None:
         targets |= {EMBED} if vocab.embed_lora is not None else set()
@@ -275,7 +276,6 @@ def _read(
         ranks.append(vocab.embed_lora[0].shape[1])
     if vocab is not None and vocab.head_lora is not None:
         ranks.append(vocab.head_lora[0].shape[0])
-    pacing.pause_after(began)
     adapter = LoRAAdapter(
         path=root,
         rank=max(ranks, default=config.r),
@@ -386,13 +386,14 @@ def _lora_weights(
     spec: LoRAModelSpec,
     path: Path,
     vocab_side: bool = False,
+    pacing: LoadPacing = ALWAYS_PACED,
 ) -> tuple[dict, dict]:
     """(layer, module) -> (A, B) in float32, and -> {'magnitude' | 'bias': vector, 'key':
     the module's name in the adapter}: the extras DoRA and lora_bias adapters carry."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     module_keys: dict[tuple[int, str], str] = {}
     extras: dict[tuple[int, str], dict] = {}
-    for key in sorted(tensors):
+    for key in pacing.paced(sorted(tensors)):
         parsed = _parse_lora_key(key)
         if parsed is None or (parsed[3] == "magnitude" and not config.use_dora):
             raise _refuse_key(key, path)
@@ -443,7 +444,7 @@ def _lora_weights(
     if not halves and not vocab_side:
         raise AdapterShapeError("holds no LoRA tensors", path=path)
     weights = {}
-    for (layer, module), pair in sorted(halves.items()):
+    for (layer, module), pair in pacing.paced(sorted(halves.items())):
         where = f"layers.{layer}.{module}"
         if set(pair) != {"A", "B"}:
             lone = next(iter(pair))
@@ -463,7 +464,12 @@ def _lora_weights(
 
 
 def _row_extras(
-    extras: dict, weights: dict, config: LoraConfigFields, spec: LoRAModelSpec, path: Path
+    extras: dict,
+    weights: dict,
+    config: LoraConfigFields,
+    spec: LoRAModelSpec,
+    path: Path,
+    pacing: LoadPacing = ALWAYS_PACED,
 ) -> tuple[dict, dict]:
     """DoRA's per-column scales and lora_B's scaled biases, checked against the modules."""
     stray = sorted(set(extras) - set(weights))
@@ -482,7 +488,7 @@ def _row_extras(
             field="use_dora",
         )
     scales, biases = {}, {}
-    for (layer, module), (a, b) in weights.items():
+    for (layer, module), (a, b) in pacing.paced(weights.items()):
         where = f"layers.{layer}.{module}"
         found = extras.get((layer, module), {})
         d_out = spec.modules[module][1]

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from loragate.adapters.pacing import UNPACED, LoadPacing
+
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -35,9 +37,10 @@ class SafetensorsError(ValueError):
     pass
 
 
-def tensor_views(buffer: memoryview) -> dict[str, torch.Tensor]:
+def tensor_views(buffer: memoryview, pacing: LoadPacing = UNPACED) -> dict[str, torch.Tensor]:
     """Name -> tensor for every tensor of a safetensors file held in `buffer` (kept alive by
-    the views); SafetensorsError naming what is wrong with anything else."""
+    the views); SafetensorsError naming what is wrong with anything else. ``pacing`` pauses
+    the loop over the tensors beside running steps (adapters/pacing.py)."""
     if len(buffer) < 8:
         raise SafetensorsError(f"file of {len(buffer)} bytes has no header")
     header_len = int.from_bytes(buffer[:8], "little")
@@ -51,7 +54,7 @@ def tensor_views(buffer: memoryview) -> dict[str, torch.Tensor]:
         raise SafetensorsError("header is not a JSON object")
     start, size = 8 + header_len, len(buffer) - 8 - header_len
     views, spans = {}, []
-    for name, info in header.items():
+    for name, info in pacing.paced(header.items()):
         if name == "__metadata__":
             continue
         dtype, shape, (begin, end) = _entry(name, info, size)

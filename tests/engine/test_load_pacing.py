@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import torch
 from tiny_llama import make_adapters
 
 from loragate.adapters import LoadPacing, LoRARequest
@@ -25,6 +26,34 @@ def test_pauses_are_asked_of_busy_before_each_one():
     assert len(pauses) == 1 and pauses[0] > 0
     LoadPacing(ratio=0.0, sleep=pauses.append).pause_after(0.0)
     assert len(pauses) == 1
+
+
+def test_python_loops_of_a_load_pause_every_few_items():
+    pauses, busy = [], [True]
+    pacing = LoadPacing(ratio=2.0, busy=lambda: busy[0], sleep=pauses.append)
+    items = list(range(50))
+    assert list(pacing.paced(items, every=16)) == items
+    assert len(pauses) == 3  # after items 16, 32 and 48
+    busy[0] = False
+    assert list(pacing.paced(items, every=16)) == items
+    assert len(pauses) == 3
+
+
+def test_a_paced_load_pauses_while_it_parses_and_checks_the_tensors(tmp_path):
+    """A file's tensors are parsed and checked in paced steps, not in one stretch that holds
+    the GIL (each step's torch ops wait for it), as the read is."""
+    from safetensors.torch import save_file
+
+    from loragate.adapters import safetensors_views
+    from loragate.adapters.pacing import ITEMS_PER_PAUSE
+
+    count = 5 * ITEMS_PER_PAUSE + 3
+    save_file({f"t{i}": torch.zeros(2) for i in range(count)}, tmp_path / "w.safetensors")
+    data = (tmp_path / "w.safetensors").read_bytes()
+    pauses = []
+    pacing = LoadPacing(busy=lambda: True, sleep=pauses.append)
+    views = safetensors_views.tensor_views(memoryview(data), pacing)
+    assert len(views) == count and len(pauses) == 5
 
 
 def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_llm, tmp_path):
