@@ -28,7 +28,7 @@ from typing import Any
 
 from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.adapters.store import AdapterFetcher
-from loragate.engine import engine_stats, startup_heap
+from loragate.engine import engine_stats, gil_handoff, startup_heap
 from loragate.engine.adapter_events import WeightsListener
 from loragate.engine.config import EngineConfig
 from loragate.engine.engine_args import engine_config_from
@@ -117,8 +117,10 @@ class AsyncLLMEngine:
         release_thread_pool()
         self._output_thread.start()
         self._thread.start()
-        # Collections walk only what is made from now on (engine/startup_heap.py).
+        # Collections walk only what is made from now on (engine/startup_heap.py), and the
+        # engine thread gets the GIL back within half a millisecond (engine/gil_handoff.py).
         startup_heap.engine_started()
+        gil_handoff.engine_started()
         self._heap_frozen = True
         # A process that exits with the engine running stops it first: its threads would
         # otherwise be inside torch while the interpreter tears the modules down.
@@ -340,6 +342,7 @@ class AsyncLLMEngine:
         if self._heap_frozen:
             self._heap_frozen = False
             startup_heap.engine_stopped()
+            gil_handoff.engine_stopped()
 
     # ---- engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
