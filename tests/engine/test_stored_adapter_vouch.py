@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from contextlib import contextmanager
 
 import pytest
+from test_stored_adapter_fetch import PARAMS, PROMPT, drain, start
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
@@ -24,10 +26,8 @@ from loragate.adapters.store import (
     object_id,
     parse_object_id,
 )
-from loragate.engine import AsyncLLMEngine, EngineConfig, LLMEngine, SamplingParams, store_path
+from loragate.engine import store_path
 
-PROMPT = {"prompt_token_ids": [1, 523, 9123, 77, 4051, 300, 12, 881]}
-PARAMS = SamplingParams(temperature=0, max_tokens=4, min_tokens=4)
 STORES = ("served", "rewritten", "same_bytes")
 
 
@@ -72,34 +72,28 @@ def digests(monkeypatch) -> list[str]:
     return found
 
 
-def start(model_dir, fetcher) -> AsyncLLMEngine:
-    config = EngineConfig(
-        model=str(model_dir),
-        max_model_len=128,
-        num_kv_blocks=64,
-        enable_lora=True,
-        max_loras=2,
-        max_cpu_loras=2,
-        max_lora_rank=8,
-    )
-    return AsyncLLMEngine(LLMEngine(config, adapter_fetcher=fetcher))
+@contextmanager
+def running(model_dir, fetcher):
+    """An engine (test_stored_adapter_fetch's) with ``fetcher``, shut down after."""
+    engine = start(model_dir, fetcher)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
 
 
-async def drain(stream) -> list:
-    return [out async for out in stream]
+def ask(engine, lora: LoRARequest) -> list:
+    """One request for ``lora``, to its end: its outputs."""
+    return asyncio.run(drain(engine.generate(PROMPT, PARAMS, "r", lora)))
 
 
 def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
     model_dir, paths, identities, root = aged
     oid = object_id(identities["A"])
     fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache")
-    engine = start(model_dir, fetcher)
-    lora = LoRARequest("kept", 1, store_path(oid))
-    try:
-        outs = asyncio.run(drain(engine.generate(PROMPT, PARAMS, "r", lora)))
+    with running(model_dir, fetcher) as engine:
+        outs = ask(engine, LoRARequest("kept", 1, store_path(oid)))
         stats = engine.engine.residency.cache.stats()
-    finally:
-        engine.shutdown()
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
     stamp, identity = fetcher.vouched(root / "served" / oid)
     assert stamp.trusted and identity == parse_object_id(oid)
@@ -116,14 +110,10 @@ def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests
     other = (paths["B"] / WEIGHTS_FILE).read_bytes()
     assert len(other) == (checked / WEIGHTS_FILE).stat().st_size
     (checked / WEIGHTS_FILE).write_bytes(other)  # ...then its weights change in place
-    engine = start(model_dir, fetcher)
-    lora = LoRARequest("kept", 1, store_path(oid))
-    try:
+    with running(model_dir, fetcher) as engine:
         with pytest.raises(CorruptObjectError, match="changed after they were checked"):
-            asyncio.run(drain(engine.generate(PROMPT, PARAMS, "r", lora)))
+            ask(engine, LoRARequest("kept", 1, store_path(oid)))
         stats = engine.engine.residency.cache.stats()
-    finally:
-        engine.shutdown()
     assert digests.count(identities["B"].sha256) == 1  # the read hashed them
     assert stats["file_reads"] == 1 and stats["vouched_reads"] == 0
     assert fetcher.vouched(checked) is None  # the cached copy was dropped with its word
@@ -135,12 +125,8 @@ def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, dige
     fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache")
     checked = fetcher.ensure(oid)
     (checked / WEIGHTS_FILE).write_bytes((checked / WEIGHTS_FILE).read_bytes())
-    engine = start(model_dir, fetcher)
-    lora = LoRARequest("kept", 1, store_path(oid))
-    try:
-        outs = asyncio.run(drain(engine.generate(PROMPT, PARAMS, "r", lora)))
-    finally:
-        engine.shutdown()
+    with running(model_dir, fetcher) as engine:
+        outs = ask(engine, LoRARequest("kept", 1, store_path(oid)))
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
     assert digests.count(parse_object_id(oid).sha256) == 2  # the fetch's check and the read
 
@@ -151,12 +137,8 @@ def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged,
     store = LocalStore(tmp_path / "store")
     store.put(oid, paths["B"])  # just now: a write in the same clock tick could hide
     fetcher = AdapterFetcher(store, tmp_path / "cache")
-    engine = start(model_dir, fetcher)
-    lora = LoRARequest("fresh", 1, store_path(oid))
-    try:
-        outs = asyncio.run(drain(engine.generate(PROMPT, PARAMS, "r", lora)))
-    finally:
-        engine.shutdown()
+    with running(model_dir, fetcher) as engine:
+        outs = ask(engine, LoRARequest("fresh", 1, store_path(oid)))
     assert outs[-1].finished
     assert not fetcher.vouched(store.path(oid))[0].trusted
     assert digests.count(parse_object_id(oid).sha256) == 2  # the fetch's check and the read
