@@ -5,6 +5,7 @@ outputs name the store path they were asked under; the weights are the object's.
 from __future__ import annotations
 
 import pytest
+from test_stored_adapter_fetch import PARAMS, PROMPT
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
@@ -15,10 +16,7 @@ from loragate.adapters.store import (
     identity_of,
     object_id,
 )
-from loragate.engine import SamplingParams, store_path
-
-PROMPT = {"prompt_token_ids": [1, 523, 9123, 77, 4051, 300, 12, 881]}
-PARAMS = SamplingParams(temperature=0, max_tokens=4, min_tokens=4)
+from loragate.engine import store_path
 
 
 def test_an_llm_with_a_fetcher_serves_a_store_object(tiny_model_dir, make_llm, tmp_path):
