@@ -454,6 +454,7 @@ class AdapterCache(CacheReports):
         self.slot_budget.check(
             request.lora_name, slot_bytes(adapter, self._slots.dtype), adapter.path
         )
+        self._slots.prepare(adapter, self.load_pacing)  # off the step that admits it
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:
             self._counters["file_reads"] += 1

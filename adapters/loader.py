@@ -88,6 +88,9 @@ class LoRAAdapter:
     row_biases: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
     # LoRA on embed_tokens / lm_head, whole copies of them, trainable tokens (vocab_extras.py).
     vocab: VocabExtras | None = field(default=None, repr=False)
+    # The rows device slots that borrow the stacks read, checked for the kernels per layer
+    # and group, made on the loader thread (DeviceSlots.prepare).
+    slot_rows: dict = field(default_factory=dict, repr=False, compare=False)
 
     def stack_modules(
         self, pacing: LoadPacing = ALWAYS_PACED, dtype: torch.dtype = torch.float32

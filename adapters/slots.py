@@ -31,6 +31,7 @@ import torch
 
 from loragate import kernels
 from loragate.adapters.loader import LoRAAdapter
+from loragate.adapters.pacing import UNPACED, LoadPacing
 from loragate.adapters.spec import LoRAModelSpec
 
 
@@ -56,6 +57,8 @@ class DeviceSlots:
         # slot -> module -> (first layer, A [L, r, d_in], B transposed [L, r, d_out]): the
         # borrowed stacks each slot reads instead of its own rows.
         self._borrowed: dict[int, dict[str, tuple]] = {}
+        # slot -> the rows its adapter's loader checked for each group (`prepare`).
+        self._prepared: dict[int, dict] = {}
         layers = spec.num_layers
         self.groups = spec.groups
         self.a: dict[str, torch.Tensor] = {}
@@ -68,6 +71,8 @@ class DeviceSlots:
         self.scales = torch.zeros(max_loras, device=device, dtype=torch.float32)
         self._module_views: dict[tuple[int, str, int], tuple] = {}
         self._module_groups: dict[tuple[int, str, int], kernels.LoRAModules] = {}
+        # What rows `prepare` made for these slots are keyed by besides (layer, group).
+        self._rows_key = (self.max_rank, self.dtype)
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
         # What DoRA and lora_B-bias adapters do to their rows' outputs besides B A x, per
@@ -169,7 +174,7 @@ class DeviceSlots:
         if prepared is None:
             prepared = kernels.LoRAModules(self.module_weights(*key))
             for slot in self._borrowed:
-                prepared.place(slot, self._rows(layer, group, slot))
+                prepared.place(slot, self._placement(layer, group, slot))
             self._module_groups[key] = prepared
         return prepared
 
@@ -192,20 +197,45 @@ class DeviceSlots:
         return self.bt[module][layer].transpose(1, 2)
 
     # -- loading ------------------------------------------------------------------------
+    def prepare(self, adapter: LoRAAdapter, pacing: LoadPacing = UNPACED) -> None:
+        """Work out, before ``adapter`` is put in any slot (on the thread that loaded it),
+        the rows each group of each layer will read of it where it borrows them, checked for
+        the kernels (kernels.slot_rows), and keep them on the adapter (``slot_rows``): then
+        `write`, on the step that admits the adapter's first request, only points each group
+        at them. Groups with a module the adapter has rows for that are not borrowed (copied
+        into the slot, whose rows depend on the slot) are left to `write`."""
+        if not self.borrow:
+            return
+        borrowed = {m: s for m, s in adapter.stacked.items() if self._can_borrow(s)}
+        copied = {module for _, module in adapter.weights} - set(borrowed)
+        prepared = {}
+        for layer in pacing.paced(range(self.spec.num_layers), every=4):
+            for group, modules in self.groups.items():
+                if copied.intersection(modules):
+                    continue
+                d_in = self.spec.modules[modules[0]][0]
+                rows = [_layer_rows(borrowed[m], layer) if m in borrowed else None for m in modules]
+                d_outs = [self.spec.modules[m][1] for m in modules]
+                prepared[(layer, group, self._rows_key)] = kernels.slot_rows(
+                    rows, d_in, d_outs, self.max_rank, self.dtype, self.device
+                )
+        adapter.slot_rows.update(prepared)
+
     def write(self, slot: int, adapter: LoRAAdapter) -> None:
         """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else. With
-        ``borrow``, the modules the CPU tier stacks in this dtype are read where they are."""
-        by_module: dict[str, list] = {}
-        for (layer, module), (a, b) in sorted(adapter.weights.items()):
-            by_module.setdefault(module, []).append((layer, a, b))
+        ``borrow``, the modules the CPU tier stacks in this dtype are read where they are
+        (through the rows `prepare` worked out, where it did)."""
         borrowed = {}
         for module in self.spec.modules:
             stacked = adapter.stacked.get(module)
             if self._can_borrow(stacked):
                 borrowed[module] = stacked  # its own rows stay as they are, unread
             else:
-                self._write_module(slot, module, adapter, by_module.get(module, []))
-        self._borrow(slot, borrowed)
+                entries = sorted(
+                    (layer, a, b) for (layer, m), (a, b) in adapter.weights.items() if m == module
+                )
+                self._write_module(slot, module, adapter, entries)
+        self._borrow(slot, borrowed, adapter.slot_rows)
         self.scales[slot] = adapter.scale
         self._write_row_extras(slot, adapter)
         self._write_head_lora(slot, adapter.vocab)
@@ -260,14 +290,22 @@ class DeviceSlots:
             and a_stack.shape[1] <= self.max_rank
         )
 
-    def _borrow(self, slot: int, borrowed: dict[str, tuple]) -> None:
+    def _borrow(self, slot: int, borrowed: dict[str, tuple], prepared=None) -> None:
         """With ``borrow``, place ``slot`` in every group: the rows it borrows, and its own
-        rows (copied ones) at the rank written."""
+        rows (copied ones) at the rank written; ``prepared``: the adapter's rows `prepare`
+        checked, by layer and group."""
         if not self.borrow:
             return
         self._borrowed[slot] = borrowed
-        for (layer, group, _), prepared in self._module_groups.items():
-            prepared.place(slot, self._rows(layer, group, slot))
+        self._prepared[slot] = prepared or {}
+        for (layer, group, _), modules in self._module_groups.items():
+            modules.place(slot, self._placement(layer, group, slot))
+
+    def _placement(self, layer: int, group: str, slot: int):
+        """What ``slot`` is placed at in one group: the rows `prepare` checked for it, or
+        else `_rows`."""
+        rows = self._prepared[slot].get((layer, group, self._rows_key))
+        return rows if rows is not None else self._rows(layer, group, slot)
 
     def _rows(self, layer: int, group: str, slot: int) -> tuple:
         """Per module of ``group``, the rows ``slot`` reads in ``layer``: borrowed ones, or

@@ -13,7 +13,7 @@ from .kv_cache import write_kv
 from .linear import PackedWeight, linear, pack_weight
 from .lora import lora_apply, lora_expand, lora_shrink
 from .lora_groups import LoraIndex, lora_index, static_lora_index
-from .lora_modules import LoRAModules, lora_apply_modules
+from .lora_modules import LoRAModules, SlotRows, lora_apply_modules, slot_rows
 from .norm import add_rms_norm, rms_norm
 from .omp_runtime import release_thread_pool, use_one_thread
 from .prefill_attention import paged_prefill_attention
@@ -24,6 +24,7 @@ __all__ = [
     "LoRAModules",
     "LoraIndex",
     "PackedWeight",
+    "SlotRows",
     "add_rms_norm",
     "apply_rope",
     "apply_rope_",
@@ -40,6 +41,7 @@ __all__ = [
     "paged_prefill_attention",
     "release_thread_pool",
     "rms_norm",
+    "slot_rows",
     "static_lora_index",
     "use_one_thread",
     "write_kv",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,83 @@ from .lora_segment_gemm import (
     worth_a_product,
 )
 from .lora_torch import _native
+
+
+@dataclass(frozen=True)
+class SlotRows:
+    """One slot's rows for one group, checked: made by `slot_rows` (or by
+    `LoRAModules.place` from plain rows). ``given``: per module, (A ``[r, d_in]``, B
+    transposed ``[r, d_out]``) or None; ``cut``: the same cut to the group's rank;
+    ``own_rank``: the most rank rows any module reads; ``pointers``: per module, the
+    addresses and rank the native table takes ((None, None, 0) where it adds nothing);
+    ``fits``: the group it was checked for (d_in, each module's d_out, rank, dtype,
+    device)."""
+
+    given: tuple
+    cut: tuple
+    own_rank: int
+    pointers: tuple
+    fits: tuple
+
+
+def slot_rows(
+    rows: Sequence, d_in: int, d_outs: Sequence[int], rank: int, dtype, device
+) -> SlotRows:
+    """``rows`` checked, ahead of time, for every group of modules with these shapes: each
+    module's A and B transposed contiguous, in ``dtype`` on ``device``. An adapter loader
+    makes them off the engine's step, so that `LoRAModules.place` on the step only writes
+    pointers (placing a slot in the ~120 groups of the default model took 8-9 ms of the step
+    that admits its adapter, on a 2-core Xeon)."""
+    return _checked(tuple(rows), d_in, tuple(d_outs), rank, dtype, torch.device(device), True)
+
+
+def _checked(rows: tuple, d_in, d_outs, rank, dtype, device, whole_rows: bool) -> SlotRows:
+    require(
+        len(rows) == len(d_outs),
+        lambda: f"{len(rows)} modules' rows for a group of {len(d_outs)}",
+    )
+    cut = []
+    for entry, d_out in zip(rows, d_outs, strict=True):
+        if entry is not None:
+            _check_entry(entry, d_in, d_out, dtype, device, whole_rows)
+            a, bt = entry
+            entry = entry if a.shape[0] <= rank else (a[:rank], bt[:rank])
+        cut.append(entry)
+    pointers = tuple(
+        (None, None, 0)
+        if entry is None
+        else (entry[0].data_ptr(), entry[1].data_ptr(), len(entry[0]))
+        for entry in cut
+    )
+    own_rank = max(ranks for _, _, ranks in pointers) if pointers else 0
+    return SlotRows(rows, tuple(cut), own_rank, pointers, (d_in, d_outs, rank, dtype, device))
+
+
+def _check_entry(entry, d_in: int, d_out: int, dtype, device, whole_rows: bool) -> None:
+    a, bt = entry
+    a_shape, bt_shape = a.shape, bt.shape
+    require(
+        len(a_shape) == 2 and len(bt_shape) == 2 and a_shape[1] == d_in and bt_shape[1] == d_out,
+        lambda: (
+            f"a slot's rows must be A [r, {d_in}] and B transposed [r, {d_out}], "
+            f"got {tuple(a_shape)} {tuple(bt_shape)}"
+        ),
+    )
+    require(a_shape[0] == bt_shape[0], lambda: f"A has {a_shape[0]} rows and B {bt_shape[0]}")
+    require(
+        a.dtype == dtype and bt.dtype == dtype and a.device == device and bt.device == device,
+        lambda: f"a slot's rows must be {dtype} on {device}",
+    )
+    a_strides, bt_strides = a.stride(), bt.stride()
+    require(
+        a_strides[1] == 1 and bt_strides[1] == 1,
+        "a slot's rows must be contiguous in their last dimension",
+    )
+    if whole_rows:  # the native kernels read every slot's rows alike
+        require(
+            a_strides[0] == d_in and bt_strides[0] == d_out,
+            lambda: f"a slot's rows must be contiguous, got strides {a_strides} {bt_strides}",
+        )
 
 
 class LoRAModules:
@@ -79,74 +157,55 @@ class LoRAModules:
         require(gemm_rows is None or gemm_rows >= 0, f"gemm_rows must be >= 0, got {gemm_rows}")
         self.gemm_rows = gemm_min_rows(self.dtype) if gemm_rows is None else gemm_rows or None
         self.gemm_row_ranks = gemm_row_ranks(self.dtype) if gemm_rows is None else None
+        # What `slot_rows` checks a slot's rows against.
+        d_outs = tuple(b.shape[1] for _, b, _ in self.modules)
+        self._fits = (self.d_in, d_outs, self.rank, self.dtype, first.device)
         # slot -> per module, (A [r, d_in], B transposed [r, d_out]) or None: slots whose
-        # rows are not the stacks'.
+        # rows are not the stacks'; and the same slots' SlotRows, which keep those rows cut
+        # to this group's rank and the slot's own rank (a prefill asks for them per slot in
+        # each group of each layer).
         self.placed: dict[int, tuple] = {}
+        self._rows: dict[int, SlotRows] = {}
         self.table = self._native_table()
 
-    def place(self, slot: int, rows: Sequence | None) -> None:
+    def place(self, slot: int, rows: Sequence | SlotRows | None) -> None:
         """Read ``slot``'s rows from ``rows`` from now on: per module, A ``[r, d_in]`` and B
         transposed ``[r, d_out]`` (contiguous rows, this group's dtype and device), or None
-        where the slot adds nothing to that module. ``rows=None`` goes back to the stacks.
-        The tensors are held until the slot is placed again."""
+        where the slot adds nothing to that module; or `SlotRows` checked ahead for a group
+        of these shapes (`slot_rows`), which are only pointed at. ``rows=None`` goes back
+        to the stacks. The tensors are held until the slot is placed again."""
         require(
             0 <= slot < self.num_slots,
             lambda: f"slot {slot} out of range [0, {self.num_slots})",
         )
         if rows is None:
             self.placed.pop(slot, None)
+            self._rows.pop(slot, None)
         else:
-            rows = tuple(rows)
-            require(
-                len(rows) == len(self.modules),
-                lambda: f"{len(rows)} modules' rows for a group of {len(self.modules)}",
-            )
-            for entry, (_, b, _) in zip(rows, self.modules, strict=True):
-                if entry is not None:
-                    self._check_rows(entry, b.shape[1])
-            self.placed[slot] = rows
+            if isinstance(rows, SlotRows):
+                require(
+                    rows.fits == self._fits,
+                    lambda: f"slot rows checked for {rows.fits}, not this group's {self._fits}",
+                )
+            else:
+                rows = _checked(tuple(rows), *self._fits, whole_rows=self.table is not None)
+            self.placed[slot] = rows.given
+            self._rows[slot] = rows
         if self.table is not None:
             self._point(slot)
 
     def rows_of(self, slot: int) -> tuple:
         """Per module, the (A ``[r, d_in]``, B transposed ``[r, d_out]``) that ``slot``
         reads, cut to this group's rank, or None where it adds nothing."""
-        placed = self.placed.get(slot)
-        if placed is None:
+        rows = self._rows.get(slot)
+        if rows is None:
             return tuple((a[slot], b[slot].T) for a, b, _ in self.modules)
-        return tuple(
-            None if entry is None else (entry[0][: self.rank], entry[1][: self.rank])
-            for entry in placed
-        )
+        return rows.cut
 
     def own_rank(self, slot: int) -> int:
         """The most rank rows any module of ``slot`` reads (0: it adds nothing here)."""
-        return max((rows[0].shape[0] for rows in self.rows_of(slot) if rows is not None), default=0)
-
-    def _check_rows(self, entry, d_out: int) -> None:
-        a, bt = entry
-        require(
-            a.dim() == 2 and bt.dim() == 2 and a.shape[1] == self.d_in and bt.shape[1] == d_out,
-            lambda: (
-                f"a slot's rows must be A [r, {self.d_in}] and B transposed [r, {d_out}], "
-                f"got {tuple(a.shape)} {tuple(bt.shape)}"
-            ),
-        )
-        require(a.shape[0] == bt.shape[0], lambda: f"A has {a.shape[0]} rows and B {bt.shape[0]}")
-        device = self.modules[0][0].device
-        require(
-            a.dtype == bt.dtype == self.dtype and a.device == bt.device == device,
-            lambda: f"a slot's rows must be {self.dtype} on {device}",
-        )
-        require(
-            a.stride(-1) == 1 and bt.stride(-1) == 1,
-            "a slot's rows must be contiguous in their last dimension",
-        )
-        if self.table is not None:  # the native kernels read every slot's rows alike
-            require(
-                a.stride(0) == self.d_in and bt.stride(0) == d_out,
-                lambda: f"a slot's rows must be contiguous, got strides {a.stride()} {bt.stride()}",
-            )
+        rows = self._rows.get(slot)
+        return self.rank if rows is None else rows.own_rank
 
     def _native_table(self):
         """The modules as lora_cpu.c's lora_module array, where the native kernels take
@@ -179,12 +238,19 @@ class LoRAModules:
 
     def _point(self, slot: int) -> None:
         """Write ``slot``'s pointers and ranks into the native table."""
-        for (a_at, bt_at, ranks), rows in zip(self._slot_arrays, self.rows_of(slot), strict=True):
-            if rows is None:
-                a_at[slot], bt_at[slot], ranks[slot] = None, None, 0
-            else:
-                a_at[slot], bt_at[slot] = rows[0].data_ptr(), rows[1].data_ptr()
-                ranks[slot] = rows[0].shape[0]
+        rows = self._rows.get(slot)
+        if rows is None:  # the stacks' rows
+            for (a_at, bt_at, ranks), (a, b, _) in zip(
+                self._slot_arrays, self.modules, strict=True
+            ):
+                a_at[slot], bt_at[slot], ranks[slot] = (
+                    a[slot].data_ptr(),
+                    b[slot].data_ptr(),
+                    self.rank,
+                )
+            return
+        for (a_at, bt_at, ranks), pointers in zip(self._slot_arrays, rows.pointers, strict=True):
+            a_at[slot], bt_at[slot], ranks[slot] = pointers
 
 
 def lora_apply_modules(

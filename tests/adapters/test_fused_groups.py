@@ -76,6 +76,63 @@ def test_borrowed_slots_apply_every_module_to_its_own_columns(spec, make_adapter
             )
 
 
+@pytest.mark.parametrize("groups_first", [True, False], ids=["groups first", "groups after"])
+def test_borrowing_slots_read_the_rows_their_loader_checked(spec, make_adapter, groups_first):
+    """The rows a borrowing slot reads in each group are the ones DeviceSlots.prepare
+    checked when its adapter was loaded (the step that puts it in a slot only points the
+    groups at them), whether the groups were made before (as the engine makes them at
+    start) or after. A group with a module whose stack cannot be borrowed (a rank_pattern
+    breaks it: copied into the slot) is worked out when written. Each token gets its
+    adapter's output either way."""
+    cache = AdapterCache(spec, max_loras=2, max_lora_rank=16, max_cpu_loras=2, borrow=True)
+    rank = cache.effective_rank
+    groups = [(layer, group) for layer in range(spec.num_layers) for group in cache.groups]
+    if groups_first:
+        for layer, group in groups:
+            cache.slot_tensors.module_group(layer, group, rank)
+    requests = [
+        LoRARequest("all", 1, str(make_adapter("all", rank=8, targets=list(spec.modules)))),
+        LoRARequest(
+            "copied_q",
+            2,
+            str(
+                make_adapter(
+                    "copied_q",
+                    rank=4,
+                    seed=1,
+                    targets=list(spec.modules),
+                    rank_pattern={"model.layers.1.self_attn.q_proj": 2},
+                )
+            ),
+        ),
+    ]
+    adapters = {}
+    for request in requests:
+        slot = cache.acquire(request, set())
+        adapters[slot] = cache.preload(request)  # the CPU tier's entry, which the slot reads
+    for slot, adapter in adapters.items():
+        checked = {(layer, group): rows for (layer, group, _), rows in adapter.slot_rows.items()}
+        copied = {"qkv_proj"} if adapter.rank == 4 else set()
+        assert set(checked) == {(layer, group) for layer, group in groups if group not in copied}
+        for layer, group in groups:
+            read = cache.slot_tensors.module_group(layer, group, rank).rows_of(slot)
+            if (layer, group) in checked:
+                assert read is checked[(layer, group)].cut, (slot, layer, group)
+            else:
+                own = cache.lora_a(layer, "q_proj")[slot]
+                assert read[0][0].data_ptr() == own.data_ptr(), "copied: the slot's own rows"
+    slots = torch.tensor([0, 1, -1, 1, 0, 0, 1])
+    index = kernels.lora_index(slots, 2)
+    for layer, group in groups:
+        members = cache.groups[group]
+        x = torch.randn(slots.shape[0], spec.modules[members[0]][0])
+        out = torch.zeros(slots.shape[0], sum(spec.modules[m][1] for m in members))
+        prepared = cache.slot_tensors.module_group(layer, group, rank)
+        kernels.lora_apply_modules(x, prepared, slots, cache.scales, out, index=index)
+        expected = per_module_reference(adapters, slots, layer, members, spec, x)
+        assert torch.allclose(out.double(), expected, atol=1e-5), (layer, group)
+
+
 def _three_adapters(spec, make_adapter, borrow, dtype=torch.float32):
     made = {
         "qv": dict(rank=4, targets=["q_proj", "v_proj", "up_proj"]),

@@ -138,6 +138,55 @@ def test_placed_slots_read_their_own_rows(dtype, bound, tokens):
     assert set(group.placed) == {1}
 
 
+@pytest.mark.parametrize("tokens", [8, 600], ids=["native", "per slot"])
+def test_rows_checked_ahead_read_as_plain_rows(tokens):
+    """Rows checked ahead of the step (kernels.slot_rows, as an adapter's loader thread
+    does) and placed as they are give each token what the same rows placed plainly give:
+    above the group's rank cut to it, a module left alone untouched."""
+    torch.manual_seed(12)
+    modules = fused_group(torch.float32)
+    plain, ahead = kernels.LoRAModules(modules), kernels.LoRAModules(modules)
+    rows = {1: placed_rows(torch.float32, RANK + 3), 3: placed_rows(torch.float32, 2, skip=2)}
+    for slot, given in rows.items():
+        plain.place(slot, given)
+        checked = kernels.slot_rows(given, D_IN, D_OUTS, RANK, torch.float32, "cpu")
+        assert checked.own_rank == min(RANK, given[0][0].shape[0])
+        ahead.place(slot, checked)
+        assert ahead.rows_of(slot) is checked.cut, "rows checked ahead are read as they are"
+    slots = torch.tensor([3, -1, 0, 1, 2, 1, -1, 3]).repeat(tokens // 8)
+    x = torch.randn(slots.shape[0], D_IN)
+    scales = torch.rand(SLOTS) + 0.5
+    before = torch.randn(slots.shape[0], sum(D_OUTS))
+    outs = []
+    for group in (plain, ahead):
+        out = before.clone()
+        kernels.lora_apply_modules(x, group, slots, scales, out, index=kernels.lora_index(slots, 4))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    expected = reference(
+        x,
+        as_stacks(modules, {1: [(a[:RANK], bt[:RANK]) for a, bt in rows[1]], 3: rows[3]}),
+        slots,
+        scales,
+        before,
+    )
+    assert rel_error(outs[1], expected) < 1e-5
+
+
+def test_rows_checked_for_another_group_are_refused():
+    group = kernels.LoRAModules(fused_group(torch.float32))
+    rows = placed_rows(torch.float32, RANK)
+    wider = kernels.slot_rows(rows, D_IN, D_OUTS, RANK + 2, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="checked for"):
+        group.place(0, wider)
+    strided = [(torch.randn(D_IN + 8, RANK).T[:, :D_IN], rows[0][1])] + rows[1:]
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.slot_rows(strided, D_IN, D_OUTS, RANK, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="2 modules' rows for a group of 3"):
+        kernels.slot_rows(rows[:2], D_IN, D_OUTS, RANK, torch.float32, "cpu")
+    assert not group.placed, "a refused placement changes nothing"
+
+
 def test_bad_placements_are_named():
     group = kernels.LoRAModules(fused_group(torch.float32))
     rows = placed_rows(torch.float32, RANK)

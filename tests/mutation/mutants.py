@@ -269,8 +269,8 @@ MUTANTS = [
             Patch(
                 "loragate.adapters.slots",
                 "DeviceSlots._borrow",
-                "prepared.place(slot, self._rows(layer, group, slot))",
-                "prepared.place(slot, None)",
+                "modules.place(slot, rows if rows is not None else self._rows(layer, group, slot))",
+                "modules.place(slot, None)",
             ),
         ),
         first=LORA,
