@@ -269,7 +269,7 @@ MUTANTS = [
             Patch(
                 "loragate.adapters.slots",
                 "DeviceSlots._borrow",
-                "modules.place(slot, rows if rows is not None else self._rows(layer, group, slot))",
+                "modules.place(slot, self._placement(layer, group, slot))",
                 "modules.place(slot, None)",
             ),
         ),
