@@ -52,7 +52,7 @@ from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
-from loragate.adapters.identity import FilesStamp, IdentityBook, WeightsIdentity
+from loragate.adapters.identity import IdentityBook, Vouch, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.request import LoRARequest
@@ -200,9 +200,7 @@ class AdapterCache(CacheReports):
             return max(self._device.rank)
 
     # -- admission ----------------------------------------------------------------------
-    def preload(
-        self, request: LoRARequest, vouched: tuple[FilesStamp, WeightsIdentity] | None = None
-    ) -> LoRAAdapter:
+    def preload(self, request: LoRARequest, vouched: Vouch | None = None) -> LoRAAdapter:
         """The adapter ``request``'s files hold now, validated, and kept in the CPU tier
         unless the weights admitted requests hold fill it.
 
@@ -365,7 +363,7 @@ class AdapterCache(CacheReports):
 
     # -- CPU tier ---------------------------------------------------------------------
     def admission_identity(
-        self, request: LoRARequest, vouched: tuple[FilesStamp, WeightsIdentity] | None = None
+        self, request: LoRARequest, vouched: Vouch | None = None
     ) -> WeightsIdentity:
         """What a request naming ``request`` is admitted under: ``known_identity`` where a
         stat vouches for its files, otherwise read, validated and kept in the CPU tier where

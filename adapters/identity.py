@@ -66,6 +66,11 @@ class FilesStamp:
         return self.taken_ns - newest >= RACY_NS
 
 
+# A vouch: a trusted stamp of an adapter's files and the identity they hashed to when it
+# was taken. Files still so stamped are not hashed again (adapters/loader.py).
+Vouch = tuple[FilesStamp, WeightsIdentity]
+
+
 def _fields(path: Path) -> tuple[int, ...]:
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -89,7 +94,7 @@ class IdentityBook:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[FilesStamp, WeightsIdentity]] = {}
+        self._entries: dict[str, Vouch] = {}
         self._lock = threading.Lock()
 
     def known(self, directory: str) -> WeightsIdentity | None:
@@ -104,7 +109,7 @@ class IdentityBook:
             return None
         return identity
 
-    def entry(self, directory: str) -> tuple[FilesStamp, WeightsIdentity] | None:
+    def entry(self, directory: str) -> Vouch | None:
         """The stamp and identity last hashed for ``directory`` (no disk access): what a read
         compares its own stamps with before trusting that identity."""
         with self._lock:

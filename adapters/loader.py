@@ -39,6 +39,7 @@ from loragate.adapters.identity import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     FilesStamp,
+    Vouch,
     WeightsIdentity,
     stamp_files,
 )
@@ -149,7 +150,7 @@ def load_adapter(
     strict_base_model: bool = False,
     pacing: LoadPacing = ALWAYS_PACED,
     stack_dtype: torch.dtype = torch.float32,
-    vouched: tuple[FilesStamp, WeightsIdentity] | None = None,
+    vouched: Vouch | None = None,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
     ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
@@ -193,9 +194,7 @@ def load_adapter(
     )
 
 
-def vouched_identity(
-    stamp: FilesStamp, vouched: tuple[FilesStamp, WeightsIdentity] | None
-) -> WeightsIdentity | None:
+def vouched_identity(stamp: FilesStamp, vouched: Vouch | None) -> WeightsIdentity | None:
     """The identity ``vouched`` gives files stamped ``stamp``: its own when it is a trusted
     stamp of the very same files, else None (hash them)."""
     if vouched is None:

@@ -39,6 +39,7 @@ from loragate.adapters.identity import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     FilesStamp,
+    Vouch,
     WeightsIdentity,
     stamp_files,
 )
@@ -331,7 +332,7 @@ class AdapterFetcher:
         self.fetches = 0
         self._verified: set[str] = set()
         # local directory -> the stamp its files had while they hashed to its id, and that id
-        self._vouches: dict[str, tuple[FilesStamp, WeightsIdentity]] = {}
+        self._vouches: dict[str, Vouch] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -374,7 +375,7 @@ class AdapterFetcher:
             self._verified.add(oid)
             return self.local.path(oid)
 
-    def vouched(self, directory: str | Path) -> tuple[FilesStamp, WeightsIdentity] | None:
+    def vouched(self, directory: str | Path) -> Vouch | None:
         """What this fetcher's check of the object in ``directory`` (its ``ensure`` answer)
         vouches for: the stamp its files had while they hashed to the object's id, and that
         identity. A read whose own stamps are that stamp, where it is trusted, need not hash

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loragate.adapters import LoRARequest, WeightsIdentity
-from loragate.adapters.identity import FilesStamp
+from loragate.adapters.identity import Vouch
 from loragate.adapters.store import (
     AdapterFetcher,
     AdapterStoreError,
@@ -79,7 +79,7 @@ class StoredAdapters:
             return lora
         return _at(lora, self.fetcher.local.path(oid))
 
-    def vouched(self, local: LoRARequest) -> tuple[FilesStamp, WeightsIdentity] | None:
+    def vouched(self, local: LoRARequest) -> Vouch | None:
         """What the fetch that checked ``local``'s directory (a store object's, as `fetch`
         gives it) vouches for: the stamp of its files when they hashed to the object's id,
         and that identity (the cache's ``vouched`` read); None for a folder's path."""
