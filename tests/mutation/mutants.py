@@ -350,9 +350,9 @@ MUTANTS = [
         (
             Patch(
                 "loragate.kernels.lora_modules",
-                "LoRAModules._point",
-                "ranks[slot] = rows[0].shape[0]",
-                "ranks[slot] = min(rows[0].shape[0], 8)",
+                "_checked",
+                "entry[1].data_ptr(), len(entry[0]))",
+                "entry[1].data_ptr(), min(len(entry[0]), 8))",
             ),
         ),
         first=RANKS,
