@@ -36,14 +36,12 @@ from .lora_torch import _native
 @dataclass(frozen=True)
 class SlotRows:
     """One slot's rows for one group, checked: made by `slot_rows` (or by
-    `LoRAModules.place` from plain rows). ``given``: per module, (A ``[r, d_in]``, B
-    transposed ``[r, d_out]``) or None; ``cut``: the same cut to the group's rank;
-    ``own_rank``: the most rank rows any module reads; ``pointers``: per module, the
-    addresses and rank the native table takes ((None, None, 0) where it adds nothing);
-    ``fits``: the group it was checked for (d_in, each module's d_out, rank, dtype,
-    device)."""
+    `LoRAModules.place` from plain rows). ``cut``: per module, (A ``[r, d_in]``, B
+    transposed ``[r, d_out]``) cut to the group's rank, or None; ``own_rank``: the most rank
+    rows any module reads; ``pointers``: per module, the addresses and rank the native table
+    takes ((None, None, 0) where it adds nothing); ``fits``: the group it was checked for
+    (d_in, each module's d_out, rank, dtype, device)."""
 
-    given: tuple
     cut: tuple
     own_rank: int
     pointers: tuple
@@ -80,7 +78,7 @@ def _checked(rows: tuple, d_in, d_outs, rank, dtype, device, whole_rows: bool) -
         for entry in cut
     )
     own_rank = max(ranks for _, _, ranks in pointers) if pointers else 0
-    return SlotRows(rows, tuple(cut), own_rank, pointers, (d_in, d_outs, rank, dtype, device))
+    return SlotRows(tuple(cut), own_rank, pointers, (d_in, d_outs, rank, dtype, device))
 
 
 def _check_entry(entry, d_in: int, d_out: int, dtype, device, whole_rows: bool) -> None:
@@ -160,12 +158,9 @@ class LoRAModules:
         # What `slot_rows` checks a slot's rows against.
         d_outs = tuple(b.shape[1] for _, b, _ in self.modules)
         self._fits = (self.d_in, d_outs, self.rank, self.dtype, first.device)
-        # slot -> per module, (A [r, d_in], B transposed [r, d_out]) or None: slots whose
-        # rows are not the stacks'; and the same slots' SlotRows, which keep those rows cut
-        # to this group's rank and the slot's own rank (a prefill asks for them per slot in
-        # each group of each layer).
-        self.placed: dict[int, tuple] = {}
-        self._rows: dict[int, SlotRows] = {}
+        # slot -> its rows, where they are not the stacks': cut to this group's rank, with
+        # the slot's own rank (a prefill asks for both per slot in each group of each layer).
+        self.placed: dict[int, SlotRows] = {}
         self.table = self._native_table()
 
     def place(self, slot: int, rows: Sequence | SlotRows | None) -> None:
@@ -180,7 +175,6 @@ class LoRAModules:
         )
         if rows is None:
             self.placed.pop(slot, None)
-            self._rows.pop(slot, None)
         else:
             if isinstance(rows, SlotRows):
                 require(
@@ -189,22 +183,21 @@ class LoRAModules:
                 )
             else:
                 rows = _checked(tuple(rows), *self._fits, whole_rows=self.table is not None)
-            self.placed[slot] = rows.given
-            self._rows[slot] = rows
+            self.placed[slot] = rows
         if self.table is not None:
             self._point(slot)
 
     def rows_of(self, slot: int) -> tuple:
         """Per module, the (A ``[r, d_in]``, B transposed ``[r, d_out]``) that ``slot``
         reads, cut to this group's rank, or None where it adds nothing."""
-        rows = self._rows.get(slot)
+        rows = self.placed.get(slot)
         if rows is None:
             return tuple((a[slot], b[slot].T) for a, b, _ in self.modules)
         return rows.cut
 
     def own_rank(self, slot: int) -> int:
         """The most rank rows any module of ``slot`` reads (0: it adds nothing here)."""
-        rows = self._rows.get(slot)
+        rows = self.placed.get(slot)
         return self.rank if rows is None else rows.own_rank
 
     def _native_table(self):
@@ -238,7 +231,7 @@ class LoRAModules:
 
     def _point(self, slot: int) -> None:
         """Write ``slot``'s pointers and ranks into the native table."""
-        rows = self._rows.get(slot)
+        rows = self.placed.get(slot)
         if rows is None:  # the stacks' rows
             for (a_at, bt_at, ranks), (a, b, _) in zip(
                 self._slot_arrays, self.modules, strict=True
