@@ -68,8 +68,9 @@ STALL_BOUND = 2.0
 # each). Measured the next day on a 2-core Intel Xeon VM with AVX-512 (no AVX512-BF16, no
 # VNNI, no AMX), float32: the slow steps are the VM's. A plain loop of the model's matmul
 # shapes (8 rows, ~480 MB of weights a round, ~100 ms, no other thread in the process) ran
-# rounds of 3.9x, 4.5x and 6.5x its median in three runs of 1,500; benchmarks/cold_join_gaps.py --runs 8 --dtype float32 measured the
-# worst gap over 2x in 4 of 8 windows with cold loads and in 4 of 8 with the streams alone.
+# rounds of 3.9x, 4.5x and 6.5x its median in three runs of 1,500;
+# benchmarks/cold_join_gaps.py --runs 8 --dtype float32 measured the worst gap over 2x in
+# 4 of 8 windows with cold loads and in 4 of 8 with the streams alone.
 # With each window over the bound half the time, a run fails (cold over, alone under) about
 # a quarter of the time: three runs 1.6%, five 0.1%. An engine that stalls on loads fails
 # every one of them, so this many runs costs nothing but time, and only where the first
