@@ -71,8 +71,6 @@ class DeviceSlots:
         self.scales = torch.zeros(max_loras, device=device, dtype=torch.float32)
         self._module_views: dict[tuple[int, str, int], tuple] = {}
         self._module_groups: dict[tuple[int, str, int], kernels.LoRAModules] = {}
-        # What rows `prepare` made for these slots are keyed by besides (layer, group).
-        self._rows_key = (self.max_rank, self.dtype)
         # Rank columns that may be non-zero, per module and slot.
         self._dirty = {module: [0] * max_loras for module in spec.modules}
         # What DoRA and lora_B-bias adapters do to their rows' outputs besides B A x, per
@@ -208,15 +206,17 @@ class DeviceSlots:
             return
         borrowed = {m: s for m, s in adapter.stacked.items() if self._can_borrow(s)}
         copied = {module for _, module in adapter.weights} - set(borrowed)
+        shapes = {  # group -> its d_in and each module's d_out, where none is copied
+            group: (self.spec.modules[modules[0]][0], [self.spec.modules[m][1] for m in modules])
+            for group, modules in self.groups.items()
+            if not copied.intersection(modules)
+        }
         prepared = {}
         for layer in pacing.paced(range(self.spec.num_layers), every=4):
-            for group, modules in self.groups.items():
-                if copied.intersection(modules):
-                    continue
-                d_in = self.spec.modules[modules[0]][0]
+            for group, (d_in, d_outs) in shapes.items():
+                modules = self.groups[group]
                 rows = [_layer_rows(borrowed[m], layer) if m in borrowed else None for m in modules]
-                d_outs = [self.spec.modules[m][1] for m in modules]
-                prepared[(layer, group, self._rows_key)] = kernels.slot_rows(
+                prepared[(layer, group)] = kernels.slot_rows(
                     rows, d_in, d_outs, self.max_rank, self.dtype, self.device
                 )
         adapter.slot_rows.update(prepared)
@@ -304,7 +304,7 @@ class DeviceSlots:
     def _placement(self, layer: int, group: str, slot: int):
         """What ``slot`` is placed at in one group: the rows `prepare` checked for it, or
         else `_rows`."""
-        rows = self._prepared[slot].get((layer, group, self._rows_key))
+        rows = self._prepared[slot].get((layer, group))
         return rows if rows is not None else self._rows(layer, group, slot)
 
     def _rows(self, layer: int, group: str, slot: int) -> tuple:
