@@ -58,6 +58,50 @@ def test_native_shrink_and_expand_match_reference(native, threads, rank, d_in, d
         torch.set_num_threads(previous)
 
 
+# A prompt chunk's rows lie together, one slot for many rows: runs long enough for the
+# kernels' tiles (three rows of one slot at a time in the shrink, RUN_TILE = 6 in the expand)
+# with rows left over, beside short runs, base rows and a slot that adds nothing (2).
+RUN_SLOTS = [2] + [0] * 13 + [-1] * 2 + [1] * 7 + [3] * 20 + [4] * 6 + [0] * 5 + [3, 3]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "rank, d_in, d_out", [(64, 576, 1536), (8, 576, 300), (6, 72, 100), (1, 5, 7), (17, 40, 33)]
+)
+def test_long_runs_of_one_slot_match_reference_and_each_row_alone(
+    native, dtype, tolerance, threads, rank, d_in, d_out
+):
+    """Runs of one slot's rows take tiles of several rows at a time; each row's sums are the
+    ones it gets alone, term by term: bit-equal to the row computed by itself, and within
+    rounding of the float64 reference."""
+    torch.manual_seed(rank * 100 + d_in + d_out)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, bt = (t.to(dtype) for t in engine_layout(5, rank, d_in, d_out))
+        slots = torch.tensor(RUN_SLOTS)
+        x = torch.randn(slots.shape[0], d_in).to(dtype)
+        scales = torch.rand(5) + 0.5
+        y = native.shrink(x, a, slots)
+        assert rel_error(y, lora_shrink_reference(x, a, slots)) < tolerance
+        before = torch.randn(slots.shape[0], d_out + 40).to(dtype)[:, 20 : 20 + d_out]
+        out = before.clone()
+        native.expand(y, bt, scales, out, slots)
+        expected = lora_expand_reference(y, bt.transpose(1, 2), slots, scales, before)
+        assert rel_error(out, expected) < tolerance
+        assert torch.equal(out[slots < 0], before[slots < 0])
+
+        for row in range(slots.shape[0]):  # each row alone: the one-row path
+            alone_y = native.shrink(x[row : row + 1], a, slots[row : row + 1])
+            assert torch.equal(alone_y, y[row : row + 1]), f"row {row}'s shrink"
+            alone = before[row : row + 1].clone()
+            native.expand(y[row : row + 1], bt, scales, alone, slots[row : row + 1])
+            assert torch.equal(alone, out[row : row + 1]), f"row {row}'s expand"
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_engine_calls_take_the_native_path_and_agree_with_the_grouped_one(native, monkeypatch):
     """lora_shrink / lora_expand on the engine's layout, several slots, decode-sized: native.
     Forcing the grouped matmul gives the same numbers."""
