@@ -14,9 +14,12 @@ The threshold depends on the dtype and the CPU, read from its flags at run time
 bf16 alike; 0 turns the split off). bf16 with AMX: a run's rows times its slot's own rank
 at least AMX_ROW_RANKS (and at least AMX_MIN_ROWS rows), as oneDNN's cost there is mostly per
 product while the native loop's grows with rows and rank; 1024 rows on AVX512-BF16 without
-AMX; never on a CPU with neither (bf16 emulated there). float32: FLOAT32_AVX2_MIN_ROWS on a CPU
-with AVX2 and FMA but no AVX-512 (measured there), never elsewhere (not measured: the native
-loop stays). LoRAModules reads the threshold once, when a projection's group is prepared.
+AMX; never on a CPU with neither (bf16 emulated there). float32 on a CPU with AVX2 and FMA
+but no AVX-512: rows times rank at least FLOAT32_AVX2_ROW_RANKS (and at least
+FLOAT32_AVX2_MIN_ROWS rows), measured there; never elsewhere (on AVX-512, products won only
+from about as many rows times rank, measured against the loop before its run tiles, and a
+step's chunks rarely reach that). LoRAModules reads the threshold once, when a projection's
+group is prepared.
 
 The split's results differ from the native kernel's by the order of the sums only: in float32
 within float32 rounding (a float64 reference bounds both), in bf16 within the bf16 rule (the
@@ -52,14 +55,17 @@ GEMM_ROWS_ENV = "LORAGATE_LORA_GEMM_ROWS"
 AMX_MIN_ROWS = 32
 AMX_ROW_RANKS = 8192
 AVX512_BF16_MIN_ROWS = 1024
-# Rows of one slot from which a float32 product (the BLAS's sgemm) beats the native loop on a
-# CPU with AVX2 and FMA but no AVX-512, measured by benchmarks/lora_segments.py on a 2-core AMD
-# EPYC of that kind (2026-11-27, quiet runs, a chunk beside 16 decoding rows of other slots,
-# the default model's seven projections), split against native: rank 64 0.98 at 192 rows,
-# 0.88 at 256, 0.77 at 512, 0.63 at 1024, 0.46 at 2032; rank 128 0.93 at 128, 0.80 at 256,
-# 0.59 at 1024; rank 8 1.09-1.16 at 256-384, 0.94-0.98 at 512, 0.71 at 2032. Other CPUs
-# keep the native loop for float32: not measured there (AVX-512 widens the native loop too).
+# Rows times a slot's own rank from which a float32 product (the BLAS's sgemm) beats the
+# native loop on a CPU with AVX2 and FMA but no AVX-512, and the fewest rows it takes:
+# measured by benchmarks/lora_segments.py on a 2-core AMD EPYC of that kind (2026-11-28,
+# load 0.5-0.9, a chunk beside 8 decoding rows of other slots, the default model's seven
+# projections), split against the native loop with its run tiles: rank 8 2.36 at 150 rows,
+# 1.97 at 256, 1.42 at 1024, 1.23 at 2032 (never); rank 32 1.27 at 256, 0.87 at 1024; rank 64
+# 1.24 at 150, 1.18 at 256, 1.01 at 384, 0.95 at 512, 0.82 at 1024, 0.74 at 2032; rank 128
+# 1.06 at 192, 1.03 at 256, 0.89 at 384, 0.76 at 1024: break-even near 24,000-37,000 rows x
+# rank. (Against the loop before its run tiles, 2026-11-27, rows alone decided, from 256.)
 FLOAT32_AVX2_MIN_ROWS = 256
+FLOAT32_AVX2_ROW_RANKS = 32768
 
 
 @dataclass(frozen=True)
@@ -96,11 +102,17 @@ def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> in
 
 def gemm_row_ranks(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:
     """Rows times a slot's own rank from which its run takes a product, on top of
-    `gemm_min_rows` (None: rows alone decide): AMX_ROW_RANKS for bf16 on a CPU with AMX, unless
+    `gemm_min_rows` (None: rows alone decide): AMX_ROW_RANKS for bf16 on a CPU with AMX,
+    FLOAT32_AVX2_ROW_RANKS for float32 on one with AVX2 but no AVX-512, unless
     LORAGATE_LORA_GEMM_ROWS sets the rows. Read once, where a group is prepared."""
-    if dtype != torch.bfloat16 or os.environ.get(GEMM_ROWS_ENV, "").strip():
+    if os.environ.get(GEMM_ROWS_ENV, "").strip():
         return None
-    return AMX_ROW_RANKS if has_amx(this_cpu_flags() if flags is None else flags) else None
+    flags = this_cpu_flags() if flags is None else flags
+    if dtype == torch.bfloat16:
+        return AMX_ROW_RANKS if has_amx(flags) else None
+    if dtype == torch.float32:
+        return FLOAT32_AVX2_ROW_RANKS if avx2_without_avx512(flags) else None
+    return None
 
 
 def worth_a_product(
