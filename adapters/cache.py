@@ -55,6 +55,7 @@ from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
 from loragate.adapters.identity import IdentityBook, Vouch, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
+from loragate.adapters.read_buffers import ReadBuffers
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
@@ -149,6 +150,7 @@ class AdapterCache(CacheReports):
         self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
         self._book = IdentityBook()
+        self._read_buffers = ReadBuffers()  # weights files' reads reuse their memory
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(_COUNTERS, 0)
         # sha256 -> [disk loads, their seconds, slot loads, their seconds] (for metrics)
@@ -446,6 +448,7 @@ class AdapterCache(CacheReports):
             # On a CPU the slots read the stacks in place: made in the slots' dtype.
             self._slots.dtype if self._slots.borrow else torch.float32,
             vouched,
+            self._read_buffers,
         )
         # Larger than a whole tier: refused before anything remembers it.
         self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)

@@ -45,6 +45,7 @@ from loragate.adapters.identity import (
 )
 from loragate.adapters.pacing import ALWAYS_PACED, CHUNK_BYTES, LoadPacing
 from loragate.adapters.peft_config import LoraConfigFields, read_lora_config
+from loragate.adapters.read_buffers import Lease, ReadBuffers
 from loragate.adapters.safetensors_views import SafetensorsError, tensor_views
 from loragate.adapters.spec import LoRAModelSpec
 from loragate.adapters.vocab_extras import EMBED, HEAD, VocabExtras, is_vocab_key, read_vocab_extras
@@ -151,12 +152,15 @@ def load_adapter(
     pacing: LoadPacing = ALWAYS_PACED,
     stack_dtype: torch.dtype = torch.float32,
     vouched: Vouch | None = None,
+    buffers: ReadBuffers | None = None,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
     ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
     ``stack_dtype`` is the dtype of its stacked modules (LoRAAdapter.stacked). With
     ``vouched`` (a trusted stamp of these files and the identity they hashed to), files
-    whose stamps before and after the read are that stamp are not hashed again."""
+    whose stamps before and after the read are that stamp are not hashed again. The weights
+    are read into memory ``buffers`` lends (adapters/read_buffers.py; a fresh mapping
+    without it)."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -183,10 +187,13 @@ def load_adapter(
         if stamp is None:
             raise AdapterNotFoundError("adapter files vanished while being read", path=root)
         known = vouched_identity(stamp, vouched)
-        adapter = _read(root, spec, max_lora_rank, strict_base_model, stamp, pacing, known)
-        if stamp.same_files(stamp_files(root) or stamp):
-            adapter.stack_modules(pacing, stack_dtype)
-            return adapter
+        with (buffers or ReadBuffers(kept=0)).lend() as lease:
+            adapter = _read(
+                root, spec, max_lora_rank, strict_base_model, stamp, pacing, known, lease
+            )
+            if stamp.same_files(stamp_files(root) or stamp):
+                adapter.stack_modules(pacing, stack_dtype)
+                return adapter  # the lease ends after: its mapping is kept if unviewed
     raise AdapterError(
         f"the files kept changing while being read ({READ_ATTEMPTS} tries); "
         "write adapters elsewhere and rename the directory into place",
@@ -203,21 +210,25 @@ def vouched_identity(stamp: FilesStamp, vouched: Vouch | None) -> WeightsIdentit
     return identity if trusted.trusted and trusted.same_files(stamp) else None
 
 
-def hashed_read(path: Path, pacing: LoadPacing = ALWAYS_PACED, hash_it: bool = True):
+def hashed_read(
+    path: Path, pacing: LoadPacing = ALWAYS_PACED, hash_it: bool = True, lease: Lease | None = None
+):
     """The file's bytes and their sha256 hex digest (None unless ``hash_it``), in one pass:
-    read in chunks straight into one anonymous mapping (its pages are touched by the reads,
-    which leave the GIL free, where a zeroed bytearray or joined chunks would fill tens of MB
-    under it), with a pause after each (adapters/pacing.py). Each chunk is hashed while the
-    next is read, on a thread of its own (adapters/chunk_hasher.py), unless the read is paced
-    now or fits one chunk: then right after it is read, while it is still in the CPU's
-    cache."""
+    read in chunks straight into one anonymous mapping, whose pages the reads touch (they
+    leave the GIL free, where a zeroed bytearray or joined chunks would fill tens of MB under
+    it), with a pause after each (adapters/pacing.py). The mapping is ``lease``'s (one kept
+    from an earlier read where it has one, adapters/read_buffers.py), else a fresh one. Each
+    chunk is hashed while the next is read, on a thread of its own (adapters/chunk_hasher.py),
+    unless the read is paced now or fits one chunk: then right after it is read, while it is
+    still in the CPU's cache."""
     hasher = None
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if hash_it:
                 hasher = ChunkHasher(threaded=size > CHUNK_BYTES and not pacing.active())
-            view, done = memoryview(mmap.mmap(-1, size)) if size else memoryview(b""), 0
+            mapping = (lease.take(size) if lease else mmap.mmap(-1, size)) if size else b""
+            view, done = memoryview(mapping)[:size], 0
             while done < size:
                 began = time.perf_counter()
                 count = file.readinto(view[done : done + CHUNK_BYTES])
@@ -245,6 +256,7 @@ def _read(
     stamp: FilesStamp,
     pacing: LoadPacing,
     known: WeightsIdentity | None = None,
+    lease: Lease | None = None,
 ) -> LoRAAdapter:
     config_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
     _, config_sha256 = hashed_read(config_path, pacing, hash_it=known is None)
@@ -254,7 +266,7 @@ def _read(
     )
     _check_base_model(config, spec, strict)
 
-    data, sha256 = hashed_read(weights_path, pacing, hash_it=known is None)
+    data, sha256 = hashed_read(weights_path, pacing, hash_it=known is None, lease=lease)
     if known is not None:
         sha256, config_sha256 = known.sha256, known.config_sha256
     try:

@@ -33,10 +33,10 @@ def hashes(monkeypatch):
     seen = []
     real = loader_module.hashed_read
 
-    def counted(path, pacing, hash_it=True):
+    def counted(path, pacing, hash_it=True, lease=None):
         if hash_it:
             seen.append(path.name)
-        return real(path, pacing, hash_it)
+        return real(path, pacing, hash_it, lease)
 
     monkeypatch.setattr(loader_module, "hashed_read", counted)
     return seen

@@ -151,9 +151,9 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     hashes = []
     real = loader_module.hashed_read
 
-    def counted(path, pacing, hash_it=True):
+    def counted(path, pacing, hash_it=True, lease=None):
         hashes.extend([1] if hash_it else [])
-        return real(path, pacing, hash_it)
+        return real(path, pacing, hash_it, lease)
 
     monkeypatch.setattr(loader_module, "hashed_read", counted)
     assert run(llm, lora) == expected["A"]
