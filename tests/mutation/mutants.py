@@ -302,6 +302,19 @@ MUTANTS = [
         first="tests/adapters/test_vouched_reload.py",
     ),
     Mutant(
+        "read_into_viewed_memory",
+        "a read's mapping is kept for the next read though an adapter's rows still view it",
+        (
+            Patch(
+                "loragate.adapters.read_buffers",
+                "unviewed",
+                "return False",
+                "return True",
+            ),
+        ),
+        first="tests/adapters/test_read_buffers.py",
+    ),
+    Mutant(
         "dora_scale_from_another_slot",
         "a DoRA row takes another adapter's column scales (and lora_B biases)",
         (
