@@ -16,7 +16,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +107,7 @@ class LoRAAdapter:
                 a_stack = a0.new_empty(len(entries), *a0.shape, dtype=dtype)
                 bt_stack = b0.new_empty(len(entries), b0.shape[1], b0.shape[0], dtype=dtype)
                 for i, (_, a, b) in enumerate(entries):  # a layer at a time, paced
-                    began = time.perf_counter()
+                    began = pacing.now()
                     a_stack[i].copy_(a)
                     bt_stack[i].copy_(b.T)
                     pacing.pause_after(began)
@@ -230,7 +229,7 @@ def hashed_read(
             mapping = (lease.take(size) if lease else mmap.mmap(-1, size)) if size else b""
             view, done = memoryview(mapping)[:size], 0
             while done < size:
-                began = time.perf_counter()
+                began = pacing.now()
                 count = file.readinto(view[done : done + CHUNK_BYTES])
                 if not count:  # the file shrank since fstat
                     break

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import torch
 from tiny_llama import make_adapters
@@ -26,6 +27,24 @@ def test_pauses_are_asked_of_busy_before_each_one():
     assert len(pauses) == 1 and pauses[0] > 0
     LoadPacing(ratio=0.0, sleep=pauses.append).pause_after(0.0)
     assert len(pauses) == 1
+
+
+def test_a_pause_is_a_multiple_of_the_loaders_cpu_time_not_of_its_wall_time():
+    """A loader waiting for a core (here: sleeping) spends wall time but no CPU time and is
+    owed no pause for it; CPU time it spends is paused for `ratio` times over. Pacing by the
+    wall time left a loader beside a step that fills the cores a 27th of one, not a 9th."""
+    assert LoadPacing().clock is time.thread_time
+    pauses = []
+    pacing = LoadPacing(ratio=8.0, busy=lambda: True, sleep=pauses.append)
+    began = pacing.now()
+    time.sleep(0.05)
+    pacing.pause_after(began)
+    began = pacing.now()
+    while time.thread_time() - began < 0.02:
+        pass
+    pacing.pause_after(began)
+    assert pauses[0] < 0.02, "waiting for a core costs no pause"
+    assert pauses[1] >= 8 * 0.02, "CPU time is paused for ratio times over"
 
 
 def test_python_loops_of_a_load_pause_every_few_items():
