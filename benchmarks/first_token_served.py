@@ -1,0 +1,123 @@
+"""First token of a request beside running streams as the server serves it: through the async
+engine (the gateway's engine), where a cold adapter is read on a loader thread, paced while
+the streams run (adapters/pacing.py), and the streams never wait for it.
+
+benchmarks/first_token.py times the offline engine, whose `add_request` reads a cold adapter
+on the engine's own thread, unpaced, while the running streams wait. This is the other side
+of issue 47's two goals: the same shapes (rank 64 on all seven projections, `--rank` for
+another; a 256-token prompt; 8 base streams decoding), base, warm and cold requests in turns,
+a fresh random adapter for each cold one, and beside each request the streams' worst token
+gap against their median while it waited for its first token.
+
+    .venv/bin/python benchmarks/first_token_served.py --rounds 5 --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from adapter_join import random_adapters
+
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM, SamplingParams
+from loragate.engine.async_engine import AsyncLLMEngine
+
+STREAMS = 8
+PROMPT_TOKENS = 256
+KINDS = ("base", "warm", "cold")
+
+
+async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple[float, float]]:
+    """Each kind's seconds to its first token and the streams' worst gap / median gap in
+    that time, with 8 streams decoding throughout."""
+    stamps: list[list[float]] = [[] for _ in range(STREAMS)]
+    done = asyncio.Event()
+    stream = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+
+    async def base(i: int):
+        prompt = {"prompt_token_ids": inner.encode(f"Tell me a story. ({r} {i})")}
+        async for _ in engine.generate(prompt, stream, f"s{r}-{i}"):
+            stamps[i].append(time.monotonic())
+            if done.is_set():
+                break
+
+    async def probes() -> dict[str, tuple[float, float]]:
+        while min(len(s) for s in stamps) < 4:
+            await asyncio.sleep(0.01)
+        found = {}
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        for kind, lora in (("base", None), ("warm", warm), ("cold", cold)):
+            prompt = {"prompt_token_ids": [words[0] + r + len(found), *words[1:PROMPT_TOKENS]]}
+            start = time.monotonic()
+            async for _ in engine.generate(prompt, one, f"{kind}{r}", lora_request=lora):
+                break
+            end = time.monotonic()
+            window = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if b > start]
+            window = [g for g in window if g > 0] or [0.0]
+            before = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if b <= start]
+            median = statistics.median(before) if before else float("nan")
+            found[kind] = (end - start, max(window) / median)
+            await asyncio.sleep(0.3)  # a few steps of the streams alone between probes
+        done.set()
+        return found
+
+    results = await asyncio.gather(probes(), *(base(i) for i in range(STREAMS)))
+    while engine.num_requests:
+        await asyncio.sleep(0.01)
+    return results[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--rank", type=int, default=64, help="the adapters' rank")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as root:
+        paths = random_adapters(Path(root), 1 + args.rounds, args.rank)
+        llm = LLM(
+            dtype=args.dtype,
+            max_model_len=4400,
+            max_num_seqs=16,
+            kv_cache_memory_gb=1.5,
+            enable_lora=True,
+            max_loras=4,
+            max_cpu_loras=8,
+            max_lora_rank=args.rank,
+        )
+        inner = llm.llm_engine
+        warm = LoRARequest("warm", 1, str(paths[0]))
+        inner.residency.preload(warm)
+        words = inner.encode(" ".join(["lighthouse"] * (2 * PROMPT_TOKENS)))
+        engine = AsyncLLMEngine(inner)
+        rounds = []
+        try:
+            for r in range(args.rounds):
+                cold = LoRARequest(f"cold{r}", 2 + r, str(paths[1 + r]))
+                rounds.append(asyncio.run(one_round(engine, inner, words, warm, cold, r)))
+        finally:
+            engine.shutdown()
+
+    print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    print(f"# {args.rounds} rounds; rank {args.rank} on all projections, {PROMPT_TOKENS}-token")
+    print("# prompt, 8 streams decoding; through the async engine (cold: read on a loader thread)")
+    print("| request | first token ms (median) | streams' worst gap / median (worst round) |")
+    print("|---|---|---|")
+    medians = {}
+    for kind in KINDS:
+        medians[kind] = statistics.median(found[kind][0] for found in rounds) * 1e3
+        worst = max(found[kind][1] for found in rounds)
+        print(f"| {kind} | {medians[kind]:.1f} | {worst:.2f}x |")
+    print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
+    print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
