@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 from adapter_join import random_adapters
+from first_token import PROMPT_TOKENS, STREAMS
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 
-STREAMS = 8
-PROMPT_TOKENS = 256
-KINDS = ("base", "warm", "cold")
+KINDS = ("base", "warm", "cold")  # first_token.py's shapes; no store row here
 
 
 async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple[float, float]]:

@@ -202,12 +202,13 @@ DEFINE_DOT(bf16, load_bf16, get_bf16)
  * x and a of type E, y of type Y. The stacked entry point NAME takes a[s] = a + s * a_slot.
  * NAME##_quad computes rank rows 4q..4q+3 for tokens first..end-1, three or two tokens of
  * one slot at a time where it can (a prompt chunk's rows: 1.1-1.2x the speed of two at a
- * time for ranks 16-64 over 150 rows, benchmarks/lora_kernel_ab.py). Threads split the quads; one thread alone goes run by run (the
- * tokens of one slot), each run through all its quads: a slot's A is then read front to
- * back in one go (a decode batch of one token per slot streams each A whole, where quad by
- * quad over the batch it read 4 rows of each slot in turn), and a long run still reads each
- * quad's rows from L1 for all its tokens. Each y[t, j] is the same sum either way: the pairs
- * never span two slots, so they are the same pairs. */
+ * time for ranks 16-64 over 150 rows, benchmarks/lora_kernel_ab.py). Threads split the
+ * quads; one thread alone goes run by run (the tokens of one slot), each run through all
+ * its quads: a slot's A is then read front to back in one go (a decode batch of one token
+ * per slot streams each A whole, where quad by quad over the batch it read 4 rows of each
+ * slot in turn), and a long run still reads each quad's rows from L1 for all its tokens.
+ * Each y[t, j] is the same sum either way: the groups never span two slots, and each
+ * token's sums are the one-token path's. */
 #define DEFINE_SHRINK(NAME, E, Y, PUT)                                                      \
     static inline void NAME##_quad(const E *x, int64_t x_row, const void *const *a,          \
                                    const int64_t *ranks, int64_t a_row, Y *y, int64_t y_row, \
