@@ -74,8 +74,12 @@ def test_a_burst_over_more_adapters_than_the_tier_holds(
 
     prompts = [[1] + [(3000 + 17 * i + 5 * j) % 40000 for j in range(6)] for i in range(COUNT)]
     params = SamplingParams(temperature=0, max_tokens=N, min_tokens=N, ignore_eos=True)
-    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
-        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params, lora_request=lora)
+    # The requests for the adapters in the tier come first: a request is added before
+    # its weights are held, so one added after an earlier request's load has begun could
+    # find them evicted by it and read again (it happened in 2 runs of 10, the load of the
+    # first request racing the admission of the tenth).
+    for i in reversed(range(COUNT)):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompts[i]}, params, lora_request=loras[i])
     outputs, most = {}, 0
     while engine.has_unfinished_requests():
         for out in engine.step():
