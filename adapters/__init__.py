@@ -21,7 +21,7 @@ from loragate.adapters.errors import (
 from loragate.adapters.eviction import lru_victim
 from loragate.adapters.identity import WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter
-from loragate.adapters.pacing import LoadPacing
+from loragate.adapters.pacing import LoadPacing, LoadWindows
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import LoRAModelSpec
 
@@ -48,5 +48,6 @@ __all__ = [
     "WeightsIdentity",
     "load_adapter",
     "LoadPacing",
+    "LoadWindows",
     "lru_victim",
 ]

@@ -439,23 +439,24 @@ class AdapterCache(CacheReports):
 
     def _read(self, request: LoRARequest, vouched=None) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
-        adapter = load_adapter(
-            request.lora_path,
-            self.spec,
-            self.max_lora_rank,
-            self.strict_base_model,
-            self.load_pacing,
-            # On a CPU the slots read the stacks in place: made in the slots' dtype.
-            self._slots.dtype if self._slots.borrow else torch.float32,
-            vouched,
-            self._read_buffers,
-        )
-        # Larger than a whole tier: refused before anything remembers it.
-        self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)
-        self.slot_budget.check(
-            request.lora_name, slot_bytes(adapter, self._slots.dtype), adapter.path
-        )
-        self._slots.prepare(adapter, self.load_pacing)  # off the step that admits it
+        with self.load_pacing.loading():
+            adapter = load_adapter(
+                request.lora_path,
+                self.spec,
+                self.max_lora_rank,
+                self.strict_base_model,
+                self.load_pacing,
+                # On a CPU the slots read the stacks in place: made in the slots' dtype.
+                self._slots.dtype if self._slots.borrow else torch.float32,
+                vouched,
+                self._read_buffers,
+            )
+            # Larger than a whole tier: refused before anything remembers it.
+            self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)
+            self.slot_budget.check(
+                request.lora_name, slot_bytes(adapter, self._slots.dtype), adapter.path
+            )
+            self._slots.prepare(adapter, self.load_pacing)  # off the step that admits it
         self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:
             self._counters["file_reads"] += 1

@@ -33,9 +33,10 @@ from loragate.engine.async_engine import AsyncLLMEngine
 KINDS = ("base", "warm", "cold")  # first_token.py's shapes; no store row here
 
 
-async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple[float, float]]:
-    """Each kind's seconds to its first token and the streams' median token gap while it
-    waited against their median gap before it, with 8 streams decoding throughout."""
+async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple]:
+    """Each kind's seconds to its first token, the streams' median token gap while it
+    waited against their median gap before it, and the windows the engine lent adapter loads
+    while it waited (count, seconds), with 8 streams decoding throughout."""
     stamps: list[list[float]] = [[] for _ in range(STREAMS)]
     done = asyncio.Event()
     stream = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
@@ -47,21 +48,28 @@ async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple
             if done.is_set():
                 break
 
-    async def probes() -> dict[str, tuple[float, float]]:
+    async def probes() -> dict[str, tuple]:
         while min(len(s) for s in stamps) < 4:
             await asyncio.sleep(0.01)
-        found = {}
+        found, lent = {}, {}
         one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         for kind, lora in (("base", None), ("warm", warm), ("cold", cold)):
             prompt = {"prompt_token_ids": [words[0] + r + len(found), *words[1:PROMPT_TOKENS]]}
+            windows = inner.residency.windows
+            lent_before = (windows.lent, windows.lent_seconds)
             start = time.monotonic()
             async for _ in engine.generate(prompt, one, f"{kind}{r}", lora_request=lora):
                 break
             end = time.monotonic()
+            lent[kind] = (windows.lent - lent_before[0], windows.lent_seconds - lent_before[1])
             pairs = [(a, b) for s in stamps for a, b in zip(s, s[1:], strict=False)]
             waited = [b - a for a, b in pairs if start < b <= end] or [float("nan")]
             before = [b - a for a, b in pairs if b <= start] or [float("nan")]
-            found[kind] = (end - start, statistics.median(waited) / statistics.median(before))
+            found[kind] = (
+                end - start,
+                statistics.median(waited) / statistics.median(before),
+                *lent[kind],
+            )
             await asyncio.sleep(0.3)  # a few steps of the streams alone between probes
         done.set()
         return found
@@ -107,13 +115,19 @@ def main() -> None:
     print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
     print(f"# {args.rounds} rounds; rank {args.rank} on all projections, {PROMPT_TOKENS}-token")
     print("# prompt, 8 streams decoding; through the async engine (cold: read on a loader thread)")
-    print("| request | first token ms (median) | streams' median gap while it waited / before |")
-    print("|---|---|---|")
+    print("# windows: those the engine lent adapter loads between steps while it waited")
+    print(
+        "| request | first token ms (median) | streams' median gap while it waited / before "
+        "| windows (median) | windows' ms (median) |"
+    )
+    print("|---|---|---|---|---|")
     medians = {}
     for kind in KINDS:
         medians[kind] = statistics.median(found[kind][0] for found in rounds) * 1e3
         slowed = statistics.median(found[kind][1] for found in rounds)
-        print(f"| {kind} | {medians[kind]:.1f} | {slowed:.2f}x |")
+        count = statistics.median(found[kind][2] for found in rounds)
+        ms = statistics.median(found[kind][3] for found in rounds) * 1e3
+        print(f"| {kind} | {medians[kind]:.1f} | {slowed:.2f}x | {count:g} | {ms:.0f} |")
     print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
     print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
 

@@ -52,6 +52,7 @@ from loragate.adapters import (
     AdapterLoadTimeoutError,
     AdapterNotInMemory,
     LoadPacing,
+    LoadWindows,
     LoRAAdapter,
     LoRAModelSpec,
     LoRARequest,
@@ -116,6 +117,8 @@ class AdapterResidency:
         fetcher: AdapterFetcher | None = None,
     ):
         self.cache = cache  # read by tests; no engine or gateway module touches it
+        # the turns between steps its loads take (the cache's pacing lends them)
+        self.windows = cache.load_pacing.windows or LoadWindows()
         self._in_flight = InFlightRequests()
         self._events = AdapterEvents()
         self._stored = StoredAdapters(fetcher)
@@ -224,9 +227,23 @@ class AdapterResidency:
         """``request`` ended: its weights may age out."""
         self.cache.release(request.adapter_identity)
 
-    def new_step(self) -> None:
-        """The engine starts a step: one adapter may be copied into a slot again."""
+    def new_step(self, last_step_seconds: float = 0.0) -> None:
+        """The engine starts a step (the last one took ``last_step_seconds`` of its own
+        work): one adapter may be copied into a slot again."""
         self._copied_this_step = False
+        self.windows.observe(last_step_seconds)
+
+    def lend_window(self) -> float:
+        """Between scheduling a step and running it, where a load beside the steps waits
+        for its turn: the machine is the loads' for a share of the median step
+        (adapters/pacing.py's LoadWindows). Not before a step that copies an adapter into a
+        slot: that step runs its request's first prompt tokens and LoRA rows and is already
+        the longest the streams see (issue 47's join step, 1.5-1.7x their median on 2
+        cores); a window before it would take their gap past twice the median. The seconds
+        planned; 0 where none was lent."""
+        if self._copied_this_step:
+            return 0.0
+        return self.windows.lend()
 
     def start(self, request: Request) -> None:
         """Begin reading ``request``'s admitted weights on a loader thread unless they are in
@@ -369,5 +386,5 @@ def _adapter_cache(spec, config, plugins, model, steps_running) -> AdapterCache:
         dtype=model.dtype,
         strict_base_model=config.strict_lora_base_model,
         choose_victim=plugins.choose_adapter_victim,
-        load_pacing=LoadPacing(busy=steps_running),
+        load_pacing=LoadPacing(busy=steps_running, windows=LoadWindows()),
     )

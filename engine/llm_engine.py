@@ -84,6 +84,7 @@ class LLMEngine:
         # slots' stacks are allocated here, and the KV budget counts what is in use.
         self.residency = None
         self._step_thread: int | None = None  # the thread running steps (loads on it: unpaced)
+        self._last_step_seconds = 0.0  # a load's window between steps is a share of it
         if config.enable_lora:
             spec = self.model.lora_spec(self.base_model_name)
             capacity = lora_capacity(config, spec, device, dtype)
@@ -291,7 +292,7 @@ class LLMEngine:
         text (engine/step_output.py)."""
         self._step_thread = threading.get_ident()  # loads on this thread are not paced
         if self.residency is not None:
-            self.residency.new_step()
+            self.residency.new_step(self._last_step_seconds)
         start = time.perf_counter()
         clock = StepClock()
         scheduled = self.scheduler.schedule()
@@ -302,9 +303,13 @@ class LLMEngine:
             return self.step_output(failed)
         mark_scheduled(scheduled)
         clock.lap("schedule")
+        window_ms = 0.0
+        if self.residency is not None and self.residency.lend_window() > 0:
+            window_ms = clock.set_aside()
         sampled, logits = self.runner.run(scheduled, clock)
         records = failed + self._postprocess(scheduled, sampled, logits, clock)
-        self._record_step(scheduled, (time.perf_counter() - start) * 1e3, clock)
+        ms = (time.perf_counter() - start) * 1e3 - window_ms
+        self._record_step(scheduled, ms, clock, window_ms)
         return self.step_output(records)
 
     def step_output(self, records: list[RequestTokens] | None = None) -> StepOutput:
@@ -312,10 +317,11 @@ class LLMEngine:
         events, self._events = self._events, []
         return StepOutput(events, records or [])
 
-    def _record_step(self, scheduled, ms: float, clock: StepClock) -> None:
+    def _record_step(self, scheduled, ms: float, clock: StepClock, window_ms: float) -> None:
         """Keep the step's record; its timing keeps the next step's budget current."""
         budget = self.scheduler.max_num_batched_tokens
-        record = self.step_records.add(scheduled, budget, ms, clock)
+        self._last_step_seconds = ms / 1e3
+        record = self.step_records.add(scheduled, budget, ms, clock, window_ms)
         self.step_budget.observe(record.num_tokens, ms)
         self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 

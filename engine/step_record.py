@@ -25,6 +25,9 @@ class StepRecord:
     # and its logits), sample, output (tokens appended, stops by token id, the records
     # handed to output processing; its detokenizing and stop strings run beside the step).
     phases: tuple[tuple[str, float], ...] = ()
+    # Milliseconds between scheduling and preparing the batch lent to adapter loads
+    # (adapters/pacing.py's LoadWindows); in neither `ms` nor `phases`.
+    load_window_ms: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +47,12 @@ class StepClock:
         self.laps[phase] = self.laps.get(phase, 0.0) + (now - self._last) * 1e3
         self._last = now
 
+    def set_aside(self) -> float:
+        """Milliseconds since the last lap, counted in no phase."""
+        now = time.perf_counter()
+        ms, self._last = (now - self._last) * 1e3, now
+        return ms
+
 
 class StepRecords(deque):
     """The newest MAX_RECORDS step records, oldest first."""
@@ -51,7 +60,14 @@ class StepRecords(deque):
     def __init__(self) -> None:
         super().__init__(maxlen=MAX_RECORDS)
 
-    def add(self, scheduled, budget: int, ms: float, clock: StepClock | None = None) -> StepRecord:
+    def add(
+        self,
+        scheduled,
+        budget: int,
+        ms: float,
+        clock: StepClock | None = None,
+        load_window_ms: float = 0.0,
+    ) -> StepRecord:
         index = self[-1].index + 1 if self else 0
         record = StepRecord(
             index=index,
@@ -63,6 +79,7 @@ class StepRecords(deque):
             preempted_seq_ids=tuple(s.seq_id for s in scheduled.preempted),
             ms=ms,
             phases=tuple(clock.laps.items()) if clock is not None else (),
+            load_window_ms=load_window_ms,
         )
         self.append(record)
         return record

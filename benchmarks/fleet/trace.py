@@ -48,7 +48,7 @@ def install() -> None:
     log = _Log(root)
     record_step = LLMEngine._record_step
 
-    def _record_step(self, scheduled, ms, clock):
+    def _record_step(self, scheduled, ms, clock, window_ms=0.0):
         items = scheduled.prefills + scheduled.decodes
         names = {i.seq.request.lora_request.lora_name for i in items if i.seq.request.lora_request}
         log.write(
@@ -59,7 +59,7 @@ def install() -> None:
             decodes=len(scheduled.decodes),
             adapters=len(names),
         )
-        return record_step(self, scheduled, ms, clock)
+        return record_step(self, scheduled, ms, clock, window_ms)
 
     generate = EngineReplica.generate
 

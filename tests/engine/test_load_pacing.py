@@ -76,29 +76,41 @@ def test_a_paced_load_pauses_while_it_parses_and_checks_the_tensors(tmp_path):
 
 
 def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_llm, tmp_path):
+    """Beside running sequences a load takes turns with the steps: it parks at its pauses
+    and runs in the windows the engine lends between two steps (adapters/pacing.py), with
+    no pause by its CPU time on top. With nothing running it goes at full speed."""
     model_dir = tiny_model_dir("llama")
     paths = make_adapters(model_dir, tmp_path, {**ADAPTERS, **ADAPTERS_2})
-    llm = make_llm(str(model_dir), max_model_len=128, enable_lora=True, max_loras=2)
+    llm = make_llm(str(model_dir), max_model_len=256, enable_lora=True, max_loras=2)
     engine = llm.llm_engine
     pauses: list[float] = []
     cache = engine.residency.cache
     cache.load_pacing = dataclasses.replace(cache.load_pacing, sleep=pauses.append)
+    windows = engine.residency.windows
+    assert cache.load_pacing.windows is windows
 
     cache.preload(LoRARequest("first", 1, str(paths["first"])))  # nothing runs: no pause
-    assert pauses == []
+    assert pauses == [] and windows.lent == 0
 
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
     engine.add_request("running", {"prompt_token_ids": [5, 6, 7, 8]}, params)
     engine.step()
     assert engine.scheduler.running, "a sequence runs while the second adapter loads"
-    # On another thread (a server's loader), beside the steps: paced.
+    # On another thread (a server's loader), beside the steps: in turns with them.
     loader = threading.Thread(
         target=cache.preload, args=(LoRARequest("second", 2, str(paths["second"])),)
     )
     loader.start()
+    while loader.is_alive():
+        assert engine.scheduler.running, "the sequence ended before the load did"
+        engine.step()
     loader.join()
-    # one pause per chunk read and hashed, per stacked module: the load was paced
-    assert len(pauses) >= 3 + len(ADAPTERS_2["second"][1])
+    assert cache.stats()["file_reads"] == 2
+    # a turn per chunk read and hashed, per stacked module: the load took its turns
+    assert windows.lent >= 1
+    lent_steps = [r for r in engine.step_records if r.load_window_ms > 0]
+    assert len(lent_steps) == windows.lent
+    assert pauses == [], "a load given windows also paused by its CPU time"
     engine.abort_request("running")
 
 
@@ -123,3 +135,45 @@ def test_a_load_on_the_stepping_thread_is_not_paced(tiny_model_dir, make_llm, tm
     assert pauses == [], "a load on the stepping thread paused"
     engine.abort_request("running")
     engine.abort_request("cold")
+
+
+class CountingWindows:
+    """Stands in for the engine's LoadWindows: a load always waits, each window is 1 ms."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.lent_before: list[int] = []  # the index of the step each window came before
+
+    def observe(self, step_seconds: float) -> None:
+        pass
+
+    def lend(self) -> float:
+        records = self.engine.step_records
+        self.lent_before.append(records[-1].index + 1 if records else 0)
+        return 0.001
+
+
+def test_no_window_comes_before_a_step_that_brings_an_adapter_into_a_slot(
+    tiny_model_dir, make_llm, tmp_path
+):
+    """That step runs the request's first prompt tokens and LoRA rows, the longest step the
+    streams see when an adapter joins; a window before it would add to the gap."""
+    model_dir = tiny_model_dir("llama")
+    paths = make_adapters(model_dir, tmp_path, ADAPTERS)
+    llm = make_llm(str(model_dir), max_model_len=128, enable_lora=True, max_loras=2)
+    engine = llm.llm_engine
+    engine.residency.preload(LoRARequest("first", 1, str(paths["first"])))  # CPU tier only
+    windows = engine.residency.windows = CountingWindows(engine)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    engine.add_request("base", {"prompt_token_ids": [5, 6, 7, 8]}, params)
+    for _ in range(3):
+        engine.step()
+    lora = LoRARequest("first", 1, str(paths["first"]))
+    engine.add_request("joins", {"prompt_token_ids": [5, 6, 7]}, params, lora_request=lora)
+    while engine.has_unfinished_requests():
+        engine.step()
+    join = [r for r in engine.step_records if r.prefill_chunks and r.index > 2]
+    assert len(join) == 1, "the adapter's request joined in one step"
+    assert join[0].index not in windows.lent_before
+    assert {join[0].index - 1, join[0].index + 1} <= set(windows.lent_before)
+    assert all(r.load_window_ms > 0 for r in engine.step_records if r.index in windows.lent_before)

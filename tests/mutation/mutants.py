@@ -315,6 +315,32 @@ MUTANTS = [
         first="tests/adapters/test_read_buffers.py",
     ),
     Mutant(
+        "load_window_before_a_join",
+        "the machine is lent to adapter loads before a step that brings an adapter into a slot",
+        (
+            Patch(
+                "loragate.engine.adapter_residency",
+                "AdapterResidency.lend_window",
+                "if self._copied_this_step:",
+                "if False:",
+            ),
+        ),
+        first="tests/engine/test_load_pacing.py",
+    ),
+    Mutant(
+        "load_window_outlasts_its_loads",
+        "a window lent to adapter loads runs its whole length after the last load ended",
+        (
+            Patch(
+                "loragate.adapters.pacing",
+                "LoadWindows.lend",
+                "while self._loads > 0:",
+                "while True:",
+            ),
+        ),
+        first="tests/adapters/test_load_windows.py",
+    ),
+    Mutant(
         "dora_scale_from_another_slot",
         "a DoRA row takes another adapter's column scales (and lora_B biases)",
         (
