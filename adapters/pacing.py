@@ -78,6 +78,7 @@ class LoadWindows:
         self._loads = 0  # loads under way (inside `loading`)
         self._parked = 0  # of those, waiting for a window
         self._steps: deque[float] = deque(maxlen=STEPS_MEDIAN)
+        self._inside = threading.local()  # whether the calling thread is inside `loading`
         self.lent = 0  # windows opened, for tests and the stats
         self.lent_seconds = 0.0  # their planned length, summed
 
@@ -86,9 +87,12 @@ class LoadWindows:
         """One load under way on the calling thread, from its start to its end."""
         with self._cond:
             self._loads += 1
+        depth = getattr(self._inside, "depth", 0)
+        self._inside.depth = depth + 1
         try:
             yield
         finally:
+            self._inside.depth = depth
             with self._cond:
                 self._loads -= 1
                 self._cond.notify_all()
@@ -99,7 +103,11 @@ class LoadWindows:
     def take_turn(self, busy: Callable[[], bool]) -> bool:
         """At a load's pause: True at once inside an open window, or once one opens; True
         as soon as nothing runs beside the load (``busy`` false); False after
-        ``max_park`` s with no window (the steps are long: the caller pauses its own way)."""
+        ``max_park`` s with no window (the steps are long: the caller pauses its own way),
+        and at once on a thread outside `loading` (a window closes when the loads end, so
+        it could never count on one)."""
+        if not getattr(self._inside, "depth", 0):
+            return False
         with self._cond:
             if self._open():
                 return True

@@ -132,14 +132,26 @@ def test_a_parked_load_goes_on_once_nothing_runs_beside_it():
     windows = LoadWindows(max_park=60.0, clock=StillClock())
     busy = [True]
     turns: list[bool] = []
-    loader = threading.Thread(
-        target=lambda: turns.append(windows.take_turn(lambda: busy[0])), daemon=True
-    )
+
+    def load():
+        with windows.loading():
+            turns.append(windows.take_turn(lambda: busy[0]))
+
+    loader = threading.Thread(target=load, daemon=True)
     loader.start()
     wait_until(lambda: windows._parked == 1, "the load parked")
     busy[0] = False  # the last sequence ended: no step to take turns with
     finish(loader)
     assert turns == [True] and windows.lent == 0
+
+
+def test_a_pause_outside_a_load_takes_no_turn():
+    """A window ends when the loads in it end: a thread that is in none would wait for
+    windows closed before it runs, so it is told at once to pause its own way."""
+    windows = LoadWindows(max_park=60.0, clock=StillClock())
+    windows.observe(0.020)
+    assert windows.take_turn(lambda: True) is False
+    assert windows._parked == 0
 
 
 def test_a_load_that_no_window_reaches_in_time_is_paced_by_its_cpu_time():
@@ -148,10 +160,12 @@ def test_a_load_that_no_window_reaches_in_time_is_paced_by_its_cpu_time():
     windows = LoadWindows(max_park=0.01)
     pauses: list[float] = []
     pacing = LoadPacing(ratio=8.0, busy=lambda: True, sleep=pauses.append, windows=windows)
-    began = pacing.now()
-    while time.thread_time() - began < 0.005:
-        pass
-    pacing.pause_after(began)
+    with pacing.loading():
+        began = pacing.now()
+        while time.thread_time() - began < 0.005:
+            pass
+        pacing.pause_after(began)
+    assert windows.lent == 0
     assert len(pauses) == 1 and pauses[0] >= 8 * 0.005
 
 
