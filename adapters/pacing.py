@@ -16,7 +16,7 @@ of work; 2-core AMD EPYC, 2026-11-28). The steps are slowed by the CPU time a lo
 which is what the pause is measured against.
 
 Inside the engine the pauses are turns (`LoadWindows`): between two steps, while a load waits,
-the engine thread lends the machine to the loads for a share of the last step's time and
+the engine thread lends the machine to the loads for half the median step's time and
 waits. A load then runs alone, on every core and without sharing the caches, the memory bus
 or the GIL with a step, and the steps run alone between windows. Beside concurrent pacing
 this trades a longer gap for the streams while a load lasts (one step plus half of one)
@@ -42,8 +42,9 @@ PAUSE_RATIO = 8.0
 # Items of a Python loop (a file's hundreds of tensors parsed and checked) between pauses:
 # about half a millisecond of work holding the GIL.
 ITEMS_PER_PAUSE = 16
-# A window between two steps lasts this share of the last step's time: the streams' gap while
-# a load waits is then one and a half steps, within issue 47's bound of twice their median.
+# A window between two steps lasts this share of the median step's time: the streams' gap
+# while a load waits is then one and a half steps, within issue 47's bound of twice their
+# median.
 WINDOW_SHARE = 0.5
 MAX_PARK_S = 0.5
 STEPS_MEDIAN = 15  # the window is a share of the median of this many last steps

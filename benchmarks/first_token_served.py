@@ -85,6 +85,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--rank", type=int, default=64, help="the adapters' rank")
+    ap.add_argument(
+        "--cpu-tier",
+        type=int,
+        default=8,
+        help="adapters the CPU tier holds (below rounds + 1: cold loads evict, as on a server "
+        "whose tier is full, and a load's memory may be an evicted adapter's)",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as root:
@@ -95,8 +102,8 @@ def main() -> None:
             max_num_seqs=16,
             kv_cache_memory_gb=1.5,
             enable_lora=True,
-            max_loras=4,
-            max_cpu_loras=8,
+            max_loras=min(4, args.cpu_tier),
+            max_cpu_loras=args.cpu_tier,
             max_lora_rank=args.rank,
         )
         inner = llm.llm_engine
@@ -113,8 +120,11 @@ def main() -> None:
             engine.shutdown()
 
     print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
-    print(f"# {args.rounds} rounds; rank {args.rank} on all projections, {PROMPT_TOKENS}-token")
-    print("# prompt, 8 streams decoding; through the async engine (cold: read on a loader thread)")
+    print(
+        f"# {args.rounds} rounds; rank {args.rank} on all projections, {PROMPT_TOKENS}-token"
+        f" prompt, a CPU tier of {args.cpu_tier} adapters"
+    )
+    print("# 8 streams decoding; through the async engine (cold: read on a loader thread)")
     print("# windows: those the engine lent adapter loads between steps while it waited")
     print(
         "| request | first token ms (median) | streams' median gap while it waited / before "

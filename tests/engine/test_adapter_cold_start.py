@@ -55,6 +55,10 @@ BURST_AFTER = 8  # stream tokens before the burst of cold requests
 # CI (2026-11-27) failed at 2.4x in both runs, and an AVX-512 EPYC measured 1.8-2.3x: two
 # loads at once (each paced to a ninth of a core) slowed the steps by a third on 2 cores.
 # One load at a time on machines under 8 cores (engine/adapter_residency.py): 1.76-1.92x.
+# Loads now take turns with the steps (adapters/pacing.py's LoadWindows: half a median step
+# between two steps, none before a join step): on a 2-core AVX2 EPYC (2026-11-28, float32)
+# 1.48-2.92x in four runs of benchmarks/cold_join_gaps.py, against 1.59-3.48x for the
+# pacing before in the same session; the streams' median gap grows while the loads last.
 STALL_BOUND = 2.0
 # Runs before the test fails. Measured on a 2-core Xeon VM (2026-11-27, Cascade Lake, no
 # AVX512-BF16): 8 base streams decoding with no adapter and no load anywhere had a single
