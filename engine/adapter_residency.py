@@ -227,11 +227,13 @@ class AdapterResidency:
         """``request`` ended: its weights may age out."""
         self.cache.release(request.adapter_identity)
 
-    def new_step(self, last_step_seconds: float = 0.0) -> None:
-        """The engine starts a step (the last one took ``last_step_seconds`` of its own
-        work): one adapter may be copied into a slot again."""
+    def new_step(self) -> None:
+        """The engine starts a step: one adapter may be copied into a slot again."""
         self._copied_this_step = False
-        self.windows.observe(last_step_seconds)
+
+    def step_took(self, seconds: float) -> None:
+        """A step ran ``seconds`` of its own work (no window in it): the windows' measure."""
+        self.windows.observe(seconds)
 
     def lend_window(self) -> float:
         """Between scheduling a step and running it, where a load beside the steps waits

@@ -84,7 +84,6 @@ class LLMEngine:
         # slots' stacks are allocated here, and the KV budget counts what is in use.
         self.residency = None
         self._step_thread: int | None = None  # the thread running steps (loads on it: unpaced)
-        self._last_step_seconds = 0.0  # a load's window between steps is a share of it
         if config.enable_lora:
             spec = self.model.lora_spec(self.base_model_name)
             capacity = lora_capacity(config, spec, device, dtype)
@@ -292,7 +291,7 @@ class LLMEngine:
         text (engine/step_output.py)."""
         self._step_thread = threading.get_ident()  # loads on this thread are not paced
         if self.residency is not None:
-            self.residency.new_step(self._last_step_seconds)
+            self.residency.new_step()
         start = time.perf_counter()
         clock = StepClock()
         scheduled = self.scheduler.schedule()
@@ -320,8 +319,9 @@ class LLMEngine:
     def _record_step(self, scheduled, ms: float, clock: StepClock, window_ms: float) -> None:
         """Keep the step's record; its timing keeps the next step's budget current."""
         budget = self.scheduler.max_num_batched_tokens
-        self._last_step_seconds = ms / 1e3
         record = self.step_records.add(scheduled, budget, ms, clock, window_ms)
+        if self.residency is not None:  # a load's window between steps is a share of them
+            self.residency.step_took(ms / 1e3)
         self.step_budget.observe(record.num_tokens, ms)
         self.scheduler.max_num_batched_tokens = self.step_budget.tokens
 
