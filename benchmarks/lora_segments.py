@@ -1,16 +1,19 @@
 """The join step's LoRA: one adapter's prompt chunk beside decoding rows of many adapters,
 through the native per-token kernel alone against the split (kernels/lora_segment_gemm.py:
-the chunk's rows as torch products, the rest native), on the default model's projection
-shapes (SmolLM2-135M: d 576, q/k/v 576+192+192, o 576, gate/up 2x1536, down 1536 -> 576;
-one layer's seven projections).
+the chunk's rows as torch products, the rest native) and, in bf16, against the native call's
+tiles (kernels/lora_tiles.h: AMX where the CPU has it, else emulated and slow), on the
+default model's projection shapes (SmolLM2-135M: d 576, q/k/v 576+192+192, o 576, gate/up
+2x1536, down 1536 -> 576; one layer's seven projections).
 
     python benchmarks/lora_segments.py --dtype bfloat16 --chunks 16,32,64,128,512,2032
     python benchmarks/lora_segments.py --dtype float32 --ranks 8,64,128
+    python benchmarks/lora_segments.py --dtype bfloat16 --tiles
 
-Both paths run on the same weights (one group per path: `LoRAModules(gemm_rows=...)`) in
-turns inside one loop (A, B, A, B...), so a load change hits both; the median of each is
-printed with the CPU's model name and flags of interest. A chunk and its decoding rows stay
-within lora_torch.NATIVE_MAX_TOKENS (2048), past which neither path is the native one.
+The paths run on the same weights (one group per path: `LoRAModules(gemm_rows=...,
+tile_rows=...)`) in turns inside one loop (A, B, A, B...), so a load change hits them all;
+the median of each is printed with the CPU's model name and flags of interest. A chunk and
+its decoding rows stay within lora_torch.NATIVE_MAX_TOKENS (2048), past which neither path
+is the native one.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> None:
     p.add_argument("--ranks", default="8,64,128")
     p.add_argument("--decoding", type=int, default=16, help="decode rows, one adapter each")
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--tiles", action="store_true", help="time the tiles too (bf16)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     flags = this_cpu_flags()
@@ -66,15 +70,21 @@ def main() -> None:
     print(f"avx512f: {AVX512F_FLAG in flags}; avx512_bf16: {AVX512_BF16_FLAG in flags}; ", end="")
     print(f"avx2: {'avx2' in flags}; threads {torch.get_num_threads()}")
     print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
-    print("| rank | chunk rows | native ms | split ms | split / native |")
-    print("|---|---|---|---|---|")
+    names = ["native", "split", *(["tiles"] if args.tiles else [])]
+    print(f"| rank | chunk rows | {' | '.join(f'{n} ms' for n in names)} | ", end="")
+    print(" | ".join(f"{n} / native" for n in names[1:]), "|")
+    print("|---" * (2 + 2 * len(names) - 1) + "|")
     slots = args.decoding + 1
     for rank in (int(r) for r in args.ranks.split(",")):
         made = {name: weights(d, outs, slots, rank, dtype) for name, (d, outs) in SHAPES.items()}
         for chunk in (int(c) for c in args.chunks.split(",")):
+            rules = {"native": (0, 0), "split": (chunk, 0), "tiles": (0, 16)}
             paths = {
-                "native": {n: kernels.LoRAModules(m, gemm_rows=0) for n, m in made.items()},
-                "split": {n: kernels.LoRAModules(m, gemm_rows=chunk) for n, m in made.items()},
+                path: {
+                    n: kernels.LoRAModules(m, gemm_rows=rules[path][0], tile_rows=rules[path][1])
+                    for n, m in made.items()
+                }
+                for path in names
             }
             ids = torch.tensor([0] * chunk + list(range(1, slots)))
             xs = {n: torch.randn(ids.shape[0], d, dtype=dtype) for n, (d, _) in SHAPES.items()}
@@ -92,8 +102,9 @@ def main() -> None:
                             xs[name], g, ids, scales, outs[name], index=index
                         )
                     times[path].append(time.perf_counter() - start)
-            native, split = (statistics.median(t) * 1e3 for t in times.values())
-            print(f"| {rank} | {chunk} | {native:.3f} | {split:.3f} | {split / native:.2f} |")
+            ms = [statistics.median(t) * 1e3 for t in times.values()]
+            print(f"| {rank} | {chunk} | " + " | ".join(f"{m:.3f}" for m in ms), end=" | ")
+            print(" | ".join(f"{m / ms[0]:.2f}" for m in ms[1:]), "|")
 
 
 if __name__ == "__main__":

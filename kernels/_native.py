@@ -27,14 +27,16 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 LOAD_ERRORS = (OSError, subprocess.SubprocessError, AttributeError)
 
 
-def build(source: Path) -> Path:
-    """The compiled library of ``source``, building it when this machine has none yet."""
+def build(source: Path, defines: tuple[str, ...] = ()) -> Path:
+    """The compiled library of ``source``, building it when this machine has none yet;
+    ``defines``: preprocessor names to define (a variant, such as the tiles' emulation)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler found (set CC)")
     # The shared headers beside the source are part of what is built.
     text = b"".join(p.read_bytes() for p in (source, *sorted(source.parent.glob("*.h"))))
-    key = hashlib.sha256(text + " ".join((compiler, *FLAGS, cpu_id())).encode()).hexdigest()
+    flags = (*FLAGS, *(f"-D{name}" for name in defines))
+    key = hashlib.sha256(text + " ".join((compiler, *flags, cpu_id())).encode()).hexdigest()
     cache = Path(os.environ.get("LORAGATE_CACHE") or "~/.cache/loragate").expanduser()
     target = cache / "kernels" / f"{source.stem}-{key[:16]}.so"
     if target.exists():
@@ -43,7 +45,7 @@ def build(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
+            [compiler, *flags, str(source), "-o", str(built), "-lm"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "cpu_simd.h"
+#include "lora_tiles.h"
 
 /* Pointers to each slot of a stack, and one rank for all: what the stacked entry points
  * hand to the per-slot loops. Sized by the largest slot the batch uses. */
@@ -636,14 +637,75 @@ typedef struct {
  * are the same whichever thread computes them: the results are bit-equal. */
 #define TOKENS_PER_THREAD 2
 #define SERIAL_ROW_RANKS 32
-#define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND)                                     \
-    static void apply_modules_rows_##SUFFIX(const E *x, int64_t x_row,                       \
+
+/* bf16 runs of at least `tile_rows` rows of one slot (0: none) whose rows times the slot's
+ * own rank (its most rank rows in any module) reach `tile_row_ranks`, through the tiles
+ * (lora_tiles.h), their whole tiles of 16 rows, every module. Returns the slots the loops
+ * take, those rows set to -1 (the caller frees it), or NULL where no run went to the tiles;
+ * `left` is then the rows with a slot left to the loops, `tiled` the rows the tiles took. */
+static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
+                          int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
+                          const int64_t *slots, int64_t num_tokens, int64_t d_in,
+                          int64_t tile_rows, int64_t tile_row_ranks, int64_t *left,
+                          int64_t *tiled) {
+    if (tile_rows <= 0 || d_in % TILE_K) return NULL;
+    if (tile_rows < TILE_M) tile_rows = TILE_M;
+    int64_t *rest = NULL;
+    for (int64_t first = 0, end; first < num_tokens; first = end) {
+        const int64_t s = slots[first];
+        for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
+        if (s < 0 || end - first < tile_rows) continue;
+        int64_t own = 0;
+        for (int64_t m = 0; m < num_modules; ++m)
+            if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
+        if (!own || (end - first) * own < tile_row_ranks) continue;
+        const int64_t rows = (end - first) / TILE_M * TILE_M;
+        if (!rest) {
+            rest = malloc(num_tokens * sizeof(int64_t));
+            memcpy(rest, slots, num_tokens * sizeof(int64_t));
+            tiles_begin();
+        }
+        for (int64_t m = 0; m < num_modules; ++m) {
+            const lora_module *mod = modules + m;
+            const int64_t r = mod->ranks[s];
+            if (!mod->a[s] || r <= 0) continue;
+            tile_module(x + first * x_row, x_row, (const bf16 *)mod->a[s], mod->a_row,
+                        (const bf16 *)mod->bt[s], mod->b_row, r, scales[s],
+                        out + first * out_row + mod->column, out_row, rows, d_in, mod->d_out);
+        }
+        for (int64_t t = first; t < first + rows; ++t) rest[t] = -1;
+        *tiled += rows;
+    }
+    if (!rest) return NULL;
+    tiles_end();
+    *left = 0;
+    for (int64_t t = 0; t < num_tokens; ++t) *left += rest[t] >= 0;
+    return rest;
+}
+
+/* float32 takes no tiles: its loops are the reference. */
+static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_module *modules,
+                                    int64_t num_modules, const float *scales, float *out,
+                                    int64_t out_row, const int64_t *slots, int64_t num_tokens,
+                                    int64_t d_in, int64_t tile_rows, int64_t tile_row_ranks,
+                                    int64_t *left,
+                                    int64_t *tiled) {
+    return NULL;
+}
+
+#define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND, RUNS)                               \
+    static int64_t apply_modules_rows_##SUFFIX(const E *x, int64_t x_row,                       \
                                             const lora_module *modules, int64_t num_modules,  \
                                             const float *scales, E *out, int64_t out_row,     \
                                             const int64_t *slots, int64_t num_tokens,         \
                                             int64_t rank, int64_t d_in, float *y,             \
-                                            int32_t threads) {                                \
-        for (int64_t m = 0; m < num_modules; ++m) {                                         \
+                                            int32_t threads, int64_t tile_rows,               \
+                                            int64_t tile_row_ranks) {                         \
+        int64_t left = num_tokens, tiled = 0;                                               \
+        int64_t *rest = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
+                             num_tokens, d_in, tile_rows, tile_row_ranks, &left, &tiled);   \
+        if (rest) slots = rest;                                                             \
+        for (int64_t m = 0; m < num_modules && left; ++m) {                                 \
             const lora_module *mod = modules + m;                                           \
             SHRINK##_slots(x, x_row, mod->a, mod->ranks, mod->a_row, y, rank, slots,        \
                            num_tokens, rank, d_in, threads);                                \
@@ -651,27 +713,33 @@ typedef struct {
                            out + mod->column, out_row, slots, num_tokens, mod->d_out,       \
                            threads);                                                        \
         }                                                                                   \
+        free(rest);                                                                         \
+        return tiled;                                                                       \
     }                                                                                       \
-    void lora_apply_modules_##SUFFIX(const E *x, int64_t x_row, const lora_module *modules,  \
+    int64_t lora_apply_modules_##SUFFIX(const E *x, int64_t x_row, const lora_module *modules,  \
                                      int64_t num_modules, const float *scales, E *out,       \
                                      int64_t out_row, const int64_t *slots,                  \
                                      int64_t num_tokens, int64_t rank, int64_t d_in, float *y, \
-                                     int32_t threads) {                                      \
+                                     int32_t threads, int64_t tile_rows,                     \
+                                     int64_t tile_row_ranks) {                               \
         if (threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD) {              \
-            apply_modules_rows_##SUFFIX(x, x_row, modules, num_modules, scales, out, out_row, \
-                                        slots, num_tokens, rank, d_in, y,                   \
-                                        num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1); \
-            return;                                                                         \
+            return apply_modules_rows_##SUFFIX(                                             \
+                x, x_row, modules, num_modules, scales, out, out_row, slots, num_tokens, rank,  \
+                d_in, y, num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1, tile_rows,         \
+                tile_row_ranks);                                                            \
         }                                                                                   \
-        _Pragma("omp parallel num_threads(threads)") {                                      \
+        int64_t tiled = 0;                                                                  \
+        _Pragma("omp parallel num_threads(threads) reduction(+ : tiled)") {                 \
             const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();              \
             const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;      \
-            apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules, num_modules,     \
-                                        scales, out + first * out_row, out_row,             \
-                                        slots + first, last - first, rank, d_in,            \
-                                        y + first * rank, 1);                               \
+            tiled += apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules,         \
+                                                 num_modules, scales, out + first * out_row, \
+                                                 out_row, slots + first, last - first, rank, \
+                                                 d_in, y + first * rank, 1, tile_rows,      \
+                                                 tile_row_ranks);                           \
         }                                                                                   \
+        return tiled;                                                                       \
     }
 
-DEFINE_APPLY_MODULES(f32, f32, lora_shrink_f32, lora_expand_f32)
-DEFINE_APPLY_MODULES(bf16, bf16, shrink_bf16_to_f32, expand_f32_to_bf16)
+DEFINE_APPLY_MODULES(f32, f32, lora_shrink_f32, lora_expand_f32, no_tile_runs)
+DEFINE_APPLY_MODULES(bf16, bf16, shrink_bf16_to_f32, expand_f32_to_bf16, tile_runs)

@@ -30,6 +30,10 @@ _EXPAND = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I6
 _APPLY = [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
 _APPLY += [_PTR, _I64, _I64, _I64, _I64, _PTR, _I32]
 _APPLY_MODULES = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I32]
+_APPLY_MODULES += [_I64, _I64]
+# lora_tiles_ready: 1 where the tiles are AMX and the process may use them, 2 where they are
+# emulated (a CPU without AMX: for tests), 0 where Linux refused the tile state.
+TILES_REFUSED, TILES_NATIVE, TILES_EMULATED = 0, 1, 2
 
 
 class ModuleStruct(ctypes.Structure):
@@ -47,25 +51,28 @@ class ModuleStruct(ctypes.Structure):
     ]
 
 
-def _function(library: ctypes.CDLL, name: str, argtypes: list):
+def _function(library: ctypes.CDLL, name: str, argtypes: list, restype=None):
     function = getattr(library, name)
     function.argtypes = argtypes
-    function.restype = None
+    function.restype = restype
     return function
 
 
 class NativeLoRA:
     """shrink / expand over per-token slots, float32 or bfloat16; rows with slot -1 are left
-    to the base. scales are read as float32."""
+    to the base. scales are read as float32. ``tiles``: whether bf16 runs can go to AMX
+    tiles in this process (TILES_NATIVE), only to their emulation (TILES_EMULATED, a CPU
+    without AMX) or not at all (TILES_REFUSED); asked once, when the library loads."""
 
     def __init__(self, library: ctypes.CDLL):
+        self.tiles = _function(library, "lora_tiles_ready", [], ctypes.c_int)()
         self._shrink, self._expand, self._apply, self._modules = {}, {}, {}, {}
         for dtype, suffix in _SUFFIX.items():
             self._shrink[dtype] = _function(library, f"lora_shrink_{suffix}", _SHRINK)
             self._expand[dtype] = _function(library, f"lora_expand_{suffix}", _EXPAND)
             self._apply[dtype] = _function(library, f"lora_apply_{suffix}", _APPLY)
             name = f"lora_apply_modules_{suffix}"
-            self._modules[dtype] = _function(library, name, _APPLY_MODULES)
+            self._modules[dtype] = _function(library, name, _APPLY_MODULES, _I64)
 
     @staticmethod
     def fits(*tensors: torch.Tensor) -> bool:
@@ -168,12 +175,17 @@ class NativeLoRA:
         scales: torch.Tensor,
         out: torch.Tensor,
         slots: torch.Tensor,
-    ) -> None:
+        tile_rows: int = 0,
+        tile_row_ranks: int = 0,
+    ) -> int:
         """`apply` for every module of `table` (a ModuleStruct array, see lora_modules.py),
-        each adding to its own columns of `out`, in one call."""
+        each adding to its own columns of `out`, in one call. In bf16, runs of at least
+        `tile_rows` rows of one slot (0: none) whose rows times the slot's own rank reach
+        `tile_row_ranks` go through tiles (lora_tiles.h), their whole tiles of 16 rows;
+        returns how many rows the tiles took."""
         num_tokens = x.shape[0]
         y = torch.empty(num_tokens * rank, dtype=torch.float32)
-        self._modules[x.dtype](
+        return self._modules[x.dtype](
             x.data_ptr(),
             x.stride(0),
             table,
@@ -187,6 +199,8 @@ class NativeLoRA:
             x.shape[1],
             y.data_ptr(),
             torch.get_num_threads(),
+            tile_rows,
+            tile_row_ranks,
         )
 
 

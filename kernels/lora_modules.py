@@ -21,13 +21,15 @@ import torch
 
 from ._backend import require
 from .lora import _checked_index, _use_triton, lora_apply
-from .lora_cpu import ModuleStruct, NativeLoRA
+from .lora_cpu import TILES_REFUSED, ModuleStruct, NativeLoRA
 from .lora_groups import LoraIndex
 from .lora_segment_gemm import (
     apply_long_segments,
     gemm_min_rows,
     gemm_row_ranks,
     long_segments,
+    tile_min_rows,
+    tile_row_ranks,
     worth_a_product,
 )
 from .lora_torch import _native
@@ -121,12 +123,18 @@ class LoRAModules:
     products (lora_segment_gemm.py); 0 never; None (the default) as this CPU and
     LORAGATE_LORA_GEMM_ROWS say for the group's dtype, read here once, with the rows times
     a slot's own rank such a run needs besides (``gemm_row_ranks``; None: rows alone).
+    ``tile_rows``: from how many rows of one slot a bf16 run goes to tiles inside the native
+    call (lora_tiles.h); 0 never; None as this CPU (AMX) and LORAGATE_LORA_TILE_ROWS say,
+    with the rows times a slot's own rank such a run needs besides (``tile_row_ranks``).
+    Where the tiles take runs, products take none unless ``gemm_rows`` (or
+    LORAGATE_LORA_GEMM_ROWS) asks for them.
     """
 
     def __init__(
         self,
         modules: Sequence[tuple[torch.Tensor, torch.Tensor, slice]],
         gemm_rows: int | None = None,
+        tile_rows: int | None = None,
     ):
         require(len(modules) > 0, "a projection has at least one module")
         first = modules[0][0]
@@ -153,8 +161,14 @@ class LoRAModules:
             )
         self.width = max(columns.stop for _, _, columns in self.modules)
         require(gemm_rows is None or gemm_rows >= 0, f"gemm_rows must be >= 0, got {gemm_rows}")
-        self.gemm_rows = gemm_min_rows(self.dtype) if gemm_rows is None else gemm_rows or None
-        self.gemm_row_ranks = gemm_row_ranks(self.dtype) if gemm_rows is None else None
+        require(tile_rows is None or tile_rows >= 0, f"tile_rows must be >= 0, got {tile_rows}")
+        self.tile_rows = tile_min_rows(self.dtype) if tile_rows is None else tile_rows
+        self.tile_row_ranks = tile_row_ranks(self.dtype) if tile_rows is None else 0
+        if gemm_rows is None:  # this CPU's rule; none where the tiles take the runs
+            self.gemm_rows = gemm_min_rows(self.dtype, tiles=self.tile_rows > 0)
+            self.gemm_row_ranks = gemm_row_ranks(self.dtype) if self.gemm_rows else None
+        else:
+            self.gemm_rows, self.gemm_row_ranks = gemm_rows or None, None
         # What `slot_rows` checks a slot's rows against.
         d_outs = tuple(b.shape[1] for _, b, _ in self.modules)
         self._fits = (self.d_in, d_outs, self.rank, self.dtype, first.device)
@@ -254,9 +268,10 @@ def lora_apply_modules(
     out: torch.Tensor,
     backend: str | None = None,
     index: LoraIndex | None = None,
-) -> None:
+) -> int:
     """For every module: out[t, columns] += scales[s] * (x[t] @ a[s]^T) @ b[s]^T, s the
-    token's slot (rows with -1 untouched). x ``[T, d_in]``, out ``[T, width]`` in place."""
+    token's slot (rows with -1 untouched). x ``[T, d_in]``, out ``[T, width]`` in place.
+    Returns how many rows went through tiles (bf16 runs, lora_tiles.h), 0 on other paths."""
     require(
         x.dim() == 2 and x.shape[1] == modules.d_in,
         lambda: f"x must be [T, {modules.d_in}], got shape {tuple(x.shape)}",
@@ -267,23 +282,25 @@ def lora_apply_modules(
     )
     index = _checked_index(index, slot_ids, x.shape[0], modules.num_slots)
     if index.num_active == 0:
-        return
+        return 0
     if modules.table is not None and x.dtype == modules.dtype:
         if modules.placed or not _use_triton(backend, x, index):
-            native = _native(index, x, out, splits_long_runs=modules.gemm_rows is not None)
+            splits = modules.gemm_rows is not None or modules.tile_rows > 0
+            native = _native(index, x, out, splits_long_runs=splits)
             if native is not None:
-                _apply_native(native, x, modules, index, slot_ids, scales, out)
-                return
+                return _apply_native(native, x, modules, index, slot_ids, scales, out)
     if modules.placed:
         _apply_per_slot(x, modules, index, scales, out)
-        return
+        return 0
     for a, b, columns in modules.modules:
         lora_apply(x, a, b, slot_ids, scales, out[:, columns], backend=backend, index=index)
+    return 0
 
 
 def _apply_native(native, x, modules: LoRAModules, index: LoraIndex, slot_ids, scales, out):
     """The native kernel over the batch, but for runs of one slot long enough that a product
-    beats its per-token loop (lora_segment_gemm.py): those go through torch's products."""
+    beats its per-token loop (lora_segment_gemm.py): those go through torch's products, or
+    through the native call's own tiles (bf16 with AMX). Returns the rows the tiles took."""
     min_rows = modules.gemm_rows
     split = None if min_rows is None else long_segments(index, min_rows)
     if split is not None and modules.gemm_row_ranks is not None:
@@ -292,10 +309,19 @@ def _apply_native(native, x, modules: LoRAModules, index: LoraIndex, slot_ids, s
         columns = tuple(cols for _, _, cols in modules.modules)
         apply_long_segments(x, split.runs, modules.rows_of, columns, scales, out)
         if not split.native_rows:
-            return
+            return 0
         slot_ids = split.native_slot_ids
-    native.apply_modules(
-        x, modules.table, len(modules.modules), modules.rank, scales, out, slot_ids
+    tile_rows = modules.tile_rows if native.tiles != TILES_REFUSED else 0
+    return native.apply_modules(
+        x,
+        modules.table,
+        len(modules.modules),
+        modules.rank,
+        scales,
+        out,
+        slot_ids,
+        tile_rows,
+        modules.tile_row_ranks,
     )
 
 

@@ -66,6 +66,20 @@ AVX512_BF16_MIN_ROWS = 1024
 # rank. (Against the loop before its run tiles, 2026-11-27, rows alone decided, from 256.)
 FLOAT32_AVX2_MIN_ROWS = 256
 FLOAT32_AVX2_ROW_RANKS = 32768
+# Where the CPU has AMX, a bf16 run of one slot goes to tiles inside the native call
+# (lora_tiles.h) from AMX_TILE_ROWS rows, where its rows times the slot's own rank reach
+# AMX_TILE_ROW_RANKS; the tiles then take the runs that products took (no products on AMX).
+# Measured by benchmarks/lora_segments.py --tiles on a 2-core Intel Xeon with AMX
+# (2026-11-28, load 0.5-0.9, a chunk of one slot beside 16 decoding rows of other slots,
+# the default model's seven projections), tiles against the loops: rank 8 1.35 at 128
+# rows, 1.07 at 256, 0.96 at 512, 0.86 at 1024; rank 16 1.01 at 128, 0.80 at 256; rank 64
+# 0.97 at 32, 0.85 at 64 and 128, 0.70 at 256; rank 128 0.94 at 128, 0.80 at 256; against
+# the products 0.6-1.0x up to 512 rows and 0.96-1.06x at 1024 (BENCHMARKS.md, issue 47).
+# LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a CPU without AMX turns on
+# the tiles' emulation (for tests: slow).
+TILE_ROWS_ENV = "LORAGATE_LORA_TILE_ROWS"
+AMX_TILE_ROWS = 32
+AMX_TILE_ROW_RANKS = 4096
 
 
 @dataclass(frozen=True)
@@ -78,9 +92,12 @@ class LongSegments:
     native_rows: int  # rows left with a slot for the native kernel
 
 
-def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:
+def gemm_min_rows(
+    dtype: torch.dtype, flags: frozenset[str] | None = None, tiles: bool = False
+) -> int | None:
     """From how many rows of one slot a product runs instead of the per-token loop, for
-    tensors of `dtype` on this CPU (or one with `flags`); None: never. Reads the environment
+    tensors of `dtype` on this CPU (or one with `flags`); None: never, and where `tiles`
+    take the runs (unless LORAGATE_LORA_GEMM_ROWS says otherwise). Reads the environment
     and the CPU's flags: call it once, where a projection's group is prepared (LoRAModules),
     not per call."""
     if dtype not in (torch.bfloat16, torch.float32):
@@ -92,12 +109,38 @@ def gemm_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> in
             lambda: f"{GEMM_ROWS_ENV} must be a whole number of rows (0: off), got {override!r}",
         )
         return int(override) or None
+    if tiles:
+        return None
     flags = this_cpu_flags() if flags is None else flags
     if dtype == torch.float32:
         return FLOAT32_AVX2_MIN_ROWS if avx2_without_avx512(flags) else None
     if has_amx(flags):
         return AMX_MIN_ROWS
     return AVX512_BF16_MIN_ROWS if AVX512_BF16_FLAG in flags else None
+
+
+def tile_min_rows(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int:
+    """From how many rows of one slot a run of `dtype` goes to the native call's tiles
+    (lora_tiles.h: bf16 only) on this CPU (or one with `flags`); 0: never. Read once,
+    where a group is prepared."""
+    if dtype != torch.bfloat16:
+        return 0
+    override = os.environ.get(TILE_ROWS_ENV, "").strip()
+    if override:
+        require(
+            override.isdigit(),
+            lambda: f"{TILE_ROWS_ENV} must be a whole number of rows (0: off), got {override!r}",
+        )
+        return int(override)
+    return AMX_TILE_ROWS if has_amx(this_cpu_flags() if flags is None else flags) else 0
+
+
+def tile_row_ranks(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int:
+    """Rows times a slot's own rank from which its run goes to the tiles, on top of
+    `tile_min_rows` (0: rows alone decide, as where LORAGATE_LORA_TILE_ROWS sets them)."""
+    if dtype != torch.bfloat16 or os.environ.get(TILE_ROWS_ENV, "").strip():
+        return 0
+    return AMX_TILE_ROW_RANKS if has_amx(this_cpu_flags() if flags is None else flags) else 0
 
 
 def gemm_row_ranks(dtype: torch.dtype, flags: frozenset[str] | None = None) -> int | None:

@@ -50,19 +50,35 @@ def test_mixed_ranks_in_one_batch_match_peft(setup, make_llm, monkeypatch, path)
         assert outputs[rid] == peft_greedy(peft, name, ids, N), f"{rid} ({name})"
 
 
-def test_mixed_ranks_in_bfloat16_through_the_product_path(setup, make_llm, monkeypatch):
-    """bfloat16, each prompt's run of rows going through oneDNN's products (the AMX path's
-    code, kernels/lora_segment_gemm.py, forced on here with LORAGATE_LORA_GEMM_ROWS) beside
-    the other adapters' rows on the native loop: every row's greedy tokens stay top-5 close to
-    PEFT float32 for its adapter at its own rank (the reference teacher-forced on them)."""
+@pytest.mark.parametrize("runs_on", ["products", "tiles"])
+def test_mixed_ranks_in_bfloat16_through_the_run_paths(setup, make_llm, monkeypatch, runs_on):
+    """bfloat16, each prompt's run of rows going through oneDNN's products
+    (kernels/lora_segment_gemm.py, forced on here with LORAGATE_LORA_GEMM_ROWS) or through
+    the native call's tiles (kernels/lora_tiles.h: AMX where the CPU has it, their emulation
+    elsewhere; forced on with LORAGATE_LORA_TILE_ROWS) beside the other adapters' rows on the
+    native loop: every row's greedy tokens stay top-5 close to PEFT float32 for its adapter at
+    its own rank (the reference teacher-forced on them)."""
     from loragate.kernels import lora_modules, lora_segment_gemm
 
-    monkeypatch.setenv(lora_segment_gemm.GEMM_ROWS_ENV, "8")
-    runs = []
-    real = lora_segment_gemm.apply_long_segments
-    monkeypatch.setattr(
-        lora_modules, "apply_long_segments", lambda *a: runs.append(a[1]) or real(*a)
-    )
+    runs, tiled = [], []
+    if runs_on == "products":
+        monkeypatch.setenv(lora_segment_gemm.GEMM_ROWS_ENV, "8")
+        monkeypatch.setenv(lora_segment_gemm.TILE_ROWS_ENV, "0")
+        real = lora_segment_gemm.apply_long_segments
+        monkeypatch.setattr(
+            lora_modules, "apply_long_segments", lambda *a: runs.append(a[1]) or real(*a)
+        )
+    else:
+        monkeypatch.delenv(lora_segment_gemm.GEMM_ROWS_ENV, raising=False)
+        monkeypatch.setenv(lora_segment_gemm.TILE_ROWS_ENV, "16")
+        real_native = lora_modules._apply_native
+
+        def recorded(native, x, modules, index, slot_ids, scales, out):
+            taken = real_native(native, x, modules, index, slot_ids, scales, out)
+            tiled.append((taken, slot_ids.tolist()))
+            return taken
+
+        monkeypatch.setattr(lora_modules, "_apply_native", recorded)
     model_dir, paths, peft = setup
     loras = {name: LoRARequest(name, i + 1, str(p)) for i, (name, p) in enumerate(paths.items())}
     names = ["r128", "r8", None, "r64", "r16", "r8"]
@@ -76,8 +92,16 @@ def test_mixed_ranks_in_bfloat16_through_the_product_path(setup, make_llm, monke
         lora_request=[loras.get(name) for name in names],
         use_tqdm=False,
     )
-    slots = {slot for call in runs for slot, _, _ in call}
-    assert len(slots) >= 4, f"the prompts of every adapter ran as products, got slots {slots}"
+    if runs_on == "products":
+        slots = {slot for call in runs for slot, _, _ in call}
+        assert len(slots) >= 4, f"the prompts of every adapter ran as products, got {slots}"
+    else:
+        # A run of 32 rows of one slot leaves a whole tile of 16 to one thread however the
+        # threads split the batch's rows, so a call holding one sent at least 16 to the tiles.
+        assert sum(taken for taken, _ in tiled) > 0, "no rows went to the tiles"
+        for taken, ids in tiled:
+            if any(ids[i : i + 32] == [ids[i]] * 32 and ids[i] >= 0 for i in range(len(ids))):
+                assert taken >= 16, f"a run of 32 rows missed the tiles: {ids}"
     for name, ids, out in zip(names, rows, outs, strict=True):
         tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs
         if name is None:

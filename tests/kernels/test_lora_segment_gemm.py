@@ -20,6 +20,7 @@ from loragate.kernels.lora_segment_gemm import (
     FLOAT32_AVX2_MIN_ROWS,
     FLOAT32_AVX2_ROW_RANKS,
     GEMM_ROWS_ENV,
+    TILE_ROWS_ENV,
     gemm_min_rows,
     gemm_row_ranks,
     long_segments,
@@ -259,8 +260,11 @@ def test_a_chunk_goes_to_the_products_by_rows_times_rank(
     """On a CPU with AMX (bf16), or with AVX2 and no AVX-512 (float32), a stacked slot of the
     group's rank 6 splits from row_ranks / 6 rows, not from the rows' floor; every chunk
     matches the float64 reference. (AVX2's floor is scaled down with it here, as rank 6
-    times 2048 rows never reaches it: what is tested is that rows times rank decides.)"""
+    times 2048 rows never reaches it: what is tested is that rows times rank decides.) On
+    AMX the products are what runs where the tiles are turned off (lora_tiles.h: they take
+    these runs by default, tests/kernels/test_lora_tiles.py)."""
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
+    monkeypatch.setenv(TILE_ROWS_ENV, "0")
     monkeypatch.setattr(lora_segment_gemm, "this_cpu_flags", lambda: flags)
     if dtype == torch.float32:
         assert row_ranks // 6 > 2048, "no chunk of the native path's reaches it at rank 6"
@@ -343,7 +347,7 @@ def test_one_slots_long_prompt_goes_native_where_a_rule_splits_it(dtype, monkeyp
     bound = 2e-2 if dtype == torch.bfloat16 else 1e-5
     for gemm_rows, path in ((32, "products"), (0, "per slot")):
         paths.clear()
-        group = kernels.LoRAModules(modules, gemm_rows=gemm_rows)
+        group = kernels.LoRAModules(modules, gemm_rows=gemm_rows, tile_rows=0)
         group.place(3, placements[3])
         out = before.clone()
         index = kernels.lora_index(slots, SLOTS)
