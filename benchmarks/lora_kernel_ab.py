@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from loragate.kernels import LoRAModules, _native
-from loragate.kernels.lora_cpu import NativeLoRA
+from loragate.kernels.lora_cpu import TILES_REFUSED, NativeLoRA
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("kernels/lora_cpu.c", "kernels/cpu_simd.h")
+SOURCES = ("kernels/lora_cpu.c", "kernels/cpu_simd.h", "kernels/lora_tiles.h")
 PROJECTIONS = {  # d_in, the modules' d_out
     "qkv": (576, (576, 192, 192)),
     "o": (576, (576,)),
@@ -39,13 +39,15 @@ PROJECTIONS = {  # d_in, the modules' d_out
 
 def build_revision(rev: str, into: Path) -> NativeLoRA:
     for source in SOURCES:
-        text = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:{source}"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        (into / Path(source).name).write_bytes(text)
-    return NativeLoRA(ctypes.CDLL(str(_native.build(into / "lora_cpu.c"))))
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:{source}"], capture_output=True
+        )
+        if shown.returncode == 0:  # a revision from before a header has none
+            (into / Path(source).name).write_bytes(shown.stdout)
+    library = ctypes.CDLL(str(_native.build(into / "lora_cpu.c")))
+    if not hasattr(library, "lora_tiles_ready"):  # from before the tiles: none to ask for
+        library.lora_tiles_ready = lambda: TILES_REFUSED
+    return NativeLoRA(library)
 
 
 def layer(dtype: torch.dtype, slots: int, rank: int) -> dict[str, LoRAModules]:
