@@ -680,6 +680,11 @@ static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modul
             if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
         if (!own || (end - first) * own < tile_row_ranks) continue;
         const int64_t rows = (end - first) / TILE_M * TILE_M;
+        /* the largest module's scratch, had before any module's rows change */
+        int64_t widest = 0;
+        for (int64_t m = 0; m < num_modules; ++m)
+            if (modules[m].d_out > widest) widest = modules[m].d_out;
+        if (!module_scratch(rows, own, d_in, widest)) continue;
         if (!rest) {
             rest = malloc(num_tokens * sizeof(int64_t));
             memcpy(rest, slots, num_tokens * sizeof(int64_t));

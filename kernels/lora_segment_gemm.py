@@ -70,16 +70,17 @@ FLOAT32_AVX2_ROW_RANKS = 32768
 # (lora_tiles.h) from AMX_TILE_ROWS rows, where its rows times the slot's own rank reach
 # AMX_TILE_ROW_RANKS; the tiles then take the runs that products took (no products on AMX).
 # Measured by benchmarks/lora_segments.py --tiles on a 2-core Intel Xeon with AMX
-# (2026-11-28, load 0.5-0.9, a chunk of one slot beside 16 decoding rows of other slots,
-# the default model's seven projections), tiles against the loops: rank 8 1.35 at 128
-# rows, 1.07 at 256, 0.96 at 512, 0.86 at 1024; rank 16 1.01 at 128, 0.80 at 256; rank 64
-# 0.97 at 32, 0.85 at 64 and 128, 0.70 at 256; rank 128 0.94 at 128, 0.80 at 256; against
-# the products 0.6-1.0x up to 512 rows and 0.96-1.06x at 1024 (BENCHMARKS.md, issue 47).
-# LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a CPU without AMX turns on
-# the tiles' emulation (for tests: slow).
+# (2026-11-28, load 0.5, a chunk of one slot beside 16 decoding rows of other slots, the
+# default model's seven projections), tiles against the loops: rank 8 1.13 at 64 rows, 1.02
+# at 128, 0.88 at 256, 0.73 at 1024; rank 16 0.97 at 64, 0.84 at 128, 0.59 at 1024; rank 64
+# 0.99 at 64, 0.75 at 128, 0.43 at 1024; rank 128 1.00 at 64, 0.85 at 128, 0.42 at 1024;
+# against the products 0.36-0.90 at every length measured (BENCHMARKS.md, issue 47). Under
+# 128 rows the two threads split a chunk's rows between them, each keeping fewer whole
+# tiles. LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a CPU without AMX
+# turns on the tiles' emulation (for tests: slow).
 TILE_ROWS_ENV = "LORAGATE_LORA_TILE_ROWS"
-AMX_TILE_ROWS = 32
-AMX_TILE_ROW_RANKS = 4096
+AMX_TILE_ROWS = 128
+AMX_TILE_ROW_RANKS = 2048
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@
  */
 #ifndef LORAGATE_LORA_TILES_H
 #define LORAGATE_LORA_TILES_H
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,52 +123,57 @@ static inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to
 
 /* A [r, d_in] (rows a_row apart) as the right operand of x A^T: for each 16 rank rows and
  * 32 columns of d_in, a block of 16 rows (column pairs) by 16 words (rank rows), each word
- * the pair A[j][k], A[j][k + 1]; zero past rank r up to `ranks` (a multiple of 16). */
+ * the pair A[j][k], A[j][k + 1]; zero past rank r up to `ranks` (a multiple of 16). Each row
+ * of A is read front to back (one stream the prefetchers follow; block by block, 16 rows at
+ * once, the reads waited on memory) and its words scattered into its blocks' column. */
 static void pack_a(const bf16 *a, int64_t a_row, int64_t r, int64_t ranks, int64_t d_in,
                    uint32_t *packed) {
-    const int64_t blocks = ranks / TILE_N;
-    const int64_t depth = d_in / TILE_K;
-    for (int64_t q = 0; q < blocks; ++q)
-        for (int64_t k = 0; k < depth; ++k) {
-            uint32_t *block = packed + (q * depth + k) * (TILE_M * TILE_N);
-            for (int64_t n = 0; n < TILE_N; ++n) {
-                const int64_t j = q * TILE_N + n;
-                if (j >= r) {
-                    for (int64_t p = 0; p < TILE_M; ++p) block[p * TILE_N + n] = 0;
-                    continue;
-                }
-                const bf16 *row = a + j * a_row + k * TILE_K;
-                for (int64_t p = 0; p < TILE_M; ++p) {
-                    uint32_t pair;
-                    memcpy(&pair, row + 2 * p, sizeof pair);
-                    block[p * TILE_N + n] = pair;
-                }
-            }
+    const int64_t depth = d_in / TILE_K, block = TILE_M * TILE_N;
+    for (int64_t j = 0; j < ranks; ++j) {
+        const int64_t q = j / TILE_N, n = j % TILE_N;
+        uint32_t *column = packed + q * depth * block + n;
+        if (j >= r) {
+            for (int64_t w = 0; w < depth * TILE_M; ++w) column[w / TILE_M * block + w % TILE_M * TILE_N] = 0;
+            continue;
         }
+        const bf16 *row = a + j * a_row;
+        for (int64_t k = 0; k < depth; ++k) {
+            uint32_t words[TILE_M];
+            memcpy(words, row + k * TILE_K, sizeof words);
+            for (int64_t p = 0; p < TILE_M; ++p) column[k * block + p * TILE_N] = words[p];
+        }
+    }
 }
 
 /* Bt [r, d_out] (rows b_row apart) as the right operand of y Bt: for each 32 rank rows and
  * 16 columns, a block of 16 rows by 16 words, each word the pair Bt[2p][o], Bt[2p + 1][o];
  * zero past rank r (up to `ranks`, a multiple of 32) and past d_out (up to a multiple of
- * 16). */
+ * 16). Each pair of rows is read front to back, W columns at a time, their words made by
+ * vector (the even row's element low, the odd row's high). */
 static void pack_bt(const bf16 *bt, int64_t b_row, int64_t r, int64_t ranks, int64_t d_out,
                     uint32_t *packed) {
-    const int64_t blocks = round_up(d_out, TILE_N) / TILE_N;
-    for (int64_t c = 0; c < blocks; ++c)
-        for (int64_t k = 0; k < ranks / TILE_K; ++k) {
-            uint32_t *block = packed + (c * (ranks / TILE_K) + k) * (TILE_M * TILE_N);
-            for (int64_t p = 0; p < TILE_M; ++p) {
-                const int64_t j = k * TILE_K + 2 * p;
-                const bf16 *even = j < r ? bt + j * b_row : NULL;
-                const bf16 *odd = j + 1 < r ? bt + (j + 1) * b_row : NULL;
-                for (int64_t n = 0; n < TILE_N; ++n) {
-                    const int64_t o = c * TILE_N + n;
-                    const uint32_t lo = even && o < d_out ? even[o] : 0;
-                    const uint32_t hi = odd && o < d_out ? odd[o] : 0;
-                    block[p * TILE_N + n] = lo | hi << 16;
-                }
-            }
+    const int64_t blocks = round_up(d_out, TILE_N) / TILE_N, depth = ranks / TILE_K;
+    const int64_t block = TILE_M * TILE_N, whole = d_out / W * W;
+    const bf16 zero_row[W] = {0};
+    for (int64_t j = 0; j < ranks; j += 2) {
+        const int64_t k = j / TILE_K, p = j % TILE_K / 2;
+        const bf16 *even = j < r ? bt + j * b_row : NULL;
+        const bf16 *odd = j + 1 < r ? bt + (j + 1) * b_row : NULL;
+        uint32_t *row = packed + k * block + p * TILE_N; /* column block c at c * depth */
+        int64_t o = 0;
+        for (; o < whole; o += W) {
+            vh lo, hi;
+            memcpy(&lo, even ? even + o : zero_row, sizeof lo);
+            memcpy(&hi, odd ? odd + o : zero_row, sizeof hi);
+            const vu words = __builtin_convertvector(lo, vu) | __builtin_convertvector(hi, vu) << 16;
+            memcpy(row + o / TILE_N * depth * block + o % TILE_N, &words, sizeof words);
         }
+        for (; o < blocks * TILE_N; ++o) {
+            const uint32_t lo = even && o < d_out ? even[o] : 0;
+            const uint32_t hi = odd && o < d_out ? odd[o] : 0;
+            row[o / TILE_N * depth * block + o % TILE_N] = lo | hi << 16;
+        }
+    }
 }
 
 /* Result tiles 0-3 as a 2 x 2 block: tile 2i + j sums left tile i (16 rows, the second
@@ -231,8 +237,65 @@ typedef struct {
     bf16 *yb;
 } tile_scratch;
 
+/* Each thread's scratch memory, kept from call to call and grown as needed (freed when the
+ * thread ends): a few hundred KB, which malloc would map afresh and the kernel fault in on
+ * every call (a rank-64 run of 32 rows spent most of its time so, on a 2-core Xeon). */
+typedef struct {
+    char *at;
+    size_t size;
+} scratch_memory;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *memory) {
+    free(((scratch_memory *)memory)->at);
+    free(memory);
+}
+
+static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
+
+/* `bytes` of this thread's scratch (64-byte aligned), or NULL where memory ran out. */
+static char *thread_scratch(size_t bytes) {
+    pthread_once(&scratch_once, make_scratch_key);
+    scratch_memory *memory = pthread_getspecific(scratch_key);
+    if (!memory) {
+        memory = calloc(1, sizeof *memory);
+        if (!memory || pthread_setspecific(scratch_key, memory)) {
+            free(memory);
+            return NULL;
+        }
+    }
+    if (memory->size < bytes) {
+        free(memory->at);
+        memory->size = (size_t)round_up((int64_t)bytes, 4096);
+        memory->at = aligned_alloc(64, memory->size);
+        if (!memory->at) memory->size = 0;
+    }
+    return memory->at;
+}
+
+/* The bytes of each piece of one module's scratch for a run of `rows` rows at rank r. */
+static void scratch_sizes(int64_t rows, int64_t r, int64_t d_in, int64_t d_out, size_t *sizes) {
+    const int64_t shrink_ranks = round_up(r, TILE_N), expand_ranks = round_up(r, TILE_K);
+    sizes[0] = (size_t)round_up(shrink_ranks / 2 * d_in * sizeof(uint32_t), 64);
+    sizes[1] = (size_t)round_up(expand_ranks / 2 * round_up(d_out, TILE_N) * sizeof(uint32_t), 64);
+    sizes[2] = (size_t)round_up(rows * shrink_ranks * sizeof(float), 64);
+    sizes[3] = (size_t)round_up(2 * TILE_M * 2 * TILE_N * sizeof(float), 64);
+    sizes[4] = (size_t)round_up(rows * expand_ranks * sizeof(bf16), 64);
+}
+
+/* This thread's scratch for one module's run, as large as `tile_module` needs; NULL where
+ * memory ran out (the caller then leaves the run to the loops). */
+static char *module_scratch(int64_t rows, int64_t r, int64_t d_in, int64_t d_out) {
+    size_t sizes[5];
+    scratch_sizes(rows, r, d_in, d_out, sizes);
+    return thread_scratch(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]);
+}
+
 /* One module's delta for `rows` rows (a multiple of 16) of one slot: x [rows, d_in] (rows
  * x_row apart, d_in a multiple of 32), A [r, d_in], Bt [r, d_out], out [rows, d_out].
+ * Returns 0, having changed nothing, where no scratch memory could be had.
  *
  * The shrink and then the expand go 32 rows at a time through 2 x 2 blocks of tiles, so
  * each packed block loaded (from L2: Bt's packing is up to 400 KB) serves two tiles of
@@ -240,18 +303,22 @@ typedef struct {
  * waited on those loads; the expand column group by column group through the whole run
  * (the group's blocks kept in L1) waited on out's rows, read a column group at a time
  * (perf, a 2-core Xeon: two thirds of its time loading out). */
-static void tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_row,
+static int tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_row,
                         const bf16 *bt, int64_t b_row, int64_t r, float scale, bf16 *out,
                         int64_t out_row, int64_t rows, int64_t d_in, int64_t d_out) {
     const int64_t shrink_ranks = round_up(r, TILE_N), expand_ranks = round_up(r, TILE_K);
     const int64_t columns = round_up(d_out, TILE_N), block = TILE_M * TILE_N;
     const int64_t pair = 2 * TILE_N; /* columns of a 2 x 2 block */
-    tile_scratch s = {
-        malloc(shrink_ranks / 2 * d_in * sizeof(uint32_t) + 64),
-        malloc(expand_ranks / 2 * columns * sizeof(uint32_t) + 64),
-        malloc(rows * shrink_ranks * sizeof(float)),
-        malloc(2 * TILE_M * pair * sizeof(float)),
-        malloc(rows * expand_ranks * sizeof(bf16)),
+    size_t sizes[5];
+    scratch_sizes(rows, r, d_in, d_out, sizes);
+    char *at = module_scratch(rows, r, d_in, d_out);
+    if (!at) return 0;
+    const tile_scratch s = {
+        (uint32_t *)at,
+        (uint32_t *)(at + sizes[0]),
+        (float *)(at + sizes[0] + sizes[1]),
+        (float *)(at + sizes[0] + sizes[1] + sizes[2]),
+        (bf16 *)(at + sizes[0] + sizes[1] + sizes[2] + sizes[3]),
     };
     pack_a(a, a_row, r, shrink_ranks, d_in, s.a);
     pack_bt(bt, b_row, r, expand_ranks, d_out, s.bt);
@@ -288,6 +355,6 @@ static void tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_r
                      scale);
         }
     }
-    free(s.a), free(s.bt), free(s.y), free(s.sums), free(s.yb);
+    return 1;
 }
 #endif
