@@ -658,19 +658,17 @@ typedef struct {
 #define TOKENS_PER_THREAD 2
 #define SERIAL_ROW_RANKS 32
 
-/* bf16 runs of at least `tile_rows` rows of one slot (0: none) whose rows times the slot's
- * own rank (its most rank rows in any module) reach `tile_row_ranks`, through the tiles
- * (lora_tiles.h), their whole tiles of 16 rows, every module. Returns the slots the loops
- * take, those rows set to -1 (the caller frees it), or NULL where no run went to the tiles;
- * `left` is then the rows with a slot left to the loops, `tiled` the rows the tiles took. */
-static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
-                          int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
-                          const int64_t *slots, int64_t num_tokens, int64_t d_in,
-                          int64_t tile_rows, int64_t tile_row_ranks, int64_t *left,
-                          int64_t *tiled) {
+/* The rows of the runs of at least `tile_rows` rows of one slot (0: none) whose rows times
+ * the slot's own rank (its most rank rows in any module) reach `tile_row_ranks`: the runs
+ * the tiles take (lora_tiles.h), judged on the whole batch before the threads split its
+ * rows (a 256-row chunk split 132 and 124 kept only one half over a 128-row rule). NULL
+ * where none is, or d_in is no multiple of a tile's 32 columns; the caller frees it. */
+static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
+                           int64_t num_modules, int64_t d_in, int64_t tile_rows,
+                           int64_t tile_row_ranks) {
     if (tile_rows <= 0 || d_in % TILE_K) return NULL;
     if (tile_rows < TILE_M) tile_rows = TILE_M;
-    int64_t *rest = NULL;
+    uint8_t *marks = NULL;
     for (int64_t first = 0, end; first < num_tokens; first = end) {
         const int64_t s = slots[first];
         for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
@@ -679,14 +677,37 @@ static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modul
         for (int64_t m = 0; m < num_modules; ++m)
             if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
         if (!own || (end - first) * own < tile_row_ranks) continue;
+        if (!marks && !(marks = calloc(num_tokens, 1))) return NULL;
+        memset(marks + first, 1, end - first);
+    }
+    return marks;
+}
+
+/* The marked runs' whole tiles of 16 rows through the tiles, every module (bf16). Returns
+ * the slots the loops take, those rows set to -1 (the caller frees it), or NULL where no
+ * run went to the tiles; `left` is then the rows with a slot left to the loops, `tiled` the
+ * rows the tiles took. */
+static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
+                          int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
+                          const int64_t *slots, int64_t num_tokens, int64_t d_in,
+                          const uint8_t *marks, int64_t *left, int64_t *tiled) {
+    if (!marks) return NULL;
+    int64_t *rest = NULL;
+    for (int64_t first = 0, end; first < num_tokens; first = end) {
+        const int64_t s = slots[first];
+        for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
+        if (s < 0 || !marks[first] || end - first < TILE_M) continue;
         const int64_t rows = (end - first) / TILE_M * TILE_M;
         /* the largest module's scratch, had before any module's rows change */
-        int64_t widest = 0;
-        for (int64_t m = 0; m < num_modules; ++m)
+        int64_t own = 0, widest = 0;
+        for (int64_t m = 0; m < num_modules; ++m) {
+            if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
             if (modules[m].d_out > widest) widest = modules[m].d_out;
-        if (!module_scratch(rows, own, d_in, widest)) continue;
+        }
+        if (!own || !module_scratch(rows, own, d_in, widest)) continue;
         if (!rest) {
             rest = malloc(num_tokens * sizeof(int64_t));
+            if (!rest) return NULL;
             memcpy(rest, slots, num_tokens * sizeof(int64_t));
             tiles_begin();
         }
@@ -712,23 +733,21 @@ static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modul
 static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_module *modules,
                                     int64_t num_modules, const float *scales, float *out,
                                     int64_t out_row, const int64_t *slots, int64_t num_tokens,
-                                    int64_t d_in, int64_t tile_rows, int64_t tile_row_ranks,
-                                    int64_t *left,
+                                    int64_t d_in, const uint8_t *marks, int64_t *left,
                                     int64_t *tiled) {
     return NULL;
 }
 
-#define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND, RUNS)                               \
+#define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND, RUNS, TILES)                        \
     static int64_t apply_modules_rows_##SUFFIX(const E *x, int64_t x_row,                       \
                                             const lora_module *modules, int64_t num_modules,  \
                                             const float *scales, E *out, int64_t out_row,     \
                                             const int64_t *slots, int64_t num_tokens,         \
                                             int64_t rank, int64_t d_in, float *y,             \
-                                            int32_t threads, int64_t tile_rows,               \
-                                            int64_t tile_row_ranks) {                         \
+                                            int32_t threads, const uint8_t *marks) {          \
         int64_t left = num_tokens, tiled = 0;                                               \
         int64_t *rest = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
-                             num_tokens, d_in, tile_rows, tile_row_ranks, &left, &tiled);   \
+                             num_tokens, d_in, marks, &left, &tiled);                       \
         if (rest) slots = rest;                                                             \
         for (int64_t m = 0; m < num_modules && left; ++m) {                                 \
             const lora_module *mod = modules + m;                                           \
@@ -747,24 +766,29 @@ static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_mo
                                      int64_t num_tokens, int64_t rank, int64_t d_in, float *y, \
                                      int32_t threads, int64_t tile_rows,                     \
                                      int64_t tile_row_ranks) {                               \
-        if (threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD) {              \
-            return apply_modules_rows_##SUFFIX(                                             \
-                x, x_row, modules, num_modules, scales, out, out_row, slots, num_tokens, rank,  \
-                d_in, y, num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1, tile_rows,         \
-                tile_row_ranks);                                                            \
-        }                                                                                   \
+        uint8_t *marks = TILES ? tile_marks(slots, num_tokens, modules, num_modules, d_in,   \
+                                            tile_rows, tile_row_ranks)                      \
+                               : NULL;                                                      \
         int64_t tiled = 0;                                                                  \
+        if (threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD) {              \
+            tiled = apply_modules_rows_##SUFFIX(                                            \
+                x, x_row, modules, num_modules, scales, out, out_row, slots, num_tokens, rank,  \
+                d_in, y, num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1, marks);            \
+            free(marks);                                                                    \
+            return tiled;                                                                   \
+        }                                                                                   \
         _Pragma("omp parallel num_threads(threads) reduction(+ : tiled)") {                 \
             const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();              \
             const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;      \
             tiled += apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules,         \
                                                  num_modules, scales, out + first * out_row, \
                                                  out_row, slots + first, last - first, rank, \
-                                                 d_in, y + first * rank, 1, tile_rows,      \
-                                                 tile_row_ranks);                           \
+                                                 d_in, y + first * rank, 1,                 \
+                                                 marks ? marks + first : NULL);             \
         }                                                                                   \
+        free(marks);                                                                        \
         return tiled;                                                                       \
     }
 
-DEFINE_APPLY_MODULES(f32, f32, lora_shrink_f32, lora_expand_f32, no_tile_runs)
-DEFINE_APPLY_MODULES(bf16, bf16, shrink_bf16_to_f32, expand_f32_to_bf16, tile_runs)
+DEFINE_APPLY_MODULES(f32, f32, lora_shrink_f32, lora_expand_f32, no_tile_runs, 0)
+DEFINE_APPLY_MODULES(bf16, bf16, shrink_bf16_to_f32, expand_f32_to_bf16, tile_runs, 1)

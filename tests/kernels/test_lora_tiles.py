@@ -165,6 +165,26 @@ def test_runs_shorter_than_the_rule_or_columns_off_the_tiles_stay_on_the_loops(n
     assert rel_error(fused, expected) < 2e-2
 
 
+def test_a_run_is_judged_whole_before_the_threads_split_it(native):
+    """40 rows of one slot under a rule of 32 rows, split 20 and 20 between two threads: the
+    run reaches the rule, so each thread sends its whole tile of 16 to the tiles."""
+    torch.manual_seed(12)
+    modules, rows = group_of((16,), group_rank=16)
+    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=32)
+    group.place(0, rows[0])
+    slots = torch.zeros(40, dtype=torch.long)
+    x = torch.randn(40, D_IN, dtype=torch.bfloat16)
+    fused = torch.zeros(40, sum(D_OUTS), dtype=torch.bfloat16)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert run(group, x, slots, torch.ones(1), fused) == 32
+    finally:
+        torch.set_num_threads(previous)
+    expected = reference(x, rows, D_OUTS, slots, torch.ones(1), torch.zeros_like(fused))
+    assert rel_error(fused, expected) < 2e-2
+
+
 def test_a_run_is_weighed_at_its_slots_own_rank(native):
     """A rank-8 slot's 48 rows (384 rows x rank) miss a floor of 1,000 that a rank-64 slot's
     32 rows (2,048) reach, in a group sized for rank 64: only the second run takes tiles."""
