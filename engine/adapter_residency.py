@@ -388,5 +388,7 @@ def _adapter_cache(spec, config, plugins, model, steps_running) -> AdapterCache:
         dtype=model.dtype,
         strict_base_model=config.strict_lora_base_model,
         choose_victim=plugins.choose_adapter_victim,
-        load_pacing=LoadPacing(busy=steps_running, windows=LoadWindows()),
+        load_pacing=LoadPacing(
+            busy=steps_running, windows=LoadWindows(share=config.adapter_load_window_share)
+        ),
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine.cpu_features import bf16_support
 
 # Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
@@ -92,6 +93,15 @@ class EngineConfig:
     max_lora_bytes: int | None = None
     max_cpu_lora_bytes: int | None = None
     strict_lora_base_model: bool = False
+    adapter_load_window_share: float = field(
+        default=WINDOW_SHARE,
+        metadata={
+            "help": "While sequences run, an adapter load beside them takes turns with the "
+            "steps: between two steps it gets this share of the median step's time. Higher "
+            "brings a cold adapter's first token sooner and stretches the running streams' "
+            "token gaps while it loads (0.5: about 1.5 steps a gap; 0.75: about 1.75)."
+        },
+    )
     weights_cache_dir: str | None = None
     plugins: tuple = field(default_factory=tuple)
     tensor_parallel_size: int = 1
@@ -156,6 +166,12 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an int >= 1 (bytes), got {value!r}")
             if value is not None:
                 _positive(name, value)
+        share = self.adapter_load_window_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 4:
+            raise ValueError(
+                f"adapter_load_window_share must be a number in (0, 4] (a share of the median "
+                f"step's time), got {share!r}"
+            )
         if None not in (self.max_loras, self.max_cpu_loras) and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"

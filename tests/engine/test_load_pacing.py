@@ -8,11 +8,13 @@ import dataclasses
 import threading
 import time
 
+import pytest
 import torch
 from tiny_llama import make_adapters
 
 from loragate.adapters import LoadPacing, LoRARequest
-from loragate.engine import SamplingParams
+from loragate.adapters.pacing import WINDOW_SHARE
+from loragate.engine import EngineConfig, SamplingParams
 
 ADAPTERS = {"first": (8, ("q_proj", "v_proj", "down_proj"), False)}
 ADAPTERS_2 = {"second": (8, ("q_proj", "v_proj", "down_proj"), False)}
@@ -112,6 +114,19 @@ def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_ll
     assert len(lent_steps) == windows.lent
     assert pauses == [], "a load given windows also paused by its CPU time"
     engine.abort_request("running")
+
+
+def test_the_operator_sets_the_windows_share(tiny_model_dir, make_llm):
+    """--adapter-load-window-share reaches the engine's windows; a share outside (0, 4] is
+    refused with its name."""
+    model_dir = str(tiny_model_dir("llama"))
+    llm = make_llm(model_dir, enable_lora=True, max_loras=2, adapter_load_window_share=0.75)
+    assert llm.llm_engine.residency.windows.share == 0.75
+    default = make_llm(model_dir, enable_lora=True, max_loras=2)
+    assert default.llm_engine.residency.windows.share == WINDOW_SHARE
+    for bad in (0, -0.5, 5, "half", True):
+        with pytest.raises(ValueError, match="adapter_load_window_share"):
+            EngineConfig(model=model_dir, adapter_load_window_share=bad)
 
 
 def test_a_load_on_the_stepping_thread_is_not_paced(tiny_model_dir, make_llm, tmp_path):
