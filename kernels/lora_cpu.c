@@ -660,14 +660,18 @@ typedef struct {
 
 /* The rows of the runs of at least `tile_rows` rows of one slot (0: none) whose rows times
  * the slot's own rank (its most rank rows in any module) reach `tile_row_ranks`: the runs
- * the tiles take (lora_tiles.h), judged on the whole batch before the threads split its
- * rows (a 256-row chunk split 132 and 124 kept only one half over a 128-row rule). NULL
- * where none is, or d_in is no multiple of a tile's 32 columns; the caller frees it. */
+ * the tiles take (lora_tiles.h), judged on the whole batch before the threads share it out
+ * (a 256-row chunk split 132 and 124 with the rows kept only one half over a 128-row
+ * rule). NULL where none is, or d_in is no multiple of a tile's 32 columns; the caller
+ * frees it. `scratch`: raised to the most scratch one thread's tiles may need. */
 static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
                            int64_t num_modules, int64_t d_in, int64_t tile_rows,
-                           int64_t tile_row_ranks) {
+                           int64_t tile_row_ranks, size_t *scratch) {
     if (tile_rows <= 0 || d_in % TILE_K) return NULL;
     if (tile_rows < TILE_M) tile_rows = TILE_M;
+    int64_t widest = 0;
+    for (int64_t m = 0; m < num_modules; ++m)
+        if (modules[m].d_out > widest) widest = modules[m].d_out;
     uint8_t *marks = NULL;
     for (int64_t first = 0, end; first < num_tokens; first = end) {
         const int64_t s = slots[first];
@@ -679,76 +683,81 @@ static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_
         if (!own || (end - first) * own < tile_row_ranks) continue;
         if (!marks && !(marks = calloc(num_tokens, 1))) return NULL;
         memset(marks + first, 1, end - first);
+        const size_t bytes = scratch_bytes((end - first) / TILE_M * TILE_M, own, d_in, widest);
+        if (bytes > *scratch) *scratch = bytes;
     }
     return marks;
 }
 
-/* The marked runs' whole tiles of 16 rows through the tiles, every module (bf16). Returns
- * the slots the loops take, those rows set to -1 (the caller frees it), or NULL where no
- * run went to the tiles; `left` is then the rows with a slot left to the loops, `tiled` the
- * rows the tiles took. */
-static int64_t *tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
-                          int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
-                          const int64_t *slots, int64_t num_tokens, int64_t d_in,
-                          const uint8_t *marks, int64_t *left, int64_t *tiled) {
-    if (!marks) return NULL;
-    int64_t *rest = NULL;
-    for (int64_t first = 0, end; first < num_tokens; first = end) {
-        const int64_t s = slots[first];
-        for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
-        if (s < 0 || !marks[first] || end - first < TILE_M) continue;
-        const int64_t rows = (end - first) / TILE_M * TILE_M;
-        /* the largest module's scratch, had before any module's rows change */
-        int64_t own = 0, widest = 0;
-        for (int64_t m = 0; m < num_modules; ++m) {
-            if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
-            if (modules[m].d_out > widest) widest = modules[m].d_out;
-        }
-        if (!own || !module_scratch(rows, own, d_in, widest)) continue;
-        if (!rest) {
-            rest = malloc(num_tokens * sizeof(int64_t));
-            if (!rest) return NULL;
-            memcpy(rest, slots, num_tokens * sizeof(int64_t));
-            tiles_begin();
-        }
-        for (int64_t m = 0; m < num_modules; ++m) {
-            const lora_module *mod = modules + m;
-            const int64_t r = mod->ranks[s];
-            if (!mod->a[s] || r <= 0) continue;
-            tile_module(x + first * x_row, x_row, (const bf16 *)mod->a[s], mod->a_row,
-                        (const bf16 *)mod->bt[s], mod->b_row, r, scales[s],
-                        out + first * out_row + mod->column, out_row, rows, d_in, mod->d_out);
-        }
-        for (int64_t t = first; t < first + rows; ++t) rest[t] = -1;
-        *tiled += rows;
-    }
+/* The slots the loops take beside the tiles: `slots` with each marked run's whole tiles of
+ * 16 rows set to -1 (the caller frees it); `left` the rows still with a slot. */
+static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const uint8_t *marks,
+                           int64_t *left) {
+    int64_t *rest = malloc(num_tokens * sizeof(int64_t));
     if (!rest) return NULL;
-    tiles_end();
+    memcpy(rest, slots, num_tokens * sizeof(int64_t));
+    for (int64_t first = 0, end; first < num_tokens; first = end) {
+        for (end = first + 1; end < num_tokens && slots[end] == slots[first];) ++end;
+        if (slots[first] >= 0 && marks[first])
+            for (int64_t t = first; t < first + (end - first) / TILE_M * TILE_M; ++t) rest[t] = -1;
+    }
     *left = 0;
     for (int64_t t = 0; t < num_tokens; ++t) *left += rest[t] >= 0;
     return rest;
 }
 
+/* Thread `i` of `n`'s share of the marked runs' whole tiles of 16 rows through the tiles,
+ * every module (bf16), in its own `scratch`: each run's tiles are shared out between the
+ * threads (a 32-row run of a prompt gives each of two threads a tile; split with the
+ * batch's rows, one thread held most of the run and the other read its weights again for
+ * a few rows on the loops). Returns the rows this thread's tiles took. */
+static int64_t tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
+                         int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
+                         const int64_t *slots, int64_t num_tokens, int64_t d_in,
+                         const uint8_t *marks, int64_t i, int64_t n, char *scratch) {
+    int64_t tiled = 0, began = 0;
+    for (int64_t first = 0, end; first < num_tokens; first = end) {
+        const int64_t s = slots[first];
+        for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
+        if (s < 0 || !marks[first]) continue;
+        const int64_t tiles = (end - first) / TILE_M;
+        const int64_t lo = tiles * i / n, hi = tiles * (i + 1) / n;
+        if (hi == lo) continue;
+        const int64_t at = first + lo * TILE_M, rows = (hi - lo) * TILE_M;
+        if (!began) tiles_begin(), began = 1;
+        for (int64_t m = 0; m < num_modules; ++m) {
+            const lora_module *mod = modules + m;
+            const int64_t r = mod->ranks[s];
+            if (!mod->a[s] || r <= 0) continue;
+            tile_module(x + at * x_row, x_row, (const bf16 *)mod->a[s], mod->a_row,
+                        (const bf16 *)mod->bt[s], mod->b_row, r, scales[s],
+                        out + at * out_row + mod->column, out_row, rows, d_in, mod->d_out,
+                        scratch);
+        }
+        tiled += rows;
+    }
+    if (began) tiles_end();
+    return tiled;
+}
+
 /* float32 takes no tiles: its loops are the reference. */
-static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_module *modules,
-                                    int64_t num_modules, const float *scales, float *out,
-                                    int64_t out_row, const int64_t *slots, int64_t num_tokens,
-                                    int64_t d_in, const uint8_t *marks, int64_t *left,
-                                    int64_t *tiled) {
-    return NULL;
+static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_module *modules,
+                                   int64_t num_modules, const float *scales, float *out,
+                                   int64_t out_row, const int64_t *slots, int64_t num_tokens,
+                                   int64_t d_in, const uint8_t *marks, int64_t i, int64_t n,
+                                   char *scratch) {
+    return 0;
 }
 
 #define DEFINE_APPLY_MODULES(SUFFIX, E, SHRINK, EXPAND, RUNS, TILES)                        \
-    static int64_t apply_modules_rows_##SUFFIX(const E *x, int64_t x_row,                       \
+    static void apply_modules_rows_##SUFFIX(const E *x, int64_t x_row,                       \
                                             const lora_module *modules, int64_t num_modules,  \
                                             const float *scales, E *out, int64_t out_row,     \
                                             const int64_t *slots, int64_t num_tokens,         \
                                             int64_t rank, int64_t d_in, float *y,             \
-                                            int32_t threads, const uint8_t *marks) {          \
-        int64_t left = num_tokens, tiled = 0;                                               \
-        int64_t *rest = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
-                             num_tokens, d_in, marks, &left, &tiled);                       \
-        if (rest) slots = rest;                                                             \
+                                            int32_t threads) {                                \
+        int64_t left = 0;                                                                   \
+        for (int64_t t = 0; t < num_tokens; ++t) left += slots[t] >= 0;                     \
         for (int64_t m = 0; m < num_modules && left; ++m) {                                 \
             const lora_module *mod = modules + m;                                           \
             SHRINK##_slots(x, x_row, mod->a, mod->ranks, mod->a_row, y, rank, slots,        \
@@ -757,8 +766,6 @@ static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_mo
                            out + mod->column, out_row, slots, num_tokens, mod->d_out,       \
                            threads);                                                        \
         }                                                                                   \
-        free(rest);                                                                         \
-        return tiled;                                                                       \
     }                                                                                       \
     int64_t lora_apply_modules_##SUFFIX(const E *x, int64_t x_row, const lora_module *modules,  \
                                      int64_t num_modules, const float *scales, E *out,       \
@@ -766,26 +773,41 @@ static inline int64_t *no_tile_runs(const float *x, int64_t x_row, const lora_mo
                                      int64_t num_tokens, int64_t rank, int64_t d_in, float *y, \
                                      int32_t threads, int64_t tile_rows,                     \
                                      int64_t tile_row_ranks) {                               \
+        const int32_t workers =                                                             \
+            threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD ? 1 : threads; \
+        size_t each = 0;                                                                    \
         uint8_t *marks = TILES ? tile_marks(slots, num_tokens, modules, num_modules, d_in,   \
-                                            tile_rows, tile_row_ranks)                      \
+                                            tile_rows, tile_row_ranks, &each)               \
                                : NULL;                                                      \
+        /* the tiles' scratch, a slice a worker; the loops take every row without it */     \
+        char *scratch = marks ? thread_scratch(each * workers) : NULL;                      \
+        int64_t left = num_tokens;                                                          \
+        int64_t *rest = scratch ? loop_slots(slots, num_tokens, marks, &left) : NULL;       \
+        const int64_t *loops = rest ? rest : slots;                                         \
         int64_t tiled = 0;                                                                  \
-        if (threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD) {              \
-            tiled = apply_modules_rows_##SUFFIX(                                            \
-                x, x_row, modules, num_modules, scales, out, out_row, slots, num_tokens, rank,  \
-                d_in, y, num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1, marks);            \
-            free(marks);                                                                    \
-            return tiled;                                                                   \
+        if (workers == 1) {                                                                 \
+            if (rest)                                                                       \
+                tiled = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
+                             num_tokens, d_in, marks, 0, 1, scratch);                       \
+            if (left)                                                                       \
+                apply_modules_rows_##SUFFIX(x, x_row, modules, num_modules, scales, out,    \
+                                            out_row, loops, num_tokens, rank, d_in, y,      \
+                                            num_tokens * rank > SERIAL_ROW_RANKS ? threads  \
+                                                                                 : 1);      \
+        } else {                                                                            \
+            _Pragma("omp parallel num_threads(workers) reduction(+ : tiled)") {             \
+                const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();          \
+                if (rest)                                                                   \
+                    tiled += RUNS(x, x_row, modules, num_modules, scales, out, out_row,     \
+                                  slots, num_tokens, d_in, marks, i, n, scratch + i * each); \
+                const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;  \
+                apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules, num_modules, \
+                                            scales, out + first * out_row, out_row,         \
+                                            loops + first, last - first, rank, d_in,        \
+                                            y + first * rank, 1);                           \
+            }                                                                               \
         }                                                                                   \
-        _Pragma("omp parallel num_threads(threads) reduction(+ : tiled)") {                 \
-            const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();              \
-            const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;      \
-            tiled += apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules,         \
-                                                 num_modules, scales, out + first * out_row, \
-                                                 out_row, slots + first, last - first, rank, \
-                                                 d_in, y + first * rank, 1,                 \
-                                                 marks ? marks + first : NULL);             \
-        }                                                                                   \
+        free(rest);                                                                         \
         free(marks);                                                                        \
         return tiled;                                                                       \
     }

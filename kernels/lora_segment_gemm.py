@@ -70,16 +70,16 @@ FLOAT32_AVX2_ROW_RANKS = 32768
 # (lora_tiles.h) from AMX_TILE_ROWS rows, where its rows times the slot's own rank reach
 # AMX_TILE_ROW_RANKS; the tiles then take the runs that products took (no products on AMX).
 # Measured by benchmarks/lora_segments.py --tiles on a 2-core Intel Xeon with AMX
-# (2026-11-28, load 0.5, a chunk of one slot beside 16 decoding rows of other slots, the
-# default model's seven projections), tiles against the loops: rank 8 1.13 at 64 rows, 1.02
-# at 128, 0.88 at 256, 0.73 at 1024; rank 16 0.97 at 64, 0.84 at 128, 0.59 at 1024; rank 64
-# 0.99 at 64, 0.75 at 128, 0.43 at 1024; rank 128 1.00 at 64, 0.85 at 128, 0.42 at 1024;
-# against the products 0.36-0.90 at every length measured (BENCHMARKS.md, issue 47). Under
-# 128 rows the two threads split a chunk's rows between them, each keeping fewer whole
-# tiles. LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a CPU without AMX
-# turns on the tiles' emulation (for tests: slow).
+# (2026-11-28, load 0.9-1.0, a chunk of one slot beside 16 decoding rows of other slots,
+# the default model's seven projections, each run's tiles shared out between the two
+# threads), tiles against the loops: rank 8 1.24 at 64 rows, 1.03 at 128, 0.92 at 256, 0.79
+# at 1024; rank 16 1.03 at 64, 0.92 at 96, 0.83-0.86 at 128, 0.53 at 1024; rank 64 1.00 at
+# 48, 0.92-0.93 at 64, 0.68-0.76 at 128, 0.36 at 1024; rank 128 1.02 at 48, 0.90-0.91 at 64,
+# 0.75-0.84 at 128, 0.34 at 1024; against the products 0.35-0.83 at every length measured
+# (BENCHMARKS.md, issue 47). LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a
+# CPU without AMX turns on the tiles' emulation (for tests: slow).
 TILE_ROWS_ENV = "LORAGATE_LORA_TILE_ROWS"
-AMX_TILE_ROWS = 128
+AMX_TILE_ROWS = 64
 AMX_TILE_ROW_RANKS = 2048
 
 

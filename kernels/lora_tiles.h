@@ -5,8 +5,9 @@
  * On a CPU with AMX one tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one into
  * 16 x 16 float32 sums, 8,192 products, so the runs go through the tiles here instead,
  * 16 rows at a time, inside the native call: no per-product cost as through oneDNN
- * (40-100 us a product for these small shapes on a 2-core Xeon), so runs of a few dozen
- * rows gain too. Rows past a run's last whole tile of 16 stay with the loops.
+ * (40-100 us a product for these small shapes on a 2-core Xeon), so runs of 64 rows gain
+ * too. Rows past a run's last whole tile of 16 stay with the loops, and the threads share
+ * out each run's tiles (lora_cpu.c: tile_runs), each packing the run's weights for itself.
  *
  * For each module of the run's slot:
  *   - A [r, d_in] is packed into tdpbf16ps's B layout (pairs of columns of A^T, that is a
@@ -237,9 +238,9 @@ typedef struct {
     bf16 *yb;
 } tile_scratch;
 
-/* Each thread's scratch memory, kept from call to call and grown as needed (freed when the
- * thread ends): a few hundred KB, which malloc would map afresh and the kernel fault in on
- * every call (a rank-64 run of 32 rows spent most of its time so, on a 2-core Xeon). */
+/* The calling thread's scratch memory, kept from call to call and grown as needed (freed
+ * when the thread ends), from which each worker of a call takes its slice: a few hundred
+ * KB a thread, which malloc would map afresh and the kernel fault in on every call. */
 typedef struct {
     char *at;
     size_t size;
@@ -285,17 +286,17 @@ static void scratch_sizes(int64_t rows, int64_t r, int64_t d_in, int64_t d_out, 
     sizes[4] = (size_t)round_up(rows * expand_ranks * sizeof(bf16), 64);
 }
 
-/* This thread's scratch for one module's run, as large as `tile_module` needs; NULL where
- * memory ran out (the caller then leaves the run to the loops). */
-static char *module_scratch(int64_t rows, int64_t r, int64_t d_in, int64_t d_out) {
+/* The scratch `tile_module` needs for `rows` rows at rank r (at most: the same for fewer
+ * rows, a lower rank or a narrower module). */
+static size_t scratch_bytes(int64_t rows, int64_t r, int64_t d_in, int64_t d_out) {
     size_t sizes[5];
     scratch_sizes(rows, r, d_in, d_out, sizes);
-    return thread_scratch(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]);
+    return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
 }
 
 /* One module's delta for `rows` rows (a multiple of 16) of one slot: x [rows, d_in] (rows
- * x_row apart, d_in a multiple of 32), A [r, d_in], Bt [r, d_out], out [rows, d_out].
- * Returns 0, having changed nothing, where no scratch memory could be had.
+ * x_row apart, d_in a multiple of 32), A [r, d_in], Bt [r, d_out], out [rows, d_out];
+ * `scratch`: scratch_bytes(rows, r, d_in, d_out) of 64-byte aligned memory.
  *
  * The shrink and then the expand go 32 rows at a time through 2 x 2 blocks of tiles, so
  * each packed block loaded (from L2: Bt's packing is up to 400 KB) serves two tiles of
@@ -303,16 +304,16 @@ static char *module_scratch(int64_t rows, int64_t r, int64_t d_in, int64_t d_out
  * waited on those loads; the expand column group by column group through the whole run
  * (the group's blocks kept in L1) waited on out's rows, read a column group at a time
  * (perf, a 2-core Xeon: two thirds of its time loading out). */
-static int tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_row,
+static void tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_row,
                         const bf16 *bt, int64_t b_row, int64_t r, float scale, bf16 *out,
-                        int64_t out_row, int64_t rows, int64_t d_in, int64_t d_out) {
+                        int64_t out_row, int64_t rows, int64_t d_in, int64_t d_out,
+                        char *scratch) {
     const int64_t shrink_ranks = round_up(r, TILE_N), expand_ranks = round_up(r, TILE_K);
     const int64_t columns = round_up(d_out, TILE_N), block = TILE_M * TILE_N;
     const int64_t pair = 2 * TILE_N; /* columns of a 2 x 2 block */
     size_t sizes[5];
     scratch_sizes(rows, r, d_in, d_out, sizes);
-    char *at = module_scratch(rows, r, d_in, d_out);
-    if (!at) return 0;
+    char *at = scratch;
     const tile_scratch s = {
         (uint32_t *)at,
         (uint32_t *)(at + sizes[0]),
@@ -355,6 +356,5 @@ static int tile_module(const bf16 *x, int64_t x_row, const bf16 *a, int64_t a_ro
                      scale);
         }
     }
-    return 1;
 }
 #endif
