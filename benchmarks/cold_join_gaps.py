@@ -27,6 +27,7 @@ from pathlib import Path
 from adapter_join import random_adapters
 
 from loragate.adapters import LoRARequest
+from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 
@@ -87,7 +88,7 @@ async def alone(engine, base_prompts, tokens: int) -> list[list[float]]:
     return stamps
 
 
-def one_run(dtype: str, paths: list[Path], run: int) -> dict:
+def one_run(dtype: str, paths: list[Path], run: int, share: float = WINDOW_SHARE) -> dict:
     llm = LLM(
         dtype=dtype,
         max_model_len=STREAM_TOKENS + 64,
@@ -97,6 +98,7 @@ def one_run(dtype: str, paths: list[Path], run: int) -> dict:
         max_loras=COLD,
         max_cpu_loras=COLD,
         max_lora_rank=64,
+        adapter_load_window_share=share,
     )
     inner = llm.llm_engine
     base_prompts = [
@@ -140,16 +142,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument(
+        "--window-share",
+        type=float,
+        default=WINDOW_SHARE,
+        help="--adapter-load-window-share: the share of the median step a load gets",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as root:
         paths = random_adapters(Path(root), COLD * args.runs)
         results = []
         for run in range(args.runs):
             load = os.getloadavg()[0]
-            result = one_run(args.dtype, paths[run * COLD : (run + 1) * COLD], run)
+            chosen = paths[run * COLD : (run + 1) * COLD]
+            result = one_run(args.dtype, chosen, run, args.window_share)
             results.append(result)
             print(f"run {run} (load average {load:.2f} before): {result}", flush=True)
-    print(f"\n# dtype {args.dtype}; {COLD} cold rank-64 adapters beside {STREAMS} streams")
+    print(
+        f"\n# dtype {args.dtype}; {COLD} cold rank-64 adapters beside {STREAMS} streams; "
+        f"window share {args.window_share}"
+    )
     print("| run | worst gap ms | median gap ms | worst / median | alone: worst / median |")
     print("|---|---|---|---|---|")
     for run, r in enumerate(results):

@@ -27,6 +27,7 @@ from adapter_join import random_adapters
 from first_token import PROMPT_TOKENS, STREAMS
 
 from loragate.adapters import LoRARequest
+from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 
@@ -92,6 +93,12 @@ def main() -> None:
         help="adapters the CPU tier holds (below rounds + 1: cold loads evict, as on a server "
         "whose tier is full, and a load's memory may be an evicted adapter's)",
     )
+    ap.add_argument(
+        "--window-share",
+        type=float,
+        default=WINDOW_SHARE,
+        help="--adapter-load-window-share: the share of the median step a load gets",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as root:
@@ -105,6 +112,7 @@ def main() -> None:
             max_loras=min(4, args.cpu_tier),
             max_cpu_loras=args.cpu_tier,
             max_lora_rank=args.rank,
+            adapter_load_window_share=args.window_share,
         )
         inner = llm.llm_engine
         warm = LoRARequest("warm", 1, str(paths[0]))
