@@ -690,9 +690,8 @@ static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_
 }
 
 /* The slots the loops take beside the tiles: `slots` with each marked run's whole tiles of
- * 16 rows set to -1 (the caller frees it); `left` the rows still with a slot. */
-static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const uint8_t *marks,
-                           int64_t *left) {
+ * 16 rows set to -1 (the caller frees it). */
+static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const uint8_t *marks) {
     int64_t *rest = malloc(num_tokens * sizeof(int64_t));
     if (!rest) return NULL;
     memcpy(rest, slots, num_tokens * sizeof(int64_t));
@@ -701,8 +700,6 @@ static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const uint8
         if (slots[first] >= 0 && marks[first])
             for (int64_t t = first; t < first + (end - first) / TILE_M * TILE_M; ++t) rest[t] = -1;
     }
-    *left = 0;
-    for (int64_t t = 0; t < num_tokens; ++t) *left += rest[t] >= 0;
     return rest;
 }
 
@@ -781,19 +778,16 @@ static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_mod
                                : NULL;                                                      \
         /* the tiles' scratch, a slice a worker; the loops take every row without it */     \
         char *scratch = marks ? thread_scratch(each * workers) : NULL;                      \
-        int64_t left = num_tokens;                                                          \
-        int64_t *rest = scratch ? loop_slots(slots, num_tokens, marks, &left) : NULL;       \
+        int64_t *rest = scratch ? loop_slots(slots, num_tokens, marks) : NULL;              \
         const int64_t *loops = rest ? rest : slots;                                         \
         int64_t tiled = 0;                                                                  \
         if (workers == 1) {                                                                 \
             if (rest)                                                                       \
                 tiled = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
                              num_tokens, d_in, marks, 0, 1, scratch);                       \
-            if (left)                                                                       \
-                apply_modules_rows_##SUFFIX(x, x_row, modules, num_modules, scales, out,    \
-                                            out_row, loops, num_tokens, rank, d_in, y,      \
-                                            num_tokens * rank > SERIAL_ROW_RANKS ? threads  \
-                                                                                 : 1);      \
+            apply_modules_rows_##SUFFIX(x, x_row, modules, num_modules, scales, out,        \
+                                        out_row, loops, num_tokens, rank, d_in, y,          \
+                                        num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1); \
         } else {                                                                            \
             _Pragma("omp parallel num_threads(workers) reduction(+ : tiled)") {             \
                 const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();          \

@@ -68,9 +68,16 @@ def reference(x, rows, d_outs, slots, scales, before):
     return out
 
 
-def run(group, x, slots, scales, fused):
+def run(group, x, slots, scales, fused, threads=None):
+    """The group's call over the batch, on `threads` threads (torch's own count if None);
+    the rows the tiles took."""
     index = kernels.lora_index(slots, group.num_slots)
-    return kernels.lora_apply_modules(x, group, slots, scales, fused, index=index)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or previous)
+    try:
+        return kernels.lora_apply_modules(x, group, slots, scales, fused, index=index)
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +112,7 @@ def test_runs_of_one_slot_on_tiles_match_the_reference(
     scales = torch.rand(len(ranks)) + 0.5
     fused = torch.randn(len(slots), sum(D_OUTS), dtype=torch.bfloat16)
     before = fused.clone()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        tiled = run(group, x, slots, scales, fused)
-    finally:
-        torch.set_num_threads(previous)
+    tiled = run(group, x, slots, scales, fused, threads=threads)
     # Whole tiles only: 32 of 33, 16, 32 of 40, none of 15, 64 of 70. Two threads split the
     # batch at row 90, inside slot 2's run, whose first 38 rows still hold two tiles.
     assert tiled == 144
@@ -175,12 +177,7 @@ def test_a_run_is_judged_whole_before_the_threads_split_it(native):
     slots = torch.zeros(40, dtype=torch.long)
     x = torch.randn(40, D_IN, dtype=torch.bfloat16)
     fused = torch.zeros(40, sum(D_OUTS), dtype=torch.bfloat16)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert run(group, x, slots, torch.ones(1), fused) == 32
-    finally:
-        torch.set_num_threads(previous)
+    assert run(group, x, slots, torch.ones(1), fused, threads=2) == 32
     expected = reference(x, rows, D_OUTS, slots, torch.ones(1), torch.zeros_like(fused))
     assert rel_error(fused, expected) < 2e-2
 
@@ -197,12 +194,7 @@ def test_a_run_is_weighed_at_its_slots_own_rank(native):
     slots = torch.tensor([0] * 48 + [1] * 32)
     x = torch.randn(len(slots), D_IN, dtype=torch.bfloat16)
     fused = torch.zeros(len(slots), sum(D_OUTS), dtype=torch.bfloat16)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert run(group, x, slots, torch.ones(2), fused) == 32
-    finally:
-        torch.set_num_threads(previous)
+    assert run(group, x, slots, torch.ones(2), fused, threads=1) == 32
     expected = reference(x, rows, D_OUTS, slots, torch.ones(2), torch.zeros_like(fused))
     assert rel_error(fused, expected) < 2e-2
 
