@@ -51,6 +51,16 @@ def group_of(ranks, group_rank, dtype=torch.bfloat16, d_in=D_IN, d_outs=D_OUTS):
     return modules, rows
 
 
+def placed_group(ranks, group_rank, tile_rows, **shapes):
+    """`group_of`'s group with every slot placed at its own rows, the tiles taking runs of
+    `tile_rows` rows (rows alone decide) and no products; with the rows placed."""
+    modules, rows = group_of(ranks, group_rank, **shapes)
+    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=tile_rows)
+    for slot, slot_rows in rows.items():
+        group.place(slot, slot_rows)
+    return group, rows
+
+
 def reference(x, rows, d_outs, slots, scales, before):
     """float64, row by row; the rank-r intermediate rounded to bf16 as PEFT's bf16 forward
     (and the kernels) round it."""
@@ -102,10 +112,7 @@ def test_runs_of_one_slot_on_tiles_match_the_reference(
         monkeypatch.setattr(lora_modules, "_native", lambda *args, **kwargs: emulated)
     torch.manual_seed(3)
     ranks = (8, 16, 24, 64, 128)
-    modules, rows = group_of(ranks, group_rank=128)
-    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=16)
-    for slot, slot_rows in rows.items():
-        group.place(slot, slot_rows)
+    group, rows = placed_group(ranks, group_rank=128, tile_rows=16)
     runs = [(0, 33), (-1, 3), (1, 16), (2, 40), (3, 15), (4, 70), (0, 1), (3, 2)]
     slots = torch.tensor([slot for slot, length in runs for _ in range(length)])
     x = torch.randn(len(slots), D_IN, dtype=torch.bfloat16)
@@ -139,27 +146,20 @@ def test_the_tiles_agree_with_the_loops_and_take_no_float32(native):
         assert run(group, x, slots, scales, fused) == (96 if tile_rows else 0)
         outs.append(fused)
     assert rel_error(outs[0], outs[1]) < 2e-2
-    modules32, rows32 = group_of((32, 64), group_rank=64, dtype=torch.float32)
-    group = kernels.LoRAModules(modules32, gemm_rows=0, tile_rows=16)
-    for slot, slot_rows in rows32.items():
-        group.place(slot, slot_rows)
+    group, _ = placed_group((32, 64), group_rank=64, tile_rows=16, dtype=torch.float32)
     fused = torch.zeros(len(slots), sum(D_OUTS))
     assert run(group, x.float(), slots, scales, fused) == 0, "float32 runs stay on the loops"
 
 
 def test_runs_shorter_than_the_rule_or_columns_off_the_tiles_stay_on_the_loops(native):
     torch.manual_seed(9)
-    modules, rows = group_of((16,), group_rank=16)
-    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=48)
-    group.place(0, rows[0])
+    group, rows = placed_group((16,), group_rank=16, tile_rows=48)
     slots = torch.zeros(40, dtype=torch.long)
     x = torch.randn(40, D_IN, dtype=torch.bfloat16)
     fused = torch.zeros(40, sum(D_OUTS), dtype=torch.bfloat16)
     assert run(group, x, slots, torch.ones(1), fused) == 0, "40 rows under a rule of 48"
     # d_in not a multiple of 32 columns: no tile fits x's rows; the loops take them all.
-    odd, odd_rows = group_of((16,), group_rank=16, d_in=72)
-    group = kernels.LoRAModules(odd, gemm_rows=0, tile_rows=16)
-    group.place(0, odd_rows[0])
+    group, odd_rows = placed_group((16,), group_rank=16, tile_rows=16, d_in=72)
     x = torch.randn(40, 72, dtype=torch.bfloat16)
     fused = torch.zeros(40, sum(D_OUTS), dtype=torch.bfloat16)
     assert run(group, x, slots, torch.ones(1), fused) == 0
@@ -171,9 +171,7 @@ def test_a_run_is_judged_whole_before_the_threads_split_it(native):
     """40 rows of one slot under a rule of 32 rows, split 20 and 20 between two threads: the
     run reaches the rule, so each thread sends its whole tile of 16 to the tiles."""
     torch.manual_seed(12)
-    modules, rows = group_of((16,), group_rank=16)
-    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=32)
-    group.place(0, rows[0])
+    group, rows = placed_group((16,), group_rank=16, tile_rows=32)
     slots = torch.zeros(40, dtype=torch.long)
     x = torch.randn(40, D_IN, dtype=torch.bfloat16)
     fused = torch.zeros(40, sum(D_OUTS), dtype=torch.bfloat16)
@@ -186,10 +184,7 @@ def test_a_run_is_weighed_at_its_slots_own_rank(native):
     """A rank-8 slot's 48 rows (384 rows x rank) miss a floor of 1,000 that a rank-64 slot's
     32 rows (2,048) reach, in a group sized for rank 64: only the second run takes tiles."""
     torch.manual_seed(11)
-    modules, rows = group_of((8, 64), group_rank=64)
-    group = kernels.LoRAModules(modules, gemm_rows=0, tile_rows=16)
-    for slot, slot_rows in rows.items():
-        group.place(slot, slot_rows)
+    group, rows = placed_group((8, 64), group_rank=64, tile_rows=16)
     group.tile_row_ranks = 1000
     slots = torch.tensor([0] * 48 + [1] * 32)
     x = torch.randn(len(slots), D_IN, dtype=torch.bfloat16)
