@@ -16,14 +16,14 @@
  *     packed A, into float32 sums, rounded to bf16 as the loops' bf16 expand rounds them
  *     (and as PEFT's bf16 lora_A output is);
  *   - Bt [r, d_out] is packed into pairs of its rows, zero past the rank and d_out;
- *   - the expand: the rounded intermediate by the packed Bt, 16 rows by up to 64 columns a
- *     pass, each sum added once to out as out + scale * sum, rounded to bf16 (the loops'
- *     rule).
+ *   - the expand: the rounded intermediate by the packed Bt, 32 rows by 32 columns a pass
+ *     (2 x 2 tiles), each sum added once to out as out + scale * sum, rounded to bf16 (the
+ *     loops' rule).
  * The sums run in another order than the loops': results agree within the bf16 rule, not
  * bit for bit. float32 never comes here (its loops stay the reference, bit-equal as before).
  *
  * Where the compiler targets AMX (-march=native on such a CPU) the tile operations are the
- * instructions, once the process has asked the kernel for the tile state (tiles_ready).
+ * instructions, once the process has asked Linux for the tile state (lora_tiles_ready).
  * Elsewhere they are emulated, operation by operation, on a tile file in memory (slow): the
  * same packing, tiling and epilogue code then runs, and is tested, on every CPU (and on an
  * AMX CPU too, built with LORA_TILES_EMULATED defined); the Python side only turns the tiles
