@@ -658,13 +658,15 @@ typedef struct {
 #define TOKENS_PER_THREAD 2
 #define SERIAL_ROW_RANKS 32
 
-/* The rows of the runs of at least `tile_rows` rows of one slot (0: none) whose rows times
- * the slot's own rank (its most rank rows in any module) reach `tile_row_ranks`: the runs
- * the tiles take (lora_tiles.h), judged on the whole batch before the threads share it out
- * (a 256-row chunk split 132 and 124 with the rows kept only one half over a 128-row
- * rule). NULL where none is, or d_in is no multiple of a tile's 32 columns; the caller
- * frees it. `scratch`: raised to the most scratch one thread's tiles may need. */
-static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
+/* The slots the loops take beside the tiles: `slots` with -1 on the whole tiles of 16 rows
+ * of each run the tiles take (lora_tiles.h): runs of at least `tile_rows` rows of one slot
+ * (0: none) whose rows times the slot's own rank (its most rank rows in any module) reach
+ * `tile_row_ranks`, judged on the whole batch before the threads share it out (a 256-row
+ * chunk split 132 and 124 with the rows kept only one half over a 128-row rule). A row set
+ * to -1 whose slot is not -1 is a tile's. NULL where no run is taken, or d_in is no
+ * multiple of a tile's 32 columns; the caller frees it. `scratch`: raised to the most
+ * scratch one thread's tiles may need. */
+static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
                            int64_t num_modules, int64_t d_in, int64_t tile_rows,
                            int64_t tile_row_ranks, size_t *scratch) {
     if (tile_rows <= 0 || d_in % TILE_K) return NULL;
@@ -672,7 +674,7 @@ static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_
     int64_t widest = 0;
     for (int64_t m = 0; m < num_modules; ++m)
         if (modules[m].d_out > widest) widest = modules[m].d_out;
-    uint8_t *marks = NULL;
+    int64_t *rest = NULL;
     for (int64_t first = 0, end; first < num_tokens; first = end) {
         const int64_t s = slots[first];
         for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
@@ -681,42 +683,33 @@ static uint8_t *tile_marks(const int64_t *slots, int64_t num_tokens, const lora_
         for (int64_t m = 0; m < num_modules; ++m)
             if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
         if (!own || (end - first) * own < tile_row_ranks) continue;
-        if (!marks && !(marks = calloc(num_tokens, 1))) return NULL;
-        memset(marks + first, 1, end - first);
-        const size_t bytes = scratch_bytes((end - first) / TILE_M * TILE_M, own, d_in, widest);
+        if (!rest) {
+            if (!(rest = malloc(num_tokens * sizeof(int64_t)))) return NULL;
+            memcpy(rest, slots, num_tokens * sizeof(int64_t));
+        }
+        const int64_t rows = (end - first) / TILE_M * TILE_M;
+        for (int64_t t = first; t < first + rows; ++t) rest[t] = -1;
+        const size_t bytes = scratch_bytes(rows, own, d_in, widest);
         if (bytes > *scratch) *scratch = bytes;
-    }
-    return marks;
-}
-
-/* The slots the loops take beside the tiles: `slots` with each marked run's whole tiles of
- * 16 rows set to -1 (the caller frees it). */
-static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const uint8_t *marks) {
-    int64_t *rest = malloc(num_tokens * sizeof(int64_t));
-    if (!rest) return NULL;
-    memcpy(rest, slots, num_tokens * sizeof(int64_t));
-    for (int64_t first = 0, end; first < num_tokens; first = end) {
-        for (end = first + 1; end < num_tokens && slots[end] == slots[first];) ++end;
-        if (slots[first] >= 0 && marks[first])
-            for (int64_t t = first; t < first + (end - first) / TILE_M * TILE_M; ++t) rest[t] = -1;
     }
     return rest;
 }
 
-/* Thread `i` of `n`'s share of the marked runs' whole tiles of 16 rows through the tiles,
- * every module (bf16), in its own `scratch`: each run's tiles are shared out between the
- * threads (a 32-row run of a prompt gives each of two threads a tile; split with the
- * batch's rows, one thread held most of the run and the other read its weights again for
- * a few rows on the loops). Returns the rows this thread's tiles took. */
+/* Thread `i` of `n`'s share of the tiles' rows (`rest` -1 where `slots` is not, as
+ * loop_slots marks them) through the tiles, every module (bf16), in its own `scratch`:
+ * each run's tiles are shared out between the threads (a 32-row run of a prompt gives
+ * each of two threads a tile; split with the batch's rows, one thread held most of the run
+ * and the other read its weights again for a few rows on the loops). Returns the rows this
+ * thread's tiles took. */
 static int64_t tile_runs(const bf16 *x, int64_t x_row, const lora_module *modules,
                          int64_t num_modules, const float *scales, bf16 *out, int64_t out_row,
                          const int64_t *slots, int64_t num_tokens, int64_t d_in,
-                         const uint8_t *marks, int64_t i, int64_t n, char *scratch) {
+                         const int64_t *rest, int64_t i, int64_t n, char *scratch) {
     int64_t tiled = 0, began = 0;
     for (int64_t first = 0, end; first < num_tokens; first = end) {
         const int64_t s = slots[first];
         for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
-        if (s < 0 || !marks[first]) continue;
+        if (s < 0 || rest[first] >= 0) continue;
         const int64_t tiles = (end - first) / TILE_M;
         const int64_t lo = tiles * i / n, hi = tiles * (i + 1) / n;
         if (hi == lo) continue;
@@ -741,7 +734,7 @@ static int64_t tile_runs(const bf16 *x, int64_t x_row, const lora_module *module
 static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_module *modules,
                                    int64_t num_modules, const float *scales, float *out,
                                    int64_t out_row, const int64_t *slots, int64_t num_tokens,
-                                   int64_t d_in, const uint8_t *marks, int64_t i, int64_t n,
+                                   int64_t d_in, const int64_t *rest, int64_t i, int64_t n,
                                    char *scratch) {
     return 0;
 }
@@ -773,18 +766,18 @@ static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_mod
         const int32_t workers =                                                             \
             threads < 2 || num_tokens < (int64_t)threads * TOKENS_PER_THREAD ? 1 : threads; \
         size_t each = 0;                                                                    \
-        uint8_t *marks = TILES ? tile_marks(slots, num_tokens, modules, num_modules, d_in,   \
-                                            tile_rows, tile_row_ranks, &each)               \
-                               : NULL;                                                      \
+        int64_t *rest = TILES ? loop_slots(slots, num_tokens, modules, num_modules, d_in,    \
+                                           tile_rows, tile_row_ranks, &each)                \
+                              : NULL;                                                       \
         /* the tiles' scratch, a slice a worker; the loops take every row without it */     \
-        char *scratch = marks ? thread_scratch(each * workers) : NULL;                      \
-        int64_t *rest = scratch ? loop_slots(slots, num_tokens, marks) : NULL;              \
+        char *scratch = rest ? thread_scratch(each * workers) : NULL;                       \
+        if (!scratch) free(rest), rest = NULL;                                              \
         const int64_t *loops = rest ? rest : slots;                                         \
         int64_t tiled = 0;                                                                  \
         if (workers == 1) {                                                                 \
             if (rest)                                                                       \
                 tiled = RUNS(x, x_row, modules, num_modules, scales, out, out_row, slots,   \
-                             num_tokens, d_in, marks, 0, 1, scratch);                       \
+                             num_tokens, d_in, rest, 0, 1, scratch);                        \
             apply_modules_rows_##SUFFIX(x, x_row, modules, num_modules, scales, out,        \
                                         out_row, loops, num_tokens, rank, d_in, y,          \
                                         num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1); \
@@ -793,7 +786,7 @@ static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_mod
                 const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();          \
                 if (rest)                                                                   \
                     tiled += RUNS(x, x_row, modules, num_modules, scales, out, out_row,     \
-                                  slots, num_tokens, d_in, marks, i, n, scratch + i * each); \
+                                  slots, num_tokens, d_in, rest, i, n, scratch + i * each);  \
                 const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;  \
                 apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules, num_modules, \
                                             scales, out + first * out_row, out_row,         \
@@ -802,7 +795,6 @@ static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_mod
             }                                                                               \
         }                                                                                   \
         free(rest);                                                                         \
-        free(marks);                                                                        \
         return tiled;                                                                       \
     }
 
