@@ -658,6 +658,52 @@ typedef struct {
 #define TOKENS_PER_THREAD 2
 #define SERIAL_ROW_RANKS 32
 
+/* What a run's first row costs over each further row of it: the first reads the slot's
+ * weights from memory (a decode row mostly waits on them), a further row only multiplies
+ * them again from cache. Rows weigh their slot's own rank besides. */
+#define FIRST_ROW_WEIGHT 8
+
+/* The rows' shares of `n` threads: thread i takes rows bounds[i] to bounds[i + 1] - 1, the
+ * (slot-sorted) rows cut where each share weighs about as much, a row weighing its slot's
+ * own rank (its most rank rows in any module), FIRST_ROW_WEIGHT times that where it starts
+ * a run of its slot, nothing where it has no slot (or the tiles took it). Split
+ * by count, a decode batch over power-law adapters gave one thread the popular slots' many
+ * rows and the other most of the distinct slots, whose weights are what a decode call
+ * reads: the first waited for the second (W3 in benchmarks/vs_vllm.py: one thread did 2.7x
+ * the other's LoRA work). Each row's sums are the same on either thread. */
+static void share_rows(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
+                       int64_t num_modules, int64_t n, int64_t *bounds) {
+    int64_t total = 0;
+    for (int64_t pass = 0; pass < 2; ++pass) {
+        int64_t sum = 0, share = 1, own = 0;
+        for (int64_t t = 0; t < num_tokens; ++t) {
+            const int64_t s = slots[t];
+            const int first = !t || s != slots[t - 1];
+            if (first) {
+                own = 0;
+                for (int64_t m = 0; s >= 0 && m < num_modules; ++m)
+                    if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
+            }
+            if (pass) /* thread `share` starts at the first row past its share's weight */
+                while (share < n && sum * n >= total * share) bounds[share++] = t;
+            sum += own * (first ? FIRST_ROW_WEIGHT : 1);
+        }
+        if (pass)
+            while (share < n) bounds[share++] = num_tokens;
+        total = sum;
+        if (!total) break;
+    }
+    bounds[0] = 0, bounds[n] = num_tokens;
+    if (!total) /* no row weighs anything: by count */
+        for (int64_t i = 1; i < n; ++i) bounds[i] = num_tokens * i / n;
+}
+
+/* share_rows as the native call plans it, for a caller to read (tests, benchmarks). */
+void lora_share_rows(const int64_t *slots, int64_t num_tokens, const lora_module *modules,
+                     int64_t num_modules, int64_t n, int64_t *bounds) {
+    share_rows(slots, num_tokens, modules, num_modules, n, bounds);
+}
+
 /* The slots the loops take beside the tiles: `slots` with -1 on the whole tiles of 16 rows
  * of each run the tiles take (lora_tiles.h): runs of at least `tile_rows` rows of one slot
  * (0: none) whose rows times the slot's own rank (its most rank rows in any module) reach
@@ -782,12 +828,16 @@ static inline int64_t no_tile_runs(const float *x, int64_t x_row, const lora_mod
                                         out_row, loops, num_tokens, rank, d_in, y,          \
                                         num_tokens * rank > SERIAL_ROW_RANKS ? threads : 1); \
         } else {                                                                            \
+            int64_t bounds[workers + 1];                                                    \
+            share_rows(loops, num_tokens, modules, num_modules, workers, bounds);           \
             _Pragma("omp parallel num_threads(workers) reduction(+ : tiled)") {             \
                 const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();          \
                 if (rest)                                                                   \
                     tiled += RUNS(x, x_row, modules, num_modules, scales, out, out_row,     \
                                   slots, num_tokens, d_in, rest, i, n, scratch + i * each);  \
-                const int64_t first = num_tokens * i / n, last = num_tokens * (i + 1) / n;  \
+                /* shares as planned, or by count where the runtime gave fewer threads */    \
+                const int64_t first = n == workers ? bounds[i] : num_tokens * i / n;         \
+                const int64_t last = n == workers ? bounds[i + 1] : num_tokens * (i + 1) / n; \
                 apply_modules_rows_##SUFFIX(x + first * x_row, x_row, modules, num_modules, \
                                             scales, out + first * out_row, out_row,         \
                                             loops + first, last - first, rank, d_in,        \

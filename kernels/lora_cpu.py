@@ -65,6 +65,7 @@ class NativeLoRA:
     without AMX) or not at all (TILES_REFUSED); asked once, when the library loads."""
 
     def __init__(self, library: ctypes.CDLL):
+        self._library = library
         self.tiles = _function(library, "lora_tiles_ready", [], ctypes.c_int)()
         self._shrink, self._expand, self._apply, self._modules = {}, {}, {}, {}
         for dtype, suffix in _SUFFIX.items():
@@ -202,6 +203,17 @@ class NativeLoRA:
             tile_rows,
             tile_row_ranks,
         )
+
+    def row_shares(self, table, num_modules: int, slots: torch.Tensor, threads: int) -> list:
+        """Where each of ``threads`` threads' shares of the (slot-sorted) rows begins, as
+        ``apply_modules`` cuts them (lora_cpu.c: share_rows, the rows weighed by their
+        slots' own ranks and the runs' first rows), and the end: ``threads + 1`` row
+        indices."""
+        shares = _function(self._library, "lora_share_rows", [_PTR, _I64, _PTR, _I64, _I64, _PTR])
+        bounds = (ctypes.c_int64 * (threads + 1))()
+        slots = slots.to(torch.int64).contiguous()
+        shares(slots.data_ptr(), slots.shape[0], table, num_modules, threads, bounds)
+        return list(bounds)
 
 
 def _float32(scales: torch.Tensor) -> torch.Tensor:

@@ -235,3 +235,70 @@ def test_any_thread_count_gives_the_same_bits(dtype, tokens):
     assert torch.equal(outputs[1], outputs[2]) and torch.equal(outputs[1], outputs[3])
     bound = 1e-5 if dtype == torch.float32 else 2e-2
     assert rel_error(outputs[2], reference(x, modules, slots, scales, before)) < bound
+
+
+def many_slots(dtype, count: int, rank: int):
+    """fused_group's modules over ``count`` slots at ``rank``, every slot holding weights."""
+    made, start = [], 0
+    for d_out in D_OUTS:
+        a = torch.randn(count, rank, D_IN, dtype=dtype)
+        bt = torch.randn(count, rank, d_out, dtype=dtype)
+        made.append((a, bt.transpose(1, 2), slice(start, start + d_out)))
+        start += d_out
+    return made
+
+
+def distinct(slots: torch.Tensor) -> int:
+    return len(set(slots.tolist()) - {-1})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_are_shared_by_the_weights_they_read(dtype):
+    """Two threads share a decode batch by what its rows read, not by their count: a popular
+    slot's 32 rows beside 32 slots of one row each (power-law adapters) give the popular
+    slot's thread more rows and fewer slots to read; single rows of high-rank slots beside
+    low-rank ones give the high ranks' thread fewer rows. A batch of base rows alone is cut
+    by count. Whatever the cut, one thread and two give the same bits, matching the float64
+    reference."""
+    torch.manual_seed(21)
+    native = lora_cpu.native_lora()
+    assert native is not None, lora_cpu.native_lora_error()
+    modules = many_slots(dtype, 40, 8)
+    group = kernels.LoRAModules(modules, gemm_rows=0)
+    placements = {slot: placed_rows(dtype, 1) for slot in range(33, 37)}
+    for slot, rows in placements.items():  # rank 1, beside slots at rank 8
+        group.place(slot, rows)
+    popular = torch.cat([torch.zeros(32, dtype=torch.int64), torch.arange(1, 33)])
+    ranks = torch.tensor([29, 30, 31, 32, 33, 34, 35, 36])
+    table, count = group.table, len(group.modules)
+    shares = native.row_shares(table, count, popular, 2)
+    assert shares[0] == 0 and shares[2] == 64
+    first, second = popular[: shares[1]], popular[shares[1] :]
+    assert shares[1] > 32, f"cut at {shares[1]}: by count, not by the weights read"
+    assert distinct(first) < distinct(second)
+
+    shares = native.row_shares(table, count, ranks, 2)
+    assert 0 < shares[1] < 4, f"cut at {shares[1]}: the rank-8 rows weigh more"
+
+    base_only = torch.full((9,), -1, dtype=torch.int64)
+    assert native.row_shares(table, count, base_only, 3) == [0, 3, 6, 9]
+
+    stacks = as_stacks(modules, placements)
+    for slots in (popular, ranks):
+        x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
+        scales = torch.rand(40) + 0.5
+        before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
+        outputs = []
+        threads = torch.get_num_threads()
+        try:
+            for threads_now in (1, 2):
+                torch.set_num_threads(threads_now)
+                out = before.clone()
+                index = kernels.lora_index(slots, 40)
+                kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
+                outputs.append(out)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(outputs[0], outputs[1])
+        bound = 1e-5 if dtype == torch.float32 else 2e-2
+        assert rel_error(outputs[1], reference(x, stacks, slots, scales, before)) < bound
