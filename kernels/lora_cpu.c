@@ -663,6 +663,15 @@ typedef struct {
  * them again from cache. Rows weigh their slot's own rank besides. */
 #define FIRST_ROW_WEIGHT 8
 
+/* A slot's own rank: the most rank rows it reads in any module (0 for -1, or a slot that
+ * adds nothing). */
+static inline int64_t own_rank(const lora_module *modules, int64_t num_modules, int64_t s) {
+    int64_t own = 0;
+    for (int64_t m = 0; s >= 0 && m < num_modules; ++m)
+        if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
+    return own;
+}
+
 /* The rows' shares of `n` threads: thread i takes rows bounds[i] to bounds[i + 1] - 1, the
  * (slot-sorted) rows cut where each share weighs about as much, a row weighing its slot's
  * own rank (its most rank rows in any module), FIRST_ROW_WEIGHT times that where it starts
@@ -679,11 +688,7 @@ static void share_rows(const int64_t *slots, int64_t num_tokens, const lora_modu
         for (int64_t t = 0; t < num_tokens; ++t) {
             const int64_t s = slots[t];
             const int first = !t || s != slots[t - 1];
-            if (first) {
-                own = 0;
-                for (int64_t m = 0; s >= 0 && m < num_modules; ++m)
-                    if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
-            }
+            if (first) own = own_rank(modules, num_modules, s);
             if (pass) /* thread `share` starts at the first row past its share's weight */
                 while (share < n && sum * n >= total * share) bounds[share++] = t;
             sum += own * (first ? FIRST_ROW_WEIGHT : 1);
@@ -725,9 +730,7 @@ static int64_t *loop_slots(const int64_t *slots, int64_t num_tokens, const lora_
         const int64_t s = slots[first];
         for (end = first + 1; end < num_tokens && slots[end] == s;) ++end;
         if (s < 0 || end - first < tile_rows) continue;
-        int64_t own = 0;
-        for (int64_t m = 0; m < num_modules; ++m)
-            if (modules[m].a[s] && modules[m].ranks[s] > own) own = modules[m].ranks[s];
+        const int64_t own = own_rank(modules, num_modules, s);
         if (!own || (end - first) * own < tile_row_ranks) continue;
         if (!rest) {
             if (!(rest = malloc(num_tokens * sizeof(int64_t)))) return NULL;
