@@ -15,14 +15,16 @@ RANK = 6
 SLOTS = 4
 
 
-def fused_group(dtype):
+def fused_group(dtype, slots: int = SLOTS, rank: int = RANK, empty: int | None = 2):
     """Per module, A [S, r, d_in] and B [S, d_out, r] as views of the slots' layout (B
-    stored transposed), slot 2 empty, and its columns of the fused output."""
+    stored transposed), slot `empty` zero (None: every slot holds weights), and its columns
+    of the fused output."""
     made, start = [], 0
     for d_out in D_OUTS:
-        a = torch.randn(SLOTS, RANK, D_IN, dtype=dtype)
-        bt = torch.randn(SLOTS, RANK, d_out, dtype=dtype)
-        a[2], bt[2] = 0, 0
+        a = torch.randn(slots, rank, D_IN, dtype=dtype)
+        bt = torch.randn(slots, rank, d_out, dtype=dtype)
+        if empty is not None:
+            a[empty], bt[empty] = 0, 0
         made.append((a, bt.transpose(1, 2), slice(start, start + d_out)))
         start += d_out
     return made
@@ -205,6 +207,22 @@ def test_bad_placements_are_named():
     assert not group.placed, "a refused placement changes nothing"
 
 
+def outputs_by_threads(x, group, slots, scales, before, num_slots, counts) -> dict:
+    """lora_apply_modules' output on a copy of `before`, per thread count of `counts`."""
+    outputs = {}
+    threads = torch.get_num_threads()
+    try:
+        for count in counts:
+            torch.set_num_threads(count)
+            out = before.clone()
+            index = kernels.lora_index(slots, num_slots)
+            kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
+            outputs[count] = out
+    finally:
+        torch.set_num_threads(threads)
+    return outputs
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 9, 40])
 def test_any_thread_count_gives_the_same_bits(dtype, tokens):
@@ -221,31 +239,10 @@ def test_any_thread_count_gives_the_same_bits(dtype, tokens):
     x = torch.randn(tokens, D_IN, dtype=dtype)
     scales = torch.rand(SLOTS) + 0.5
     before = torch.randn(tokens, sum(D_OUTS), dtype=dtype)
-    outputs = {}
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            out = before.clone()
-            index = kernels.lora_index(slots, SLOTS)
-            kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
-            outputs[count] = out
-    finally:
-        torch.set_num_threads(threads)
+    outputs = outputs_by_threads(x, group, slots, scales, before, SLOTS, (1, 2, 3))
     assert torch.equal(outputs[1], outputs[2]) and torch.equal(outputs[1], outputs[3])
     bound = 1e-5 if dtype == torch.float32 else 2e-2
     assert rel_error(outputs[2], reference(x, modules, slots, scales, before)) < bound
-
-
-def many_slots(dtype, count: int, rank: int):
-    """fused_group's modules over ``count`` slots at ``rank``, every slot holding weights."""
-    made, start = [], 0
-    for d_out in D_OUTS:
-        a = torch.randn(count, rank, D_IN, dtype=dtype)
-        bt = torch.randn(count, rank, d_out, dtype=dtype)
-        made.append((a, bt.transpose(1, 2), slice(start, start + d_out)))
-        start += d_out
-    return made
 
 
 def distinct(slots: torch.Tensor) -> int:
@@ -263,13 +260,13 @@ def test_rows_are_shared_by_the_weights_they_read(dtype):
     torch.manual_seed(21)
     native = lora_cpu.native_lora()
     assert native is not None, lora_cpu.native_lora_error()
-    modules = many_slots(dtype, 40, 8)
+    modules = fused_group(dtype, slots=40, rank=8, empty=None)
     group = kernels.LoRAModules(modules, gemm_rows=0)
     placements = {slot: placed_rows(dtype, 1) for slot in range(33, 37)}
     for slot, rows in placements.items():  # rank 1, beside slots at rank 8
         group.place(slot, rows)
     popular = torch.cat([torch.zeros(32, dtype=torch.int64), torch.arange(1, 33)])
-    ranks = torch.tensor([29, 30, 31, 32, 33, 34, 35, 36])
+    mixed = torch.tensor([29, 30, 31, 32, 33, 34, 35, 36])
     table, count = group.table, len(group.modules)
     shares = native.row_shares(table, count, popular, 2)
     assert shares[0] == 0 and shares[2] == 64
@@ -277,28 +274,18 @@ def test_rows_are_shared_by_the_weights_they_read(dtype):
     assert shares[1] > 32, f"cut at {shares[1]}: by count, not by the weights read"
     assert distinct(first) < distinct(second)
 
-    shares = native.row_shares(table, count, ranks, 2)
+    shares = native.row_shares(table, count, mixed, 2)
     assert 0 < shares[1] < 4, f"cut at {shares[1]}: the rank-8 rows weigh more"
 
     base_only = torch.full((9,), -1, dtype=torch.int64)
     assert native.row_shares(table, count, base_only, 3) == [0, 3, 6, 9]
 
     stacks = as_stacks(modules, placements)
-    for slots in (popular, ranks):
+    for slots in (popular, mixed):
         x = torch.randn(slots.shape[0], D_IN, dtype=dtype)
         scales = torch.rand(40) + 0.5
         before = torch.randn(slots.shape[0], sum(D_OUTS), dtype=dtype)
-        outputs = []
-        threads = torch.get_num_threads()
-        try:
-            for threads_now in (1, 2):
-                torch.set_num_threads(threads_now)
-                out = before.clone()
-                index = kernels.lora_index(slots, 40)
-                kernels.lora_apply_modules(x, group, slots, scales, out, index=index)
-                outputs.append(out)
-        finally:
-            torch.set_num_threads(threads)
-        assert torch.equal(outputs[0], outputs[1])
+        outputs = outputs_by_threads(x, group, slots, scales, before, 40, (1, 2))
+        assert torch.equal(outputs[1], outputs[2])
         bound = 1e-5 if dtype == torch.float32 else 2e-2
-        assert rel_error(outputs[1], reference(x, stacks, slots, scales, before)) < bound
+        assert rel_error(outputs[2], reference(x, stacks, slots, scales, before)) < bound
