@@ -450,6 +450,8 @@ class AdapterCache(CacheReports):
                 self._slots.dtype if self._slots.borrow else torch.float32,
                 vouched,
                 self._read_buffers,
+                # A GPU copies them into slots beside the step: from page-locked memory.
+                pin_memory=self._slots.device.type == "cuda",
             )
             # Larger than a whole tier: refused before anything remembers it.
             self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)

@@ -94,8 +94,14 @@ class LoRAAdapter:
     slot_rows: dict = field(default_factory=dict, repr=False, compare=False)
 
     def stack_modules(
-        self, pacing: LoadPacing = ALWAYS_PACED, dtype: torch.dtype = torch.float32
+        self,
+        pacing: LoadPacing = ALWAYS_PACED,
+        dtype: torch.dtype = torch.float32,
+        pin_memory: bool = False,
     ) -> None:
+        """Stack each module's layers (one rank, a run of layers) into ``stacked``, in
+        ``dtype``; with ``pin_memory``, in page-locked memory, which a GPU copies from
+        beside the running step (adapters/slot_copies.py)."""
         by_module: dict[str, list] = {}
         for (layer, module), (a, b) in sorted(self.weights.items()):
             by_module.setdefault(module, []).append((layer, a, b))
@@ -104,8 +110,10 @@ class LoRAAdapter:
             ranks = {a.shape[0] for _, a, _ in entries}
             if len(ranks) == 1 and layers == list(range(layers[0], layers[-1] + 1)):
                 a0, b0 = entries[0][1], entries[0][2]
-                a_stack = a0.new_empty(len(entries), *a0.shape, dtype=dtype)
-                bt_stack = b0.new_empty(len(entries), b0.shape[1], b0.shape[0], dtype=dtype)
+                a_shape = (len(entries), *a0.shape)
+                bt_shape = (len(entries), b0.shape[1], b0.shape[0])
+                a_stack = torch.empty(a_shape, dtype=dtype, pin_memory=pin_memory)
+                bt_stack = torch.empty(bt_shape, dtype=dtype, pin_memory=pin_memory)
                 for i, (_, a, b) in enumerate(entries):  # a layer at a time, paced
                     began = pacing.now()
                     a_stack[i].copy_(a)
@@ -152,6 +160,7 @@ def load_adapter(
     stack_dtype: torch.dtype = torch.float32,
     vouched: Vouch | None = None,
     buffers: ReadBuffers | None = None,
+    pin_memory: bool = False,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
     ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
@@ -159,7 +168,7 @@ def load_adapter(
     ``vouched`` (a trusted stamp of these files and the identity they hashed to), files
     whose stamps before and after the read are that stamp are not hashed again. The weights
     are read into memory ``buffers`` lends (adapters/read_buffers.py; a fresh mapping
-    without it)."""
+    without it). ``pin_memory``: the stacks in page-locked memory (for a GPU's slots)."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -191,7 +200,7 @@ def load_adapter(
                 root, spec, max_lora_rank, strict_base_model, stamp, pacing, known, lease
             )
             if stamp.same_files(stamp_files(root) or stamp):
-                adapter.stack_modules(pacing, stack_dtype)
+                adapter.stack_modules(pacing, stack_dtype, pin_memory)
                 return adapter  # the lease ends after: its mapping is kept if unviewed
     raise AdapterError(
         f"the files kept changing while being read ({READ_ATTEMPTS} tries); "

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import math
 import mmap
+from typing import NamedTuple
 
 import torch
 
 from loragate import kernels
 from loragate.adapters.loader import LoRAAdapter
 from loragate.adapters.pacing import UNPACED, LoadPacing
+from loragate.adapters.slot_copies import SlotCopies
 from loragate.adapters.spec import LoRAModelSpec
 
 
@@ -46,6 +48,7 @@ class DeviceSlots:
         device,
         dtype,
         borrow: bool = False,
+        copies: SlotCopies | None = None,
     ):
         self.spec = spec
         self.max_loras = max_loras
@@ -54,6 +57,8 @@ class DeviceSlots:
         # Slots read the CPU tier's stacks in place (the CPU only: the kernels read them
         # through host pointers).
         self.borrow = borrow and self.device.type == "cpu"
+        # How copied rows are written: on a GPU beside the step (adapters/slot_copies.py).
+        self.copies = copies or SlotCopies.for_device(spec.num_layers, self.device)
         # slot -> module -> (first layer, A [L, r, d_in], B transposed [L, r, d_out]): the
         # borrowed stacks each slot reads instead of its own rows.
         self._borrowed: dict[int, dict[str, tuple]] = {}
@@ -224,17 +229,19 @@ class DeviceSlots:
     def write(self, slot: int, adapter: LoRAAdapter) -> None:
         """Overwrite ``slot`` with ``adapter``: its weights, zeros everywhere else. With
         ``borrow``, the modules the CPU tier stacks in this dtype are read where they are
-        (through the rows `prepare` worked out, where it did)."""
-        borrowed = {}
+        (through the rows `prepare` worked out, where it did). The other modules' rows are
+        written through `copies` (adapters/slot_copies.py): on a GPU a layer at a time on a
+        side stream, the step waiting for each layer where it reads it (`ready`)."""
+        borrowed, plans = {}, {}
         for module in self.spec.modules:
             stacked = adapter.stacked.get(module)
             if self._can_borrow(stacked):
                 borrowed[module] = stacked  # its own rows stay as they are, unread
             else:
-                entries = sorted(
-                    (layer, a, b) for (layer, m), (a, b) in adapter.weights.items() if m == module
-                )
-                self._write_module(slot, module, adapter, entries)
+                plans[module] = self._plan(module, slot, adapter, stacked)
+        self.copies.run(lambda layers: self._write_layers(slot, plans, layers))
+        for module, plan in plans.items():
+            self._dirty[module][slot] = plan.rank
         self._borrow(slot, borrowed, adapter.slot_rows)
         self.scales[slot] = adapter.scale
         self._write_row_extras(slot, adapter)
@@ -244,6 +251,15 @@ class DeviceSlots:
             self.vocab_extras[slot] = rest.to(self.device, self.dtype)
         else:
             self.vocab_extras.pop(slot, None)
+
+    def ready(self, layer: int) -> None:
+        """The step waits here for ``layer``'s pending copies (on a GPU; nothing elsewhere):
+        the forward calls it before it reads the layer's slots."""
+        self.copies.ready(layer)
+
+    def wait_all(self) -> None:
+        """The step waits for every pending copy (before a CUDA graph's replay)."""
+        self.copies.wait_all()
 
     def _write_row_extras(self, slot: int, adapter: LoRAAdapter) -> None:
         """The slot's DoRA scales and lora_B biases: the adapter's, or none (ones, zeros)."""
@@ -324,21 +340,32 @@ class DeviceSlots:
                 rows.append(None)
         return tuple(rows)
 
-    def _write_module(self, slot: int, module: str, adapter: LoRAAdapter, entries) -> None:
-        stacked = adapter.stacked.get(module)
+    def _plan(self, module: str, slot: int, adapter: LoRAAdapter, stacked) -> _ModuleWrite:
+        """How ``adapter``'s rows of ``module`` are written into ``slot``: a stack that
+        overwrites every rank row that may be non-zero, or else zeros then its layers'
+        rows."""
         if stacked is not None and self._covers(module, slot, stacked):
-            # Every rank row that may be non-zero is overwritten: no zeroing first.
-            first, a_stack, bt_stack = stacked
+            return _ModuleWrite(stacked, 0, {}, stacked[1].shape[1])
+        entries = {layer: ab for (layer, m), ab in adapter.weights.items() if m == module}
+        rank = max((a.shape[0] for a, _ in entries.values()), default=0)
+        return _ModuleWrite(None, self._dirty[module][slot], entries, rank)
+
+    def _write_layers(self, slot: int, plans: dict[str, _ModuleWrite], layers: range) -> None:
+        """The planned rows of ``layers`` (a run), every module."""
+        run = slice(layers.start, layers.stop)
+        for module, plan in plans.items():
             a_all, bt_all = self._views(module, slot)
-            run, r = slice(first, first + a_stack.shape[0]), a_stack.shape[1]
-            a_all[run, :r].copy_(a_stack)
-            bt_all[run, :r].copy_(bt_stack)
-            self._dirty[module][slot] = r
-            return
-        self._zero(module, slot)
-        if entries:
-            self._copy(module, slot, entries)
-            self._dirty[module][slot] = max(a.shape[0] for _, a, _ in entries)
+            if plan.stacked is not None:
+                _, a_stack, bt_stack = plan.stacked
+                a_all[run, : plan.rank].copy_(a_stack[run], non_blocking=True)
+                bt_all[run, : plan.rank].copy_(bt_stack[run], non_blocking=True)
+                continue
+            if plan.zero:
+                a_all[run, : plan.zero].zero_()
+                bt_all[run, : plan.zero].zero_()
+            entries = [(layer, *plan.entries[layer]) for layer in layers if layer in plan.entries]
+            if entries:
+                _copy(a_all, bt_all, entries)
 
     def clear(self, slot: int) -> None:
         """Zero ``slot`` so nothing of a removed adapter can leak into later batches."""
@@ -374,22 +401,6 @@ class DeviceSlots:
             bt[:, :dirty].zero_()
             self._dirty[module][slot] = 0
 
-    def _copy(self, module: str, slot: int, entries: list) -> None:
-        a_all, bt_all = self._views(module, slot)
-        layers = [layer for layer, _, _ in entries]
-        ranks = {a.shape[0] for _, a, _ in entries}
-        first, last = layers[0], layers[-1]
-        if len(ranks) == 1 and layers == list(range(first, last + 1)):
-            # The usual case (one rank, a run of layers): one copy per tensor.
-            r = ranks.pop()
-            run = slice(first, last + 1)
-            a_all[run, :r].copy_(torch.stack([a for _, a, _ in entries]))
-            bt_all[run, :r].copy_(torch.stack([b.T for _, _, b in entries]))
-            return
-        for layer, a, b in entries:
-            a_all[layer, : a.shape[0]].copy_(a)
-            bt_all[layer, : b.shape[1]].copy_(b.T)
-
 
 def _layer_rows(stacked: tuple, layer: int):
     """One layer of a stacked module: (A [r, d_in], B transposed [r, d_out]), or None when
@@ -398,3 +409,30 @@ def _layer_rows(stacked: tuple, layer: int):
     if not first <= layer < first + a_stack.shape[0]:
         return None
     return a_stack[layer - first], bt_stack[layer - first]
+
+
+class _ModuleWrite(NamedTuple):
+    """One module's write into a slot (DeviceSlots._plan): a stack covering the slot's
+    dirty rows, copied as is; or the rank columns to zero first and the rows per layer."""
+
+    stacked: tuple | None
+    zero: int
+    entries: dict
+    rank: int  # the rank columns it leaves possibly non-zero
+
+
+def _copy(a_all: torch.Tensor, bt_all: torch.Tensor, entries: list) -> None:
+    """Each (layer, A, B) into one slot's views of all layers (``DeviceSlots._views``)."""
+    layers = [layer for layer, _, _ in entries]
+    ranks = {a.shape[0] for _, a, _ in entries}
+    first, last = layers[0], layers[-1]
+    if len(ranks) == 1 and layers == list(range(first, last + 1)):
+        # The usual case (one rank, a run of layers): one copy per tensor.
+        r = ranks.pop()
+        run = slice(first, last + 1)
+        a_all[run, :r].copy_(torch.stack([a for _, a, _ in entries]), non_blocking=True)
+        bt_all[run, :r].copy_(torch.stack([b.T for _, _, b in entries]), non_blocking=True)
+        return
+    for layer, a, b in entries:
+        a_all[layer, : a.shape[0]].copy_(a, non_blocking=True)
+        bt_all[layer, : b.shape[1]].copy_(b.T, non_blocking=True)

@@ -19,7 +19,9 @@ requests).
 
 Weights in CPU memory come into a device slot on the step that admits their request: at
 most one adapter per step, and its request runs in that step, so a burst spreads them over
-as many steps. On a GPU that is a copy. On a CPU the slot borrows the CPU tier's rows in
+as many steps. On a GPU that is a copy, run a layer at a time on a side stream beside
+the admitting step's forward, which waits for each layer's copy only where it reads it
+(adapters/slot_copies.py). On a CPU the slot borrows the CPU tier's rows in
 place (adapters/slots.py): pointing the layers' LoRA groups at them takes about 3 ms where
 copying a rank-64 adapter on every projection took 7-30 ms (float32, 2 cores). (Copying on
 a loader thread instead, into a free slot, was measured and made the running streams' worst

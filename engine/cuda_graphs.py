@@ -127,6 +127,10 @@ class DecodeGraphs:
         self.replays += 1
         self.padded_rows += bucket - n
         self.keys_run.add((bucket, rank))
+        if self.adapter_slots is not None:
+            # A slot copy still pending (adapters/slot_copies.py) is waited for here: a
+            # captured graph cannot wait on an event recorded outside it.
+            self.adapter_slots.slot_tensors.wait_all()
         if not self.capture:
             return self._forward(self._batch(bucket, rank))[:n]
         captured = self.graphs.get((bucket, rank))

@@ -36,6 +36,9 @@ class LoRAWeights(Protocol):
         self, layer: int, group: str, rank: int
     ) -> tuple[tuple[torch.Tensor, torch.Tensor, slice], ...]: ...
 
+    def ready(self, layer: int) -> None:
+        """Called before the forward reads ``layer``'s slots: waits for their copies."""
+
 
 @dataclass
 class LoRABatch:

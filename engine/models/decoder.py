@@ -180,6 +180,8 @@ class PagedDecoder:
         ``extras``: the rows of DoRA and lora_B-bias adapters (``_extra_rows``)."""
         arch = self.arch
         t = x.shape[0]
+        if batch.lora is not None:
+            batch.lora.weights.ready(i)  # the layer's slot copies, on a GPU, are done
         qkv = kernels.linear(x, layer["qkv"], layer["qkv_bias"])
         if batch.lora is not None:
             _add_lora(batch.lora, i, "qkv_proj", x, qkv, extras, layer["qkv_bias"])
