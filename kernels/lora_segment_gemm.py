@@ -70,17 +70,21 @@ FLOAT32_AVX2_ROW_RANKS = 32768
 # (lora_tiles.h) from AMX_TILE_ROWS rows, where its rows times the slot's own rank reach
 # AMX_TILE_ROW_RANKS; the tiles then take the runs that products took (no products on AMX).
 # Measured by benchmarks/lora_segments.py --tiles on a 2-core Intel Xeon with AMX
-# (2026-11-28, load 0.9-1.0, a chunk of one slot beside 16 decoding rows of other slots,
-# the default model's seven projections, each run's tiles shared out between the two
-# threads), tiles against the loops: rank 8 1.24 at 64 rows, 1.03 at 128, 0.92 at 256, 0.79
-# at 1024; rank 16 1.03 at 64, 0.92 at 96, 0.83-0.86 at 128, 0.53 at 1024; rank 64 1.00 at
-# 48, 0.92-0.93 at 64, 0.68-0.76 at 128, 0.36 at 1024; rank 128 1.02 at 48, 0.90-0.91 at 64,
-# 0.75-0.84 at 128, 0.34 at 1024; against the products 0.35-0.83 at every length measured
-# (BENCHMARKS.md, issue 47). LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a
-# CPU without AMX turns on the tiles' emulation (for tests: slow).
+# (2026-11-28 21:30 UTC, load 1.4-1.7, a chunk of one slot beside 16 decoding rows of other
+# slots, the default model's seven projections, since the loops' rows are shared between the
+# threads by the weights they read), tiles against the loops, two runs: rank 8 1.06-1.08 at
+# 16 rows, 0.82-1.06 at 24-32, 0.92-0.95 at 48, 0.81 at 64, 0.67 at 128-256; rank 16 1.00-1.08
+# at 16, 0.87-0.90 at 24, 0.83-0.92 at 32, 0.72-0.81 at 48, 0.52 at 256; rank 32 0.96 at 16,
+# 0.81-0.83 at 24-32, 0.45 at 256; rank 64 0.96-1.01 at 16, 0.86-0.87 at 24, 0.82-0.88 at 32,
+# 0.45 at 256; rank 128 1.00 at 16, 0.78 at 24, 0.46 at 256: from 24 rows at rank 16 and up,
+# from 48 at rank 8 (384 rows x rank). (Before that sharing, the same CPU kind on the same
+# day: rank 8 1.24 at 64 rows, ranks 64-128 1.00-1.02 at 48: from 64 rows and 2,048 rows x
+# rank.) Against the products 0.35-0.83 at every length measured (BENCHMARKS.md, issue 47).
+# LORAGATE_LORA_TILE_ROWS sets the rows alone (0: off), and on a CPU without AMX turns on
+# the tiles' emulation (for tests: slow).
 TILE_ROWS_ENV = "LORAGATE_LORA_TILE_ROWS"
-AMX_TILE_ROWS = 64
-AMX_TILE_ROW_RANKS = 2048
+AMX_TILE_ROWS = 24
+AMX_TILE_ROW_RANKS = 384
 
 
 @dataclass(frozen=True)
