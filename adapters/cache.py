@@ -126,8 +126,9 @@ class AdapterCache(CacheReports):
         self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
         self._cpu_bytes: dict[WeightsIdentity, int] = {}
         # Each tier's count and bytes (adapters/tier_budget.py); the CPU tier holds stacks
-        # in the slots' dtype where slots borrow them, float32 otherwise.
-        cpu_dtype = self._slots.dtype if self._slots.borrow else torch.float32
+        # in the slots' dtype where slots borrow them or copy them beside the step (a GPU),
+        # float32 otherwise (DeviceSlots.stack_dtype).
+        cpu_dtype = self._slots.stack_dtype
         self.slot_budget = TierBudget.make(
             "device slots",
             max_loras,
@@ -446,8 +447,8 @@ class AdapterCache(CacheReports):
                 self.max_lora_rank,
                 self.strict_base_model,
                 self.load_pacing,
-                # On a CPU the slots read the stacks in place: made in the slots' dtype.
-                self._slots.dtype if self._slots.borrow else torch.float32,
+                # On a CPU the slots read the stacks in place, on a GPU copy them as they are.
+                self._slots.stack_dtype,
                 vouched,
                 self._read_buffers,
                 # A GPU copies them into slots beside the step: from page-locked memory.

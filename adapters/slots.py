@@ -101,6 +101,16 @@ class DeviceSlots:
                 for group in self.groups:
                     self.module_group(layer, group, max_rank)
 
+    @property
+    def stack_dtype(self) -> torch.dtype:
+        """The dtype the CPU tier stacks an adapter's modules in (LoRAAdapter.stacked): the
+        slots' own where they borrow the stacks (a CPU) or copy them beside the step (a GPU:
+        a copy from pinned memory in the same dtype runs asynchronously, where one that
+        converts goes through a pageable temporary first); float32 otherwise."""
+        if self.borrow or self.device.type == "cuda":
+            return self.dtype
+        return torch.float32
+
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Zeros. Where slots borrow, in an anonymous mapping, whose pages take memory only
         once written: a slot that borrows its rows never writes its own (for the default

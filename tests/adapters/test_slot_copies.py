@@ -11,7 +11,7 @@ import pytest
 import torch
 from recorded_streams import RecordedStreams
 
-from loragate.adapters import load_adapter
+from loragate.adapters import AdapterCache, LoRARequest, load_adapter
 from loragate.adapters.slot_copies import SlotCopies
 from loragate.adapters.slots import DeviceSlots
 
@@ -140,3 +140,25 @@ def test_on_cuda_a_write_runs_on_the_side_stream_from_pinned_stacks(spec, make_a
     for module in spec.modules:
         assert torch.equal(slots.a[module].cpu(), at_once.a[module]), module
         assert torch.equal(slots.bt[module].cpu(), at_once.bt[module]), module
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_cpu_tier_stacks_in_the_slots_dtype_pinned(spec, make_adapter):
+    """A bf16 GPU's stacks are bf16 and pinned: the slot copy converts nothing, so it runs
+    beside the step rather than through a pageable temporary."""
+    path = make_adapter("all", rank=8, targets=list(spec.modules), seed=1)
+    cache = AdapterCache(
+        spec, max_loras=2, max_lora_rank=MAX_RANK, device="cuda", dtype=torch.bfloat16
+    )
+    slot = cache.acquire(LoRARequest("all", 1, str(path)), set())
+    stacked = [s for adapter in cache._cpu.values() for s in adapter.stacked.values()]
+    assert stacked and all(
+        a.dtype == torch.bfloat16 and a.is_pinned() and bt.is_pinned() for _, a, bt in stacked
+    )
+    cache.slot_tensors.wait_all()
+    reference = load_adapter(path, spec, MAX_RANK, stack_dtype=torch.bfloat16)
+    for module, (first, a, bt) in reference.stacked.items():
+        rank = a.shape[1]
+        assert torch.equal(cache.slot_tensors.a[module][first:, slot, :rank].cpu(), a), module
+        assert torch.equal(cache.slot_tensors.bt[module][first:, slot, :rank].cpu(), bt), module
