@@ -55,6 +55,11 @@ ONE_CALL_ROWS = (
     "test_several_constrained_rows_take_one_call_and_free_rows_are_untouched"
 )
 STAGGERED = "tests/engine/test_staggered_equality.py::"
+SLOT_COPIES = "loragate.adapters.slot_copies"
+COPY_ORDER = "tests/adapters/test_slot_copies.py::"
+COPY_ORDER += "test_a_write_goes_a_layer_at_a_time_and_ends_as_a_write_at_once"
+COPY_WAITS = "tests/engine/test_slot_copies_in_step.py::"
+COPY_WAITS += "test_the_forward_reads_each_layer_after_its_copy_and_answers_as_peft"
 PREEMPT_SWAP = STAGGERED + "test_preemption_under_tight_kv_matches_hf[swap]"
 JOINING = STAGGERED + "test_requests_joining_running_decodes_match_hf"
 EVICTED = STAGGERED + "test_prefix_cache_evicted_blocks_are_not_reused_stale"
@@ -460,6 +465,27 @@ MUTANTS = [
             ),
         ),
         first=ONE_CALL_ROWS,
+    ),
+    Mutant(
+        "slot_copy_read_unwaited",
+        "the step reads a layer's slots without waiting for its copy on the side stream",
+        (Patch(SLOT_COPIES, "SlotCopies.ready", "self.streams.wait(event)", "pass"),),
+        first=COPY_WAITS,
+    ),
+    Mutant(
+        "slot_copy_marked_before_written",
+        "a layer's copy is marked done before its rows are written",
+        (
+            Patch(
+                SLOT_COPIES,
+                "SlotCopies.run",
+                "write_layers(range(layer, layer + 1))\n"
+                "            self._pending[layer] = self.streams.mark()",
+                "self._pending[layer] = self.streams.mark()\n"
+                "            write_layers(range(layer, layer + 1))",
+            ),
+        ),
+        first=COPY_ORDER,
     ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}

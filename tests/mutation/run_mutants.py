@@ -37,6 +37,8 @@ SUBSET = [
     "tests/engine/test_penalty_counts.py",
     "tests/engine/test_output_processing.py",
     "tests/engine/test_grammar_masks.py",
+    "tests/engine/test_slot_copies_in_step.py",
+    "tests/adapters/test_slot_copies.py",
 ]
 PER_MUTANT_LIMIT_S = 900
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
