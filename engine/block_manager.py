@@ -100,14 +100,22 @@ class BlockManager:
         """Free blocks the next `num_new_tokens` take: new ones, a copy of a shared block
         they would write into, and the cached blocks of `hit` that sit in the free list."""
         hit = hit or NO_HIT
-        total = seq.num_computed_tokens + hit.num_tokens + num_new_tokens
-        new = max(0, -(-total // self.block_size) - len(seq.block_table) - len(hit.blocks))
         revived = sum(1 for block in hit.blocks if self.ref_counts[block] == 0)
-        return new + revived + (1 if self._shared_write_block(seq) is not None else 0)
+        computed = seq.num_computed_tokens + hit.num_tokens
+        new = self._new_blocks(seq, computed, num_new_tokens, len(hit.blocks))
+        return new + revived
 
-    def _shared_write_block(self, seq: Sequence) -> int | None:
-        """Index in the block table of a shared block the next token would write into."""
-        i = seq.num_computed_tokens // self.block_size
+    def _new_blocks(self, seq: Sequence, computed: int, num_new_tokens: int, extra=0) -> int:
+        """Blocks to take for `num_new_tokens` after `computed` tokens: new ones past the
+        table (and `extra` blocks about to join it), and a copy of a shared block written."""
+        total = computed + num_new_tokens
+        new = max(0, -(-total // self.block_size) - len(seq.block_table) - extra)
+        return new + (1 if self._shared_write_block(seq, computed) is not None else 0)
+
+    def _shared_write_block(self, seq: Sequence, computed: int) -> int | None:
+        """Index in the block table of a shared block the token after `computed` ones
+        would write into."""
+        i = computed // self.block_size
         if i < len(seq.block_table) and self.ref_counts[seq.block_table[i]] > 1:
             return i
         return None
@@ -115,8 +123,8 @@ class BlockManager:
     # ---- prefix cache -------------------------------------------------------------------
     def lookup_prefix(self, seq: Sequence) -> PrefixHit:
         """The cached blocks of a new sequence's longest cached prefix. Looking changes
-        nothing: `allocate` commits the hit (takes the blocks, counts their tokens as
-        computed), so a sequence refused this step needs nothing undone.
+        nothing: `allocate` takes the blocks and the scheduler counts their tokens as
+        computed, so a sequence refused this step needs nothing undone.
 
         At least the last token is always left to compute, since its logits are needed.
         """
@@ -167,9 +175,10 @@ class BlockManager:
     def allocate(
         self, seq: Sequence, num_new_tokens: int | None = None, hit: PrefixHit | None = None
     ) -> None:
-        """Admit a waiting sequence: commit its prefix-cache `hit` (the blocks become its
-        own references, their tokens count as computed, the hit rate counts it), then
-        give it blocks for its next `num_new_tokens`."""
+        """Admit a waiting sequence: take its prefix-cache `hit` (the blocks become its
+        own references, the hit rate counts it), then give it blocks for its next
+        `num_new_tokens` after the hit. The sequence's computed tokens are the scheduler's
+        to count (engine/scheduler.py)."""
         hit = hit or NO_HIT
         n = seq.num_uncomputed_tokens - hit.num_tokens if num_new_tokens is None else num_new_tokens
         if hit.blocks:
@@ -178,17 +187,17 @@ class BlockManager:
                     del self.free_ids[block]
                 self.ref_counts[block] += 1
             self.set_table(seq, list(hit.blocks))
-            seq.num_computed_tokens = hit.num_tokens
         self.queried_tokens += seq.num_tokens
         self.hit_tokens += hit.num_tokens
-        self._grow(seq, self.blocks_needed(seq, n))
+        computed = seq.num_computed_tokens + hit.num_tokens
+        self._grow(seq, self._new_blocks(seq, computed, n), computed)
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """Whether a running sequence can add its next tokens (no watermark)."""
         return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
 
     def append_slot(self, seq: Sequence, num_new_tokens: int = 1) -> None:
-        self._grow(seq, self.blocks_needed(seq, num_new_tokens))
+        self._grow(seq, self.blocks_needed(seq, num_new_tokens), seq.num_computed_tokens)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent."""
@@ -219,10 +228,10 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
-    def _grow(self, seq: Sequence, count: int) -> None:
+    def _grow(self, seq: Sequence, count: int, computed: int) -> None:
         if count > len(self.free_ids):
             raise RuntimeError(f"out of KV blocks: need {count}, {len(self.free_ids)} free")
-        shared = self._shared_write_block(seq)
+        shared = self._shared_write_block(seq, computed)
         if shared is not None:  # copy on write: the partly filled block is not ours alone
             old, new = seq.block_table[shared], self.take_free_block()
             self.ref_counts[old] -= 1

@@ -224,7 +224,8 @@ class Scheduler:
                     continue
                 seq.lora_slot = slot
             self.waiting.popleft()
-            self.block_manager.allocate(seq, n, hit)  # commits the prefix hit
+            self.block_manager.allocate(seq, n, hit)  # takes the prefix hit's blocks
+            seq.num_computed_tokens = hit.num_tokens  # and their tokens count as computed
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.add(seq, n)

@@ -72,7 +72,7 @@ def test_integrity_check_catches_a_leak():
 
 def test_a_prefix_lookup_changes_nothing_and_allocate_commits_it():
     """vLLM V1's split: looking up the prefix cache takes no block and advances nothing, so a
-    sequence the scheduler then refuses needs nothing undone; `allocate` commits the hit."""
+    sequence the scheduler then refuses needs nothing undone; `allocate` takes its blocks."""
     bm = BlockManager(num_blocks=8, block_size=4, watermark=0, enable_prefix_caching=True)
     first = make_seq(10, 0)
     bm.allocate(first)
@@ -92,6 +92,7 @@ def test_a_prefix_lookup_changes_nothing_and_allocate_commits_it():
     assert bm.blocks_needed(again, 2, hit) == 3
     bm.allocate(again, 2, hit)
     assert again.block_table[:2] == cached and len(again.block_table) == 3
-    assert again.num_computed_tokens == 8
+    # The hit's tokens are the scheduler's to count as computed (engine/scheduler.py).
+    assert again.num_computed_tokens == 0
     assert bm.stats().prefix_cache_hit_tokens == 8
     bm.check_integrity([again])
