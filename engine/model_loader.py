@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 # Part of the cache key: bump it whenever a conversion writes something different, so an
 # older cached directory is never read as a current one. 2: the tokenizer follows the
-# GGUF's add_bos_token / add_eos_token and SOURCE_RECORD records them.
-CONVERSION_VERSION = 2
+# GGUF's add_bos_token / add_eos_token and SOURCE_RECORD records them. 3: the tokenizer
+# is declared as the generic fast tokenizer (see _declare_generic_tokenizer).
+CONVERSION_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
         stage.begin("writing safetensors and the tokenizer")
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        _declare_generic_tokenizer(tmp)
         record = {"gguf": str(gguf.resolve()), "special_tokens": gguf_rule}
         (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
         tmp.rename(target)
@@ -169,3 +171,20 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
             raise
     log.info("converted %s in %.1f s; later starts read %s", gguf.name, stage.elapsed(), target)
     return target
+
+
+def _declare_generic_tokenizer(hf_dir: Path) -> None:
+    """Declare the saved tokenizer as `PreTrainedTokenizerFast`, which reads tokenizer.json
+    as it is in every transformers.
+
+    transformers' GGUF reader builds a llama file's byte-level BPE as a `LlamaTokenizerFast`
+    and saves it under `"tokenizer_class": "LlamaTokenizer"`; transformers 5.x reads that
+    class as a SentencePiece-style tokenizer of its own making, so a tool pointed at this
+    folder (guidellm, aiperf, inference-perf install 5.x) got other ids than the server's
+    and decoded them without spaces."""
+    config_file = hf_dir / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    if not (hf_dir / "tokenizer.json").is_file():
+        raise ValueError(f"the tokenizer saved in {hf_dir} has no tokenizer.json")
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))

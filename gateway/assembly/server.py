@@ -20,6 +20,7 @@ import uvicorn
 
 from loragate.engine import EngineClient
 from loragate.gateway.assembly.app import create_app
+from loragate.gateway.assembly.head_requests import HeadAsGet
 from loragate.gateway.assembly.http_limits import timed_protocol
 from loragate.gateway.observation.access_log import AccessLog
 from loragate.gateway.observation.metrics_server import MetricsServer
@@ -47,8 +48,9 @@ def build_server(
     engine: EngineClient | None = None,
     store: RegistryStore | None = None,
 ) -> uvicorn.Server:
+    app = create_app(settings, engine, store)
     config = uvicorn.Config(
-        AccessLog(create_app(settings, engine, store)),
+        AccessLog(HeadAsGet(app)),
         host=settings.host,
         port=settings.port,
         lifespan="on",
@@ -63,11 +65,12 @@ def build_server(
         ),
     )
     server = uvicorn.Server(config)
+    server.loragate_app = app  # the Litestar app inside the access log and HEAD wrappers
     server.loragate_socket = bind(settings.host, settings.port, "port")
     server.loragate_metrics = None
     if settings.metrics_port is not None:
         sock = bind(settings.host, settings.metrics_port, "metrics_port")
-        server.loragate_metrics = MetricsServer(config.app.app, settings.metrics_key, sock)
+        server.loragate_metrics = MetricsServer(app, settings.metrics_key, sock)
     return server
 
 
@@ -174,7 +177,7 @@ class BackgroundServer:
         start_timeout: float = 600.0,
     ):
         self.server = build_server(settings, engine, store)
-        self.app = self.server.config.app.app  # the Litestar app inside the access log
+        self.app = self.server.loragate_app
         self._thread = threading.Thread(target=self._run, name="loragate-http", daemon=True)
         self._start_timeout = start_timeout
         self.url = ""

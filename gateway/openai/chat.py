@@ -22,6 +22,8 @@ from loragate.gateway.openai.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     DeltaMessage,
+    final_usage,
+    usage_on_every_chunk,
 )
 from loragate.gateway.openai.tool_stream import ToolCallStreamer
 from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
@@ -149,7 +151,11 @@ async def _stream(
     request_id: str,
     created: int,
 ) -> AsyncIterator[bytes]:
+    every_chunk = usage_on_every_chunk(data.stream_options)
+
     def chunk(choices, usage=None) -> bytes:
+        if usage is None and every_chunk:
+            usage = usage_of([gen.latest])
         return sse_event(
             ChatCompletionChunk(
                 id=request_id, created=created, model=data.model, choices=choices, usage=usage
@@ -203,7 +209,7 @@ async def _stream(
                 choices += _tool_chunks(plan, streamer, c.index, text, delta, logprobs)
             for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                 yield chunk([choice])
-        if data.stream_options is not None and data.stream_options.include_usage:
+        if final_usage(data.stream_options):
             yield chunk([], usage_of([gen.latest]))
     except APIError as exc:
         yield sse_event(

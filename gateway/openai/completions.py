@@ -19,7 +19,13 @@ from loragate.gateway.openai.format import (
 )
 from loragate.gateway.openai.prompts import completion_prompts
 from loragate.gateway.openai.sampling import completion_fields, completion_params
-from loragate.gateway.openai.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from loragate.gateway.openai.schemas import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    final_usage,
+    usage_on_every_chunk,
+)
 from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
 from loragate.gateway.serving.run import run_generations
@@ -102,6 +108,7 @@ async def _stream(
     created: int,
 ) -> AsyncIterator[bytes]:
     want_logprobs = data.logprobs is not None
+    every_chunk = usage_on_every_chunk(data.stream_options)
     try:
         for p, gen in enumerate(gens):
             trackers: dict[int, DeltaTracker] = {}
@@ -126,10 +133,14 @@ async def _stream(
                 for choice in choices:  # one choice per chunk, as OpenAI and vLLM stream n > 1
                     yield sse_event(
                         CompletionResponse(
-                            id=request_id, created=created, model=data.model, choices=[choice]
+                            id=request_id,
+                            created=created,
+                            model=data.model,
+                            choices=[choice],
+                            usage=usage_of([out]) if every_chunk else None,
                         )
                     )
-        if data.stream_options is not None and data.stream_options.include_usage:
+        if final_usage(data.stream_options):
             finals = [g.latest for g in gens]
             yield sse_event(
                 CompletionResponse(

@@ -14,7 +14,21 @@ import msgspec
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
+    """OpenAI's `include_usage` (a last chunk with the request's usage) and vLLM's
+    `continuous_usage_stats` (with `include_usage`: every chunk carries the usage so far)."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+def final_usage(options: StreamOptions | None) -> bool:
+    """Whether a stream ends with a chunk that carries the request's usage."""
+    return options is not None and options.include_usage
+
+
+def usage_on_every_chunk(options: StreamOptions | None) -> bool:
+    """Whether every chunk of a stream carries the usage so far (vLLM's rule: both set)."""
+    return final_usage(options) and options.continuous_usage_stats
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):

@@ -177,6 +177,9 @@ def hf_dir_with(tiny_model_dir, tmp_path_factory):
         config_file = out / "tokenizer_config.json"
         config = json.loads(config_file.read_text())
         config["add_bos_token"] = add_bos
+        # A Llama tokenizer directory, whose class reads add_bos_token (the converted
+        # folder it is copied from declares the generic fast tokenizer, which does not).
+        config["tokenizer_class"] = "LlamaTokenizerFast"
         config_file.write_text(json.dumps(config))
         return out
 

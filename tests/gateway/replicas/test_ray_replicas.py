@@ -248,6 +248,7 @@ def _stream(api: Api, model: str, outcome: dict) -> None:
         "POST", f"{api.url}/v1/completions", json=body, headers=api.headers, timeout=120
     ) as response:
         outcome["status"] = response.status_code
+        outcome["content_type"] = response.headers.get("content-type", "")
         if response.status_code != 200:
             outcome["error"] = json.loads(response.read())["error"]
             return
@@ -301,6 +302,9 @@ def test_a_killed_replica_ends_its_requests_with_503_and_is_replaced(admin):
         assert error["code"] == "engine_unavailable", o
     for o in completed:
         assert o["tokens"] == 160 == o["usage"]["completion_tokens"], o
+    for o in outcomes:  # through replicas too, a stream is an event stream
+        if o["status"] == 200:
+            assert o["content_type"].startswith("text/event-stream"), o
 
     # Usage counts exactly the tokens served: all of each completed stream, and what a
     # failed stream delivered before its replica died; none twice.
