@@ -2,8 +2,9 @@
 adapters (all seven projections) requested while 8 streams decode, the worst token gap of
 the streams against their median gap (goal: at most 2x).
 
-The scenario of tests/engine/test_adapter_cold_start.py, in the dtype asked for and with
-the step records printed: each run is a fresh engine on the default model (SmolLM2-135M);
+The wall-clock side of tests/engine/test_adapter_cold_start.py (which proves the property
+from the step records and where each read ran), in the dtype asked for and with the step
+records printed: each run is a fresh engine on the default model (SmolLM2-135M);
 8 base streams decode, after their 8th token four requests arrive at once for four adapters
 in no memory tier (read from local disk), each decodes 32 tokens, and the streams leave a
 few tokens after the last of them. Then the same engine runs the streams alone for as many
