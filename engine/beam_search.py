@@ -1,9 +1,10 @@
 """Drives a decoding strategy (beam search by default) over a request's sequences.
 
-The strategy chooses; this module does the bookkeeping: each running beam's log-probs are
-kept until every beam of the group has them (a preempted beam may lag a step), then the
-strategy's decision forks parents (sharing KV blocks, copy-on-write) and frees the beams
-no one continues.
+The strategy chooses; this module does the bookkeeping: the runner computes each running
+beam's log-probs (`beam_logprobs`), which are kept until every beam of the group has them
+(a preempted beam may lag a step); then the strategy's decision goes through the
+scheduler, which forks parents (sharing KV blocks, copy-on-write), appends the chosen
+tokens and frees the beams no one continues.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from dataclasses import asdict
 
 import torch
 
-from loragate.engine.block_manager import BlockManager
-from loragate.engine.scheduler import Scheduler
-from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.sequence import Request, Sequence
 from loragate.plugins import PluginError
 
 
@@ -46,56 +45,45 @@ def start(request: Request, plugins, eos_token_ids: set[int], max_tokens: int) -
     request.beam = BeamGroup(strategy, state, request.seqs[0], plugin_name)
 
 
-class BeamSearchDriver:
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        block_manager: BlockManager,
-        new_sequence: Callable[[Request, int], Sequence],
-        finish: Callable[[Sequence, str], None],
-        apply_logits_processors: Callable,
-        fail: Callable[[Request, Exception], None],
-    ):
-        self.scheduler = scheduler
-        self.block_manager = block_manager
-        self.new_sequence = new_sequence
-        self.finish = finish
-        self.apply_logits_processors = apply_logits_processors
-        self.fail = fail
+def beam_logprobs(seqs: list[Sequence], logits: torch.Tensor, apply_logits_processors):
+    """Each beam row's log-probs after its request's logits processors and beam temperature
+    (the runner's part); a processor's failure stands in its row."""
+    errors: list = [None] * len(seqs)
+    processed = apply_logits_processors(seqs, logits, errors)
+    temperatures = [s.request.params.beam_temperature for s in seqs]
+    if any(t != 1.0 for t in temperatures):  # scores as vLLM's LLM.beam_search scales them
+        scale = torch.tensor(temperatures, device=processed.device)
+        processed = processed.float() / scale[:, None]
+    logprobs = torch.log_softmax(processed.float(), dim=-1)
+    return [e if e is not None else row for row, e in zip(logprobs, errors, strict=True)]
 
-    def step(self, sampled: list[Sequence], logits: torch.Tensor, touched: dict):
-        """Beam groups take their log-probs here; the rest goes on to the sampler."""
-        beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
-        if not beam_rows:
-            return sampled, logits
-        seqs = [sampled[i] for i in beam_rows]
-        errors: list = [None] * len(seqs)
-        processed = self.apply_logits_processors(seqs, logits[beam_rows], errors)
-        temperatures = [s.request.params.beam_temperature for s in seqs]
-        if any(t != 1.0 for t in temperatures):  # scores as vLLM's LLM.beam_search scales them
-            scale = torch.tensor(temperatures, device=processed.device)
-            processed = processed.float() / scale[:, None]
-        logprobs = torch.log_softmax(processed.float(), dim=-1)
-        for seq, row, error in zip(seqs, logprobs, errors, strict=True):
-            if error is not None:
-                self.fail(seq.request, error)
+
+class BeamSearchDriver:
+    """The scheduler's part: each beam's log-probs wait for its group, whose strategy then
+    decides; the scheduler applies the decision (engine/scheduler.py)."""
+
+    def __init__(self, scheduler, new_sequence: Callable[[Request, int], Sequence]):
+        self.scheduler = scheduler
+        self.new_sequence = new_sequence
+
+    def step(self, beams: list[tuple[Sequence, torch.Tensor | Exception]], touched: dict):
+        """Take each beam row's log-probs (or the error that failed its request), then step
+        every group whose beams all have theirs."""
+        for seq, row in beams:
+            if isinstance(row, Exception):
+                self.scheduler.fail(seq.request, row)
                 touched[seq.request.request_id] = seq.request
             elif not seq.finished:
-                self.record(seq, row)
-        for request in {s.request.request_id: s.request for s in seqs}.values():
+                seq.beam_logprobs = row
+        for request in {s.request.request_id: s.request for s, _ in beams}.values():
             if request.finished:
                 continue
             try:
                 if self.step_if_ready(request):
                     touched[request.request_id] = request
             except Exception as exc:  # the strategy failed this group alone
-                self.fail(request, strategy_error(exc, request.beam.plugin_name))
+                self.scheduler.fail(request, strategy_error(exc, request.beam.plugin_name))
                 touched[request.request_id] = request
-        rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
-        return [sampled[i] for i in rest], logits[rest]
-
-    def record(self, seq: Sequence, logprobs: torch.Tensor) -> None:
-        seq.beam_logprobs = logprobs
 
     def step_if_ready(self, request: Request) -> bool:
         """Advance the group once every running beam has its log-probs; True when done."""
@@ -111,7 +99,7 @@ class BeamSearchDriver:
             group.done = True
             group.results = group.strategy.finish(group.state)
             for beam in group.beams:
-                self.finish(beam, "stop")
+                self.scheduler.finish(beam, "stop")
             group.beams = []
         return group.done
 
@@ -123,25 +111,17 @@ class BeamSearchDriver:
             parent = old[p]
             if p in taken:
                 child = self.new_sequence(request, len(request.seqs))
-                child.token_ids = list(parent.token_ids)
-                child.num_computed_tokens = parent.num_computed_tokens
-                child.cumulative_logprob = parent.cumulative_logprob
                 request.seqs.append(child)
-                if parent.status is SequenceStatus.RUNNING:
-                    self.block_manager.fork(parent, child)
-                    self.scheduler.add_running(child, parent.lora_slot)
-                else:  # the parent was preempted meanwhile: recompute the child too
-                    child.num_computed_tokens = 0
-                    self.scheduler.add(child)
+                self.scheduler.fork(parent, child)
                 new.append(child)
             else:
                 taken.add(p)
                 new.append(parent)
         for seq, token in zip(new, tokens, strict=True):
-            seq.token_ids.append(token)
+            self.scheduler.append_token(seq, token)
         for p, beam in enumerate(old):
             if p not in taken:
-                self.finish(beam, "stop")
+                self.scheduler.finish(beam, "stop")
         group.beams = new
 
 

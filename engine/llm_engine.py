@@ -27,27 +27,24 @@ from loragate.engine.cpu_features import warn_if_emulated_bf16
 from loragate.engine.cuda_graphs import decode_graphs_for
 from loragate.engine.engine_args import engine_config_from
 from loragate.engine.fair_share import FairShare, check_tenant_weight
-from loragate.engine.forks import fork_pending
 from loragate.engine.input_processor import InputProcessor, PromptInput, check_request
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.lora_capacity import lora_capacity
 from loragate.engine.model_loader import load_config, load_tokenizer, load_weights, resolve_model
 from loragate.engine.model_runner import ModelRunner
 from loragate.engine.models import build_model
-from loragate.engine.output_builder import prompt_logprobs, record_failure
+from loragate.engine.output_builder import prompt_logprobs
 from loragate.engine.output_processor import OutputProcessor
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.plugin_data import model_info, preemption_victim, request_info
-from loragate.engine.sample_dispatch import SampleDispatcher
 from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
-from loragate.engine.sequence import Request, Sequence, SequenceStatus, sample_generator
+from loragate.engine.sequence import Request, Sequence, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.step_budget import step_budget_for
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
-from loragate.engine.stopping import stop_by_token
 from loragate.engine.swap import KVSwapper
 from loragate.plugins import PluginManager
 
@@ -112,6 +109,7 @@ class LLMEngine:
         log.info("step budget: %s", self.step_budget.describe())
         self.step_records = StepRecords()  # what each step ran (tests assert on it)
         self.fair_share = FairShare()  # service per tenant: the `fair` policy and metrics
+        self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -123,31 +121,26 @@ class LLMEngine:
             admission_order=AdmissionOrder(
                 config.scheduling_policy, self.plugins.order_waiting, self.fair_share
             ),
+            fair_share=self.fair_share,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            new_sequence=self._new_sequence,
+        )
+        sampler = Sampler(
+            self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
         )
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            self.block_manager,
             self.residency,
+            sampler=sampler,
+            plugins=self.plugins,
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
         self.runner.decode_graphs = decode_graphs_for(config, self.runner, self.max_model_len)
-        self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
-        sampler = Sampler(
-            self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
-        )
-        self.dispatcher = SampleDispatcher(sampler, self.plugins, self.runner.input_batch)
         self.inputs = InputProcessor(
             self.tokenizer, self.special_token_rule, self.model.vocab_size, self.max_model_len
-        )
-        self.beams = beam_search.BeamSearchDriver(
-            self.scheduler,
-            self.block_manager,
-            self._new_sequence,
-            lambda seq, reason: self._finish(seq, reason, None),
-            self.dispatcher.apply_logits_processors,
-            self._fail,
         )
         self._model_info = model_info(self.tokenizer, self.model.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -158,7 +151,16 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self._seq_ids = count()
         self.num_prompt_tokens = 0
-        self.num_generation_tokens = 0
+
+    @property
+    def num_generation_tokens(self) -> int:
+        """Tokens sampled so far (the scheduler takes each)."""
+        return self.scheduler.num_generation_tokens
+
+    @property
+    def dispatcher(self):
+        """The runner's sampler dispatch (tests swap its sampler)."""
+        return self.runner.dispatcher
 
     @classmethod
     def from_engine_args(cls, engine_args) -> LLMEngine:
@@ -228,9 +230,7 @@ class LLMEngine:
         request = self._forget(request_id)
         if request is None:
             return False
-        for seq in request.seqs:
-            if not seq.finished:
-                self._finish(seq, "abort", None)
+        self.scheduler.finish_request(request, "abort")
         self._events.append((False, request))
         self.plugins.request_finished(request_info(request))
         return True
@@ -244,9 +244,7 @@ class LLMEngine:
             if self.requests.get(request.request_id) is not request:
                 continue  # it ended already
             seq = request.seqs[stop.index]
-            if not seq.finished:
-                del seq.token_ids[seq.prompt_len + stop.num_output_tokens :]
-                self._finish(seq, stop.finish_reason, stop.stop_reason)
+            self.scheduler.stop(seq, stop.num_output_tokens, stop.finish_reason, stop.stop_reason)
             if request.finished:
                 self._forget(request.request_id)
                 self.plugins.request_finished(request_info(request))
@@ -297,6 +295,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         failed = self._fail_unscheduled(scheduled)
         if scheduled.empty:
+            self.runner.execute(scheduled)  # rows of sequences that left are given back
             if not failed and self.residency is not None:
                 self.residency.wait(timeout=0.05)  # all that is left waits on a load
             return self.step_output(failed)
@@ -305,8 +304,9 @@ class LLMEngine:
         window_ms = 0.0
         if self.residency is not None and self.residency.lend_window() > 0:
             window_ms = clock.set_aside()
-        sampled, logits = self.runner.run(scheduled, clock)
-        records = failed + self._postprocess(scheduled, sampled, logits, clock)
+        result = self.runner.execute(scheduled, clock)
+        records = failed + self._records(self.scheduler.update_from_output(scheduled, result))
+        clock.lap("output")
         ms = (time.perf_counter() - start) * 1e3 - window_ms
         self._record_step(scheduled, ms, clock, window_ms)
         return self.step_output(records)
@@ -329,55 +329,14 @@ class LLMEngine:
         """Requests whose adapter could not take a slot this step end here, alone."""
         touched: dict[str, Request] = {}
         for seq, error in scheduled.failed:
-            self._fail(seq.request, error)
+            self.scheduler.fail(seq.request, error)
             touched[seq.request.request_id] = seq.request
-        return self._records(touched)
+        return self._records(list(touched.values()))
 
-    def _postprocess(
-        self, scheduled, sampled: list[Sequence], logits, clock: StepClock | None = None
-    ) -> list[RequestTokens]:
-        clock = clock or StepClock()
-        for item in scheduled.prefills:
-            self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
-        for item in scheduled.prefills + scheduled.decodes:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_full_blocks(item.seq)
-        sampled, logits = fork_pending(sampled, logits, self.block_manager, self.scheduler)
-        touched: dict[str, Request] = {}
-        sampled, logits = self.beams.step(sampled, logits, touched)
-        # Forks of this step (and a step run from a CUDA graph, which skips prepare) take
-        # their rows here: the sampler reads each sequence's parameters from its row.
-        self.runner.input_batch.sync(self.block_manager.take_changed_tables())
-        results = self.dispatcher.sample(sampled, logits) if sampled else []
-        clock.lap("sample")
-        now = time.monotonic()
-        for seq, result in zip(sampled, results, strict=True):
-            touched[seq.request.request_id] = seq.request
-            if isinstance(result, Exception):
-                self._fail(seq.request, result)
-                continue
-            if seq.finished:  # its request failed through a sibling this step
-                continue
-            self._append_token(seq, result)
-            if seq.request.first_token_time is None:
-                seq.request.first_token_time = now
-        records = self._records(touched)
-        clock.lap("output")
-        return records
-
-    def _fail(self, request: Request, error: Exception) -> None:
-        """Something failed for this request alone: finish it (freeing its KV blocks) and
-        say why; the engine and every other request go on. A plugin's error names the
-        plugin; anything else is logged in full and reported without internals."""
-        record_failure(request, error)
-        for seq in request.seqs:
-            if not seq.finished:
-                self._finish(seq, "error", None)
-        request.pending_forks = []
-
-    def _records(self, touched: dict[str, Request]) -> list[RequestTokens]:
+    def _records(self, touched: list[Request]) -> list[RequestTokens]:
+        """What the step hands on of each request it touched."""
         records = []
-        for request in touched.values():
+        for request in touched:
             record = self._record(request)
             if record is not None:
                 records.append(record)
@@ -386,32 +345,6 @@ class LLMEngine:
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         params = request.params
         return Sequence(next(self._seq_ids), request, index, sample_generator(params.seed, index))
-
-    def _append_token(self, seq: Sequence, result) -> None:
-        """Take the token; stop by token id, EOS, max_tokens or the context limit here (the
-        text and stop strings are output processing's)."""
-        seq.token_ids.append(result.token_id)
-        seq.unreported.append(result)
-        self.num_generation_tokens += 1
-        self.fair_share.charge(seq.request, output_tokens=1)
-        if seq.cumulative_logprob is not None:
-            seq.cumulative_logprob += result.logprob
-        decision = stop_by_token(
-            seq.request.params,
-            seq.num_tokens - seq.prompt_len,
-            result.token_id,
-            self.eos_token_ids,
-            seq.num_tokens,
-            self.max_model_len,
-        )
-        if decision is not None:
-            self._finish(seq, decision.finish_reason, decision.stop_reason)
-
-    def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
-        self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
 
     def _record(self, request: Request) -> RequestTokens | None:
         """What output processing needs of a request this step touched, copied."""

@@ -1,22 +1,38 @@
-"""Builds one flat ForwardBatch from the scheduler's choice and runs the model on it."""
+"""Runs the scheduler's choice: the persistent batch (InputBatch) brought up to date from
+the SchedulerOutput, one flat ForwardBatch through the model, then each sampling row's token
+(or beam row's log-probs) as a ModelRunnerOutput. The runner is the only owner of the
+InputBatch: no other module reads or writes it (tests/engine/test_step_ownership.py)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import torch
 
 from loragate import kernels
+from loragate.engine.beam_search import beam_logprobs
 from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, LoRABatch, PrefillAttention
 from loragate.engine.input_batch import InputBatch
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models import PagedDecoder
-from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput
+from loragate.engine.sample_dispatch import SampleDispatcher
+from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput, slot_order
 from loragate.engine.sequence import Sequence
 from loragate.engine.step_record import StepClock
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step computed: each sampling sequence's SampleResult (or the exception that
+    failed it), and each beam's log-probs (or the error of its request's processors)."""
+
+    sampled: list[Sequence] = field(default_factory=list)
+    samples: list = field(default_factory=list)
+    beams: list[tuple[Sequence, object]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -24,16 +40,16 @@ class ModelRunner:
         self,
         model: PagedDecoder,
         kv_cache: KVCache,
-        block_manager,
         adapter_slots=None,
         decode_graphs: DecodeGraphs | None = None,
         *,
+        sampler=None,
+        plugins=None,
         max_num_seqs: int = 64,
         max_model_len: int = 2048,
     ):
         self.model = model
         self.kv_cache = kv_cache
-        self.block_manager = block_manager
         self.block_size = kv_cache.block_size
         self.device = model.device
         self.adapter_slots = adapter_slots  # the AdapterResidency, when LoRA is enabled
@@ -42,6 +58,33 @@ class ModelRunner:
         self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
         # Block tables persist between steps, a row per sequence (engine/input_batch.py).
         self.input_batch = InputBatch(max_num_seqs, -(-max_model_len // self.block_size))
+        # Which sampler each row uses; the built-in one reads the rows' sampling columns.
+        self.dispatcher = SampleDispatcher(sampler, plugins, self.input_batch)
+
+    def execute(
+        self, scheduled: SchedulerOutput, clock: StepClock | None = None
+    ) -> ModelRunnerOutput:
+        """Run the step: each sampling sequence's token, each beam's log-probs. `clock` (the
+        step's) gets the prepare, forward and sample phases."""
+        clock = clock or StepClock()
+        self.input_batch.sync(scheduled.changed_tables)
+        self._copy_on_write(scheduled.copies)
+        if scheduled.empty:
+            return ModelRunnerOutput()
+        sampled, logits = self.run(scheduled, clock)
+        sampled, logits = _with_forks(sampled, logits, scheduled.forks)
+        out = ModelRunnerOutput()
+        beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
+        if beam_rows:  # beam groups take log-probs; the rest goes on to the sampler
+            seqs = [sampled[i] for i in beam_rows]
+            rows = beam_logprobs(seqs, logits[beam_rows], self.dispatcher.apply_logits_processors)
+            out.beams = list(zip(seqs, rows, strict=True))
+            rest = [i for i, s in enumerate(sampled) if s.request.beam is None]
+            sampled, logits = [sampled[i] for i in rest], logits[rest]
+        if sampled:
+            out.sampled, out.samples = sampled, self.dispatcher.sample(sampled, logits)
+        clock.lap("sample")
+        return out
 
     def run(
         self, scheduled: SchedulerOutput, clock: StepClock | None = None
@@ -49,10 +92,9 @@ class ModelRunner:
         """Logits [N, vocab] float32 for the sequences that sample this step, in that order.
         `clock` (the step's) gets the prepare and forward phases."""
         clock = clock or StepClock()
-        self._copy_on_write()
         if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
             try:
-                sampled, logits = self._run_graph(sorted(scheduled.decodes, key=_slot_order))
+                sampled, logits = self._run_graph(sorted(scheduled.decodes, key=slot_order))
                 clock.lap("forward")
                 return sampled, logits
             except GraphCaptureError:
@@ -84,8 +126,7 @@ class ModelRunner:
         slots = self.adapter_slots
         return _aligned_rank(slots.effective_rank, slots.max_lora_rank)
 
-    def _copy_on_write(self) -> None:
-        copies = self.block_manager.take_copies()
+    def _copy_on_write(self, copies: list[tuple[int, int]]) -> None:
         if copies:
             src = torch.tensor([s for s, _ in copies], device=self.device)
             dst = torch.tensor([d for _, d in copies], device=self.device)
@@ -94,11 +135,10 @@ class ModelRunner:
     def prepare(self, scheduled: SchedulerOutput) -> tuple[ForwardBatch, list[Sequence]]:
         """The step's inputs: each sequence's new tokens, and tensors cut from the persistent
         batch (block tables) and built per sequence, never per token."""
-        self.input_batch.sync(self.block_manager.take_changed_tables())
         # Grouped by adapter slot, base-model rows last, so every LoRA call of the pass
         # reads its rows in place instead of gathering and scattering them.
-        prefills = sorted(scheduled.prefills, key=_slot_order)
-        decodes = sorted(scheduled.decodes, key=_slot_order)
+        prefills = sorted(scheduled.prefills, key=slot_order)
+        decodes = sorted(scheduled.decodes, key=slot_order)
         items = prefills + decodes
         starts = [item.seq.num_computed_tokens for item in items]
         counts = [item.num_new_tokens for item in items]
@@ -229,9 +269,19 @@ def record_prompt_logprobs(rows: list[tuple[Sequence, int]], logits: torch.Tenso
         seq.request.prompt_logprobs.append(entry)
 
 
-def _slot_order(item: ScheduledSeq) -> float:
-    slot = item.seq.lora_slot
-    return slot if slot >= 0 else float("inf")
+def _with_forks(sampled: list[Sequence], logits: torch.Tensor, forks: list[ScheduledSeq]):
+    """Each fork samples from its parent's logits row, right after it."""
+    if not forks:
+        return sampled, logits
+    children: dict[int, list[Sequence]] = {}
+    for item in forks:
+        children.setdefault(item.parent.seq_id, []).append(item.seq)
+    rows, expanded = [], []
+    for i, seq in enumerate(sampled):
+        for s in [seq, *children.get(seq.seq_id, ())]:
+            rows.append(i)
+            expanded.append(s)
+    return expanded, logits[rows]
 
 
 def _aligned_rank(rank: int, max_rank: int) -> int:

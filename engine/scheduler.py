@@ -13,16 +13,20 @@ without holding up the others.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from loragate.engine.adapter_residency import AdapterNotReady
 from loragate.engine.admission_order import AdmissionOrder
+from loragate.engine.beam_search import BeamSearchDriver
 from loragate.engine.block_manager import BlockManager
+from loragate.engine.output_builder import record_failure
 from loragate.engine.plugin_data import preemption_victim
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.stopping import stop_by_token
 from loragate.engine.swap import KVSwapper
 from loragate.plugins.builtin.preemption import newest_first_victim
 
@@ -36,6 +40,9 @@ class AdapterSlots(Protocol):
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
+    # A fork (samples 2..n of a request) takes its parent's logits row this step: the
+    # parent's tokens are computed once, and the fork shares their blocks.
+    parent: Sequence | None = None
 
     @property
     def samples(self) -> bool:
@@ -54,6 +61,12 @@ class SchedulerOutput:
     # Running decodes that got no place in this step without being preempted: stall-free
     # scheduling keeps this empty (the step records show it).
     decodes_left_out: list[int] = field(default_factory=list)
+    # Samples 2..n forked this step from a sequence whose prompt's last token runs in it.
+    forks: list[ScheduledSeq] = field(default_factory=list)
+    # The sequences whose block tables changed since the last step (one without blocks
+    # gives its row of the persistent batch back), and copy-on-write (src, dst) blocks.
+    changed_tables: dict[int, Sequence] = field(default_factory=dict)
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -80,6 +93,10 @@ class Scheduler:
         swapper: KVSwapper | None = None,
         choose_preemption_victim: Callable[[list[Sequence]], Sequence] | None = None,
         admission_order: Callable[[list[Sequence]], list[Sequence]] | None = None,
+        fair_share=None,
+        eos_token_ids: Collection[int] = (),
+        max_model_len: int | None = None,
+        new_sequence: Callable[[Request, int], Sequence] | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -95,15 +112,94 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        # What taking a token needs: the service per tenant it is charged to, and the
+        # stops that token ids alone decide (engine/stopping.py).
+        self.fair_share = fair_share
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.beams = BeamSearchDriver(self, new_sequence)
+        self.num_generation_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence, lora_slot: int) -> None:
-        """A sequence forked from a running one joins it directly."""
-        seq.lora_slot = lora_slot
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+    # ---- after the step: the one writer of computed tokens, output tokens and stops ------
+    def update_from_output(self, out: SchedulerOutput, result) -> list[Request]:
+        """Advance what the step computed, take each sampled token (stopping by token id,
+        EOS, max_tokens or the context limit), step beam groups, fail the requests whose
+        sample failed; the requests this step touched, in order."""
+        if self.fair_share is not None:
+            for item in out.prefills:
+                self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
+        for item in out.prefills + out.decodes + out.forks:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_full_blocks(item.seq)
+        touched: dict[str, Request] = {}
+        if result.beams:
+            self.beams.step(result.beams, touched)
+        now = time.monotonic()
+        for seq, sample in zip(result.sampled, result.samples, strict=True):
+            touched[seq.request.request_id] = seq.request
+            if isinstance(sample, Exception):
+                self.fail(seq.request, sample)
+                continue
+            if seq.finished:  # its request failed through a sibling this step
+                continue
+            self._take(seq, sample)
+            if seq.request.first_token_time is None:
+                seq.request.first_token_time = now
+        return list(touched.values())
+
+    def _take(self, seq: Sequence, sample) -> None:
+        """Take the sampled token; stop by token id, EOS, max_tokens or the context limit
+        here (the text and stop strings are output processing's)."""
+        seq.token_ids.append(sample.token_id)
+        seq.unreported.append(sample)
+        self.num_generation_tokens += 1
+        if self.fair_share is not None:
+            self.fair_share.charge(seq.request, output_tokens=1)
+        if seq.cumulative_logprob is not None:
+            seq.cumulative_logprob += sample.logprob
+        decision = stop_by_token(
+            seq.request.params,
+            seq.num_tokens - seq.prompt_len,
+            sample.token_id,
+            self.eos_token_ids,
+            seq.num_tokens,
+            self.max_model_len,
+        )
+        if decision is not None:
+            self.finish(seq, decision.finish_reason, decision.stop_reason)
+
+    def append_token(self, seq: Sequence, token_id: int) -> None:
+        """A token a decoding strategy chose for a beam (engine/beam_search.py)."""
+        seq.token_ids.append(token_id)
+
+    def stop(self, seq: Sequence, num_output_tokens: int, reason: str, stop_reason) -> None:
+        """Finish a sample output processing stopped (a stop string, or text that failed),
+        keeping the first `num_output_tokens` of its outputs."""
+        if not seq.finished:
+            del seq.token_ids[seq.prompt_len + num_output_tokens :]
+            self.finish(seq, reason, stop_reason)
+
+    def fail(self, request: Request, error: Exception) -> None:
+        """Something failed for this request alone: finish it (freeing its KV blocks) and
+        say why; the engine and every other request go on."""
+        record_failure(request, error)
+        self.finish_request(request, "error")
+        request.pending_forks = []
+
+    def finish_request(self, request: Request, reason: str) -> None:
+        """Finish every sequence of the request still going (an abort, a failure)."""
+        for seq in request.seqs:
+            if not seq.finished:
+                self.finish(seq, reason, None)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        self.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
 
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
@@ -130,7 +226,38 @@ class Scheduler:
                 self._schedule_waiting(out, budget)
         placed = {s.seq.seq_id for s in out.decodes} | {s.seq_id for s in out.preempted}
         out.decodes_left_out = [i for i in decoding if i not in placed]
+        self._fork_pending(out)
+        out.changed_tables = self.block_manager.take_changed_tables()
+        out.copies = self.block_manager.take_copies()
         return out
+
+    def _fork_pending(self, out: SchedulerOutput) -> None:
+        """Samples 2..n of a request join when its prompt's last token runs: they share its
+        blocks and sample from its logits row (in the order the runner runs the step)."""
+        items = sorted(out.prefills, key=slot_order) + sorted(out.decodes, key=slot_order)
+        for item in items:
+            parent = item.seq
+            if not parent.request.pending_forks or not item.samples:
+                continue
+            for child in parent.request.pending_forks:
+                self.fork(parent, child)
+                out.forks.append(ScheduledSeq(child, item.num_new_tokens, parent))
+            parent.request.pending_forks = []
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """A child copy of `parent` (its tokens so far) joins: sharing the parent's blocks
+        and slot while the parent runs, or waiting to recompute them while it does not."""
+        child.token_ids = list(parent.token_ids)
+        child.cumulative_logprob = parent.cumulative_logprob
+        if parent.status is not SequenceStatus.RUNNING:
+            child.num_computed_tokens = 0
+            self.add(child)
+            return
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.block_manager.fork(parent, child)
+        child.lora_slot = parent.lora_slot
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         active = list(self.running)  # admission order: the victim policy sees it this way
@@ -257,3 +384,9 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+
+
+def slot_order(item: ScheduledSeq) -> float:
+    """The runner's order within prefills and within decodes: by adapter slot, base last."""
+    slot = item.seq.lora_slot
+    return slot if slot >= 0 else float("inf")

@@ -182,8 +182,8 @@ def test_chunked_prefill_keeps_decodes_flowing(tiny_dir, make_llm):
         # Every running decode advances in every step the long prompt fills.
         assert decodes == {f"d{i}" for i in range(16)}
         assert sum(chunk) + len(decodes) <= 256
-        sampled, logits = engine.runner.run(scheduled)
-        engine._postprocess(scheduled, sampled, logits)
+        result = engine.runner.execute(scheduled)
+        engine._records(engine.scheduler.update_from_output(scheduled, result))
         steps_to_fill += 1
         long_seq = engine.requests["long"].seqs[0]
         if long_seq.num_computed_tokens >= 2000:

@@ -171,8 +171,8 @@ def test_preemption_policy_plugin_chooses_the_victim(tiny_dir, make_llm):
         scheduled = engine.scheduler.schedule()
         preempted += [s.request.request_id for s in scheduled.preempted]
         if not scheduled.empty:
-            sampled, logits = engine.runner.run(scheduled)
-            engine._postprocess(scheduled, sampled, logits)
+            result = engine.runner.execute(scheduled)
+            engine._records(engine.scheduler.update_from_output(scheduled, result))
     assert policy.choices and preempted
     assert preempted[0] == "r0"  # the oldest, where the built-in would take the newest
     assert preempted[: len(policy.choices)] == policy.choices[: len(preempted)]

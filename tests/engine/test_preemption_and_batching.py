@@ -57,8 +57,8 @@ def test_new_requests_join_running_decodes(tiny_model_dir, make_llm):
     assert [s.seq.request.request_id for s in scheduled.decodes] == ["a"]
     assert [s.seq.request.request_id for s in scheduled.prefills] == ["b"]
     # Run the scheduled step through, then drain.
-    sampled, logits = engine.runner.run(scheduled)
-    records = engine._postprocess(scheduled, sampled, logits)
+    result = engine.runner.execute(scheduled)
+    records = engine._records(engine.scheduler.update_from_output(scheduled, result))
     outputs = engine.process_outputs(engine.step_output(records))
     while engine.has_unfinished_requests():
         outputs += engine.step()
