@@ -4,8 +4,10 @@ Every op has a Triton kernel and a torch version with the same signature and res
 `backend=None` runs Triton on CUDA tensors and torch otherwise; "triton" or "torch" forces one
 (Triton on CPU tensors needs TRITON_INTERPRET=1). On the CPU the torch backend runs native C
 kernels (the .c files here, float32 and bfloat16, built on first use by _native.py) for decode
-attention, RMSNorm, RoPE and multi-slot LoRA wherever they were built and take the tensors; the
-torch code beside each is its tested reference and its fallback.
+attention, RMSNorm, RoPE, multi-slot LoRA and products with block-format (GGUF) weights
+wherever they were built and take the tensors; the torch code beside each is its tested
+reference and its fallback. (The block formats have no Triton kernel yet: on CUDA their torch
+reference dequantizes and multiplies.)
 """
 
 from .decode_attention import paged_decode_attention
@@ -17,6 +19,8 @@ from .lora_modules import LoRAModules, SlotRows, lora_apply_modules, slot_rows
 from .norm import add_rms_norm, rms_norm
 from .omp_runtime import release_thread_pool, use_one_thread
 from .prefill_attention import paged_prefill_attention
+from .quant_blocks import QuantizedWeight, StackedWeights, stack_rows
+from .quant_linear import dequantized_rows
 from .rope import apply_rope, apply_rope_
 from .token_mask import apply_token_mask_, apply_token_masks_
 
@@ -24,6 +28,8 @@ __all__ = [
     "LoRAModules",
     "LoraIndex",
     "PackedWeight",
+    "QuantizedWeight",
+    "StackedWeights",
     "SlotRows",
     "add_rms_norm",
     "apply_rope",
@@ -39,6 +45,8 @@ __all__ = [
     "paged_decode_attention",
     "pack_weight",
     "paged_prefill_attention",
+    "dequantized_rows",
+    "stack_rows",
     "release_thread_pool",
     "rms_norm",
     "slot_rows",

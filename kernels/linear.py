@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .quant_blocks import QuantizedWeight, StackedWeights
+from .quant_linear import quantized_linear
+
 DISABLE_ENV = "LORAGATE_CPU_PACKED_LINEAR"
 
 
@@ -66,9 +69,14 @@ def pack_weight(weight: torch.Tensor, native_bf16: bool = False) -> torch.Tensor
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | PackedWeight | QuantizedWeight | StackedWeights,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for a plain or a packed weight; x is [tokens, in]."""
+    """`F.linear(x, weight, bias)` for a plain, a packed or a block-format weight
+    (kernels/quant_linear.py); x is [tokens, in]."""
+    if isinstance(weight, (QuantizedWeight, StackedWeights)):
+        return quantized_linear(x, weight, bias)
     if not isinstance(weight, PackedWeight):
         return F.linear(x, weight, bias)
     if x.shape[0] == 0:

@@ -1,0 +1,399 @@
+/* Products with weights in llama.cpp's block formats (kernels/quant_blocks.py says the
+ * layouts), on the CPU: y[r, n] = sum_k x[r, k] w[n, k] (+ bias[n]), each block of w read
+ * once in its quantized form and dequantized in registers, the activations kept in float32
+ * (never quantized). Every weight is the float32 value the `gguf` package dequantizes it to
+ * (a scale times an integer is exact in float32; where a min is added, one rounding, as
+ * there), so the sums differ from a float32 matmul over the dequantized weight only in their
+ * order. Two paths, chosen per call: 8-lane vectors (GCC vector extensions; AVX2 and FMA
+ * with -march=native on x86) and plain scalar loops, each the other's cross-check.
+ * Also: rows dequantized into float32 (the panels prefill-sized products multiply, and
+ * embedding lookups). Built by kernels/quant_cpu.py.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, NUM_FORMATS };
+static const int BLOCK_SIZE[NUM_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256};
+static const int BLOCK_BYTES[NUM_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210};
+#define MAX_BLOCK 256
+#define ROWS 4 /* activation rows sharing one dequantized block */
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+#else
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        float f = (float)man * 5.9604644775390625e-8f; /* 2^-24: subnormal halves, exactly */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#endif
+
+/* Q4_K / Q5_K: the eight 6-bit scales and mins of a block's 12 bytes. */
+static inline void k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
+        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+/* ---- the scalar path: one weight at a time --------------------------------------------- */
+static void dequant_block_scalar(int fmt, const uint8_t *b, float *out) {
+    switch (fmt) {
+    case Q4_0:
+    case Q4_1:
+    case Q5_0:
+    case Q5_1: {
+        const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+        const float d = half_to_float(b), m = has_min ? half_to_float(b + 2) : 0.0f;
+        const uint8_t *qh = b + (has_min ? 4 : 2);
+        const uint8_t *qs = qh + (five ? 4 : 0);
+        uint32_t high = 0;
+        if (five) memcpy(&high, qh, 4);
+        const int offset = has_min ? 0 : (five ? 16 : 8);
+        for (int j = 0; j < 32; ++j) {
+            int q = j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
+            if (five) q |= (int)((high >> j) & 1u) << 4;
+            out[j] = has_min ? d * (float)q + m : d * (float)(q - offset);
+        }
+        break;
+    }
+    case Q8_0: {
+        const float d = half_to_float(b);
+        for (int j = 0; j < 32; ++j) out[j] = d * (float)(int8_t)b[2 + j];
+        break;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        uint8_t sc[8], mn[8];
+        k_scales(b + 4, sc, mn);
+        const uint8_t *qh = b + 16, *qs = b + (fmt == Q5_K ? 48 : 16);
+        for (int j = 0; j < 8; ++j) {
+            const float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
+            for (int l = 0; l < 32; ++l) {
+                int q = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0F;
+                if (fmt == Q5_K) q |= ((qh[l] >> j) & 1) << 4;
+                out[j * 32 + l] = ds * (float)q - dm;
+            }
+        }
+        break;
+    }
+    case Q6_K: {
+        const float d = half_to_float(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int e = 0; e < 256; ++e) {
+            const int half = e / 128, s = (e % 128) / 32, l = e % 32;
+            const uint8_t lowbyte = b[half * 64 + (s % 2) * 32 + l];
+            const int low = s < 2 ? lowbyte & 0x0F : lowbyte >> 4;
+            const int high = (b[128 + half * 32 + l] >> (2 * s)) & 3;
+            out[e] = d * (float)sc[e / 16] * (float)((low | high << 4) - 32);
+        }
+        break;
+    }
+    }
+}
+
+/* ---- the vector path: eight weights per operation --------------------------------------- */
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef uint32_t u8v __attribute__((vector_size(32)));
+typedef uint8_t b8 __attribute__((vector_size(8)));
+typedef int8_t s8 __attribute__((vector_size(8)));
+
+/* Eight bytes to eight int32 lanes: one instruction with AVX2 (GCC lowers the generic
+ * conversion of an 8-byte vector one lane at a time). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+static inline i8 widen(const uint8_t *p) {
+    return (i8)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+static inline i8 widen_signed(const uint8_t *p) {
+    return (i8)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+#else
+static inline i8 widen(const uint8_t *p) {
+    b8 v;
+    memcpy(&v, p, 8);
+    return __builtin_convertvector(v, i8);
+}
+
+static inline i8 widen_signed(const uint8_t *p) {
+    s8 v;
+    memcpy(&v, p, 8);
+    return __builtin_convertvector(v, i8);
+}
+#endif
+
+static inline f8 to_f8(i8 v) { return __builtin_convertvector(v, f8); }
+static inline void put8(float *p, f8 v) { memcpy(p, &v, 32); }
+static inline f8 get8(const float *p) {
+    f8 v;
+    memcpy(&v, p, 32);
+    return v;
+}
+
+static const i8 LANE = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/* Weights 0-31 of a 32-weight block from its nibbles (and fifth bits, 0 where none). */
+static inline void small_block(const uint8_t *qs, uint32_t high, f8 d, f8 m, int offset,
+                               float *out) {
+    for (int g = 0; g < 4; ++g) {
+        i8 q = widen(qs + (g % 2) * 8);
+        q = g < 2 ? q & 0x0F : q >> 4;
+        const u8v bits = ((u8v){0} + high) >> (u8v)(LANE + 8 * g);
+        q |= (i8)((bits & 1u) << 4);
+        put8(out + 8 * g, d * to_f8(q - offset) + m);
+    }
+}
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *b, float *out) {
+    const f8 zero = {0};
+    switch (fmt) {
+    case Q4_0:
+        small_block(b + 2, 0, zero + half_to_float(b), zero, 8, out);
+        break;
+    case Q4_1:
+        small_block(b + 4, 0, zero + half_to_float(b), zero + half_to_float(b + 2), 0, out);
+        break;
+    case Q5_0: {
+        uint32_t high;
+        memcpy(&high, b + 2, 4);
+        small_block(b + 6, high, zero + half_to_float(b), zero, 16, out);
+        break;
+    }
+    case Q5_1: {
+        uint32_t high;
+        memcpy(&high, b + 4, 4);
+        small_block(b + 8, high, zero + half_to_float(b), zero + half_to_float(b + 2), 0, out);
+        break;
+    }
+    case Q8_0: {
+        const f8 d = zero + half_to_float(b);
+        for (int g = 0; g < 4; ++g) put8(out + 8 * g, d * to_f8(widen_signed(b + 2 + 8 * g)));
+        break;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        uint8_t sc[8], mn[8];
+        k_scales(b + 4, sc, mn);
+        const uint8_t *qh = b + 16, *qs = b + (fmt == Q5_K ? 48 : 16);
+        for (int j = 0; j < 8; ++j) {
+            const f8 ds = zero + d * (float)sc[j], dm = zero + dmin * (float)mn[j];
+            const uint8_t *chunk = qs + (j / 2) * 32;
+            for (int g = 0; g < 4; ++g) {
+                i8 q = (widen(chunk + 8 * g) >> (4 * (j % 2))) & 0x0F;
+                if (fmt == Q5_K) q |= ((widen(qh + 8 * g) >> j) & 1) << 4;
+                put8(out + 32 * j + 8 * g, ds * to_f8(q) - dm);
+            }
+        }
+        break;
+    }
+    case Q6_K: {
+        const float d = half_to_float(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+            for (int s = 0; s < 4; ++s) {
+                for (int g = 0; g < 4; ++g) {
+                    const int e = 128 * half + 32 * s + 8 * g;
+                    i8 low = widen(ql + (s % 2) * 32 + 8 * g);
+                    low = s < 2 ? low & 0x0F : low >> 4;
+                    const i8 high = (widen(qh + 8 * g) >> (2 * s)) & 3;
+                    const f8 ds = zero + d * (float)sc[e / 16];
+                    put8(out + e, ds * to_f8((low | high << 4) - 32));
+                }
+            }
+        }
+        break;
+    }
+    }
+}
+
+/* y[r, n] for rows r0..r0+rows (rows <= ROWS) and one output n, from its row of blocks;
+ * inlined once per format, so the block's size, bytes and layout are constants. Two
+ * accumulators per row keep the additions from waiting on each other. */
+ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k,
+                                   const float *x, int64_t ldx, const int rows, float *sums) {
+    const int bs = fmt >= Q4_K ? 256 : 32;
+    const int bb = fmt == Q4_0   ? 18
+                   : fmt == Q4_1 ? 20
+                   : fmt == Q5_0 ? 22
+                   : fmt == Q5_1 ? 24
+                   : fmt == Q8_0 ? 34
+                   : fmt == Q4_K ? 144
+                   : fmt == Q5_K ? 176
+                                 : 210;
+    f8 acc[ROWS][2] = {{{0}}};
+    float w[MAX_BLOCK] __attribute__((aligned(32)));
+    const int64_t blocks = k / bs;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        dequant_block_vector(fmt, wrow + blk * bb, w);
+        for (int r = 0; r < rows; ++r) {
+            const float *xr = x + r * ldx + blk * bs;
+            for (int i = 0; i < bs; i += 16) {
+                acc[r][0] += get8(w + i) * get8(xr + i);
+                acc[r][1] += get8(w + i + 8) * get8(xr + i + 8);
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        const f8 a = acc[r][0] + acc[r][1];
+        float s = 0.0f;
+        for (int i = 0; i < 8; ++i) s += a[i];
+        sums[r] = s;
+    }
+}
+
+static inline void dot_rows_scalar(int fmt, const uint8_t *wrow, int64_t k, const float *x,
+                                   int64_t ldx, int rows, float *sums) {
+    const int bs = BLOCK_SIZE[fmt], bb = BLOCK_BYTES[fmt];
+    float w[MAX_BLOCK];
+    for (int r = 0; r < rows; ++r) sums[r] = 0.0f;
+    for (int64_t kb = 0; kb < k; kb += bs) {
+        dequant_block_scalar(fmt, wrow + (kb / bs) * bb, w);
+        for (int r = 0; r < rows; ++r) {
+            const float *xr = x + r * ldx + kb;
+            float s = sums[r];
+            for (int i = 0; i < bs; ++i) s += w[i] * xr[i];
+            sums[r] = s;
+        }
+    }
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) times w^T, w [n, k] as rows of
+ * blocks row_stride bytes apart; bias [n] or NULL. vector: 1 for the vector path, 0 for
+ * the scalar one. Returns 0, or -1 for an unknown format or k not whole blocks. */
+/* One function per format, each with its own parallel loop: GCC outlines an OpenMP region
+ * before it inlines, so a format passed into a shared region would stay a variable. */
+#define DEFINE_LINEAR_VECTOR(F)                                                               \
+    static void linear_vector_##F(const float *x, int64_t ldx, int64_t m, int64_t k,          \
+                                  const uint8_t *w, int64_t row_stride, int64_t n,            \
+                                  const float *bias, float *y, int64_t ldy, int threads) {    \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j) {                                                     \
+            float sums[ROWS];                                                                 \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                        \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                        \
+                const uint8_t *wj = w + j * row_stride;                                       \
+                const float *xr = x + r0 * ldx;                                               \
+                switch (rows) { /* a constant count: the accumulators stay in registers */    \
+                case 1: dot_rows_vector(F, wj, k, xr, ldx, 1, sums); break;                   \
+                case 2: dot_rows_vector(F, wj, k, xr, ldx, 2, sums); break;                   \
+                case 3: dot_rows_vector(F, wj, k, xr, ldx, 3, sums); break;                   \
+                default: dot_rows_vector(F, wj, k, xr, ldx, 4, sums); break;                  \
+                }                                                                             \
+                for (int r = 0; r < rows; ++r)                                                \
+                    y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];               \
+            }                                                                                 \
+        }                                                                                     \
+    }
+DEFINE_LINEAR_VECTOR(Q4_0)
+DEFINE_LINEAR_VECTOR(Q4_1)
+DEFINE_LINEAR_VECTOR(Q5_0)
+DEFINE_LINEAR_VECTOR(Q5_1)
+DEFINE_LINEAR_VECTOR(Q8_0)
+DEFINE_LINEAR_VECTOR(Q4_K)
+DEFINE_LINEAR_VECTOR(Q5_K)
+DEFINE_LINEAR_VECTOR(Q6_K)
+
+static void linear_scalar(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                          const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                          float *y, int64_t ldy, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
+    for (int64_t j = 0; j < n; ++j) {
+        float sums[ROWS];
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+            dot_rows_scalar(fmt, w + j * row_stride, k, x + r0 * ldx, ldx, rows, sums);
+            for (int r = 0; r < rows; ++r)
+                y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];
+        }
+    }
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) times w^T, w [n, k] as rows of
+ * blocks row_stride bytes apart; bias [n] or NULL. vector: 1 for the vector path, 0 for
+ * the scalar one. Returns 0, or -1 for an unknown format or k not whole blocks. */
+int quant_linear(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *w,
+                 int64_t row_stride, int64_t n, const float *bias, float *y, int64_t ldy,
+                 int vector, int threads) {
+    if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt]) return -1;
+    if (!vector) {
+        linear_scalar(fmt, x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads);
+        return 0;
+    }
+#define CASE(F)                                                                  \
+    case F:                                                                      \
+        linear_vector_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads); \
+        break;
+    switch (fmt) {
+        CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+    }
+#undef CASE
+    return 0;
+}
+
+#define DEFINE_DEQUANTIZE_VECTOR(F, BS, BB)                                                  \
+    static void dequantize_vector_##F(const uint8_t *w, int64_t row_stride, int64_t n,         \
+                                      int64_t k, float *out, int64_t ldo, int threads) {       \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j)                                                        \
+            for (int64_t blk = 0; blk < k / BS; ++blk)                                         \
+                dequant_block_vector(F, w + j * row_stride + blk * BB, out + j * ldo + blk * BS); \
+    }
+DEFINE_DEQUANTIZE_VECTOR(Q4_0, 32, 18)
+DEFINE_DEQUANTIZE_VECTOR(Q4_1, 32, 20)
+DEFINE_DEQUANTIZE_VECTOR(Q5_0, 32, 22)
+DEFINE_DEQUANTIZE_VECTOR(Q5_1, 32, 24)
+DEFINE_DEQUANTIZE_VECTOR(Q8_0, 32, 34)
+DEFINE_DEQUANTIZE_VECTOR(Q4_K, 256, 144)
+DEFINE_DEQUANTIZE_VECTOR(Q5_K, 256, 176)
+DEFINE_DEQUANTIZE_VECTOR(Q6_K, 256, 210)
+
+/* out [n, k] (row stride ldo) = the n rows of w dequantized to float32. */
+int quant_dequantize(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, int64_t k,
+                     float *out, int64_t ldo, int vector, int threads) {
+    if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt]) return -1;
+    if (vector) {
+#define CASE(F)                                                             \
+    case F:                                                                 \
+        dequantize_vector_##F(w, row_stride, n, k, out, ldo, threads);      \
+        break;
+        switch (fmt) {
+            CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+        }
+#undef CASE
+        return 0;
+    }
+    const int bs = BLOCK_SIZE[fmt], bb = BLOCK_BYTES[fmt];
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * k > 65536)
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t blk = 0; blk < k / bs; ++blk)
+            dequant_block_scalar(fmt, w + j * row_stride + blk * bb, out + j * ldo + blk * bs);
+    return 0;
+}

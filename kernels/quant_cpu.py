@@ -1,0 +1,97 @@
+"""The native CPU kernels for block-format weights (quant_cpu.c), loaded with ctypes.
+
+Two paths in one library: 8-lane vectors (AVX2 and FMA on x86, built -march=native) and
+scalar loops. ``vector_path`` says which one this CPU runs; the tests run both. Where the
+library cannot be built, ``native_quant()`` is None and quant_linear.py runs its torch path
+(``native_quant_error()`` says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from pathlib import Path
+
+import torch
+
+from . import _native
+from .cpu_isa import AVX2_FLAGS, this_cpu_flags
+from .quant_blocks import QuantizedWeight, block_format
+
+_I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+_LINEAR = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
+_DEQUANTIZE = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32]
+
+
+def vector_path(flags: frozenset[str] | None = None) -> bool:
+    """Whether the vector path runs here: x86 with AVX2 and FMA, or a 64-bit Arm (NEON is
+    always there); the scalar loops elsewhere."""
+    flags = this_cpu_flags() if flags is None else flags
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return True
+    return all(flag in flags for flag in AVX2_FLAGS)
+
+
+class NativeQuant:
+    def __init__(self, library: ctypes.CDLL):
+        self._linear = library.quant_linear
+        self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
+        self._dequantize = library.quant_dequantize
+        self._dequantize.argtypes, self._dequantize.restype = _DEQUANTIZE, ctypes.c_int
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        vector: bool,
+    ) -> None:
+        """out [m, n] = x [m, k] @ weight^T (+ bias): float32 CPU tensors, rows contiguous."""
+        fmt = block_format(weight.format)
+        status = self._linear(
+            fmt.code,
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            weight.in_features,
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            bias.data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            out.stride(0),
+            int(vector),
+            torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"quant_linear refused a {weight.format} weight {weight.shape}")
+
+    def dequantize(self, weight: QuantizedWeight, out: torch.Tensor, vector: bool) -> None:
+        """out [n, k] float32 (rows contiguous) = the weight's rows dequantized."""
+        fmt = block_format(weight.format)
+        status = self._dequantize(
+            fmt.code,
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            weight.in_features,
+            out.data_ptr(),
+            out.stride(0),
+            int(vector),
+            torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"quant_dequantize refused a {weight.format} weight {weight.shape}")
+
+
+_library = _native.Loaded(Path(__file__).with_name("quant_cpu.c"), NativeQuant)
+
+
+def native_quant() -> NativeQuant | None:
+    """The loaded kernels, building them on first use; None where they cannot be built."""
+    return _library.get()
+
+
+def native_quant_error() -> str | None:
+    return _library.error()

@@ -1,0 +1,96 @@
+"""Products with block-format weights (kernels/quant_blocks.py): x [rows, in] @ W^T in float32.
+
+The activations stay float32 (never quantized, unlike llama.cpp's dot products): the result
+is a float32 matmul against the dequantized weight, up to the order of the sums, which is
+what HF transformers computes after loading the same GGUF file dequantized.
+
+On the CPU, decode-sized calls (fewer than ``PANEL_ROWS`` rows) run the native kernel that
+reads each block once and dequantizes it in registers: at batch 1 the bytes of the weights
+read decide the time. Larger calls dequantize a panel of output rows at a time into a small
+float32 buffer (native) and multiply it with torch's float32 matmul, reusing each
+dequantized panel across all the rows. Elsewhere (no native library, CUDA) the torch
+reference dequantizes the weight and multiplies.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import _backend
+from .quant_blocks import QuantizedWeight, StackedWeights
+from .quant_cpu import native_quant, vector_path
+from .quant_dequant import dequantize
+
+PANEL_ROWS = 12  # from this many rows on, products run over dequantized panels (measured)
+PANEL_BYTES = 1 << 20  # float32 bytes of one panel (its output rows follow from in_features)
+
+
+def quantized_linear(
+    x: torch.Tensor,
+    weight: QuantizedWeight | StackedWeights,
+    bias: torch.Tensor | None = None,
+    native: bool = True,
+) -> torch.Tensor:
+    """``F.linear(x, dequantize(weight), bias)`` in float32, returned in x's dtype; x is
+    [rows, in]. ``native=False`` runs the torch reference."""
+    if isinstance(weight, StackedWeights):
+        return _stacked(x, weight, bias, native)
+    m = x.shape[0]
+    x32 = x if x.dtype == torch.float32 else x.float()
+    if x32.stride(-1) != 1:
+        x32 = x32.contiguous()
+    b32 = None if bias is None else bias.float().contiguous()
+    kernels = native_quant() if native and x.device.type == "cpu" else None
+    if kernels is None:
+        out = F.linear(x32, dequantize(weight).to(x.device), b32)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+    out = _backend.empty_output((m, weight.out_features), x32)
+    if m == 0:
+        return out.to(x.dtype)
+    vector = vector_path()
+    if m < PANEL_ROWS:
+        kernels.linear(x32, weight, b32, out, vector)
+    else:
+        _panels(kernels, x32, weight, b32, out, vector)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def _panels(kernels, x, weight: QuantizedWeight, bias, out, vector: bool) -> None:
+    """out = x @ W^T over panels of W's rows dequantized into one reused buffer."""
+    n, k = weight.out_features, weight.in_features
+    rows = max(16, min(n, PANEL_BYTES // (4 * k)))
+    panel = torch.empty(rows, k, dtype=torch.float32)
+    for start in range(0, n, rows):
+        end = min(n, start + rows)
+        part = QuantizedWeight(weight.blocks[start:end], weight.format, end - start, k)
+        kernels.dequantize(part, panel, vector)
+        b = None if bias is None else bias[start:end]
+        out[:, start:end] = F.linear(x, panel[: end - start], b)
+
+
+def _stacked(x, weight: StackedWeights, bias, native: bool) -> torch.Tensor:
+    """Each part's product into its own columns."""
+    outs, start = [], 0
+    for part in weight.parts:
+        width = part.shape[0]
+        b = None if bias is None else bias[start : start + width]
+        if isinstance(part, QuantizedWeight):
+            outs.append(quantized_linear(x, part, b, native))
+        else:
+            outs.append(F.linear(x, part.to(x.dtype), None if b is None else b.to(x.dtype)))
+        start += width
+    return torch.cat(outs, dim=1)
+
+
+def dequantized_rows(weight: QuantizedWeight, index: torch.Tensor, native: bool = True):
+    """Rows ``index`` of the weight in float32 [len(index), in]: an embedding lookup that
+    gathers blocks, then dequantizes only those rows."""
+    rows = weight.rows(index.reshape(-1))
+    kernels = native_quant() if native and rows.blocks.device.type == "cpu" else None
+    if kernels is None:
+        return dequantize(rows)
+    out = _backend.empty_output((rows.out_features, rows.in_features), rows.blocks, torch.float32)
+    if rows.out_features:
+        kernels.dequantize(rows, out, vector_path())
+    return out
