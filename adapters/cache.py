@@ -52,7 +52,13 @@ from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
-from loragate.adapters.identity import IdentityBook, Vouch, WeightsIdentity
+from loragate.adapters.identity import (
+    SYSTEM_CLOCK,
+    IdentityBook,
+    StampClock,
+    Vouch,
+    WeightsIdentity,
+)
 from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.read_buffers import ReadBuffers
@@ -104,6 +110,7 @@ class AdapterCache(CacheReports):
         borrow: bool = True,
         max_lora_bytes: int | None = None,
         max_cpu_lora_bytes: int | None = None,
+        clock: StampClock = SYSTEM_CLOCK,
     ):
         self.spec = spec
         self.load_pacing = load_pacing  # the engine's: paced only while its steps run
@@ -150,7 +157,7 @@ class AdapterCache(CacheReports):
         )
         self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
-        self._book = IdentityBook()
+        self._book = IdentityBook(clock)  # its clock also stamps the reads (_read)
         self._read_buffers = ReadBuffers()  # weights files' reads reuse their memory
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -453,6 +460,7 @@ class AdapterCache(CacheReports):
                 self._read_buffers,
                 # A GPU copies them into slots beside the step: from page-locked memory.
                 pin_memory=self._slots.device.type == "cuda",
+                clock=self._book.clock,
             )
             # Larger than a whole tier: refused before anything remembers it.
             self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)

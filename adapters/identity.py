@@ -11,6 +11,10 @@ inode, size, mtime and ctime of both files) taken before they were read. An unch
 means unchanged files; any write, replace (a new inode) or ``touch`` changes it. A stamp whose
 times are within ``RACY_NS`` of the moment it was taken is not trusted (as git does with its
 index): a write in the same clock tick could leave every field as it was.
+
+The time a stamp is taken at comes from a ``StampClock`` handed to whoever stamps
+(``IdentityBook``, the cache's reads, the store's checks): the system's by default, one that
+tests move forward instead of sleeping out the racy window.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 # File times this close to the stat itself may hide a later write in the same clock tick
 # (coarse kernel clocks, 2 s on FAT): such a stamp is re-hashed rather than trusted.
 RACY_NS = 2_000_000_000
+
+
+class StampClock:
+    """The wall clock stamps are taken by, in nanoseconds since the epoch: the clock the
+    file system writes its times with."""
+
+    def now_ns(self) -> int:
+        return time.time_ns()
+
+
+SYSTEM_CLOCK = StampClock()
 
 
 @dataclass(frozen=True)
@@ -76,10 +91,11 @@ def _fields(path: Path) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def stamp_files(directory: str | Path) -> FilesStamp | None:
-    """The stamp of an adapter directory's two files; None if either cannot be stat'ed."""
+def stamp_files(directory: str | Path, clock: StampClock = SYSTEM_CLOCK) -> FilesStamp | None:
+    """The stamp of an adapter directory's two files, taken at ``clock``'s time; None if
+    either cannot be stat'ed."""
     root = Path(directory)
-    taken = time.time_ns()
+    taken = clock.now_ns()
     try:
         return FilesStamp(_fields(root / CONFIG_FILE), _fields(root / WEIGHTS_FILE), taken)
     except OSError:
@@ -93,7 +109,8 @@ class IdentityBook:
     ``record`` stores a fresh hash and logs, once per change, that a directory's files changed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: StampClock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self._entries: dict[str, Vouch] = {}
         self._lock = threading.Lock()
 
@@ -104,7 +121,7 @@ class IdentityBook:
         if entry is None:
             return None
         stamp, identity = entry
-        now = stamp_files(directory)
+        now = stamp_files(directory, self.clock)
         if now is None or not now.same_files(stamp) or not stamp.trusted:
             return None
         return identity

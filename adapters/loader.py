@@ -36,8 +36,10 @@ from loragate.adapters.errors import (
 )
 from loragate.adapters.identity import (
     CONFIG_FILE,
+    SYSTEM_CLOCK,
     WEIGHTS_FILE,
     FilesStamp,
+    StampClock,
     Vouch,
     WeightsIdentity,
     stamp_files,
@@ -161,6 +163,7 @@ def load_adapter(
     vouched: Vouch | None = None,
     buffers: ReadBuffers | None = None,
     pin_memory: bool = False,
+    clock: StampClock = SYSTEM_CLOCK,
 ) -> LoRAAdapter:
     """Load and validate the PEFT adapter in directory ``path`` for the model ``spec``;
     ``pacing`` says how it shares the cores with running steps (adapters/pacing.py);
@@ -168,7 +171,8 @@ def load_adapter(
     ``vouched`` (a trusted stamp of these files and the identity they hashed to), files
     whose stamps before and after the read are that stamp are not hashed again. The weights
     are read into memory ``buffers`` lends (adapters/read_buffers.py; a fresh mapping
-    without it). ``pin_memory``: the stacks in page-locked memory (for a GPU's slots)."""
+    without it). ``pin_memory``: the stacks in page-locked memory (for a GPU's slots).
+    ``clock``: the time the files' stamps are taken at (adapters/identity.py)."""
     if isinstance(max_lora_rank, bool) or not isinstance(max_lora_rank, int) or max_lora_rank < 1:
         raise ValueError(f"max_lora_rank must be an int >= 1, got {max_lora_rank!r}")
     root = Path(path)
@@ -191,7 +195,7 @@ def load_adapter(
         raise AdapterNotFoundError(f"{WEIGHTS_FILE} is missing", path=weights_path)
 
     for _ in range(READ_ATTEMPTS):
-        stamp = stamp_files(root)
+        stamp = stamp_files(root, clock)
         if stamp is None:
             raise AdapterNotFoundError("adapter files vanished while being read", path=root)
         known = vouched_identity(stamp, vouched)
@@ -199,7 +203,7 @@ def load_adapter(
             adapter = _read(
                 root, spec, max_lora_rank, strict_base_model, stamp, pacing, known, lease
             )
-            if stamp.same_files(stamp_files(root) or stamp):
+            if stamp.same_files(stamp_files(root, clock) or stamp):
                 adapter.stack_modules(pacing, stack_dtype, pin_memory)
                 return adapter  # the lease ends after: its mapping is kept if unviewed
     raise AdapterError(

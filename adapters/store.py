@@ -37,8 +37,10 @@ from urllib.parse import urlsplit
 
 from loragate.adapters.identity import (
     CONFIG_FILE,
+    SYSTEM_CLOCK,
     WEIGHTS_FILE,
     FilesStamp,
+    StampClock,
     Vouch,
     WeightsIdentity,
     stamp_files,
@@ -106,12 +108,14 @@ def verify(directory: Path, oid: str) -> None:
             )
 
 
-def verify_stamped(directory: Path, oid: str) -> FilesStamp | None:
-    """``verify``, and the stamp of the files it hashed: taken before they were read and the
-    same after (None where they changed meanwhile)."""
-    before = stamp_files(directory)
+def verify_stamped(
+    directory: Path, oid: str, clock: StampClock = SYSTEM_CLOCK
+) -> FilesStamp | None:
+    """``verify``, and the stamp of the files it hashed: taken (at ``clock``'s time) before
+    they were read and the same after (None where they changed meanwhile)."""
+    before = stamp_files(directory, clock)
     verify(directory, oid)
-    after = stamp_files(directory)
+    after = stamp_files(directory, clock)
     unchanged = before is not None and after is not None and before.same_files(after)
     return before if unchanged else None
 
@@ -323,11 +327,15 @@ class AdapterFetcher:
     With a LocalStore the store is the cache (nothing is copied); objects are still
     verified once per process before first use. ``fetches`` counts objects brought from a
     remote store (what a replica had to download). ``vouched`` says what a check vouches
-    for, so the engine's read does not hash the same bytes twice.
+    for, so the engine's read does not hash the same bytes twice; ``clock`` is the time its
+    stamps are taken at (adapters/identity.py).
     """
 
-    def __init__(self, store: AdapterStore, cache_dir: str | Path):
+    def __init__(
+        self, store: AdapterStore, cache_dir: str | Path, clock: StampClock = SYSTEM_CLOCK
+    ):
         self.store = store
+        self.clock = clock
         self.local = store if isinstance(store, LocalStore) else LocalStore(cache_dir)
         self.fetches = 0
         self._verified: set[str] = set()
@@ -352,7 +360,7 @@ class AdapterFetcher:
         with lock:  # one fetch of an object at a time, however many requests want it
             if self.local.has(oid):
                 if oid not in self._verified:
-                    self._vouch(oid, verify_stamped(self.local.path(oid), oid))
+                    self._vouch(oid, verify_stamped(self.local.path(oid), oid, self.clock))
                     self._verified.add(oid)
                 return self.local.path(oid)
             if self.local is self.store:
@@ -363,7 +371,7 @@ class AdapterFetcher:
             staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.local.root))
             try:
                 self.store.fetch(oid, staging)
-                stamp = verify_stamped(staging, oid)
+                stamp = verify_stamped(staging, oid, self.clock)
                 # the files keep their inodes and times through the rename; another's copy
                 # that won it was not checked here, and is vouched for by nothing
                 if not _publish(staging, self.local.path(oid)):

@@ -65,9 +65,6 @@ ALLOWED = {
     ("engine/test_adapter_files_change.py", "_settle"): (
         "IdentityBook's 2 s racy window on real file times (to be replaced by an injected clock)"
     ),
-    ("engine/test_stored_adapter_vouch.py", "aged"): (
-        "IdentityBook's 2 s racy window on real file times (to be replaced by an injected clock)"
-    ),
     ("engine/test_burst_over_the_tier.py", "test_a_burst_over_more_adapters_than_the_tier_holds"): (
         "the racy window, shortened to 50 ms, waited out once (0.07 s)"
     ),

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from contextlib import contextmanager
 
 import pytest
+from stamp_clock_testlib import AheadClock
 from test_stored_adapter_fetch import PARAMS, PROMPT, drain, start
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.identity import RACY_NS, WEIGHTS_FILE
+from loragate.adapters.identity import WEIGHTS_FILE
 from loragate.adapters.store import (
     AdapterFetcher,
     CorruptObjectError,
@@ -34,8 +34,8 @@ STORES = ("served", "rewritten", "same_bytes")
 @pytest.fixture(scope="module")
 def aged(tiny_model_dir, tmp_path_factory):
     """The model, adapters A and B with their identities, and one local store per test
-    holding A's object, put there longer ago than RACY_NS (as an upload is, before its
-    first request): the stamps the fetch takes of them are trusted."""
+    holding A's object, put there longer ago than RACY_NS by the stamp clock the fetchers
+    take (as an upload is, before its first request): the stamps they take are trusted."""
     model_dir = tiny_model_dir("llama")
     root = tmp_path_factory.mktemp("vouch")
     specs = {"A": (8, ALL_MODULES, False), "B": (8, ALL_MODULES, False)}
@@ -44,8 +44,9 @@ def aged(tiny_model_dir, tmp_path_factory):
     oid = object_id(identities["A"])
     for name in STORES:
         LocalStore(root / name).put(oid, paths["A"])
-    time.sleep(RACY_NS / 1e9 + 0.1)
-    return model_dir, paths, identities, root
+    clock = AheadClock()
+    clock.settle()
+    return model_dir, paths, identities, root, clock
 
 
 class _Recorded:
@@ -88,9 +89,9 @@ def ask(engine, lora: LoRARequest) -> list:
 
 
 def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
-    model_dir, paths, identities, root = aged
+    model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache")
+    fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache", clock)
     with running(model_dir, fetcher) as engine:
         outs = ask(engine, LoRARequest("kept", 1, store_path(oid)))
         stats = engine.engine.residency.cache.stats()
@@ -103,9 +104,9 @@ def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
 
 
 def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests):
-    model_dir, paths, identities, root = aged
+    model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "rewritten"), root / "cache")
+    fetcher = AdapterFetcher(LocalStore(root / "rewritten"), root / "cache", clock)
     checked = fetcher.ensure(oid)  # the fetch checks it and vouches for it...
     other = (paths["B"] / WEIGHTS_FILE).read_bytes()
     assert len(other) == (checked / WEIGHTS_FILE).stat().st_size
@@ -120,9 +121,9 @@ def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests
 
 
 def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, digests):
-    model_dir, paths, identities, root = aged
+    model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache")
+    fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache", clock)
     checked = fetcher.ensure(oid)
     (checked / WEIGHTS_FILE).write_bytes((checked / WEIGHTS_FILE).read_bytes())
     with running(model_dir, fetcher) as engine:
@@ -132,7 +133,7 @@ def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, dige
 
 
 def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged, digests, tmp_path):
-    model_dir, paths, identities, _ = aged
+    model_dir, paths, identities, _, _ = aged
     oid = object_id(identities["B"])
     store = LocalStore(tmp_path / "store")
     store.put(oid, paths["B"])  # just now: a write in the same clock tick could hide
