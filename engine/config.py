@@ -103,6 +103,14 @@ class EngineConfig:
         },
     )
     weights_cache_dir: str | None = None
+    gguf_dequantize: bool = field(
+        default=False,
+        metadata={
+            "help": "Serve a GGUF model dequantized to float32 (converted once, cached in "
+            "--weights-cache-dir) instead of in its block types (Q4_0 ... Q6_K), which is the "
+            "default; the start log says which path ran."
+        },
+    )
     plugins: tuple = field(default_factory=tuple)
     tensor_parallel_size: int = 1
     enforce_eager: bool = False

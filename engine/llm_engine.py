@@ -61,7 +61,7 @@ class LLMEngine:
         self.plugins = PluginManager.create(plugins=config.plugins)
         device, dtype = config.torch_device, config.torch_dtype
         warn_if_emulated_bf16(device, dtype)
-        source = resolve_model(config.model, config.weights_cache_dir)
+        source = resolve_model(config.model, config.weights_cache_dir, not config.gguf_dequantize)
         self.model_name = config.served_model_name or source.name
         self.base_model_name = source.name  # what adapters trained on these weights record
         self.hf_dir = source.hf_dir

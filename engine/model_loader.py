@@ -1,9 +1,14 @@
 """Turn a model path (HF directory or GGUF file) into a config, weights and a tokenizer.
 
-GGUF files are dequantized once through transformers and cached on disk as an HF
-directory (config + safetensors + tokenizer), so later starts only read safetensors. The
+The engine serves a GGUF file's weights in their own block types (engine/gguf_weights.py):
+its config, generation config and tokenizer are written once to a cached directory with no
+weights in it, whose record names the file, and every start reads the weights from the file.
+With ``--gguf-dequantize`` (and for tools that load the model with transformers, and for an
+architecture not served in blocks), the file is dequantized once through transformers and
+cached as an HF directory (config + float32 safetensors + tokenizer) instead. Either way the
 tokenizer saved there adds the special tokens the GGUF metadata asks for, not the BOS that
-transformers' GGUF tokenizer adds regardless (see special_tokens.py).
+transformers' GGUF tokenizer adds regardless (see special_tokens.py). The start log says
+which path ran.
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.gguf_weights import (
+    BLOCK_ARCHITECTURES,
+    WEIGHTS_IN_BLOCKS,
+    GGUFWeights,
+    gguf_architecture,
+    gguf_weights_source,
+)
+from loragate.engine.gguf_weights import describe as describe_weights
 from loragate.engine.models import SUPPORTED_MODEL_TYPES
 from loragate.engine.special_tokens import (
     SOURCE_RECORD,
@@ -49,11 +62,17 @@ class ModelSource:
     name: str
 
 
-def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelSource:
-    """Find the model on disk; convert a GGUF file to a cached HF directory."""
+def resolve_model(
+    model: str | None, cache_dir: str | None = None, gguf_blocks: bool = False
+) -> ModelSource:
+    """Find the model on disk; a GGUF file gets a cached float32 HF directory (what tools
+    and references load with transformers), or with ``gguf_blocks`` (the engine's default) a
+    cached directory of its config and tokenizer whose weights `load_weights` reads from the
+    file in their block types."""
     if model is None:
         gguf = default_model_path()
-        return ModelSource(_gguf_to_hf_dir(gguf, DEFAULT_MODEL_NAME, cache_dir), DEFAULT_MODEL_NAME)
+        hf_dir = _gguf_dir(gguf, DEFAULT_MODEL_NAME, cache_dir, gguf_blocks)
+        return ModelSource(hf_dir, DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {model}")
@@ -61,7 +80,7 @@ def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelSourc
         if path.suffix != ".gguf":
             raise ValueError(f"model file must be a .gguf file or an HF directory: {model}")
         name = path.stem.split(".")[0]
-        return ModelSource(_gguf_to_hf_dir(path, name, cache_dir), name)
+        return ModelSource(_gguf_dir(path, name, cache_dir, gguf_blocks), name)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory has no config.json: {path}")
     return ModelSource(path, path.resolve().name)
@@ -90,9 +109,24 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the safetensors files in the directory; pickle files are refused."""
+def load_weights(hf_dir: Path) -> dict:
+    """All tensors of the safetensors files in the directory (pickle files are refused), or
+    of the GGUF file it stands for, kept in their block types."""
+    gguf = gguf_weights_source(hf_dir)
+    if gguf is not None:
+        if not gguf.is_file():
+            raise FileNotFoundError(f"the GGUF file {gguf} recorded in {hf_dir} is gone")
+        weights = GGUFWeights(gguf, load_config(hf_dir)).tensors()
+        log.info("weights: %s kept in its GGUF types: %s", gguf.name, describe_weights(weights))
+        return weights
     files = sorted(hf_dir.glob("*.safetensors"))
+    converted_from = recorded_gguf_rule(hf_dir)
+    if converted_from is not None and files:
+        log.info(
+            "weights: %s dequantized to float32 (the GGUF file's types are kept unless "
+            "--gguf-dequantize)",
+            Path(converted_from["gguf"]).name,
+        )
     if not files:
         pickles = [p.name for p in hf_dir.glob("*.bin")] + [p.name for p in hf_dir.glob("*.pt")]
         hint = f" (found {', '.join(pickles)}: pickle weights are refused)" if pickles else ""
@@ -129,14 +163,75 @@ class _ConversionStages:
         )
 
 
+def _gguf_dir(gguf: Path, name: str, cache_dir: str | None, blocks: bool) -> Path:
+    """The cached directory standing for the GGUF file on the path chosen for it."""
+    if blocks:
+        architecture = gguf_architecture(gguf)
+        if architecture in BLOCK_ARCHITECTURES:
+            log.info(
+                "GGUF %s: weights served in their block types (--gguf-dequantize serves "
+                "them as float32)",
+                gguf.name,
+            )
+            return _gguf_to_config_dir(gguf, name, cache_dir)
+        log.info(
+            "GGUF %s: architecture %r is not served in block types (served: %s): "
+            "dequantizing it to float32",
+            gguf.name,
+            architecture,
+            ", ".join(BLOCK_ARCHITECTURES),
+        )
+    return _gguf_to_hf_dir(gguf, name, cache_dir)
+
+
+def _cache_target(gguf: Path, name: str, cache_dir: str | None, kind: str) -> Path:
+    stat = gguf.stat()
+    identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v{CONVERSION_VERSION}{kind}"
+    key = hashlib.sha256(identity.encode())
+    root = Path(cache_dir or os.environ.get("LORAGATE_CACHE", "~/.cache/loragate")).expanduser()
+    return root / "models" / key.hexdigest()[:16] / name
+
+
+def _gguf_to_config_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
+    """A directory of the file's config, generation config and tokenizer, no weights: its
+    record says the weights are read from the file in their block types."""
+    target = _cache_target(gguf, name, cache_dir, ":blocks")
+    if (target / "config.json").is_file():
+        return target
+    from transformers import GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        gguf_rule = read_gguf_rule(gguf)
+    except Exception as exc:  # transformers raises many types for a bad file
+        raise ValueError(f"cannot read GGUF model {gguf}: {exc}") from exc
+    follow_gguf_rule(tokenizer, gguf_rule)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _declare_generic_tokenizer(tmp)
+        record = {
+            "gguf": str(gguf.resolve()),
+            "weights": WEIGHTS_IN_BLOCKS,
+            "special_tokens": gguf_rule,
+        }
+        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
+        tmp.rename(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target
+
+
 def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     """The converted directory is named after the model, so adapters trained on it record
     a base_model_name_or_path whose basename is the served model's name."""
-    stat = gguf.stat()
-    identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v{CONVERSION_VERSION}"
-    key = hashlib.sha256(identity.encode())
-    root = Path(cache_dir or os.environ.get("LORAGATE_CACHE", "~/.cache/loragate")).expanduser()
-    target = root / "models" / key.hexdigest()[:16] / name
+    target = _cache_target(gguf, name, cache_dir, "")
     if (target / "config.json").is_file():
         return target
     # The first start spends seconds to minutes here: a line per stage says it is alive.

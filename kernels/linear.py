@@ -55,7 +55,10 @@ def packing_available(device: torch.device, dtype: torch.dtype, native_bf16: boo
 
 
 def pack_weight(weight: torch.Tensor, native_bf16: bool = False) -> torch.Tensor | PackedWeight:
-    """`weight` in the layout `linear` multiplies fastest; unchanged where none is better."""
+    """`weight` in the layout `linear` multiplies fastest; unchanged where none is better
+    (and block-format weights, which only kernels/quant_linear.py reads)."""
+    if isinstance(weight, (QuantizedWeight, StackedWeights)):
+        return weight
     if not packing_available(weight.device, weight.dtype, native_bf16):
         return weight
     out_features, in_features = weight.shape

@@ -1,9 +1,11 @@
 """One base weight read back from the model's checkpoint on demand, in float32: what an
 adapter derives from the base when it is loaded (DoRA's column norms), on the loader thread.
 
-The engine's own copies are packed for the CPU's matrix multiply (or in bfloat16), so the
-float32 values PEFT takes its norms from are read from the safetensors files themselves,
-one tensor at a time (memory-mapped: nothing else of the file is read).
+The engine's own copies are packed for the CPU's matrix multiply (or in bfloat16, or kept in
+GGUF blocks), so the float32 values PEFT takes its norms from are read from the safetensors
+files themselves, one tensor at a time (memory-mapped: nothing else of the file is read), or
+for a GGUF base served in its blocks, from the GGUF file, dequantized as transformers
+dequantizes it (the base PEFT sees when it loads that file).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from loragate.engine.gguf_weights import GGUFWeights, gguf_weights_source
 from loragate.engine.models.llama import LlamaFamily
 
 
@@ -35,6 +38,11 @@ class CheckpointWeights:
 
     def weight(self, layer: int, module: str) -> torch.Tensor:
         name = self.family.module_weight_name(layer, module)
+        gguf = gguf_weights_source(self.hf_dir)
+        if gguf is not None:
+            from transformers import AutoConfig
+
+            return GGUFWeights(gguf, AutoConfig.from_pretrained(self.hf_dir)).one(name)
         where = self._index().get(name)
         if where is None:
             raise ValueError(f"the checkpoint in {self.hf_dir} has no tensor {name!r}")

@@ -119,8 +119,51 @@ class PagedDecoder:
             scale = torch.tensor(arch.embed_scale, dtype=torch.float32)
             self.embed_scale = scale.to(device=self.device, dtype=self.dtype)
 
-    def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _placed(self, tensor):
+        """A float tensor in the model's device and dtype; a GGUF block-format weight kept in
+        its blocks (only moved)."""
+        if isinstance(tensor, kernels.QuantizedWeight):
+            return replace(tensor, blocks=tensor.blocks.to(self.device))
+        if isinstance(tensor, kernels.StackedWeights):
+            return kernels.StackedWeights(tuple(self._placed(p) for p in tensor.parts))
         return tensor.to(device=self.device, dtype=self.dtype)
+
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes of the base weights the model holds, per tensor type (a GGUF block type or a
+        dtype), each tensor counted once (a tied output matrix is the embedding)."""
+        held: dict[str, int] = {}
+        seen: set[int] = set()
+
+        def count(value) -> None:
+            if value is None or id(value) in seen:
+                return
+            seen.add(id(value))
+            if isinstance(value, kernels.StackedWeights):
+                for part in value.parts:
+                    count(part)
+                return
+            if isinstance(value, kernels.QuantizedWeight):
+                kind, size = value.format, value.nbytes
+            elif isinstance(value, kernels.PackedWeight):
+                kind = str(value.packed.dtype).removeprefix("torch.")
+                size = value.packed.numel() * value.packed.element_size()
+            else:
+                kind = str(value.dtype).removeprefix("torch.")
+                size = value.numel() * value.element_size()
+            held[kind] = held.get(kind, 0) + size
+
+        for value in (self.embed_tokens, self.norm, self.lm_head, self.embed_scale):
+            count(value)
+        for layer in self.layers:
+            for value in layer.values():
+                count(value)
+        return held
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``ids``: rows of a GGUF block-format table dequantized alone."""
+        if isinstance(self.embed_tokens, kernels.QuantizedWeight):
+            return kernels.dequantized_rows(self.embed_tokens, ids).to(self.dtype)
+        return F.embedding(ids, self.embed_tokens)
 
     # ---- forward ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -132,7 +175,7 @@ class PagedDecoder:
         """
         eps = self.arch.eps
         extras = self._extra_rows(batch.lora)
-        residual = F.embedding(batch.input_ids, self.embed_tokens)
+        residual = self._embed(batch.input_ids)
         for rows, vocab in _vocab_rows(batch.lora, None):
             residual[rows] = _embed_rows(residual[rows], batch.input_ids[rows], vocab)
         if self.embed_scale is not None:

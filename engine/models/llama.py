@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 from loragate.adapters.spec import LoRAModelSpec
 from loragate.engine.models.architecture import Architecture
 from loragate.engine.models.rope import rope_table
+from loragate.kernels import stack_rows
 
 # Projections computed here as one matmul on one input, in column order. Each module's adapter
 # adds to its own columns of the fused output (adapters/slots.py says why not one call each).
@@ -128,15 +129,16 @@ class LlamaFamily:
         return weight
 
     def layer_weights(self, take: Take, optional: TakeOptional, prefix: str) -> dict:
-        """One layer's tensors under the decoder's names, fused where the decoder fuses."""
+        """One layer's tensors under the decoder's names, fused where the decoder fuses (rows
+        stacked: float tensors concatenated, GGUF blocks kept, kernels.stack_rows)."""
         biases = [optional(prefix + f"self_attn.{n}_proj.bias") for n in "qkv"]
         return {
             "input_norm": self.norm_weight(take(prefix + "input_layernorm.weight")),
             "mlp_norm": self.norm_weight(take(prefix + "post_attention_layernorm.weight")),
-            "qkv": torch.cat([take(prefix + f"self_attn.{n}_proj.weight") for n in "qkv"]),
+            "qkv": stack_rows([take(prefix + f"self_attn.{n}_proj.weight") for n in "qkv"]),
             "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
             "o": take(prefix + "self_attn.o_proj.weight"),
-            "gate_up": torch.cat(
+            "gate_up": stack_rows(
                 [take(prefix + "mlp.gate_proj.weight"), take(prefix + "mlp.up_proj.weight")]
             ),
             "down": take(prefix + "mlp.down_proj.weight"),
