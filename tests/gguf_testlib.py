@@ -41,19 +41,31 @@ def k_quant_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+# Qwen3's GGUF metadata carries no head_dim that transformers reads: it takes its default
+# (128), so the qwen3 model is wider.
+ARCH_SHAPES = {"llama": {}, "qwen2": {}, "qwen3": dict(hidden=512, ffn=512)}
+
+
 def write_quantized_gguf(
-    path: Path, weight_type: str, seed: int = 0, tied: bool = False, types: dict | None = None
+    path: Path,
+    weight_type: str,
+    seed: int = 0,
+    tied: bool = False,
+    types: dict | None = None,
+    architecture: str = "llama",
 ) -> Path:
-    """A tiny Llama GGUF whose linear weights and embedding are ``weight_type`` (``types``
-    overrides it per tensor kind: ``attn_v``, ``ffn_down``, ``output``...; a type neither
-    quantized here nor a k-quant is written as zero blocks); norms F32.
-    ``tied``: no output.weight (the embedding is the output matrix)."""
+    """A tiny Llama-family GGUF whose linear weights and embedding are ``weight_type``
+    (``types`` overrides it per tensor kind: ``attn_v``, ``ffn_down``, ``output``...; a type
+    neither quantized here nor a k-quant is written as zero blocks); norms F32.
+    ``tied``: no output.weight (the embedding is the output matrix). ``architecture``:
+    llama, qwen2 (q/k/v biases) or qwen3 (q/k norms)."""
     import gguf
 
-    hidden, ffn, layers = SHAPE["hidden"], SHAPE["ffn"], SHAPE["layers"]
-    heads, kv_heads = SHAPE["heads"], SHAPE["kv_heads"]
+    shape = {**SHAPE, **ARCH_SHAPES[architecture]}
+    hidden, ffn, layers = shape["hidden"], shape["ffn"], shape["layers"]
+    heads, kv_heads = shape["heads"], shape["kv_heads"]
     tokens = [*SPECIAL_TOKENS, *_byte_tokens(), *(a + b for a, b in MERGES)]
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny-quantized")
     writer.add_context_length(2048)
     writer.add_embedding_length(hidden)
@@ -114,6 +126,14 @@ def write_quantized_gguf(
         for norm in ("attn_norm", "ffn_norm"):
             norm_weight = rng.uniform(0.8, 1.2, hidden).astype(np.float32)
             writer.add_tensor(f"blk.{i}.{norm}.weight", norm_weight)
+        if architecture == "qwen2":
+            for kind, size in (("attn_q", hidden), ("attn_k", kv), ("attn_v", kv)):
+                bias = (rng.standard_normal(size) * 0.1).astype(np.float32)
+                writer.add_tensor(f"blk.{i}.{kind}.bias", bias)
+        if architecture == "qwen3":
+            for norm in ("attn_q_norm", "attn_k_norm"):
+                norm_weight = rng.uniform(0.8, 1.2, hidden // heads).astype(np.float32)
+                writer.add_tensor(f"blk.{i}.{norm}.weight", norm_weight)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -98,6 +98,22 @@ def test_a_mixed_file_with_tied_embeddings(make_llm, tmp_path, caplog):
     assert any("kept in its GGUF types: Q4_K" in line for line in lines)
 
 
+@pytest.mark.parametrize(
+    "architecture,weight_type", [("qwen2", "Q4_K"), ("qwen3", "Q5_0")], ids=["qwen2", "qwen3"]
+)
+def test_qwen_files_served_in_blocks_match_hf_and_peft(
+    make_llm, tmp_path, architecture, weight_type
+):
+    """Qwen2 (q/k/v biases, rows not interleaved) and Qwen3 (q/k norms, head_dim 128)."""
+    gguf = write_quantized_gguf(
+        tmp_path / f"tiny-{architecture}.gguf", weight_type, seed=6, architecture=architecture
+    )
+    llm = _served_against_peft(make_llm, tmp_path, gguf)
+    model = llm.llm_engine.model
+    assert model.arch.family == ("qwen3" if architecture == "qwen3" else "llama")
+    assert isinstance(model.layers[0]["qkv"], QuantizedWeight)
+
+
 def test_the_dequantizing_path_stays_behind_its_flag(make_llm, tmp_path, caplog):
     gguf = write_quantized_gguf(tmp_path / "tiny.Q8_0.gguf", "Q8_0", seed=5)
     caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
