@@ -1,6 +1,10 @@
 """The engine: requests in, one scheduled forward pass per step, outputs back.
 
-`step()` is schedule, run, postprocess. Everything a request can get wrong is checked in
+`step()` is vLLM V1's: the scheduler's `schedule()` says what runs (one SchedulerOutput),
+the runner's `execute()` runs and samples it (a ModelRunnerOutput), and the scheduler's
+`update_from_output()`, the one writer of every sequence's computed tokens, output tokens,
+stops and frees, takes the result; the engine hands the touched requests' tokens on to
+output processing. Everything a request can get wrong is checked in
 `add_request`, before any KV block is touched. Adapter weights not in memory are read on
 loader threads (engine/adapter_residency.py) while the step goes on without their requests.
 """
@@ -285,27 +289,24 @@ class LLMEngine:
         return [out for _, out in outputs]
 
     def step_tokens(self) -> StepOutput:
-        """Schedule, run, postprocess: each touched request's new token ids, before any
-        text (engine/step_output.py)."""
+        """Schedule, execute, update from the output: each touched request's new token ids,
+        before any text (engine/step_output.py)."""
         self._step_thread = threading.get_ident()  # loads on this thread are not paced
         if self.residency is not None:
             self.residency.new_step()
-        start = time.perf_counter()
-        clock = StepClock()
+        start, clock, window_ms = time.perf_counter(), StepClock(), 0.0
         scheduled = self.scheduler.schedule()
-        failed = self._fail_unscheduled(scheduled)
-        if scheduled.empty:
-            self.runner.execute(scheduled)  # rows of sequences that left are given back
-            if not failed and self.residency is not None:
-                self.residency.wait(timeout=0.05)  # all that is left waits on a load
-            return self.step_output(failed)
-        mark_scheduled(scheduled)
-        clock.lap("schedule")
-        window_ms = 0.0
-        if self.residency is not None and self.residency.lend_window() > 0:
-            window_ms = clock.set_aside()
+        if not scheduled.empty:
+            mark_scheduled(scheduled)
+            clock.lap("schedule")
+            if self.residency is not None and self.residency.lend_window() > 0:
+                window_ms = clock.set_aside()
         result = self.runner.execute(scheduled, clock)
-        records = failed + self._records(self.scheduler.update_from_output(scheduled, result))
+        records = self._records(self.scheduler.update_from_output(scheduled, result))
+        if scheduled.empty:
+            if not records and self.residency is not None:
+                self.residency.wait(timeout=0.05)  # all that is left waits on a load
+            return self.step_output(records)
         clock.lap("output")
         ms = (time.perf_counter() - start) * 1e3 - window_ms
         self._record_step(scheduled, ms, clock, window_ms)
@@ -324,14 +325,6 @@ class LLMEngine:
             self.residency.step_took(ms / 1e3)
         self.step_budget.observe(record.num_tokens, ms)
         self.scheduler.max_num_batched_tokens = self.step_budget.tokens
-
-    def _fail_unscheduled(self, scheduled) -> list[RequestTokens]:
-        """Requests whose adapter could not take a slot this step end here, alone."""
-        touched: dict[str, Request] = {}
-        for seq, error in scheduled.failed:
-            self.scheduler.fail(seq.request, error)
-            touched[seq.request.request_id] = seq.request
-        return self._records(list(touched.values()))
 
     def _records(self, touched: list[Request]) -> list[RequestTokens]:
         """What the step hands on of each request it touched."""

@@ -9,6 +9,14 @@ When blocks run out, a victim (the built-in plugin's choice, newest first, unles
 plugin says otherwise) is preempted: swapped to CPU, or dropped and recomputed
 later. A request whose adapter weights are still loading (engine/adapter_residency.py) waits
 without holding up the others.
+
+The step has vLLM V1's shape: `schedule()` returns one SchedulerOutput (what runs, the forks
+of n > 1 that join it sharing their parent's blocks, the block tables changed since the
+last step, copy-on-write pairs) for the runner to execute, and `update_from_output()` takes
+the runner's output. The scheduler is the one writer of each sequence's computed tokens,
+output tokens, stops and frees, and of the running list: beam search's decisions and the
+stops output processing finds come through `fork`, `append_token` and `stop`
+(tests/engine/test_step_ownership.py checks it).
 """
 
 from __future__ import annotations
@@ -127,14 +135,18 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, result) -> list[Request]:
         """Advance what the step computed, take each sampled token (stopping by token id,
         EOS, max_tokens or the context limit), step beam groups, fail the requests whose
-        sample failed; the requests this step touched, in order."""
+        sample failed (and those whose adapter could not take a slot); the requests this
+        step touched, in order."""
+        touched: dict[str, Request] = {}
+        for seq, error in out.failed:  # they end here, alone
+            self.fail(seq.request, error)
+            touched[seq.request.request_id] = seq.request
         if self.fair_share is not None:
             for item in out.prefills:
                 self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
         for item in out.prefills + out.decodes + out.forks:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(item.seq)
-        touched: dict[str, Request] = {}
         if result.beams:
             self.beams.step(result.beams, touched)
         now = time.monotonic()

@@ -73,6 +73,9 @@ ROWS = "tests/engine/test_input_batch.py"
 SAMPLING_ROWS = "tests/engine/test_sampling_batch.py"
 PENALTY_COUNTS = "tests/engine/test_penalty_counts.py"
 SAMPLING_BATCH = "loragate.engine.sampling_batch"
+SCHEDULER = "loragate.engine.scheduler"
+STEP_RULES = "tests/engine/test_scheduler_update.py"
+PREEMPT_RECOMPUTE = STAGGERED + "test_preemption_under_tight_kv_matches_hf[recompute]"
 COUNTS = "loragate.engine.penalty_counts"
 
 MUTANTS = [
@@ -465,6 +468,54 @@ MUTANTS = [
             ),
         ),
         first=ONE_CALL_ROWS,
+    ),
+    Mutant(
+        "fork_computed_tokens_not_advanced",
+        "samples 2..n forked in a step do not advance with their parent (issue 58: the one "
+        "writer of computed tokens skips the step's forks)",
+        (
+            Patch(
+                SCHEDULER,
+                "Scheduler.update_from_output",
+                "for item in out.prefills + out.decodes + out.forks:",
+                "for item in out.prefills + out.decodes:",
+            ),
+        ),
+        first=FORKS,
+    ),
+    Mutant(
+        "preempted_keeps_computed_tokens",
+        "a sequence preempted to recompute keeps its computed-token count though its blocks "
+        "are freed",
+        (Patch(SCHEDULER, "Scheduler._preempt", "seq.num_computed_tokens = 0", "pass"),),
+        first=PREEMPT_RECOMPUTE,
+    ),
+    Mutant(
+        "prefix_hit_not_counted_as_computed",
+        "the scheduler takes a prefix-cache hit's blocks but does not count their tokens as "
+        "computed (so the hit's tokens run again)",
+        (
+            Patch(
+                SCHEDULER,
+                "Scheduler._schedule_waiting",
+                "seq.num_computed_tokens = hit.num_tokens",
+                "pass",
+            ),
+        ),
+        first=STEP_RULES,
+    ),
+    Mutant(
+        "stopped_sample_keeps_dropped_tokens",
+        "a sample stopped by a stop string keeps the tokens past the stop in its sequence",
+        (
+            Patch(
+                SCHEDULER,
+                "Scheduler.stop",
+                "del seq.token_ids[seq.prompt_len + num_output_tokens :]",
+                "pass",
+            ),
+        ),
+        first=STEP_RULES,
     ),
     Mutant(
         "slot_copy_read_unwaited",

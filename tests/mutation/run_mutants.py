@@ -32,6 +32,7 @@ SUBSET = [
     "tests/engine/test_mixed_ranks.py",
     "tests/engine/test_burst_over_the_tier.py",
     "tests/engine/test_sequence_sharing.py",
+    "tests/engine/test_scheduler_update.py",
     "tests/engine/test_input_batch.py",
     "tests/engine/test_sampling_batch.py",
     "tests/engine/test_penalty_counts.py",
