@@ -6,13 +6,15 @@ what HF transformers computes after loading the same GGUF file dequantized.
 
 On the CPU, decode-sized calls (fewer than ``PANEL_ROWS`` rows) run the native kernel that
 reads each block once and dequantizes it in registers: at batch 1 the bytes of the weights
-read decide the time. Larger calls dequantize a panel of output rows at a time into a small
-float32 buffer (native) and multiply it with torch's float32 matmul, reusing each
-dequantized panel across all the rows. Elsewhere (no native library, CUDA) the torch
-reference dequantizes the weight and multiplies.
+read decide the time. Larger calls dequantize a panel of output rows at a time (8 MB of
+float32: most weights whole) into a buffer the thread reuses (native) and multiply it with
+torch's float32 matmul, each dequantized panel serving all the rows. Elsewhere (no native
+library, CUDA) the torch reference dequantizes the weight and multiplies.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,7 @@ from .quant_cpu import native_quant, vector_path
 from .quant_dequant import dequantize
 
 PANEL_ROWS = 12  # from this many rows on, products run over dequantized panels (measured)
-PANEL_BYTES = 1 << 20  # float32 bytes of one panel (its output rows follow from in_features)
+PANEL_BYTES = 8 << 20  # float32 bytes of one panel (its output rows follow from in_features)
 
 
 def quantized_linear(
@@ -56,11 +58,24 @@ def quantized_linear(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
+_scratch = threading.local()
+
+
+def _panel_buffer(rows: int, k: int) -> torch.Tensor:
+    """A float32 [rows, k] buffer reused by the calling thread's calls (a fresh one per call
+    would be mapped and faulted in every time: about a millisecond per 8 MB)."""
+    held = getattr(_scratch, "buffer", None)
+    if held is None or held.numel() < rows * k:
+        held = _scratch.buffer = torch.empty(rows * k, dtype=torch.float32)
+    return held[: rows * k].view(rows, k)
+
+
 def _panels(kernels, x, weight: QuantizedWeight, bias, out, vector: bool) -> None:
-    """out = x @ W^T over panels of W's rows dequantized into one reused buffer."""
+    """out = x @ W^T over panels of W's rows dequantized into one reused buffer: one panel
+    for most weights (torch's matmul costs more per call than a dequantized panel does)."""
     n, k = weight.out_features, weight.in_features
     rows = max(16, min(n, PANEL_BYTES // (4 * k)))
-    panel = torch.empty(rows, k, dtype=torch.float32)
+    panel = _panel_buffer(rows, k)
     for start in range(0, n, rows):
         end = min(n, start + rows)
         part = QuantizedWeight(weight.blocks[start:end], weight.format, end - start, k)
