@@ -234,6 +234,48 @@ ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *b, float *
     }
 }
 
+/* Sub-block j (weights 32 j .. 32 j + 31) of a k-quant block, into four registers: ds / dm
+ * hold the block's scales (d times each 6-bit scale, dmin times each min; Q6_K: d times each
+ * of its sixteen int8 scales), decoded once per block. The same values as
+ * dequant_block_vector's. */
+ALWAYS_INLINE void k_sub_block(const int fmt, const uint8_t *b, const int j, const float *ds,
+                               const float *dm, f8 w[4]) {
+    const f8 zero = {0};
+    if (fmt == Q6_K) {
+        const uint8_t *ql = b + 64 * (j / 4) + 32 * (j % 2), *qh = b + 128 + 32 * (j / 4);
+        const int s = j % 4;
+        for (int g = 0; g < 4; ++g) {
+            i8 low = widen(ql + 8 * g);
+            low = s < 2 ? low & 0x0F : low >> 4;
+            const i8 high = (widen(qh + 8 * g) >> (2 * s)) & 3;
+            w[g] = (zero + ds[2 * j + g / 2]) * to_f8((low | high << 4) - 32);
+        }
+        return;
+    }
+    const uint8_t *qh = b + 16, *chunk = b + (fmt == Q5_K ? 48 : 16) + (j / 2) * 32;
+    for (int g = 0; g < 4; ++g) {
+        i8 q = (widen(chunk + 8 * g) >> (4 * (j % 2))) & 0x0F;
+        if (fmt == Q5_K) q |= ((widen(qh + 8 * g) >> j) & 1) << 4;
+        w[g] = (zero + ds[j]) * to_f8(q) - (zero + dm[j]);
+    }
+}
+
+/* A k-quant block's scales as k_sub_block takes them. */
+ALWAYS_INLINE void k_block_scales(const int fmt, const uint8_t *b, float *ds, float *dm) {
+    if (fmt == Q6_K) {
+        const float d = half_to_float(b + 208);
+        for (int i = 0; i < 16; ++i) ds[i] = d * (float)(int8_t)b[192 + i];
+        return;
+    }
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    uint8_t sc[8], mn[8];
+    k_scales(b + 4, sc, mn);
+    for (int j = 0; j < 8; ++j) {
+        ds[j] = d * (float)sc[j];
+        dm[j] = dmin * (float)mn[j];
+    }
+}
+
 /* y[r, n] for rows r0..r0+rows (rows <= ROWS) and one output n, from its row of blocks;
  * inlined once per format, so the block's size, bytes and layout are constants. Two
  * accumulators per row keep the additions from waiting on each other. */
@@ -251,7 +293,24 @@ ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k
     f8 acc[ROWS][2] = {{{0}}};
     float w[MAX_BLOCK] __attribute__((aligned(32)));
     const int64_t blocks = k / bs;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
+    if (fmt >= Q4_K) { /* k-quants: each sub-block dequantized in registers and used there */
+        float ds[16], dm[8];
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+            const uint8_t *b = wrow + blk * bb;
+            k_block_scales(fmt, b, ds, dm);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) {
+                f8 v[4];
+                k_sub_block(fmt, b, j, ds, dm, v);
+                for (int r = 0; r < rows; ++r) {
+                    const float *xr = x + r * ldx + blk * bs + 32 * j;
+                    acc[r][0] += v[0] * get8(xr) + v[2] * get8(xr + 16);
+                    acc[r][1] += v[1] * get8(xr + 8) + v[3] * get8(xr + 24);
+                }
+            }
+        }
+    }
+    for (int64_t blk = 0; fmt < Q4_K && blk < blocks; ++blk) {
         dequant_block_vector(fmt, wrow + blk * bb, w);
         for (int r = 0; r < rows; ++r) {
             const float *xr = x + r * ldx + blk * bs;
