@@ -188,3 +188,24 @@ def test_a_wrong_tensor_shape_is_refused_naming_it(tmp_path, monkeypatch):
     _refused(
         tmp_path, path, r"blk\.0\.attn_k\.weight \(Q8_0\) has shape \[256, 256\], expected \[128"
     )
+
+
+def test_a_server_refusing_a_bad_file_exits_non_zero_with_the_message(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = write_quantized_gguf(tmp_path / "tiny.gguf", "Q4_0")
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 3000])
+    env = {**os.environ, "LORAGATE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "loragate.gateway.assembly.cli", "serve", str(cut), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "cut.gguf is truncated: tensor blk.1.ffn_down.weight" in done.stdout + done.stderr
