@@ -32,7 +32,7 @@ from loragate.kernels.quant_blocks import FORMATS
 log = logging.getLogger(__name__)
 
 # GGUF architectures whose weights are served in their block types, and their HF model_type.
-BLOCK_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+BLOCK_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = (*FORMATS, *FLOAT_TYPES)
 
@@ -58,6 +58,13 @@ _LAYER = {
     "ffn_down": "mlp.down_proj",
 }
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Phi-3 stores q/k/v and gate/up fused (attn_qkv, and ffn_up holding gate then up).
+_PHI3_LAYER = {**_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_LAYER_PARTS = {
+    "phi3": ("attn_norm", "ffn_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+}
+_LLAMA_PARTS = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
+_LLAMA_PARTS += ("ffn_gate", "ffn_up", "ffn_down")
 
 
 def gguf_weights_source(hf_dir: Path) -> Path | None:
@@ -70,16 +77,17 @@ def gguf_weights_source(hf_dir: Path) -> Path | None:
     return Path(recorded["gguf"]) if recorded.get("weights") == WEIGHTS_IN_BLOCKS else None
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The decoder's (HF) name of a GGUF tensor; None for one the decoder does not read
     (rope_freqs and the like)."""
     if gguf_name in _TOP:
         return _TOP[gguf_name]
+    names = _PHI3_LAYER if architecture == "phi3" else _LAYER
     found = _BLOCK_NAME.match(gguf_name)
-    if found is None or found.group(2) not in _LAYER:
+    if found is None or found.group(2) not in names:
         return None
     layer, part, kind = found.groups()
-    return f"model.layers.{layer}.{_LAYER[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def gguf_architecture(path: Path) -> str:
@@ -158,6 +166,8 @@ def expected_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
         "self_attn.k_proj.bias": (kv,),
         "self_attn.v_proj.bias": (kv,),
         "self_attn.o_proj.weight": (hidden, q),
+        "self_attn.qkv_proj.weight": (q + 2 * kv, hidden),
+        "mlp.gate_up_proj.weight": (2 * inter, hidden),
         "self_attn.q_norm.weight": (head_dim,),
         "self_attn.k_norm.weight": (head_dim,),
         "mlp.gate_proj.weight": (inter, hidden),
@@ -198,7 +208,7 @@ class GGUFWeights:
         shapes = expected_shapes(self.config)
         out: dict[str, torch.Tensor | QuantizedWeight] = {}
         for tensor in reader.tensors:
-            name = hf_name(tensor.name)
+            name = hf_name(tensor.name, self.architecture)
             if name is None:
                 continue
             out[name] = self._convert(tensor, name, shapes)
@@ -211,7 +221,7 @@ class GGUFWeights:
 
         reader = open_gguf(self.path)
         for tensor in reader.tensors:
-            if hf_name(tensor.name) == name:
+            if hf_name(tensor.name, self.architecture) == name:
                 value = self._convert(tensor, name, expected_shapes(self.config))
                 return dequantize(value) if isinstance(value, QuantizedWeight) else value
         raise ValueError(f"GGUF file {self.path} has no tensor for {name!r}")
@@ -258,11 +268,10 @@ class GGUFWeights:
 
     def _check_complete(self, found: dict) -> None:
         needed = ["model.embed_tokens.weight", "model.norm.weight"]
+        names = _PHI3_LAYER if self.architecture == "phi3" else _LAYER
         for i in range(self.config.num_hidden_layers):
-            for part in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output"):
-                needed.append(f"model.layers.{i}.{_LAYER[part]}.weight")
-            for part in ("ffn_gate", "ffn_up", "ffn_down"):
-                needed.append(f"model.layers.{i}.{_LAYER[part]}.weight")
+            for part in _LAYER_PARTS.get(self.architecture, _LLAMA_PARTS):
+                needed.append(f"model.layers.{i}.{names[part]}.weight")
         missing = [n for n in needed if n not in found]
         if missing:
             raise ValueError(

@@ -43,7 +43,7 @@ def k_quant_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
 
 # Qwen3's GGUF metadata carries no head_dim that transformers reads: it takes its default
 # (128), so the qwen3 model is wider.
-ARCH_SHAPES = {"llama": {}, "qwen2": {}, "qwen3": dict(hidden=512, ffn=512)}
+ARCH_SHAPES = {"llama": {}, "qwen2": {}, "qwen3": dict(hidden=512, ffn=512), "phi3": {}}
 
 
 def write_quantized_gguf(
@@ -58,7 +58,7 @@ def write_quantized_gguf(
     (``types`` overrides it per tensor kind: ``attn_v``, ``ffn_down``, ``output``...; a type
     neither quantized here nor a k-quant is written as zero blocks); norms F32.
     ``tied``: no output.weight (the embedding is the output matrix). ``architecture``:
-    llama, qwen2 (q/k/v biases) or qwen3 (q/k norms)."""
+    llama, qwen2 (q/k/v biases), qwen3 (q/k norms) or phi3 (fused qkv and gate_up)."""
     import gguf
 
     shape = {**SHAPE, **ARCH_SHAPES[architecture]}
@@ -82,6 +82,8 @@ def write_quantized_gguf(
     writer.add_token_list(tokens)
     writer.add_token_types([3] * len(SPECIAL_TOKENS) + [1] * (len(tokens) - len(SPECIAL_TOKENS)))
     writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
+    if architecture == "phi3":  # transformers builds Phi-3's tokenizer from scores
+        writer.add_token_scores([0.0] * len(tokens))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
@@ -113,15 +115,13 @@ def write_quantized_gguf(
         add("output.weight", "output", len(tokens), hidden, hidden**-0.5)
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
     for i in range(layers):
-        for kind, (rows, cols) in {
-            "attn_q": (hidden, hidden),
-            "attn_k": (kv, hidden),
-            "attn_v": (kv, hidden),
-            "attn_output": (hidden, hidden),
-            "ffn_gate": (ffn, hidden),
-            "ffn_up": (ffn, hidden),
-            "ffn_down": (hidden, ffn),
-        }.items():
+        if architecture == "phi3":  # fused, as Phi-3 stores them
+            kinds = {"attn_qkv": (hidden + 2 * kv, hidden), "ffn_up": (2 * ffn, hidden)}
+        else:
+            kinds = {"attn_q": (hidden, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden)}
+            kinds.update(ffn_gate=(ffn, hidden), ffn_up=(ffn, hidden))
+        kinds.update(attn_output=(hidden, hidden), ffn_down=(hidden, ffn))
+        for kind, (rows, cols) in kinds.items():
             add(f"blk.{i}.{kind}.weight", kind, rows, cols, cols**-0.5)
         for norm in ("attn_norm", "ffn_norm"):
             norm_weight = rng.uniform(0.8, 1.2, hidden).astype(np.float32)

@@ -28,14 +28,23 @@ ADAPTERS = {
 }
 
 
+# Phi-3's own modules are the fused projections.
+PHI3_ADAPTERS = {
+    "plain": dict(rank=8, targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+    "dora": dict(rank=4, targets=["qkv_proj", "down_proj"], use_dora=True),
+    "head": dict(rank=4, targets=["qkv_proj", "lm_head"]),
+}
+
+
 def _adapters(hf_dir, root):
     import torch
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    specs = PHI3_ADAPTERS if base.config.model_type == "phi3" else ADAPTERS
     return {
         name: make_random_adapter(base, root / name, seed=i, init_scale=0.4, **spec)
-        for i, (name, spec) in enumerate(ADAPTERS.items())
+        for i, (name, spec) in enumerate(specs.items())
     }
 
 
@@ -99,18 +108,21 @@ def test_a_mixed_file_with_tied_embeddings(make_llm, tmp_path, caplog):
 
 
 @pytest.mark.parametrize(
-    "architecture,weight_type", [("qwen2", "Q4_K"), ("qwen3", "Q5_0")], ids=["qwen2", "qwen3"]
+    "architecture,weight_type",
+    [("qwen2", "Q4_K"), ("qwen3", "Q5_0"), ("phi3", "Q6_K")],
+    ids=["qwen2", "qwen3", "phi3"],
 )
-def test_qwen_files_served_in_blocks_match_hf_and_peft(
+def test_other_families_served_in_blocks_match_hf_and_peft(
     make_llm, tmp_path, architecture, weight_type
 ):
-    """Qwen2 (q/k/v biases, rows not interleaved) and Qwen3 (q/k norms, head_dim 128)."""
+    """Qwen2 (q/k/v biases, rows not interleaved), Qwen3 (q/k norms, head_dim 128) and
+    Phi-3 (q/k/v and gate/up stored fused, adapters on the fused modules)."""
     gguf = write_quantized_gguf(
         tmp_path / f"tiny-{architecture}.gguf", weight_type, seed=6, architecture=architecture
     )
     llm = _served_against_peft(make_llm, tmp_path, gguf)
     model = llm.llm_engine.model
-    assert model.arch.family == ("qwen3" if architecture == "qwen3" else "llama")
+    assert model.arch.family == ("llama" if architecture == "qwen2" else architecture)
     assert isinstance(model.layers[0]["qkv"], QuantizedWeight)
 
 
