@@ -4,8 +4,9 @@ On a GPU the engine is host-bound: a decode step launches several hundred kernel
 thousand more with LoRA), each costing microseconds of Python, while the GPU's own work is
 well under a millisecond. A decode-only step's shapes are known in advance up to its batch
 size, so its forward pass is captured once per batch-size bucket and LoRA rank, then
-replayed: each step writes its inputs into the static tensors the graph reads, padded to
-the bucket with rows that touch nothing (KV slot -1: no cache write; no adapter; a context
+replayed: each step writes its inputs into the static tensors the graph reads (block tables
+cut from the runner's persistent batch, engine/input_batch.py), padded to the bucket with
+rows that touch nothing (KV slot -1: no cache write; no adapter; a context
 of one token). Adapter slots and the KV cache never move, so the graph reads whatever they
 hold when it replays.
 
@@ -119,11 +120,13 @@ class DecodeGraphs:
         extra = {*slots.extra_slots, *slots.vocab_slots}
         return bool(extra) and any(item.seq.lora_slot in extra for item in decodes)
 
-    def run(self, decodes: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [len(decodes), vocab] float32; decodes grouped by slot, base-only last."""
+    def run(self, decodes: list[ScheduledSeq], tables: torch.Tensor) -> torch.Tensor:
+        """Logits [len(decodes), vocab] float32; decodes grouped by slot, base-only last.
+        `tables` are their rows of the runner's persistent batch (engine/input_batch.py),
+        [len(decodes), widest table] int32."""
         n = len(decodes)
         bucket = next(b for b in self.buckets if b >= n)
-        rank = self._write_inputs(decodes, bucket)
+        rank = self._write_inputs(decodes, tables, bucket)
         self.replays += 1
         self.padded_rows += bucket - n
         self.keys_run.add((bucket, rank))
@@ -140,26 +143,29 @@ class DecodeGraphs:
         # A copy: the next replay overwrites the static logits while these may still be read.
         return captured.logits[:n].clone()
 
-    def _write_inputs(self, decodes: list[ScheduledSeq], bucket: int) -> int:
-        ids, positions, kv_slots, lora_slots, lens, tables = [], [], [], [], [], []
-        bs, width = self.block_size, self.max_blocks
+    def _write_inputs(self, decodes: list[ScheduledSeq], tables: torch.Tensor, bucket: int) -> int:
+        """The static inputs for `decodes`: each one's token and position, and its block
+        table cut from the persistent batch (padding rows read block 0, write nowhere)."""
+        n, bs = len(decodes), self.block_size
+        ids, positions, lora_slots = [], [], []
         for item in decodes:
             seq = item.seq
             p = seq.num_computed_tokens
-            table = seq.block_table
             ids.append(seq.token_ids[p])
             positions.append(p)
-            kv_slots.append(table[p // bs] * bs + p % bs)
             lora_slots.append(seq.lora_slot)
-            lens.append(p + 1)
-            tables.append(table + [0] * (width - len(table)))
-        pad = bucket - len(decodes)
-        rows = [ids + [0] * pad, positions + [0] * pad, kv_slots + [-1] * pad]
-        rows.append(lora_slots + [-1] * pad)
-        self.rows[:, :bucket].copy_(torch.tensor(rows, dtype=torch.long))
-        self.seq_lens[:bucket].copy_(torch.tensor(lens + [1] * pad, dtype=torch.int32))
-        tables += [[0] * width] * pad
-        self.block_tables[:bucket].copy_(torch.tensor(tables, dtype=torch.int32))
+        pad = bucket - n
+        rows = torch.tensor(
+            [ids + [0] * pad, positions + [0] * pad, [-1] * bucket, lora_slots + [-1] * pad],
+            dtype=torch.long,
+        )
+        at = rows[1, :n]
+        rows[2, :n] = tables[torch.arange(n), at // bs].to(torch.long) * bs + at % bs
+        self.rows[:, :bucket].copy_(rows)
+        self.seq_lens[:bucket].copy_((rows[1, :bucket] + 1).to(torch.int32))
+        padded = torch.zeros(bucket, self.max_blocks, dtype=torch.int32)
+        padded[:n, : tables.shape[1]] = tables
+        self.block_tables[:bucket].copy_(padded)
         if self.adapter_slots is None or all(s < 0 for s in lora_slots):
             return 0
         counts = [0] * self.group_ends.shape[0]

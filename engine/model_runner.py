@@ -114,7 +114,8 @@ class ModelRunner:
         return sampled, logits
 
     def _run_graph(self, decodes: list[ScheduledSeq]) -> tuple[list[Sequence], torch.Tensor]:
-        logits = self.decode_graphs.run(decodes)
+        tables = self.input_batch.tables([item.seq for item in decodes])
+        logits = self.decode_graphs.run(decodes, tables)
         self.num_computed_tokens_total += len(decodes)
         rows = [i for i, item in enumerate(decodes) if item.samples]
         if len(rows) < len(decodes):

@@ -84,7 +84,7 @@ def test_a_failed_capture_leaves_the_engine_eager_and_correct(tiny_setup, make_l
     )
     calls = []
 
-    def failing_run(decodes):
+    def failing_run(decodes, tables):
         calls.append(len(decodes))
         raise GraphCaptureError("capture refused")
 
