@@ -4,9 +4,10 @@ tensor, written only when that table changes (vLLM V1's InputBatch is the model)
 A sequence takes a row the first time its blocks are set (a prompt admitted, a swap-in, a
 fork), keeps it while it runs, and gives it back when its blocks are freed (finished,
 aborted, preempted). The block manager logs every table it changes (a new block, a copy on
-write, a prefix hit committed, a free, a fork, a swap-in); `sync` rewrites exactly those
-rows before the step's inputs are cut from the tensor, so a step costs no per-sequence
-table rebuild, and a row is never read for a sequence that left it.
+write, a prefix hit taken, a free, a fork, a swap-in), the scheduler hands the log to the
+runner in its SchedulerOutput, and the runner (this batch's only user) `sync`s exactly
+those rows before the step's inputs are cut from the tensor, so a step costs no
+per-sequence table rebuild, and a row is never read for a sequence that left it.
 
 Beside the tables, each row holds its sequence's sampling parameters
 (engine/sampling_batch.py): written when the sequence takes the row, cleared when it leaves.
