@@ -11,6 +11,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, NUM_FORMATS };
@@ -409,6 +410,99 @@ int quant_linear(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, con
 #define CASE(F)                                                                  \
     case F:                                                                      \
         linear_vector_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads); \
+        break;
+    switch (fmt) {
+        CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+    }
+#undef CASE
+    return 0;
+}
+
+/* ---- many rows: panels of dequantized outputs reused across every row -------------------
+ * Each thread dequantizes a panel of P output rows (sized to stay in L2) into its own
+ * buffer, then multiplies every activation row by it, four rows by three outputs at a time
+ * (twelve accumulators; loads of 4 + 3 vectors per 12 fused multiply-adds). Outputs past
+ * the weight's last row read zeros; rows past the last activation row repeat it and are
+ * not stored. */
+#define PANEL_COLS 3
+#define PANEL_ROWS_X 4
+
+static inline void panel_tile(const float *x, int64_t ldx, int64_t r0, int64_t m, const float *w,
+                              int64_t k, int64_t j0, int64_t cols, const float *bias, float *y,
+                              int64_t ldy) {
+    const float *xr[PANEL_ROWS_X];
+    for (int r = 0; r < PANEL_ROWS_X; ++r) xr[r] = x + (r0 + r < m ? r0 + r : m - 1) * ldx;
+    const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k;
+    f8 a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};
+    f8 a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};
+    for (int64_t i = 0; i < k; i += 8) {
+        const f8 v0 = get8(w0 + i), v1 = get8(w1 + i), v2 = get8(w2 + i);
+        f8 u = get8(xr[0] + i);
+        a00 += u * v0, a01 += u * v1, a02 += u * v2;
+        u = get8(xr[1] + i);
+        a10 += u * v0, a11 += u * v1, a12 += u * v2;
+        u = get8(xr[2] + i);
+        a20 += u * v0, a21 += u * v1, a22 += u * v2;
+        u = get8(xr[3] + i);
+        a30 += u * v0, a31 += u * v1, a32 += u * v2;
+    }
+    const f8 acc[PANEL_ROWS_X][PANEL_COLS] = {
+        {a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+    for (int r = 0; r < PANEL_ROWS_X && r0 + r < m; ++r)
+        for (int c = 0; c < cols; ++c) {
+            float s = 0.0f;
+            for (int l = 0; l < 8; ++l) s += acc[r][c][l];
+            y[(r0 + r) * ldy + j0 + c] = bias ? s + bias[j0 + c] : s;
+        }
+}
+
+#define DEFINE_PANELS_VECTOR(F, BS, BB)                                                         \
+    static void panels_vector_##F(const float *x, int64_t ldx, int64_t m, int64_t k,            \
+                                  const uint8_t *w, int64_t row_stride, int64_t n,              \
+                                  const float *bias, float *y, int64_t ldy, int64_t panel,      \
+                                  int threads) {                                                \
+        const int64_t panels = (n + panel - 1) / panel;                                         \
+        _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                          \
+            float *buf = aligned_alloc(32, (size_t)(panel * k * 4 + 32));                       \
+            _Pragma("omp for schedule(static)") for (int64_t p = 0; p < panels; ++p) {          \
+                const int64_t j0 = p * panel, rows = n - j0 < panel ? n - j0 : panel;            \
+                for (int64_t j = 0; j < panel; ++j) {                                           \
+                    if (j >= rows) {                                                            \
+                        memset(buf + j * k, 0, (size_t)k * 4);                                   \
+                        continue;                                                               \
+                    }                                                                           \
+                    for (int64_t blk = 0; blk < k / BS; ++blk)                                  \
+                        dequant_block_vector(F, w + (j0 + j) * row_stride + blk * BB,           \
+                                             buf + j * k + blk * BS);                           \
+                }                                                                               \
+                for (int64_t c0 = 0; c0 < rows; c0 += PANEL_COLS) {                              \
+                    const int64_t cols = rows - c0 < PANEL_COLS ? rows - c0 : PANEL_COLS;       \
+                    for (int64_t r0 = 0; r0 < m; r0 += PANEL_ROWS_X)                            \
+                        panel_tile(x, ldx, r0, m, buf + c0 * k, k, j0 + c0, cols, bias, y, ldy); \
+                }                                                                               \
+            }                                                                                   \
+            free(buf);                                                                          \
+        }                                                                                       \
+    }
+DEFINE_PANELS_VECTOR(Q4_0, 32, 18)
+DEFINE_PANELS_VECTOR(Q4_1, 32, 20)
+DEFINE_PANELS_VECTOR(Q5_0, 32, 22)
+DEFINE_PANELS_VECTOR(Q5_1, 32, 24)
+DEFINE_PANELS_VECTOR(Q8_0, 32, 34)
+DEFINE_PANELS_VECTOR(Q4_K, 256, 144)
+DEFINE_PANELS_VECTOR(Q5_K, 256, 176)
+DEFINE_PANELS_VECTOR(Q6_K, 256, 210)
+
+/* y [m, n] = x [m, k] times w^T (+ bias) over dequantized panels of ``panel`` output rows (a
+ * multiple of 3), on the vector path: for many rows. Returns 0, or -1 as quant_linear. */
+int quant_linear_panels(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                        const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                        float *y, int64_t ldy, int64_t panel, int threads) {
+    if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt] || panel < 3 || panel % 3)
+        return -1;
+#define CASE(F)                                                                         \
+    case F:                                                                             \
+        panels_vector_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, panel, threads); \
         break;
     switch (fmt) {
         CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)

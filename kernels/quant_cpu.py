@@ -21,6 +21,7 @@ from .quant_blocks import QuantizedWeight, block_format
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _LINEAR = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
 _DEQUANTIZE = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32]
+_PANELS = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I32]
 
 
 def vector_path(flags: frozenset[str] | None = None) -> bool:
@@ -38,6 +39,8 @@ class NativeQuant:
         self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
         self._dequantize = library.quant_dequantize
         self._dequantize.argtypes, self._dequantize.restype = _DEQUANTIZE, ctypes.c_int
+        self._panels = library.quant_linear_panels
+        self._panels.argtypes, self._panels.restype = _PANELS, ctypes.c_int
 
     def linear(
         self,
@@ -66,6 +69,36 @@ class NativeQuant:
         )
         if status:
             raise ValueError(f"quant_linear refused a {weight.format} weight {weight.shape}")
+
+    def linear_panels(
+        self,
+        x: torch.Tensor,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        panel: int,
+    ) -> None:
+        """``linear`` for many rows, on the vector path: each thread dequantizes ``panel``
+        output rows (a multiple of 3) at a time into its own buffer and multiplies every
+        row of x by them."""
+        fmt = block_format(weight.format)
+        status = self._panels(
+            fmt.code,
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            weight.in_features,
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            bias.data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            out.stride(0),
+            panel,
+            torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"quant_linear_panels refused a {weight.format} weight {weight.shape}")
 
     def dequantize(self, weight: QuantizedWeight, out: torch.Tensor, vector: bool) -> None:
         """out [n, k] float32 (rows contiguous) = the weight's rows dequantized."""

@@ -83,10 +83,11 @@ def assert_float32_rounding(got, x, weight_f, bias=None):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("rows", [1, 3, 5, 13, 64])
+@pytest.mark.parametrize("rows", [1, 3, 5, 13, 64, 130])
 def test_products_match_a_float64_reference(name, rows, path):
     """Rows: one, fewer than the kernel's group of 4, not a multiple of it, past the panel
-    threshold; 37 outputs (odd, and not a multiple of any panel)."""
+    threshold (native panels), past the torch panels' threshold; 37 outputs (odd, and not a
+    multiple of any panel or of the native panels' three outputs)."""
     weight = random_weight(name, 37, in_features_of(name), seed=rows)
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, weight.in_features, generator=gen)
@@ -99,12 +100,13 @@ def test_products_match_a_float64_reference(name, rows, path):
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
 def test_strided_activations_and_panels_of_many_outputs(name, path, monkeypatch):
-    """x a column slice of a wider tensor; the panel path over several panels."""
+    """x a column slice of a wider tensor; both panel paths over several panels."""
     monkeypatch.setattr(quant_linear, "PANEL_BYTES", 4 * in_features_of(name) * 16)
+    monkeypatch.setattr(quant_linear, "NATIVE_PANEL_BYTES", 4 * in_features_of(name) * 12)
     weight = random_weight(name, 75, in_features_of(name), seed=9)
-    wide = torch.randn(40, weight.in_features + 8)
+    wide = torch.randn(140, weight.in_features + 8)
     x = wide[:, 3 : 3 + weight.in_features]
-    for rows in (2, 40):
+    for rows in (2, 40, 140):
         got = quant_linear.quantized_linear(x[:rows], weight)
         assert_float32_rounding(got, x[:rows], dequantize(weight))
 
