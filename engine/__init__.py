@@ -32,6 +32,7 @@ from loragate.engine.outputs import CompletionOutput, RequestOutput
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.stored_adapters import object_of, store_path
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
+from loragate.plugins import InvalidParam
 
 __all__ = [
     "LLM",
@@ -47,6 +48,7 @@ __all__ = [
     "EngineClient",
     "EngineConfig",
     "EngineDeadError",
+    "InvalidParam",
     "EngineStats",
     "GuidedDecodingParams",
     "InFlightRequests",

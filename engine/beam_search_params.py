@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from loragate.adapters import LoRARequest
 from loragate.engine.outputs import RequestOutput
 from loragate.engine.sampling_params import SamplingParams
+from loragate.plugins import InvalidParam
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         width = self.beam_width
         if isinstance(width, bool) or not isinstance(width, int) or width < 2:
-            raise ValueError(f"beam_width must be an integer >= 2, got {width!r}")
+            raise InvalidParam("beam_width", f"beam_width must be an integer >= 2, got {width!r}")
         self.sampling_params()  # every other bad value fails here, naming its field
 
     def sampling_params(self) -> SamplingParams:

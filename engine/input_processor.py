@@ -10,6 +10,7 @@ from typing import Any
 
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.special_tokens import SpecialTokenRule
+from loragate.plugins import InvalidParam
 
 PromptInput = str | dict[str, Any]
 
@@ -49,7 +50,7 @@ class InputProcessor:
         {"prompt_token_ids": [...]} (ids are taken as they are)."""
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt is empty")
+                raise InvalidParam("prompt", "prompt is empty")
             return prompt, self.encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
@@ -57,32 +58,39 @@ class InputProcessor:
                 if not isinstance(ids, list | tuple) or not all(
                     isinstance(t, int) and not isinstance(t, bool) for t in ids
                 ):
-                    raise ValueError("prompt_token_ids must be a list of integers")
+                    raise InvalidParam(
+                        "prompt_token_ids", "prompt_token_ids must be a list of integers"
+                    )
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt:
                 text = prompt["prompt"]
                 if not isinstance(text, str):
-                    raise ValueError(f"prompt must be a string, got {type(text).__name__}")
+                    raise InvalidParam(
+                        "prompt", f"prompt must be a string, got {type(text).__name__}"
+                    )
                 if not text:
-                    raise ValueError("prompt is empty")
+                    raise InvalidParam("prompt", "prompt is empty")
                 return text, self.encode(text, prompt.get("add_special_tokens"))
-        raise ValueError(
+        raise InvalidParam(
+            "prompt",
             "prompt must be a string or a dict with 'prompt' or 'prompt_token_ids', "
-            f"got {type(prompt).__name__}"
+            f"got {type(prompt).__name__}",
         )
 
     def check(self, token_ids: list[int]) -> None:
         if not token_ids:
-            raise ValueError("prompt is empty")
+            raise InvalidParam("prompt", "prompt is empty")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(
+            raise InvalidParam(
+                "prompt",
                 f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
-                "which must leave room for at least one generated token"
+                "which must leave room for at least one generated token",
             )
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            raise InvalidParam(
+                "prompt",
+                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
             )
 
     def apply_chat_template(
@@ -101,20 +109,24 @@ class InputProcessor:
         them (OpenAI's function definitions); `chat_template_kwargs` are more variables for
         the template (vLLM's: Qwen3's `enable_thinking`, say)."""
         if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
+            raise InvalidParam("messages", "messages must be a non-empty list")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+                raise InvalidParam(
+                    "messages", f"messages[{i}] must be an object with 'role' and 'content'"
+                )
         add = _flag(add_special_tokens, False)
         if tools is not None and not (
             isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
         ):
-            raise ValueError("tools must be a list of objects")
+            raise InvalidParam("tools", "tools must be a list of objects")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-            raise ValueError("chat_template_kwargs must be an object")
+            raise InvalidParam("chat_template_kwargs", "chat_template_kwargs must be an object")
         reserved = sorted(set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_NAMES)
         if reserved:
-            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+            raise InvalidParam(
+                "chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)}"
+            )
         ids = self.tokenizer.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
@@ -131,16 +143,26 @@ def _flag(value, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ValueError(f"add_special_tokens must be true or false, got {value!r}")
+        raise InvalidParam(
+            "add_special_tokens", f"add_special_tokens must be true or false, got {value!r}"
+        )
     return value
 
 
 def check_request(inputs: InputProcessor, plugins, token_ids: list[int], params) -> None:
     """Raise a ValueError naming what is wrong with a request's prompt or parameters."""
     if not isinstance(params, SamplingParams):
-        raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        raise InvalidParam(
+            "sampling", f"sampling params must be SamplingParams, got {type(params).__name__}"
+        )
     inputs.check(token_ids)
     if params.use_beam_search:
-        plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
+        try:
+            plugins.decoding_strategy("beam")  # ValueError if no plugin provides it
+        except ValueError as exc:
+            raise InvalidParam("use_beam_search", str(exc)) from exc
     if params.sampler is not None:
-        plugins.sampler(params.sampler)  # ValueError naming the known samplers
+        try:
+            plugins.sampler(params.sampler)  # ValueError naming the known samplers
+        except ValueError as exc:
+            raise InvalidParam("sampler", str(exc)) from exc

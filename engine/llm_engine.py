@@ -50,7 +50,7 @@ from loragate.engine.step_budget import step_budget_for
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
 from loragate.engine.swap import KVSwapper
-from loragate.plugins import PluginManager
+from loragate.plugins import InvalidParam, PluginManager
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
+            raise InvalidParam("priority", f"priority must be an integer, got {priority!r}")
         tenant_weight = check_tenant_weight(tenant_weight)
         text, token_ids = self.inputs.tokenize(prompt)
         lora_request, adapter_identity = self._validate(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loragate.engine.structured_outputs import StructuredOutputsParams, structured_outputs_from
+from loragate.plugins import InvalidParam
 
 # Temperatures below this are treated as greedy (vLLM uses the same epsilon).
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -105,22 +106,24 @@ class SamplingParams:
         elif isinstance(self.stop, list | tuple):
             self.stop = list(self.stop)
         else:
-            raise ValueError(
-                f"stop must be a string or a list of strings, got {type(self.stop).__name__}"
+            raise InvalidParam(
+                "stop",
+                f"stop must be a string or a list of strings, got {type(self.stop).__name__}",
             )
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         elif isinstance(self.stop_token_ids, list | tuple):
             self.stop_token_ids = list(self.stop_token_ids)
         else:
-            raise ValueError(
+            raise InvalidParam(
+                "stop_token_ids",
                 "stop_token_ids must be a list of token ids, "
-                f"got {type(self.stop_token_ids).__name__}"
+                f"got {type(self.stop_token_ids).__name__}",
             )
         for name in ("temperature", "top_p", "min_p", "length_penalty") + _PENALTY_FIELDS:
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
+                raise InvalidParam(name, f"{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
         if self.best_of is None:
             self.best_of = self.n
@@ -129,103 +132,129 @@ class SamplingParams:
 
     def _verify_counts(self) -> None:
         if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+            raise InvalidParam("n", f"n must be an integer >= 1, got {self.n!r}")
         if not _is_int(self.best_of) or self.best_of < self.n:
-            raise ValueError(f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}")
+            raise InvalidParam(
+                "best_of", f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}"
+            )
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+            raise InvalidParam(
+                "max_tokens", f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}"
+            )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            raise InvalidParam(
+                "min_tokens", f"min_tokens must be an integer >= 0, got {self.min_tokens!r}"
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            raise InvalidParam(
+                "min_tokens",
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
+                raise InvalidParam(name, f"{name} must be an integer >= 0 or None, got {value!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
+            raise InvalidParam(
+                "seed", f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}"
+            )
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(
-                f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}"
+            raise InvalidParam(
+                "top_k", f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}"
             )
 
     def _verify_probabilities(self) -> None:
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            raise InvalidParam(
+                "temperature",
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
             )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidParam("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidParam("min_p", f"min_p must be in [0, 1], got {self.min_p}")
 
     def _verify_penalties(self) -> None:
         low, high = REPETITION_PENALTY_RANGE
         if not low <= self.repetition_penalty <= high:
-            raise ValueError(
-                f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}"
+            raise InvalidParam(
+                "repetition_penalty",
+                f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}",
             )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise InvalidParam(name, f"{name} must be in [-2, 2], got {value}")
 
     def _verify_stops(self) -> None:
         for text in self.stop:
             if not isinstance(text, str):
-                raise ValueError(f"stop must contain only strings, got {text!r}")
+                raise InvalidParam("stop", f"stop must contain only strings, got {text!r}")
             if not text:
-                raise ValueError("stop must not contain empty strings")
+                raise InvalidParam("stop", "stop must not contain empty strings")
         for token_id in self.stop_token_ids:
             if not _is_int(token_id) or token_id < 0:
-                raise ValueError(f"stop_token_ids must be non-negative integers, got {token_id!r}")
+                raise InvalidParam(
+                    "stop_token_ids",
+                    f"stop_token_ids must be non-negative integers, got {token_id!r}",
+                )
 
     def _verify_beam_search(self) -> None:
         if self.early_stopping not in (True, False, "never"):
-            raise ValueError(
-                f"early_stopping must be True, False or 'never', got {self.early_stopping!r}"
+            raise InvalidParam(
+                "early_stopping",
+                f"early_stopping must be True, False or 'never', got {self.early_stopping!r}",
             )
         if abs(self.length_penalty) > MAX_ABS_LENGTH_PENALTY:
-            raise ValueError(
+            raise InvalidParam(
+                "length_penalty",
                 f"length_penalty must be in [-{MAX_ABS_LENGTH_PENALTY:g}, "
-                f"{MAX_ABS_LENGTH_PENALTY:g}], got {self.length_penalty}"
+                f"{MAX_ABS_LENGTH_PENALTY:g}], got {self.length_penalty}",
             )
         if not self.use_beam_search:
             if self.length_penalty != 1.0:
-                raise ValueError("length_penalty only applies with use_beam_search=True")
+                raise InvalidParam(
+                    "length_penalty", "length_penalty only applies with use_beam_search=True"
+                )
             if self.early_stopping is not False:
-                raise ValueError("early_stopping only applies with use_beam_search=True")
+                raise InvalidParam(
+                    "early_stopping", "early_stopping only applies with use_beam_search=True"
+                )
             return
         if self.best_of < 2:
-            raise ValueError(
-                f"best_of (the beam width) must be >= 2 for beam search, got {self.best_of}"
+            raise InvalidParam(
+                "best_of",
+                f"best_of (the beam width) must be >= 2 for beam search, got {self.best_of}",
             )
         if self.top_p < 1.0:
-            raise ValueError("top_p must be 1 for beam search")
+            raise InvalidParam("top_p", "top_p must be 1 for beam search")
         if self.top_k not in (0, -1):
             _warn_top_k_ignored_once(self.top_k)
         if self.min_p > 0.0:
-            raise ValueError("min_p must be 0 for beam search")
+            raise InvalidParam("min_p", "min_p must be 0 for beam search")
 
     def _verify_plugin_sampler(self) -> None:
         if self.sampler is not None and (not isinstance(self.sampler, str) or not self.sampler):
-            raise ValueError(
-                f"sampler must be a non-empty plugin sampler name, got {self.sampler!r}"
+            raise InvalidParam(
+                "sampler", f"sampler must be a non-empty plugin sampler name, got {self.sampler!r}"
             )
         if self.sampler_args is not None:
             if not isinstance(self.sampler_args, dict):
-                raise ValueError(
-                    f"sampler_args must be a dict, got {type(self.sampler_args).__name__}"
+                raise InvalidParam(
+                    "sampler_args",
+                    f"sampler_args must be a dict, got {type(self.sampler_args).__name__}",
                 )
             if self.sampler is None:
-                raise ValueError("sampler_args needs sampler (a plugin sampler name)")
+                raise InvalidParam(
+                    "sampler_args", "sampler_args needs sampler (a plugin sampler name)"
+                )
 
     def _verify_structured_outputs(self) -> None:
         if self.guided_decoding is not None:
             if self.structured_outputs is not None:
-                raise ValueError("give structured_outputs or guided_decoding, not both")
+                raise InvalidParam(
+                    "structured_outputs", "give structured_outputs or guided_decoding, not both"
+                )
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         self.structured_outputs = structured_outputs_from(self.structured_outputs)
 
@@ -233,16 +262,21 @@ class SamplingParams:
         if self.logit_bias is None:
             return
         if not isinstance(self.logit_bias, dict):
-            raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}")
+            raise InvalidParam(
+                "logit_bias", f"logit_bias must be a dict, got {type(self.logit_bias).__name__}"
+            )
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
-            raise ValueError(f"logit_bias has more than {MAX_LOGIT_BIAS_ENTRIES} entries")
+            raise InvalidParam(
+                "logit_bias", f"logit_bias has more than {MAX_LOGIT_BIAS_ENTRIES} entries"
+            )
         biases = {}
         for token, value in self.logit_bias.items():
             token_id = _token_id(token)
             if not _is_number(value) or abs(value) > MAX_ABS_LOGIT_BIAS:
-                raise ValueError(
+                raise InvalidParam(
+                    "logit_bias",
                     f"logit_bias values must be numbers in [-100, 100], got {value!r} for "
-                    f"token {token!r}"
+                    f"token {token!r}",
                 )
             biases[token_id] = float(value)
         self.logit_bias = biases
@@ -286,7 +320,9 @@ def _token_id(key: Any) -> int:
     if isinstance(key, str) and key.isdigit():
         key = int(key)
     if not _is_int(key) or key < 0:
-        raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+        raise InvalidParam(
+            "logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {key!r}"
+        )
     return key
 
 

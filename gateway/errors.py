@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from loragate.engine import EngineDeadError
+from loragate.engine import EngineDeadError, InvalidParam
 
 log = logging.getLogger(__name__)
 
@@ -212,18 +212,8 @@ def tgi_error_response(request: Request, exc: Exception) -> Response:
     return Response(body, status_code=info.status_code, headers=info.headers)
 
 
-def field_of(message: str, known: dict[str, str]) -> str | None:
-    """The request field a ValueError message names, renamed to the API's name.
-
-    Engine messages start with the field ("top_p must be in (0, 1]"); otherwise the
-    first known field mentioned anywhere ("unknown sampler 'x'") is taken.
-    """
-    head = re.match(r"[A-Za-z_][A-Za-z0-9_]*", message)
-    if head is not None and head.group(0) in known:
-        return known[head.group(0)]
-    found = [
-        (m.start(), name)
-        for name in known
-        if (m := re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message))
-    ]
-    return known[min(found)[1]] if found else None
+def param_of(exc: ValueError, names: dict[str, str]) -> str | None:
+    """The request field a refusal names: an `InvalidParam`'s field, under the name the
+    client's request gave it (`names`: the engine's name -> the request's); None for a
+    refusal that names no field, or one this request does not have."""
+    return names.get(exc.field) if isinstance(exc, InvalidParam) else None

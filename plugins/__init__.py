@@ -5,7 +5,7 @@ functions; see docs/plugins.md.
 """
 
 from loragate.plugins.decoding import DecodingStrategy, Hypothesis, StepDecision
-from loragate.plugins.errors import PluginError, PluginLoadError
+from loragate.plugins.errors import InvalidParam, PluginError, PluginLoadError
 from loragate.plugins.manager import NamedHook, PluginManager
 from loragate.plugins.markers import hookimpl, hookspec
 
@@ -13,6 +13,7 @@ __all__ = [
     "DecodingStrategy",
     "Hypothesis",
     "StepDecision",
+    "InvalidParam",
     "NamedHook",
     "PluginError",
     "PluginLoadError",

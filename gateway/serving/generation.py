@@ -25,7 +25,7 @@ from loragate.gateway.errors import (
     InvalidRequestError,
     PluginFailedError,
     RequestFailedError,
-    field_of,
+    param_of,
 )
 from loragate.plugins import PluginError
 
@@ -83,7 +83,7 @@ class Generation:
             ) from exc
         except ValueError as exc:
             message = self._scrub(str(exc))
-            raise InvalidRequestError(message, param=field_of(message, self._field_names)) from exc
+            raise InvalidRequestError(message, param=param_of(exc, self._field_names)) from exc
         except PluginError as exc:  # a plugin refused this request as it was queued
             raise PluginFailedError(self._scrub(str(exc)), code="plugin_error") from exc
         self._seen(out)

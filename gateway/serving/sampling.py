@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from loragate.engine import SamplingParams
-from loragate.gateway.errors import InvalidRequestError, field_of
+from loragate.gateway.errors import InvalidRequestError, param_of
 
 MAX_LOGPROBS = 20
 
@@ -54,6 +54,6 @@ def build_params(fields: dict[str, Any], names: dict[str, str]) -> SamplingParam
     try:
         return SamplingParams(**fields)
     except ValueError as exc:
-        raise InvalidRequestError(str(exc), param=field_of(str(exc), names)) from exc
+        raise InvalidRequestError(str(exc), param=param_of(exc, names)) from exc
     except TypeError as exc:  # a value of the wrong kind that msgspec let through (Any fields)
         raise InvalidRequestError(str(exc)) from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from loragate.plugins.errors import InvalidParam
 from loragate.plugins.markers import hookimpl
 
 
@@ -16,8 +17,9 @@ class LogitBias:
         vocab = model["vocab_size"]
         outside = sorted(t for t in biases if t >= vocab)
         if outside:
-            raise ValueError(
-                f"logit_bias names token ids {outside[:5]} outside the vocabulary (size {vocab})"
+            raise InvalidParam(
+                "logit_bias",
+                f"logit_bias names token ids {outside[:5]} outside the vocabulary (size {vocab})",
             )
         ids = torch.tensor(list(biases), dtype=torch.long)
         values = torch.tensor(list(biases.values()), dtype=torch.float32)

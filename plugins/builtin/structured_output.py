@@ -18,6 +18,7 @@ import llguidance.torch
 import torch
 
 from loragate import kernels
+from loragate.plugins.errors import InvalidParam
 from loragate.plugins.markers import hookimpl
 
 CACHED_GRAMMARS = 128
@@ -53,10 +54,16 @@ class StructuredOutput:
             return matcher
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error:
-            raise ValueError(f"structured_outputs cannot be compiled: {'; '.join(messages)}")
+            raise InvalidParam(
+                "structured_outputs",
+                f"structured_outputs cannot be compiled: {'; '.join(messages)}",
+            )
         matcher = llguidance.LLMatcher(tokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs cannot be compiled: {matcher.get_error()}")
+            raise InvalidParam(
+                "structured_outputs",
+                f"structured_outputs cannot be compiled: {matcher.get_error()}",
+            )
         self._matchers[key] = matcher
         if len(self._matchers) > CACHED_GRAMMARS:
             self._matchers.popitem(last=False)
@@ -120,7 +127,7 @@ def grammar_of(spec: dict) -> str:
         return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
     if spec.get("grammar") is not None:
         return llguidance.LLMatcher.grammar_from_lark(spec["grammar"])
-    raise ValueError(f"structured_outputs names nothing to match: {spec!r}")
+    raise InvalidParam("structured_outputs", f"structured_outputs names nothing to match: {spec!r}")
 
 
 class GrammarProcessor:
