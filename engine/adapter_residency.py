@@ -60,6 +60,7 @@ from loragate.adapters import (
     LoRARequest,
     WeightsIdentity,
 )
+from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.adapter_events import AdapterEvents, WeightsListener
 from loragate.engine.adapter_in_flight import InFlightRequests
@@ -369,16 +370,18 @@ def make_adapter_residency(
     model,
     steps_running: Callable[[], bool],
     fetcher: AdapterFetcher | None = None,
+    stamp_clock: StampClock = SYSTEM_CLOCK,
 ) -> AdapterResidency:
     """The engine's adapter residency over a cache with slots on the model's device and
     dtype, eviction by plugin, and loads paced only while `steps_running()`
-    (adapters/pacing.py); adapter store objects fetched with ``fetcher``."""
+    (adapters/pacing.py); adapter store objects fetched with ``fetcher``; the adapter files'
+    stamps taken at ``stamp_clock``'s time (adapters/identity.py)."""
     return AdapterResidency(
-        _adapter_cache(spec, config, plugins, model, steps_running), fetcher=fetcher
+        _adapter_cache(spec, config, plugins, model, steps_running, stamp_clock), fetcher=fetcher
     )
 
 
-def _adapter_cache(spec, config, plugins, model, steps_running) -> AdapterCache:
+def _adapter_cache(spec, config, plugins, model, steps_running, stamp_clock) -> AdapterCache:
     return AdapterCache(
         spec,
         max_loras=config.max_loras,
@@ -393,4 +396,5 @@ def _adapter_cache(spec, config, plugins, model, steps_running) -> AdapterCache:
         load_pacing=LoadPacing(
             busy=steps_running, windows=LoadWindows(share=config.adapter_load_window_share)
         ),
+        clock=stamp_clock,
     )

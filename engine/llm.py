@@ -9,6 +9,7 @@ from itertools import count
 from tqdm.auto import tqdm
 
 from loragate.adapters import LoRARequest
+from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.beam_search_params import (
     BeamSearchOutput,
@@ -30,15 +31,18 @@ class LLM:
         *,
         plugins=(),
         adapter_fetcher: AdapterFetcher | None = None,
+        stamp_clock: StampClock = SYSTEM_CLOCK,
         **kwargs,
     ):
         """`plugins`: plugin objects or "module:object" strings, besides entry points.
         `adapter_fetcher` (not vLLM's; adapters/store.py) serves adapters named by their
         adapter store object (`LoRARequest(name, id, store_path(oid))`): each is fetched into
-        the fetcher's cache directory and checked against its id before it is read."""
+        the fetcher's cache directory and checked against its id before it is read.
+        `stamp_clock` (not vLLM's; adapters/identity.py): the time adapter files are stamped
+        at, which tests move forward instead of sleeping."""
         _check_engine_keywords(kwargs)
         config = EngineConfig(model=model, plugins=tuple(plugins), **kwargs)
-        self.engine = LLMEngine(config, adapter_fetcher=adapter_fetcher)
+        self.engine = LLMEngine(config, adapter_fetcher=adapter_fetcher, stamp_clock=stamp_clock)
         self._ids = count()
 
     @property

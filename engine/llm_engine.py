@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from loragate.adapters import LoRARequest, WeightsIdentity
+from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine import beam_search, engine_stats, sizing
 from loragate.engine.adapter_residency import make_adapter_residency
@@ -58,7 +59,12 @@ __all__ = ["LLMEngine", "PromptInput"]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, adapter_fetcher: AdapterFetcher | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        adapter_fetcher: AdapterFetcher | None = None,
+        stamp_clock: StampClock = SYSTEM_CLOCK,
+    ):
         """The engine for ``config``; ``adapter_fetcher`` finds adapters named by their
         adapter store object (engine/stored_adapters.py)."""
         self.config = config
@@ -99,6 +105,7 @@ class LLMEngine:
                 self.model,
                 steps_running=self._steps_running,
                 fetcher=adapter_fetcher,
+                stamp_clock=stamp_clock,
             )
         num_blocks = sizing.num_kv_blocks(config, self.model, self.max_model_len)
         self.kv_cache = KVCache.for_model(self.model, num_blocks, config.block_size)

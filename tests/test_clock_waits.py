@@ -55,16 +55,8 @@ ALLOWED = {
     ("test_fleet_sim.py", "test_other_steppers_run_until_stopped"): (
         "a window in which the stand-in step processes must stay alive"
     ),
-    # IdentityBook's racy window (adapters/identity.py, RACY_NS): file times within it of a
-    # stat are not trusted. These wait it out on real file times; the adapters tests shorten
-    # it to 50 ms. An injected clock for the stamps is left to do (issue 58).
-    (
-        "engine/test_adapter_files_change.py",
-        "test_unchanged_files_are_not_rehashed_over_100_requests",
-    ): ("IdentityBook's 2 s racy window on real file times (to be replaced by an injected clock)"),
-    ("engine/test_adapter_files_change.py", "_settle"): (
-        "IdentityBook's 2 s racy window on real file times (to be replaced by an injected clock)"
-    ),
+    # IdentityBook's racy window (adapters/identity.py, RACY_NS), shortened to 50 ms by
+    # these tests and waited out; tests/stamp_clock_testlib.py's AheadClock does without.
     ("engine/test_burst_over_the_tier.py", "test_a_burst_over_more_adapters_than_the_tier_holds"): (
         "the racy window, shortened to 50 ms, waited out once (0.07 s)"
     ),

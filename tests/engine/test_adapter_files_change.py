@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import pytest
 import torch
 from files_change_testlib import engine, put
+from stamp_clock_testlib import AheadClock
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
-from loragate.adapters import identity as identity_module
 from loragate.adapters import loader as loader_module
 from loragate.adapters.identity import WEIGHTS_FILE
 from loragate.engine import SamplingParams
@@ -146,7 +145,8 @@ def test_a_waiting_request_runs_with_the_weights_it_was_admitted_under(setup, ma
 
 def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, monkeypatch):
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir)
+    clock = AheadClock()
+    llm = engine(make_llm, model_dir, stamp_clock=clock)
     lora = LoRARequest("a", 1, str(paths["A"]))
     hashes = []
     real = loader_module.hashed_read
@@ -158,9 +158,8 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     monkeypatch.setattr(loader_module, "hashed_read", counted)
     assert run(llm, lora) == expected["A"]
     # A stamp taken within RACY_NS of the files' last write is not trusted (a write in the same
-    # clock tick could hide); the files here were written at the start of this module.
-    wait = identity_module.RACY_NS / 1e9 - (time.time() - paths["A"].stat().st_ctime)
-    time.sleep(max(0.0, wait) + 0.05)
+    # clock tick could hide): the engine's stamp clock moves past it.
+    clock.settle()
     assert run(llm, lora) == expected["A"]
     before, reads = len(hashes), llm.engine.residency.cache.stats()["file_reads"]
     short = SamplingParams(temperature=0, max_tokens=1)
@@ -209,12 +208,6 @@ def _reads_by_thread(monkeypatch) -> list[str]:
     return threads
 
 
-def _settle(directory) -> None:
-    """Wait until a stat can vouch for the files (see adapters/identity.py, RACY_NS)."""
-    age = time.time() - (directory / WEIGHTS_FILE).stat().st_ctime
-    time.sleep(max(0.0, identity_module.RACY_NS / 1e9 - age) + 0.05)
-
-
 def _drain(llm) -> dict:
     outputs = {}
     while llm.engine.has_unfinished_requests():
@@ -229,10 +222,11 @@ def test_weights_that_left_memory_come_back_on_a_loader_thread(
     read) and, once the tier has room beside the weights running requests hold, a loader
     thread reads A back (never the step) while a base request runs; the answer is A's."""
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    clock = AheadClock()
+    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1, stamp_clock=clock)
     x = tmp_path / "x"
     put(paths, "A", x)
-    _settle(x)  # a stat vouches for A's files from now on
+    clock.settle()  # a stat vouches for A's files from now on
     llm.engine.residency.cache.preload(LoRARequest("x", 3, str(x)))
     c = LoRARequest("c", 9, str(paths["C"]))
     llm.engine.add_request("c", {"prompt_token_ids": PROMPT}, PARAMS, c)  # C evicts A
@@ -252,10 +246,11 @@ def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, mon
     request runs; the files then hold B: the loader's AdapterChangedError fails that request
     alone; the others finish."""
     model_dir, paths, expected = setup
-    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1)
+    clock = AheadClock()
+    llm = engine(make_llm, model_dir, max_loras=1, max_cpu_loras=1, stamp_clock=clock)
     x = tmp_path / "x"
     put(paths, "A", x)
-    _settle(x)
+    clock.settle()
     lora = LoRARequest("x", 3, str(x))
     llm.engine.residency.cache.preload(lora)
     c = LoRARequest("c", 9, str(paths["C"]))
