@@ -90,9 +90,9 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
-def gguf_architecture(path: Path) -> str:
-    """``general.architecture`` of the file (read from its header only)."""
-    reader = open_gguf(path)
+def gguf_architecture(path: Path, reader=None) -> str:
+    """``general.architecture`` of the file (``reader``: one already open on it)."""
+    reader = open_gguf(path) if reader is None else reader
     field = reader.get_field("general.architecture")
     if field is None:
         raise ValueError(f"GGUF file {path} names no general.architecture")
@@ -190,12 +190,17 @@ def _qk_row_order(rows: int, heads: int) -> torch.Tensor:
 
 class GGUFWeights:
     """The file's tensors by HF name: ``tensors()`` reads them all (blocks kept), ``one``
-    reads one dequantized to float32 (an adapter's view of a base weight: DoRA)."""
+    reads one dequantized to float32 (an adapter's view of a base weight: DoRA).
+
+    The file's header is parsed once, here (gguf's reader takes seconds over a 49k-token
+    vocabulary), and its tensors stay memory-mapped while this object lives: only the
+    pages of the tensors read are loaded."""
 
     def __init__(self, path: Path, config: PretrainedConfig):
         self.path = Path(path)
         self.config = config
-        self.architecture = gguf_architecture(self.path)
+        self.reader = open_gguf(self.path)
+        self.architecture = gguf_architecture(self.path, self.reader)
         if self.architecture not in BLOCK_ARCHITECTURES:
             raise ValueError(
                 f"GGUF architecture {self.architecture!r} of {self.path} is not served in its "
@@ -204,7 +209,7 @@ class GGUFWeights:
             )
 
     def tensors(self) -> dict[str, torch.Tensor | QuantizedWeight]:
-        reader = open_gguf(self.path)
+        reader = self.reader
         shapes = expected_shapes(self.config)
         out: dict[str, torch.Tensor | QuantizedWeight] = {}
         for tensor in reader.tensors:
@@ -219,8 +224,7 @@ class GGUFWeights:
         """The tensor HF calls ``name`` in float32, as transformers loads it from the file."""
         from loragate.kernels.quant_dequant import dequantize
 
-        reader = open_gguf(self.path)
-        for tensor in reader.tensors:
+        for tensor in self.reader.tensors:
             if hf_name(tensor.name, self.architecture) == name:
                 value = self._convert(tensor, name, expected_shapes(self.config))
                 return dequantize(value) if isinstance(value, QuantizedWeight) else value

@@ -166,6 +166,10 @@ class _ConversionStages:
 def _gguf_dir(gguf: Path, name: str, cache_dir: str | None, blocks: bool) -> Path:
     """The cached directory standing for the GGUF file on the path chosen for it."""
     if blocks:
+        cached = _cache_target(gguf, name, cache_dir, ":blocks")
+        if (cached / "config.json").is_file():  # the file's header parsed at the first start
+            log.info("GGUF %s: weights served in their block types", gguf.name)
+            return cached
         architecture = gguf_architecture(gguf)
         if architecture in BLOCK_ARCHITECTURES:
             log.info(

@@ -27,6 +27,7 @@ class CheckpointWeights:
         self.hf_dir = Path(hf_dir)
         self.family = family
         self._where: dict[str, tuple[Path, str]] | None = None
+        self._gguf_weights: GGUFWeights | bool | None = None  # False: not a GGUF base
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -38,17 +39,29 @@ class CheckpointWeights:
 
     def weight(self, layer: int, module: str) -> torch.Tensor:
         name = self.family.module_weight_name(layer, module)
-        gguf = gguf_weights_source(self.hf_dir)
+        gguf = self._gguf()
         if gguf is not None:
-            from transformers import AutoConfig
-
-            return GGUFWeights(gguf, AutoConfig.from_pretrained(self.hf_dir)).one(name)
+            return gguf.one(name)
         where = self._index().get(name)
         if where is None:
             raise ValueError(f"the checkpoint in {self.hf_dir} has no tensor {name!r}")
         file, key = where
         with safe_open(str(file), framework="pt") as handle:
             return handle.get_tensor(key).to(torch.float32)
+
+    def _gguf(self) -> GGUFWeights | None:
+        """The GGUF file the base is served from in its block types, opened once."""
+        with self._lock:
+            if self._gguf_weights is None:
+                path = gguf_weights_source(self.hf_dir)
+                if path is None:
+                    self._gguf_weights = False
+                else:
+                    from transformers import AutoConfig
+
+                    config = AutoConfig.from_pretrained(self.hf_dir)
+                    self._gguf_weights = GGUFWeights(path, config)
+            return self._gguf_weights or None
 
     def _index(self) -> dict[str, tuple[Path, str]]:
         """The decoder's name of every tensor -> (file, name in the file), read once."""
