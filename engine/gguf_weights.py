@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import struct
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
+from loragate.engine.gguf_header import GGUFHeader
 from loragate.engine.special_tokens import SOURCE_RECORD
 from loragate.kernels import QuantizedWeight
 from loragate.kernels.quant_blocks import FORMATS
@@ -90,59 +92,20 @@ def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
-def gguf_architecture(path: Path, reader=None) -> str:
-    """``general.architecture`` of the file (``reader``: one already open on it)."""
-    reader = open_gguf(path) if reader is None else reader
-    field = reader.get_field("general.architecture")
-    if field is None:
+def gguf_architecture(path: Path, header: GGUFHeader | None = None) -> str:
+    """``general.architecture`` of the file (``header``: its header, already read)."""
+    header = open_gguf(path) if header is None else header
+    if header.architecture is None:
         raise ValueError(f"GGUF file {path} names no general.architecture")
-    return str(bytes(field.parts[field.data[0]]), encoding="utf-8")
+    return header.architecture
 
 
-def open_gguf(path: Path):
-    """A GGUFReader of ``path`` whose every tensor was checked to lie within the file."""
-    from gguf import GGMLQuantizationType, GGUFReader
-    from gguf.constants import GGML_QUANT_SIZES
-
-    class CheckedReader(GGUFReader):
-        def _build_tensors(self, start_offs, fields):
-            size = len(self.data)
-            for field in fields:
-                _, name_data, _, dims, raw_dtype, offset = field.parts
-                name = str(bytes(name_data), encoding="utf-8")
-                try:
-                    qtype = GGMLQuantizationType(int(raw_dtype[0]))
-                except ValueError:
-                    raise ValueError(
-                        f"GGUF file {path}: tensor {name} has unknown type id {int(raw_dtype[0])}"
-                    ) from None
-                block, type_size = GGML_QUANT_SIZES[qtype]
-                count = int(np.prod(dims))
-                if count % block:
-                    raise ValueError(
-                        f"GGUF file {path}: tensor {name} of type {qtype.name} has {count} "
-                        f"values, not whole blocks of {block}"
-                    )
-                begin = int(start_offs + offset[0])
-                end = begin + count // block * type_size
-                if end > size:
-                    raise ValueError(
-                        f"GGUF file {path} is truncated: tensor {name} ({qtype.name}, "
-                        f"{list(reversed(dims.tolist()))}) needs bytes {begin} to {end}, "
-                        f"the file has {size}"
-                    )
-            super()._build_tensors(start_offs, fields)
-
+def open_gguf(path: Path) -> GGUFHeader:
+    """The file's header, every tensor checked to lie within the file."""
     try:
-        return CheckedReader(path)
-    except ValueError as exc:
-        if str(exc).startswith("GGUF file"):
-            raise
+        return GGUFHeader(path)
+    except (OSError, struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read GGUF file {path}: {exc}") from exc
-    except (OSError, IndexError, KeyError, UnicodeDecodeError) as exc:
-        raise ValueError(
-            f"cannot read GGUF file {path} ({type(exc).__name__}: {exc}): truncated or not GGUF"
-        ) from exc
 
 
 def expected_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
@@ -192,15 +155,14 @@ class GGUFWeights:
     """The file's tensors by HF name: ``tensors()`` reads them all (blocks kept), ``one``
     reads one dequantized to float32 (an adapter's view of a base weight: DoRA).
 
-    The file's header is parsed once, here (gguf's reader takes seconds over a 49k-token
-    vocabulary), and its tensors stay memory-mapped while this object lives: only the
-    pages of the tensors read are loaded."""
+    The file's header is read once, here (engine/gguf_header.py), and its tensors stay
+    memory-mapped while this object lives: only the pages of the tensors read are loaded."""
 
     def __init__(self, path: Path, config: PretrainedConfig):
         self.path = Path(path)
         self.config = config
-        self.reader = open_gguf(self.path)
-        self.architecture = gguf_architecture(self.path, self.reader)
+        self.header = open_gguf(self.path)
+        self.architecture = gguf_architecture(self.path, self.header)
         if self.architecture not in BLOCK_ARCHITECTURES:
             raise ValueError(
                 f"GGUF architecture {self.architecture!r} of {self.path} is not served in its "
@@ -209,7 +171,7 @@ class GGUFWeights:
             )
 
     def tensors(self) -> dict[str, torch.Tensor | QuantizedWeight]:
-        reader = self.reader
+        reader = self.header
         shapes = expected_shapes(self.config)
         out: dict[str, torch.Tensor | QuantizedWeight] = {}
         for tensor in reader.tensors:
@@ -224,7 +186,7 @@ class GGUFWeights:
         """The tensor HF calls ``name`` in float32, as transformers loads it from the file."""
         from loragate.kernels.quant_dequant import dequantize
 
-        for tensor in self.reader.tensors:
+        for tensor in self.header.tensors:
             if hf_name(tensor.name, self.architecture) == name:
                 value = self._convert(tensor, name, expected_shapes(self.config))
                 return dequantize(value) if isinstance(value, QuantizedWeight) else value
@@ -246,11 +208,13 @@ class GGUFWeights:
                 f"{list(want)} for {name} from the file's own metadata"
             )
         if type_name in FLOAT_TYPES:
+            raw = np.array(tensor.data)
             if type_name == "BF16":
-                bits = torch.from_numpy(np.array(tensor.data).view(np.int16))
+                bits = torch.from_numpy(raw.view(np.int16))
                 value = bits.view(torch.bfloat16).float().reshape(shape)
             else:
-                value = torch.from_numpy(np.array(tensor.data, dtype=np.float32)).reshape(shape)
+                floats = raw.view(np.float32 if type_name == "F32" else np.float16)
+                value = torch.from_numpy(floats.astype(np.float32)).reshape(shape)
         else:
             blocks = torch.from_numpy(np.array(tensor.data).reshape(shape[0], -1))
             value = QuantizedWeight.of(blocks, type_name, shape[1])
