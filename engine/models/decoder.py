@@ -8,6 +8,7 @@ output (Phi-3's checkpoint is fused already, and its adapters target the fused m
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from loragate.engine.forward_batch import ForwardBatch, LoRABatch
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.models.checkpoint import CheckpointWeights
 from loragate.engine.models.llama import LlamaFamily
+
+log = logging.getLogger(__name__)
 
 LINEAR_WEIGHTS = ("qkv", "o", "gate_up", "down")
 
@@ -118,6 +121,12 @@ class PagedDecoder:
             # HF scales in the weights' dtype: a float32 scalar cast to it, then multiplied.
             scale = torch.tensor(arch.embed_scale, dtype=torch.float32)
             self.embed_scale = scale.to(device=self.device, dtype=self.dtype)
+        held = self.weight_bytes()
+        log.info(
+            "base weights held: %.1f MB (%s)",
+            sum(held.values()) / 1e6,
+            ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in sorted(held.items())),
+        )
 
     def _placed(self, tensor):
         """A float tensor in the model's device and dtype; a GGUF block-format weight kept in

@@ -97,6 +97,7 @@ def test_a_mixed_file_with_tied_embeddings(make_llm, tmp_path, caplog):
     types = {**MIXED, "token_embd": "Q8_0"}
     gguf = write_quantized_gguf(tmp_path / "tiny.mixed.gguf", "Q4_K", 4, tied=True, types=types)
     caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
+    caplog.set_level(logging.INFO, logger="loragate.engine.models.decoder")
     llm = _served_against_peft(make_llm, tmp_path, gguf)
     model = llm.llm_engine.model
     assert isinstance(model.layers[0]["qkv"], StackedWeights)
@@ -105,6 +106,8 @@ def test_a_mixed_file_with_tied_embeddings(make_llm, tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert any("weights served in their block types" in line for line in lines)
     assert any("kept in its GGUF types: Q4_K" in line for line in lines)
+    held = [line for line in lines if line.startswith("base weights held: ")]
+    assert held and "Q4_K" in held[0] and "Q6_K" in held[0] and "Q8_0" in held[0]
 
 
 @pytest.mark.parametrize(
