@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from loragate.engine import EngineConfig
+from loragate.gateway.assembly.serve_config import config_option
 from loragate.gateway.assembly.serve_options import (
+    GroupedCommand,
     serve_options,
     split_options,
     spread_many_valued,
@@ -37,8 +40,9 @@ def main() -> None:
 main.add_command(registry)
 
 
-@main.command()
+@main.command(cls=GroupedCommand)
 @click.argument("model_tag", required=False, metavar="[MODEL]")
+@config_option
 @serve_options
 @click.option(
     "--log-level",
@@ -49,9 +53,13 @@ main.add_command(registry)
 def serve(model_tag, **options) -> None:
     """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API.
 
-    MODEL (as `vllm serve MODEL`) is the base model, like --model."""
+    MODEL (as `vllm serve MODEL`) is the base model, like --model. Settings may also come
+    from a YAML file (--config), which the flags override."""
     if model_tag is not None:
-        if options["model"] not in (None, model_tag):
+        from_file = (
+            click.get_current_context().get_parameter_source("model") is ParameterSource.DEFAULT_MAP
+        )
+        if options["model"] not in (None, model_tag) and not from_file:
             raise click.UsageError(f"MODEL {model_tag!r} and --model {options['model']!r} differ")
         options["model"] = model_tag
     _setup_logging(options.pop("log_level"))

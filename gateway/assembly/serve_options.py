@@ -5,6 +5,7 @@ type come from the field itself (so no default is written twice), its help from 
 field's `help` metadata (where a field has one) or from `ENGINE_HELP` below, the help text the
 engine's fields have on the command line. `OVERRIDES` holds what a flag needs beyond that:
 a choice list, an environment variable, a serve-only default, vLLM's flag spelling.
+`SERVE_GROUPS` puts each flag in one group of `serve --help`, vLLM's names first.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ ENGINE_HELP = {
     "dtype": "Weight and activation dtype.",
     "device": "'auto', 'cpu' or 'cuda[:N]'.",
     "block_size": "Tokens per KV cache block.",
-    "kv_cache_memory_gb": "KV cache budget in GiB (default: 2 on CPU; on CUDA, from "
-    "--gpu-memory-utilization).",
-    "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA only).",
-    "num_kv_blocks": "Exact number of KV blocks (overrides the memory budget).",
+    "kv_cache_memory_gb": "KV cache budget in GiB: the one flag to size the KV cache with, "
+    "on CPU and CUDA (unset: 2 on CPU; on CUDA, what --gpu-memory-utilization leaves after "
+    "the weights).",
+    "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA only); sizes "
+    "the KV cache only while --kv-cache-memory-gb is unset.",
+    "num_kv_blocks": "Exact number of KV blocks, overriding the memory budget (for tests; "
+    "size the cache with --kv-cache-memory-gb).",
     "max_model_len": "Longest prompt + output in tokens. Default: the model's context length.",
     "max_num_seqs": "Sequences batched together at most.",
     "enable_chunked_prefill": "Split long prompts across engine steps.",
@@ -52,10 +56,12 @@ ENGINE_HELP = {
     "many rank --max-lora-rank adapters as a quarter of the available memory holds (64 to "
     "4096), said in the start log.",
     "max_lora_bytes": "Bytes the adapters in device slots may take (an adapter with whole "
-    "embedding or output matrices takes several slots' room). Default: --max-loras times a "
+    "embedding or output matrices takes several slots' room): the flag to cap the device "
+    "tier's adapter memory with (--max-loras counts slots). Default: --max-loras times a "
     "rank --max-lora-rank adapter on every module.",
-    "max_cpu_lora_bytes": "Bytes the adapters kept in CPU memory may take. Default: "
-    "--max-cpu-loras times a rank --max-lora-rank adapter on every module.",
+    "max_cpu_lora_bytes": "Bytes the adapters kept in CPU memory may take: the flag to cap "
+    "adapter memory with (--max-cpu-loras counts adapters, --max-adapter-bytes caps one "
+    "file). Default: --max-cpu-loras times a rank --max-lora-rank adapter on every module.",
     "strict_lora_base_model": "Refuse adapters trained for another base model.",
     "weights_cache_dir": "Where converted GGUF models are cached. Default: ~/.cache/loragate.",
     "plugins": "Plugin to register with the engine (repeatable).",
@@ -176,3 +182,147 @@ def split_options(options: dict) -> tuple[dict, dict]:
     engine["served_model_name"] = names[0] if names else None
     gateway["model_aliases"] = tuple(gateway["model_aliases"]) + names[1:]
     return engine, gateway
+
+
+# `serve --help` in groups, as `vllm serve --help=<group>`: vLLM's option names first in each.
+SERVE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("General", ("config", "help")),
+    (
+        "Model and loading",
+        (
+            "model",
+            "served_model_name",
+            "tokenizer",
+            "dtype",
+            "seed",
+            "max_model_len",
+            "device",
+            "model_aliases",
+            "weights_cache_dir",
+            "gguf_dequantize",
+        ),
+    ),
+    (
+        "Engine and KV cache",
+        (
+            "block_size",
+            "gpu_memory_utilization",
+            "swap_space",
+            "enable_prefix_caching",
+            "enforce_eager",
+            "tensor_parallel_size",
+            "kv_cache_memory_gb",
+            "num_kv_blocks",
+        ),
+    ),
+    (
+        "LoRA and adapters",
+        (
+            "enable_lora",
+            "max_loras",
+            "max_lora_rank",
+            "max_cpu_loras",
+            "lora_modules",
+            "max_lora_bytes",
+            "max_cpu_lora_bytes",
+            "strict_lora_base_model",
+            "adapter_root",
+            "adapter_store",
+            "adapter_cache_dir",
+            "max_adapter_bytes",
+            "preload_adapters",
+        ),
+    ),
+    (
+        "Scheduling",
+        (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "enable_chunked_prefill",
+            "scheduling_policy",
+            "preemption_mode",
+            "max_step_ms",
+            "max_queue",
+        ),
+    ),
+    (
+        "Serving and HTTP",
+        (
+            "host",
+            "port",
+            "api_key",
+            "chat_template",
+            "enable_auto_tool_choice",
+            "tool_call_parser",
+            "reasoning_parser",
+            "shutdown_timeout",
+            "max_body_bytes",
+            "retry_after_seconds",
+        ),
+    ),
+    (
+        "Tenancy and registry",
+        (
+            "admin_key",
+            "redis_url",
+            "redis_namespace",
+            "require_durable_registry",
+            "registry_backup_dir",
+            "registry_backup_every",
+            "registry_backup_keep",
+        ),
+    ),
+    (
+        "Replicas",
+        (
+            "replicas",
+            "min_replicas",
+            "max_replicas",
+            "target_ongoing_requests",
+            "upscale_delay_seconds",
+            "downscale_delay_seconds",
+            "autoscaling_window_seconds",
+            "spill_at",
+            "spill_idle_at",
+            "ray_address",
+            "replica_cpus",
+        ),
+    ),
+    ("Observability", ("log_level", "metrics_port", "metrics_key", "metrics_label_limit")),
+    (
+        "Advanced tuning",
+        (
+            "plugins",
+            "adapter_load_window_share",
+            "adapter_load_timeout_seconds",
+            "registry_resync_seconds",
+            "auth_cache_seconds",
+            "quota_lease_seconds",
+            "header_timeout_seconds",
+            "body_timeout_seconds",
+            "keep_alive_seconds",
+            "max_connections",
+        ),
+    ),
+)
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help lists its options under SERVE_GROUPS' titles."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        help_option = self.get_help_option(ctx)
+        records = {
+            "help" if p is help_option else p.name: p.get_help_record(ctx)
+            for p in self.get_params(ctx)
+            if isinstance(p, click.Option)
+        }
+        for title, names in SERVE_GROUPS:
+            rows = [records.pop(name) for name in names if records.get(name)]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        rest = [row for row in records.values() if row]
+        if rest:
+            with formatter.section("Other options"):
+                formatter.write_dl(rest)
