@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from loragate.adapters import LoRARequest
-from loragate.engine import CompletionOutput, EngineConfig
+from loragate.engine import CompletionOutput, EngineConfig, InvalidParam
 from loragate.gateway.adapter_control.paths import AdapterPathError, resolve_adapter_dir
 from loragate.gateway.adapter_control.served_adapters import AdapterRecord, InMemoryAdapterRegistry
-from loragate.gateway.errors import QueueFullError, field_of
+from loragate.gateway.errors import QueueFullError, param_of
 from loragate.gateway.openai.format import DeltaTracker
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.settings import GatewaySettings
@@ -109,12 +109,13 @@ def test_delta_tracker_sends_every_character_and_token_once():
     assert tracker.step(choice("Hello", [1, 2, 3], "stop"), with_tokens=True) is None
 
 
-def test_field_of_names_the_api_field():
+def test_param_of_names_the_api_field():
     names = {"max_tokens": "max_completion_tokens", "sampler": "sampler", "prompt": "messages"}
-    assert field_of("max_tokens must be an integer >= 1", names) == "max_completion_tokens"
-    assert field_of("unknown sampler 'x'; known samplers: none", names) == "sampler"
-    assert field_of("prompt has 600 tokens; max_model_len is 512", names) == "messages"
-    assert field_of("something else entirely", names) is None
+    refused = InvalidParam("max_tokens", "max_tokens must be an integer >= 1")
+    assert param_of(refused, names) == "max_completion_tokens"
+    assert param_of(InvalidParam("sampler", "unknown sampler 'x'"), names) == "sampler"
+    assert param_of(InvalidParam("prompt", "prompt has 600 tokens"), names) == "messages"
+    assert param_of(ValueError("prompt has 600 tokens"), names) is None  # no field carried
 
 
 def test_settings_are_checked():
