@@ -3,6 +3,7 @@ and gateway settings, flags override it, an unknown key or a bad value is refuse
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -165,3 +166,20 @@ def test_unknown_keys_and_bad_values_are_refused_by_name(
 def test_a_missing_config_file_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "--config" in result.output
+
+
+def test_lora_modules_as_a_list_of_strings_and_objects(tiny_dir, tmp_path, served_settings):
+    config = _write(
+        tmp_path,
+        f"""
+lora-modules:
+  - first={tmp_path}
+  - {{name: second, path: {tmp_path}}}
+""",
+    )
+    result = CliRunner().invoke(main, ["serve", str(tiny_dir), "--config", config])
+    assert result.exit_code == 0, result.output
+    assert served_settings[-1].lora_modules == (
+        f"first={tmp_path}",
+        json.dumps({"name": "second", "path": str(tmp_path)}),
+    )
