@@ -54,7 +54,8 @@ def serve(model_tag, **options) -> None:
     """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API.
 
     MODEL (as `vllm serve MODEL`) is the base model, like --model. Settings may also come
-    from a YAML file (--config), which the flags override."""
+    from a YAML file (--config), which the flags override. `--help=WORD` shows only the
+    option groups whose title has WORD in it (e.g. --help=lora), as `vllm serve --help=<group>`."""
     if model_tag is not None:
         from_file = (
             click.get_current_context().get_parameter_source("model") is ParameterSource.DEFAULT_MAP

@@ -308,7 +308,16 @@ SERVE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 class GroupedCommand(click.Command):
-    """A command whose --help lists its options under SERVE_GROUPS' titles."""
+    """A command whose --help lists its options under SERVE_GROUPS' titles; `--help=WORD`
+    (as `vllm serve --help=<group>`) lists only the groups whose title has WORD in it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wanted = [arg.split("=", 1)[1] for arg in args if arg.startswith("--help=")]
+        if wanted:
+            ctx.meta[_HELP_GROUP] = _groups_named(wanted[-1])
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+        return super().parse_args(ctx, args)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         help_option = self.get_help_option(ctx)
@@ -317,12 +326,28 @@ class GroupedCommand(click.Command):
             for p in self.get_params(ctx)
             if isinstance(p, click.Option)
         }
+        shown = ctx.meta.get(_HELP_GROUP)
         for title, names in SERVE_GROUPS:
             rows = [records.pop(name) for name in names if records.get(name)]
-            if rows:
+            if rows and (shown is None or title in shown):
                 with formatter.section(title):
                     formatter.write_dl(rows)
         rest = [row for row in records.values() if row]
-        if rest:
+        if rest and shown is None:
             with formatter.section("Other options"):
                 formatter.write_dl(rest)
+
+
+_HELP_GROUP = "loragate.help_group"
+
+
+def _groups_named(word: str) -> set[str] | None:
+    """The titles `--help=WORD` shows (None: all of them); a word no title has is an error."""
+    key = word.strip().lower().replace("-", " ").replace("_", " ")
+    if key == "all":
+        return None
+    titles = {title for title, _ in SERVE_GROUPS if key and key in title.lower()}
+    if not titles:
+        choices = ", ".join(title.lower().replace(" ", "-") for title, _ in SERVE_GROUPS)
+        raise click.UsageError(f"--help={word}: no such group (all, {choices})")
+    return titles

@@ -183,3 +183,17 @@ lora-modules:
         f"first={tmp_path}",
         json.dumps({"name": "second", "path": str(tmp_path)}),
     )
+
+
+def test_help_of_one_group():
+    lora = CliRunner().invoke(main, ["serve", "--help=lora"], terminal_width=200)
+    assert lora.exit_code == 0, lora.output
+    assert list(_sections(lora.output)) == ["LoRA and adapters"]
+    assert "--max-lora-rank" in lora.output and "--max-num-seqs" not in lora.output
+    kv = CliRunner().invoke(main, ["serve", "--help=engine-and-kv-cache"], terminal_width=200)
+    assert list(_sections(kv.output)) == ["Engine and KV cache"]
+    everything = CliRunner().invoke(main, ["serve", "--help=all"], terminal_width=200)
+    assert list(_sections(everything.output)) == [title for title, _ in SERVE_GROUPS]
+    unknown = CliRunner().invoke(main, ["serve", "--help=nothing"])
+    assert unknown.exit_code == 2 and "no such group" in unknown.output
+    assert "lora-and-adapters" in unknown.output
