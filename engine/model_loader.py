@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,24 +212,18 @@ def _gguf_to_config_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     except Exception as exc:  # transformers raises many types for a bad file
         raise ValueError(f"cannot read GGUF model {gguf}: {exc}") from exc
     follow_gguf_rule(tokenizer, gguf_rule)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
+    record = {
+        "gguf": str(gguf.resolve()),
+        "weights": WEIGHTS_IN_BLOCKS,
+        "special_tokens": gguf_rule,
+    }
+
+    def fill(tmp: Path) -> None:
         config.save_pretrained(tmp)
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _declare_generic_tokenizer(tmp)
-        record = {
-            "gguf": str(gguf.resolve()),
-            "weights": WEIGHTS_IN_BLOCKS,
-            "special_tokens": gguf_rule,
-        }
-        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
-        tmp.rename(target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
+        _save_tokenizer(tmp, tokenizer, record)
+
+    _publish(target, fill)
     return target
 
 
@@ -254,22 +249,38 @@ def _gguf_to_hf_dir(gguf: Path, name: str, cache_dir: str | None) -> Path:
     except Exception as exc:  # transformers raises many types for a bad file
         raise ValueError(f"cannot read GGUF model {gguf}: {exc}") from exc
     follow_gguf_rule(tokenizer, gguf_rule)
+    record = {"gguf": str(gguf.resolve()), "special_tokens": gguf_rule}
+
+    def fill(tmp: Path) -> None:
+        stage.begin("writing safetensors and the tokenizer")
+        model.save_pretrained(tmp, safe_serialization=True)
+        _save_tokenizer(tmp, tokenizer, record)
+
+    _publish(target, fill)
+    log.info("converted %s in %.1f s; later starts read %s", gguf.name, stage.elapsed(), target)
+    return target
+
+
+def _publish(target: Path, fill: Callable[[Path], None]) -> None:
+    """Write a cached directory whole: ``fill`` writes into a temporary directory beside
+    ``target``, which is then renamed into place, so no reader sees half of it. A process
+    that lost the race to another keeps the winner's directory."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        stage.begin("writing safetensors and the tokenizer")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        _declare_generic_tokenizer(tmp)
-        record = {"gguf": str(gguf.resolve()), "special_tokens": gguf_rule}
-        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
+        fill(tmp)
         tmp.rename(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
-    log.info("converted %s in %.1f s; later starts read %s", gguf.name, stage.elapsed(), target)
-    return target
+
+
+def _save_tokenizer(hf_dir: Path, tokenizer, record: dict) -> None:
+    """The tokenizer as any transformers reads it, and the record of where it came from."""
+    tokenizer.save_pretrained(hf_dir)
+    _declare_generic_tokenizer(hf_dir)
+    (hf_dir / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
 
 
 def _declare_generic_tokenizer(hf_dir: Path) -> None:
