@@ -29,14 +29,14 @@ from transformers import PretrainedConfig
 from loragate.engine.gguf_header import GGUFHeader
 from loragate.engine.special_tokens import SOURCE_RECORD
 from loragate.kernels import QuantizedWeight
-from loragate.kernels.quant_blocks import FORMATS
+from loragate.kernels.quant_blocks import GGUF_TYPES
 
 log = logging.getLogger(__name__)
 
 # GGUF architectures whose weights are served in their block types, and their HF model_type.
 BLOCK_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
-SUPPORTED_TYPES = (*FORMATS, *FLOAT_TYPES)
+SUPPORTED_TYPES = (*GGUF_TYPES, *FLOAT_TYPES)
 
 # The record's "weights" in a cached directory whose weights are read from the GGUF file.
 WEIGHTS_IN_BLOCKS = "gguf-blocks"

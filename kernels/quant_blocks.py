@@ -17,6 +17,16 @@ them (little-endian; "f16" a float16 scale):
 - Q6_K (256): 128 bytes of low nibbles, 64 of two-bit highs, sixteen int8 scales (one per
   16 weights), d f16 last.                                          w = d sc (q - 32)
 
+and loragate's own integer formats, which float bases quantized at load (``--quantization``)
+and AWQ/GPTQ checkpoints (repacked: the same integers, zeros and scales) are held in ("f32"
+a float32 scale, so any checkpoint's scales are kept exactly):
+
+- I8_CH (int8 symmetric per output channel): a row header of d f32, then the row's int8s
+  (blocks of 32 with no header of their own).                     w = d q
+- I4_G32, I4_G64, I4_G128 (int4 asymmetric in groups of 32, 64, 128): d f32, z u8 (0-16;
+  16 is GPTQ's stored zero 15 plus its offset of 1), then the nibbles as Q4_0's (byte i:
+  weight i low, weight i + group/2 high).                          w = d (q - z)
+
 kernels/quant_dequant.py turns blocks into floats (the torch reference), and
 kernels/quant_linear.py multiplies by them.
 """
@@ -36,6 +46,7 @@ class BlockFormat:
     block_size: int  # weights per block
     block_bytes: int
     code: int
+    row_header: int = 0  # bytes before a row's first block (I8_CH's scale)
 
 
 FORMATS = {
@@ -49,8 +60,15 @@ FORMATS = {
         BlockFormat("Q4_K", 256, 144, 5),
         BlockFormat("Q5_K", 256, 176, 6),
         BlockFormat("Q6_K", 256, 210, 7),
+        BlockFormat("I8_CH", 32, 32, 8, row_header=4),
+        BlockFormat("I4_G32", 32, 21, 9),
+        BlockFormat("I4_G64", 64, 37, 10),
+        BlockFormat("I4_G128", 128, 69, 11),
     )
 }
+# The GGUF (llama.cpp) types among them; the rest are loragate's own integer formats.
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+INT4_GROUPS = {32: "I4_G32", 64: "I4_G64", 128: "I4_G128"}
 
 
 def block_format(name: str) -> BlockFormat:
@@ -68,7 +86,7 @@ def row_bytes(name: str, in_features: int) -> int:
         raise ValueError(
             f"a {name} row holds a multiple of {fmt.block_size} weights, not {in_features}"
         )
-    return in_features // fmt.block_size * fmt.block_bytes
+    return fmt.row_header + in_features // fmt.block_size * fmt.block_bytes
 
 
 @dataclass(frozen=True)

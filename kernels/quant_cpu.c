@@ -1,5 +1,5 @@
-/* Products with weights in llama.cpp's block formats (kernels/quant_blocks.py says the
- * layouts), on the CPU: y[r, n] = sum_k x[r, k] w[n, k] (+ bias[n]), each block of w read
+/* Products with weights in llama.cpp's block formats and loragate's integer ones
+ * (kernels/quant_blocks.py says the layouts), on the CPU: y[r, n] = sum_k x[r, k] w[n, k] (+ bias[n]), each block of w read
  * once in its quantized form and dequantized in registers, the activations kept in float32
  * (never quantized). Every weight is the float32 value the `gguf` package dequantizes it to
  * (a scale times an integer is exact in float32; where a min is added, one rounding, as
@@ -14,9 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, NUM_FORMATS };
-static const int BLOCK_SIZE[NUM_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256};
-static const int BLOCK_BYTES[NUM_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210};
+enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, I8_CH, I4_G32, I4_G64, I4_G128, NUM_FORMATS };
+static const int BLOCK_SIZE[NUM_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 64, 128};
+static const int BLOCK_BYTES[NUM_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 32, 21, 37, 69};
+/* I8_CH rows start with their float32 scale; every other format's rows are blocks alone. */
+#define ROW_HEADER(fmt) ((fmt) == I8_CH ? 4 : 0)
+#define IS_K_QUANT(fmt) ((fmt) >= Q4_K && (fmt) <= Q6_K)
 #define MAX_BLOCK 256
 #define ROWS 4 /* activation rows sharing one dequantized block */
 
@@ -48,6 +51,12 @@ static inline float half_to_float(const uint8_t *p) {
 }
 #endif
 
+static inline float f32_at(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
 /* Q4_K / Q5_K: the eight 6-bit scales and mins of a block's 12 bytes. */
 static inline void k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
     for (int j = 0; j < 4; ++j) {
@@ -59,7 +68,9 @@ static inline void k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
 }
 
 /* ---- the scalar path: one weight at a time --------------------------------------------- */
-static void dequant_block_scalar(int fmt, const uint8_t *b, float *out) {
+/* Block ``blk`` of the row starting at ``row``, as float32 weights. */
+static void dequant_block_scalar(int fmt, const uint8_t *row, int64_t blk, float *out) {
+    const uint8_t *b = row + ROW_HEADER(fmt) + blk * BLOCK_BYTES[fmt];
     switch (fmt) {
     case Q4_0:
     case Q4_1:
@@ -109,6 +120,23 @@ static void dequant_block_scalar(int fmt, const uint8_t *b, float *out) {
             const int low = s < 2 ? lowbyte & 0x0F : lowbyte >> 4;
             const int high = (b[128 + half * 32 + l] >> (2 * s)) & 3;
             out[e] = d * (float)sc[e / 16] * (float)((low | high << 4) - 32);
+        }
+        break;
+    }
+    case I8_CH: {
+        const float d = f32_at(row);
+        for (int j = 0; j < 32; ++j) out[j] = d * (float)(int8_t)b[j];
+        break;
+    }
+    case I4_G32:
+    case I4_G64:
+    case I4_G128: {
+        const int bs = BLOCK_SIZE[fmt], half = bs / 2;
+        const float d = f32_at(b);
+        const int z = b[4];
+        for (int j = 0; j < bs; ++j) {
+            const int q = j < half ? b[5 + j] & 0x0F : b[5 + j - half] >> 4;
+            out[j] = (float)(q - z) * d;
         }
         break;
     }
@@ -171,8 +199,23 @@ static inline void small_block(const uint8_t *qs, uint32_t high, f8 d, f8 m, int
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *b, float *out) {
+/* Weights ``group``/2 .. of an int4 group: 8 bytes of nibbles give 8 low and 8 high. */
+ALWAYS_INLINE void int4_group(const uint8_t *b, const int bs, float *out) {
+    const f8 d = (f8){0} + f32_at(b);
+    const i8 z = (i8){0} + (int32_t)b[4];
+    const int half = bs / 2;
+    for (int g = 0; g < half; g += 8) {
+        const i8 q = widen(b + 5 + g);
+        put8(out + g, to_f8((q & 0x0F) - z) * d);
+        put8(out + half + g, to_f8((q >> 4) - z) * d);
+    }
+}
+
+/* Block ``blk`` of the row starting at ``row``, as float32 weights. */
+ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *row, const int64_t blk,
+                                        float *out) {
     const f8 zero = {0};
+    const uint8_t *b = row + ROW_HEADER(fmt) + blk * BLOCK_BYTES[fmt];
     switch (fmt) {
     case Q4_0:
         small_block(b + 2, 0, zero + half_to_float(b), zero, 8, out);
@@ -232,6 +275,20 @@ ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *b, float *
         }
         break;
     }
+    case I8_CH: {
+        const f8 d = zero + f32_at(row);
+        for (int g = 0; g < 4; ++g) put8(out + 8 * g, d * to_f8(widen_signed(b + 8 * g)));
+        break;
+    }
+    case I4_G32:
+        int4_group(b, 32, out);
+        break;
+    case I4_G64:
+        int4_group(b, 64, out);
+        break;
+    case I4_G128:
+        int4_group(b, 128, out);
+        break;
     }
 }
 
@@ -282,19 +339,11 @@ ALWAYS_INLINE void k_block_scales(const int fmt, const uint8_t *b, float *ds, fl
  * accumulators per row keep the additions from waiting on each other. */
 ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k,
                                    const float *x, int64_t ldx, const int rows, float *sums) {
-    const int bs = fmt >= Q4_K ? 256 : 32;
-    const int bb = fmt == Q4_0   ? 18
-                   : fmt == Q4_1 ? 20
-                   : fmt == Q5_0 ? 22
-                   : fmt == Q5_1 ? 24
-                   : fmt == Q8_0 ? 34
-                   : fmt == Q4_K ? 144
-                   : fmt == Q5_K ? 176
-                                 : 210;
+    const int bs = BLOCK_SIZE[fmt], bb = BLOCK_BYTES[fmt]; /* constants once inlined */
     f8 acc[ROWS][2] = {{{0}}};
     float w[MAX_BLOCK] __attribute__((aligned(32)));
     const int64_t blocks = k / bs;
-    if (fmt >= Q4_K) { /* k-quants: each sub-block dequantized in registers and used there */
+    if (IS_K_QUANT(fmt)) { /* k-quants: each sub-block dequantized in registers and used there */
         float ds[16], dm[8];
         for (int64_t blk = 0; blk < blocks; ++blk) {
             const uint8_t *b = wrow + blk * bb;
@@ -311,8 +360,8 @@ ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k
             }
         }
     }
-    for (int64_t blk = 0; fmt < Q4_K && blk < blocks; ++blk) {
-        dequant_block_vector(fmt, wrow + blk * bb, w);
+    for (int64_t blk = 0; !IS_K_QUANT(fmt) && blk < blocks; ++blk) {
+        dequant_block_vector(fmt, wrow, blk, w);
         for (int r = 0; r < rows; ++r) {
             const float *xr = x + r * ldx + blk * bs;
             for (int i = 0; i < bs; i += 16) {
@@ -331,11 +380,11 @@ ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k
 
 static inline void dot_rows_scalar(int fmt, const uint8_t *wrow, int64_t k, const float *x,
                                    int64_t ldx, int rows, float *sums) {
-    const int bs = BLOCK_SIZE[fmt], bb = BLOCK_BYTES[fmt];
+    const int bs = BLOCK_SIZE[fmt];
     float w[MAX_BLOCK];
     for (int r = 0; r < rows; ++r) sums[r] = 0.0f;
     for (int64_t kb = 0; kb < k; kb += bs) {
-        dequant_block_scalar(fmt, wrow + (kb / bs) * bb, w);
+        dequant_block_scalar(fmt, wrow, kb / bs, w);
         for (int r = 0; r < rows; ++r) {
             const float *xr = x + r * ldx + kb;
             float s = sums[r];
@@ -380,6 +429,10 @@ DEFINE_LINEAR_VECTOR(Q8_0)
 DEFINE_LINEAR_VECTOR(Q4_K)
 DEFINE_LINEAR_VECTOR(Q5_K)
 DEFINE_LINEAR_VECTOR(Q6_K)
+DEFINE_LINEAR_VECTOR(I8_CH)
+DEFINE_LINEAR_VECTOR(I4_G32)
+DEFINE_LINEAR_VECTOR(I4_G64)
+DEFINE_LINEAR_VECTOR(I4_G128)
 
 static void linear_scalar(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
                           const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
@@ -413,6 +466,7 @@ int quant_linear(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, con
         break;
     switch (fmt) {
         CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+        CASE(I8_CH) CASE(I4_G32) CASE(I4_G64) CASE(I4_G128)
     }
 #undef CASE
     return 0;
@@ -456,7 +510,7 @@ static inline void panel_tile(const float *x, int64_t ldx, int64_t r0, int64_t m
         }
 }
 
-#define DEFINE_PANELS_VECTOR(F, BS, BB)                                                         \
+#define DEFINE_PANELS_VECTOR(F, BS)                                                         \
     static void panels_vector_##F(const float *x, int64_t ldx, int64_t m, int64_t k,            \
                                   const uint8_t *w, int64_t row_stride, int64_t n,              \
                                   const float *bias, float *y, int64_t ldy, int64_t panel,      \
@@ -472,7 +526,7 @@ static inline void panel_tile(const float *x, int64_t ldx, int64_t r0, int64_t m
                         continue;                                                               \
                     }                                                                           \
                     for (int64_t blk = 0; blk < k / BS; ++blk)                                  \
-                        dequant_block_vector(F, w + (j0 + j) * row_stride + blk * BB,           \
+                        dequant_block_vector(F, w + (j0 + j) * row_stride, blk,                 \
                                              buf + j * k + blk * BS);                           \
                 }                                                                               \
                 for (int64_t c0 = 0; c0 < rows; c0 += PANEL_COLS) {                              \
@@ -484,14 +538,18 @@ static inline void panel_tile(const float *x, int64_t ldx, int64_t r0, int64_t m
             free(buf);                                                                          \
         }                                                                                       \
     }
-DEFINE_PANELS_VECTOR(Q4_0, 32, 18)
-DEFINE_PANELS_VECTOR(Q4_1, 32, 20)
-DEFINE_PANELS_VECTOR(Q5_0, 32, 22)
-DEFINE_PANELS_VECTOR(Q5_1, 32, 24)
-DEFINE_PANELS_VECTOR(Q8_0, 32, 34)
-DEFINE_PANELS_VECTOR(Q4_K, 256, 144)
-DEFINE_PANELS_VECTOR(Q5_K, 256, 176)
-DEFINE_PANELS_VECTOR(Q6_K, 256, 210)
+DEFINE_PANELS_VECTOR(Q4_0, 32)
+DEFINE_PANELS_VECTOR(Q4_1, 32)
+DEFINE_PANELS_VECTOR(Q5_0, 32)
+DEFINE_PANELS_VECTOR(Q5_1, 32)
+DEFINE_PANELS_VECTOR(Q8_0, 32)
+DEFINE_PANELS_VECTOR(Q4_K, 256)
+DEFINE_PANELS_VECTOR(Q5_K, 256)
+DEFINE_PANELS_VECTOR(Q6_K, 256)
+DEFINE_PANELS_VECTOR(I8_CH, 32)
+DEFINE_PANELS_VECTOR(I4_G32, 32)
+DEFINE_PANELS_VECTOR(I4_G64, 64)
+DEFINE_PANELS_VECTOR(I4_G128, 128)
 
 /* y [m, n] = x [m, k] times w^T (+ bias) over dequantized panels of ``panel`` output rows (a
  * multiple of 3), on the vector path: for many rows. Returns 0, or -1 as quant_linear. */
@@ -506,27 +564,32 @@ int quant_linear_panels(int fmt, const float *x, int64_t ldx, int64_t m, int64_t
         break;
     switch (fmt) {
         CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+        CASE(I8_CH) CASE(I4_G32) CASE(I4_G64) CASE(I4_G128)
     }
 #undef CASE
     return 0;
 }
 
-#define DEFINE_DEQUANTIZE_VECTOR(F, BS, BB)                                                  \
+#define DEFINE_DEQUANTIZE_VECTOR(F, BS)                                                  \
     static void dequantize_vector_##F(const uint8_t *w, int64_t row_stride, int64_t n,         \
                                       int64_t k, float *out, int64_t ldo, int threads) {       \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * k > 65536)") \
         for (int64_t j = 0; j < n; ++j)                                                        \
             for (int64_t blk = 0; blk < k / BS; ++blk)                                         \
-                dequant_block_vector(F, w + j * row_stride + blk * BB, out + j * ldo + blk * BS); \
+                dequant_block_vector(F, w + j * row_stride, blk, out + j * ldo + blk * BS);   \
     }
-DEFINE_DEQUANTIZE_VECTOR(Q4_0, 32, 18)
-DEFINE_DEQUANTIZE_VECTOR(Q4_1, 32, 20)
-DEFINE_DEQUANTIZE_VECTOR(Q5_0, 32, 22)
-DEFINE_DEQUANTIZE_VECTOR(Q5_1, 32, 24)
-DEFINE_DEQUANTIZE_VECTOR(Q8_0, 32, 34)
-DEFINE_DEQUANTIZE_VECTOR(Q4_K, 256, 144)
-DEFINE_DEQUANTIZE_VECTOR(Q5_K, 256, 176)
-DEFINE_DEQUANTIZE_VECTOR(Q6_K, 256, 210)
+DEFINE_DEQUANTIZE_VECTOR(Q4_0, 32)
+DEFINE_DEQUANTIZE_VECTOR(Q4_1, 32)
+DEFINE_DEQUANTIZE_VECTOR(Q5_0, 32)
+DEFINE_DEQUANTIZE_VECTOR(Q5_1, 32)
+DEFINE_DEQUANTIZE_VECTOR(Q8_0, 32)
+DEFINE_DEQUANTIZE_VECTOR(Q4_K, 256)
+DEFINE_DEQUANTIZE_VECTOR(Q5_K, 256)
+DEFINE_DEQUANTIZE_VECTOR(Q6_K, 256)
+DEFINE_DEQUANTIZE_VECTOR(I8_CH, 32)
+DEFINE_DEQUANTIZE_VECTOR(I4_G32, 32)
+DEFINE_DEQUANTIZE_VECTOR(I4_G64, 64)
+DEFINE_DEQUANTIZE_VECTOR(I4_G128, 128)
 
 /* out [n, k] (row stride ldo) = the n rows of w dequantized to float32. */
 int quant_dequantize(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, int64_t k,
@@ -539,14 +602,15 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, i
         break;
         switch (fmt) {
             CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q8_0) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
+            CASE(I8_CH) CASE(I4_G32) CASE(I4_G64) CASE(I4_G128)
         }
 #undef CASE
         return 0;
     }
-    const int bs = BLOCK_SIZE[fmt], bb = BLOCK_BYTES[fmt];
+    const int bs = BLOCK_SIZE[fmt];
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * k > 65536)
     for (int64_t j = 0; j < n; ++j)
         for (int64_t blk = 0; blk < k / bs; ++blk)
-            dequant_block_scalar(fmt, w + j * row_stride + blk * bb, out + j * ldo + blk * bs);
+            dequant_block_scalar(fmt, w + j * row_stride, blk, out + j * ldo + blk * bs);
     return 0;
 }

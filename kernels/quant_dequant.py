@@ -17,6 +17,10 @@ from .quant_blocks import QuantizedWeight, block_format
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     """The weight as float32 [out_features, in_features]."""
     fmt = block_format(weight.format)
+    if fmt.row_header:  # I8_CH: a float32 scale per row, then the row's int8s
+        rows = weight.blocks.contiguous()
+        scale = rows[:, :4].contiguous().view(torch.float32)
+        return scale * rows[:, 4:].contiguous().view(torch.int8).float()
     blocks = weight.blocks.contiguous().view(-1, fmt.block_bytes)
     values = _DEQUANTIZE[weight.format](blocks)
     return values.view(weight.out_features, weight.in_features)
@@ -109,6 +113,13 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return (d * q.reshape(-1, 16, 16)).reshape(-1, 256)
 
 
+def _int4_group(b: torch.Tensor) -> torch.Tensor:
+    """I4_G*: d f32, z u8, nibbles; (q - z) is exact, so one rounding: its product by d."""
+    d = b[:, 0:4].contiguous().view(torch.float32)
+    q = _nibbles(b[:, 5:]).float()
+    return (q - b[:, 4:5].float()) * d
+
+
 _DEQUANTIZE = {
     "Q4_0": _q4_0,
     "Q4_1": _q4_1,
@@ -118,4 +129,7 @@ _DEQUANTIZE = {
     "Q4_K": _q4_k,
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
+    "I4_G32": _int4_group,
+    "I4_G64": _int4_group,
+    "I4_G128": _int4_group,
 }

@@ -2,7 +2,9 @@
 
 Blocks are random bytes (every bit pattern of the packed integers and 6-bit scales is a
 valid block) with their float16 scales and mins set to finite values of a chosen size, so
-the weights are random in every format, including those the `gguf` package cannot quantize.
+the weights are random in every format, including those the `gguf` package cannot quantize;
+loragate's integer formats (I8_CH, I4_G*) get float32 scales and zeros 0-16 likewise, and
+``int_reference`` decodes them in float64 from the layout quant_blocks.py documents.
 
 Imported by bare name: pytest puts tests/kernels on sys.path.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from quant_checkpoint_testlib import int_reference  # noqa: F401 (the tests import it here)
 
 from loragate.kernels.quant_blocks import FORMATS, QuantizedWeight
 
@@ -34,6 +37,8 @@ def random_blocks(name: str, out_features: int, in_features: int, seed: int) -> 
     """uint8 [out_features, row_bytes] of random blocks."""
     fmt = FORMATS[name]
     rng = np.random.default_rng(seed)
+    if name in INT_RANGE:
+        return _random_int_rows(name, out_features, in_features, rng)
     count = out_features * in_features // fmt.block_size
     blocks = rng.integers(0, 256, (count, fmt.block_bytes), dtype=np.uint8)
     size = in_features**-0.5 / QUANT_RANGE[name]
@@ -45,6 +50,24 @@ def random_blocks(name: str, out_features: int, in_features: int, seed: int) -> 
         m = rng.standard_normal((count, 1)) * in_features**-0.5 * QUANT_RANGE[name] * size
         blocks[:, at : at + 2] = m.astype(np.float16).view(np.uint8)
     return blocks.reshape(out_features, -1)
+
+
+INT_RANGE = {"I8_CH": 64, "I4_G32": 8, "I4_G64": 8, "I4_G128": 8}
+
+
+def _random_int_rows(name: str, rows: int, cols: int, rng) -> np.ndarray:
+    fmt = FORMATS[name]
+    size = cols**-0.5 / INT_RANGE[name]
+    if name == "I8_CH":
+        scales = (rng.uniform(0.5, 1.5, (rows, 1)) * size).astype(np.float32)
+        q = rng.integers(-128, 128, (rows, cols), dtype=np.int8)
+        return np.concatenate([scales.view(np.uint8), q.view(np.uint8)], axis=1)
+    count = rows * cols // fmt.block_size
+    blocks = rng.integers(0, 256, (count, fmt.block_bytes), dtype=np.uint8)
+    scales = rng.uniform(0.5, 1.5, (count, 1)) * size * rng.choice([-1, 1], (count, 1))
+    blocks[:, 0:4] = scales.astype(np.float32).view(np.uint8)
+    blocks[:, 4] = rng.integers(0, 17, count)  # 16: GPTQ's stored 15 plus its offset
+    return blocks.reshape(rows, -1)
 
 
 def random_weight(name: str, out_features: int, in_features: int, seed: int = 0):

@@ -11,11 +11,17 @@ import torch
 import torch.nn.functional as F
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
-from quant_testlib import random_blocks, random_weight
+from quant_testlib import INT_RANGE, int_reference, random_blocks, random_weight
 
 from loragate import kernels
 from loragate.kernels import quant_cpu, quant_linear
-from loragate.kernels.quant_blocks import FORMATS, QuantizedWeight, StackedWeights, stack_rows
+from loragate.kernels.quant_blocks import (
+    FORMATS,
+    GGUF_TYPES,
+    QuantizedWeight,
+    StackedWeights,
+    stack_rows,
+)
 from loragate.kernels.quant_dequant import dequantize
 
 NAMES = list(FORMATS)
@@ -42,10 +48,20 @@ def path(request, monkeypatch):
     return vector
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", GGUF_TYPES)
 def test_torch_dequantizer_matches_gguf_bit_for_bit(name):
     blocks = random_blocks(name, 5, in_features_of(name), seed=1)
     expected = gguf_dequantize(blocks, getattr(gguf.GGMLQuantizationType, name))
+    got = dequantize(QuantizedWeight.of(torch.from_numpy(blocks), name, in_features_of(name)))
+    assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", list(INT_RANGE))
+def test_integer_formats_dequantize_to_the_float64_reference_rounded_once(name):
+    """d times an integer (I8_CH) or d times (q - z) (I4_G*): one float32 rounding of the
+    exact product, which float64 holds exactly."""
+    blocks = random_blocks(name, 5, in_features_of(name), seed=11)
+    expected = int_reference(blocks, name, in_features_of(name)).astype(np.float32)
     got = dequantize(QuantizedWeight.of(torch.from_numpy(blocks), name, in_features_of(name)))
     assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
 
