@@ -199,6 +199,19 @@ class BlockManager:
     def append_slot(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         self._grow(seq, self.blocks_needed(seq, num_new_tokens), seq.num_computed_tokens)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens of `seq` (rejected
+        speculative tokens' KV): they hold nothing cached, so they are the first reused."""
+        keep = -(-num_tokens // self.block_size)
+        if len(seq.block_table) <= keep:
+            return
+        for block in reversed(seq.block_table[keep:]):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_ids[block] = None
+                self.free_ids.move_to_end(block, last=False)
+        self.set_table(seq, seq.block_table[:keep])
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent."""
         self.set_table(child, list(parent.block_table))

@@ -8,6 +8,7 @@ import torch
 
 from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine.cpu_features import bf16_support
+from loragate.engine.speculation.config import SpeculativeConfig, speculative_config_from
 
 # Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
 # latency"): a step of 64 decodes of the default model takes about 275 ms there and a prompt
@@ -111,11 +112,24 @@ class EngineConfig:
             "default; the start log says which path ran."
         },
     )
+    speculative_config: SpeculativeConfig | None = field(
+        default=None,
+        metadata={
+            "help": 'Speculative decoding, as vLLM\'s JSON: {"method": "ngram", '
+            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+            '"prompt_lookup_min": 1} (prompt lookup; or a plugin proposer\'s name). Each '
+            "row verifies with its own adapter; outputs are those without it."
+        },
+    )
     plugins: tuple = field(default_factory=tuple)
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:
+        # A dict or its JSON (vLLM's forms) becomes the checked, frozen config.
+        object.__setattr__(
+            self, "speculative_config", speculative_config_from(self.speculative_config)
+        )
         _check_parallelism(self.tensor_parallel_size)
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")

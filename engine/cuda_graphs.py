@@ -109,6 +109,7 @@ class DecodeGraphs:
             not scheduled.prefills
             and 0 < len(scheduled.decodes) <= self.buckets[-1]
             and not self._row_extras_in(scheduled.decodes)
+            and not any(item.draft for item in scheduled.decodes)
         )
 
     def _row_extras_in(self, decodes: list[ScheduledSeq]) -> bool:

@@ -21,10 +21,13 @@ class GrammarMasks:
     def __init__(self) -> None:
         self._words = torch.empty((0, 0), dtype=torch.int32)
 
-    def apply_(self, seqs, rows: list[int], logits: torch.Tensor, results: list) -> None:
+    def apply_(
+        self, seqs, rows: list[int], logits: torch.Tensor, results: list, histories=None
+    ) -> None:
         """Mask `logits`' rows `rows` (each sequence's single processor has
         `fill_bitmask`); a processor that fails leaves its row alone and its error in
-        results[row]."""
+        results[row]. `histories` (default: the sequences) give each row's tokens so far."""
+        histories = seqs if histories is None else histories
         width = (logits.shape[1] + 31) // 32
         if self._words.shape[0] < len(rows) or self._words.shape[1] != width:
             self._words = torch.empty((max(len(rows), 8), width), dtype=torch.int32)
@@ -33,7 +36,7 @@ class GrammarMasks:
             seq = seqs[row]
             plugin_name, processor = seq.request.logits_processors[0]
             try:
-                processor.fill_bitmask(seq.output_token_ids, self._words, len(filled))
+                processor.fill_bitmask(histories[row].output_token_ids, self._words, len(filled))
             except Exception as exc:
                 where = f"logits processor {callable_name(processor)} of plugin {plugin_name!r}"
                 results[row] = PluginError(

@@ -47,6 +47,7 @@ from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, sample_generator
 from loragate.engine.special_tokens import special_token_rule
+from loragate.engine.speculation import Speculator
 from loragate.engine.step_budget import step_budget_for
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
@@ -136,6 +137,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             new_sequence=self._new_sequence,
+            speculator=self._speculator(config),
         )
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)
@@ -162,6 +164,15 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self._seq_ids = count()
         self.num_prompt_tokens = 0
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        """Speculative decoding's step policy, with the proposer its config names."""
+        spec = config.speculative_config
+        if spec is None:
+            return None
+        _, proposer = self.plugins.proposer(spec.method)
+        log.info("speculative decoding: %s", spec)
+        return Speculator(spec, proposer, self.max_model_len, self.model.vocab_size)
 
     @property
     def num_generation_tokens(self) -> int:

@@ -20,6 +20,7 @@ from loragate.engine.models import PagedDecoder
 from loragate.engine.sample_dispatch import SampleDispatcher
 from loragate.engine.scheduler import ScheduledSeq, SchedulerOutput, slot_order
 from loragate.engine.sequence import Sequence
+from loragate.engine.speculation import verify_drafts
 from loragate.engine.step_record import StepClock
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class ModelRunner:
         self.num_computed_tokens_total = 0  # prefill + decode tokens run through the model
         self.decode_graphs = decode_graphs  # CUDA graphs for decode-only steps, when allowed
         self._prompt_rows: list[tuple[Sequence, int]] = []  # this step's prompt-logprob rows
+        self._drafted: list[tuple[Sequence, list[int]]] = []  # this step's speculating rows
         # Block tables persist between steps, a row per sequence (engine/input_batch.py).
         self.input_batch = InputBatch(max_num_seqs, -(-max_model_len // self.block_size))
         # Which sampler each row uses; the built-in one reads the rows' sampling columns.
@@ -72,7 +74,8 @@ class ModelRunner:
         if scheduled.empty:
             return ModelRunnerOutput()
         sampled, logits = self.run(scheduled, clock)
-        sampled, logits = _with_forks(sampled, logits, scheduled.forks)
+        drafted, verify_logits = self._drafted, logits[len(sampled) :]
+        sampled, logits = _with_forks(sampled, logits[: len(sampled)], scheduled.forks)
         out = ModelRunnerOutput()
         beam_rows = [i for i, s in enumerate(sampled) if s.request.beam is not None]
         if beam_rows:  # beam groups take log-probs; the rest goes on to the sampler
@@ -83,15 +86,21 @@ class ModelRunner:
             sampled, logits = [sampled[i] for i in rest], logits[rest]
         if sampled:
             out.sampled, out.samples = sampled, self.dispatcher.sample(sampled, logits)
+        if drafted:  # speculating rows: the tokens each takes, verified position by position
+            seqs, drafts = [seq for seq, _ in drafted], [draft for _, draft in drafted]
+            out.sampled += seqs
+            out.samples += verify_drafts(self.dispatcher.sample, seqs, drafts, verify_logits)
         clock.lap("sample")
         return out
 
     def run(
         self, scheduled: SchedulerOutput, clock: StepClock | None = None
     ) -> tuple[list[Sequence], torch.Tensor]:
-        """Logits [N, vocab] float32 for the sequences that sample this step, in that order.
+        """Logits [N, vocab] float32 for the sequences that sample this step, in that order,
+        then the rows of each speculating sequence's positions (`self._drafted`'s order).
         `clock` (the step's) gets the prepare and forward phases."""
         clock = clock or StepClock()
+        self._drafted = []
         if self.decode_graphs is not None and self.decode_graphs.fits(scheduled):
             try:
                 sampled, logits = self._run_graph(sorted(scheduled.decodes, key=slot_order))
@@ -108,8 +117,9 @@ class ModelRunner:
         self.num_computed_tokens_total += batch.num_tokens
         logits = self.model.compute_logits(hidden, batch)
         if self._prompt_rows:
-            record_prompt_logprobs(self._prompt_rows, logits[len(sampled) :])
-            logits = logits[: len(sampled)]
+            rows = len(sampled) + sum(len(draft) + 1 for _, draft in self._drafted)
+            record_prompt_logprobs(self._prompt_rows, logits[rows:])
+            logits = logits[:rows]
         clock.lap("forward")
         return sampled, logits
 
@@ -138,8 +148,10 @@ class ModelRunner:
         batch (block tables) and built per sequence, never per token."""
         # Grouped by adapter slot, base-model rows last, so every LoRA call of the pass
         # reads its rows in place instead of gathering and scattering them.
-        prefills = sorted(scheduled.prefills, key=slot_order)
-        decodes = sorted(scheduled.decodes, key=slot_order)
+        # Speculating decodes run several tokens each, so with the prompts' attention.
+        drafted = sorted((d for d in scheduled.decodes if d.draft), key=slot_order)
+        prefills = sorted(scheduled.prefills, key=slot_order) + drafted
+        decodes = sorted((d for d in scheduled.decodes if not d.draft), key=slot_order)
         items = prefills + decodes
         starts = [item.seq.num_computed_tokens for item in items]
         counts = [item.num_new_tokens for item in items]
@@ -147,15 +159,21 @@ class ModelRunner:
         input_ids: list[int] = []
         sample_indices: list[int] = []
         sampled: list[Sequence] = []
+        verify_indices: list[int] = []  # every position of each speculating row
         prompt_indices: list[int] = []
         self._prompt_rows: list[tuple[Sequence, int]] = []
+        self._drafted = [(item.seq, item.draft) for item in drafted]
         for item, start, count in zip(items, starts, counts, strict=True):
             seq = item.seq
             for p in _prompt_positions_wanted(seq, start, start + count):
                 prompt_indices.append(len(input_ids) + p - start)
                 self._prompt_rows.append((seq, p))
-            input_ids += seq.token_ids[start : start + count]
-            if item.samples:
+            if item.draft:
+                verify_indices += range(len(input_ids), len(input_ids) + count)
+                input_ids += seq.token_ids[start:] + item.draft
+            else:
+                input_ids += seq.token_ids[start : start + count]
+            if item.samples and not item.draft:
                 sample_indices.append(len(input_ids) - 1)
                 sampled.append(seq)
         positions, rows = token_positions(starts, counts)
@@ -168,8 +186,11 @@ class ModelRunner:
             slot_mapping=slots.to(self.device),
             prefill=self._prefill_attention(prefills, tables[:num_prefills]),
             decode=self._decode_attention(decodes, tables[num_prefills:]),
-            # Rows whose logits are computed: the sampled ones, then prompt-logprob ones.
-            sample_indices=self._tensor(sample_indices + prompt_indices, torch.long),
+            # Rows whose logits are computed: the sampled ones, the speculating rows'
+            # positions, then prompt-logprob ones.
+            sample_indices=self._tensor(
+                sample_indices + verify_indices + prompt_indices, torch.long
+            ),
             lora=self._lora_batch(lora_slots.repeat_interleave(torch.tensor(counts))),
         )
         return batch, sampled

@@ -30,12 +30,19 @@ class SampleDispatcher:
         self.grammar_masks = GrammarMasks()
 
     def apply_logits_processors(
-        self, seqs: list[Sequence], logits, results: list, in_place: bool = False
+        self,
+        seqs: list[Sequence],
+        logits,
+        results: list,
+        in_place: bool = False,
+        histories: list | None = None,
     ) -> torch.Tensor:
         """Each request's plugin processors; a failure is stored in results[i]. With
         `in_place` they work on the rows of `logits` itself (nobody needs the raw values
         after them); otherwise on a copy. Rows whose only processor is a grammar mask (it
-        has `fill_bitmask`) share one bitmask, applied to all of them in one call."""
+        has `fill_bitmask`) share one bitmask, applied to all of them in one call.
+        `histories` (default: the sequences themselves) give each row's tokens so far."""
+        histories = seqs if histories is None else histories
         if not any(s.request.logits_processors for s in seqs):
             return logits
         if not in_place:
@@ -50,18 +57,25 @@ class SampleDispatcher:
                 continue
             row = logits[i]
             try:
-                result = self.plugins.apply_logits_processors(processors, seq.output_token_ids, row)
+                result = self.plugins.apply_logits_processors(
+                    processors, histories[i].output_token_ids, row
+                )
             except PluginError as exc:
                 results[i] = exc
                 continue
             if result.data_ptr() != row.data_ptr():
                 row.copy_(result)
         if masked:
-            self.grammar_masks.apply_(seqs, masked, logits, results)
+            self.grammar_masks.apply_(seqs, masked, logits, results, histories)
         return logits
 
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list:
-        """One SampleResult (or the exception that failed it) per sequence."""
+    def sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, histories: list | None = None
+    ) -> list:
+        """One SampleResult (or the exception that failed it) per sequence. `histories`
+        (default: the sequences) give each row's tokens so far, which processors, penalties
+        and min_tokens read: speculative verification extends them by accepted tokens."""
+        histories = seqs if histories is None else histories
         results: list = [None] * len(seqs)
         # Plugin samplers report logprobs of the raw logits: a row that has both keeps them
         # unmasked in a copy. Otherwise processors mask the step's own logits in place (no
@@ -70,10 +84,12 @@ class SampleDispatcher:
         raw_needed = plugin_sampled and any(
             seq.request.params.sampler is not None and seq.request.logits_processors for seq in seqs
         )
-        processed = self.apply_logits_processors(seqs, logits, results, in_place=not raw_needed)
+        processed = self.apply_logits_processors(
+            seqs, logits, results, in_place=not raw_needed, histories=histories
+        )
         if not plugin_sampled and results.count(None) == len(results):
             # The usual step: every row is the built-in sampler's, no per-row grouping.
-            self._builtin_sample(seqs, list(range(len(seqs))), processed, results)
+            self._builtin_sample(seqs, histories, list(range(len(seqs))), processed, results)
             return results
         by_sampler: dict[str | None, list[int]] = {}
         for i, seq in enumerate(seqs):
@@ -81,13 +97,13 @@ class SampleDispatcher:
                 by_sampler.setdefault(seq.request.params.sampler, []).append(i)
         for name, idx in by_sampler.items():
             if name is None:
-                self._builtin_sample(seqs, idx, processed, results)
+                self._builtin_sample(seqs, histories, idx, processed, results)
             else:
-                self._plugin_sample(name, seqs, idx, logits, processed, results)
+                self._plugin_sample(name, seqs, histories, idx, logits, processed, results)
         return results
 
-    def _builtin_sample(self, seqs, idx, processed, results) -> None:
-        rows = self._step_rows([seqs[i] for i in idx])
+    def _builtin_sample(self, seqs, histories, idx, processed, results) -> None:
+        rows = self._step_rows([seqs[i] for i in idx], [histories[i] for i in idx])
         # Every row, in order (the usual step): the logits themselves, not a copy of them.
         chosen = processed if len(idx) == processed.shape[0] else processed[idx]
         try:
@@ -109,15 +125,16 @@ class SampleDispatcher:
             return any(seq.request.params.sampler is not None for seq in seqs)
         return self.input_batch.sampling.num_plugin_sampled > 0
 
-    def _step_rows(self, seqs: list[Sequence]) -> StepRows:
+    def _step_rows(self, seqs: list[Sequence], histories: list) -> StepRows:
         """The sequences' rows of the persistent batch's sampling columns, in order."""
         if self.input_batch is None:
-            return StepRows.from_rows([_row(seq) for seq in seqs])
+            return StepRows.from_rows([_row(s, h) for s, h in zip(seqs, histories, strict=True)])
         row_of = self.input_batch.row_of
-        return StepRows(self.input_batch.sampling, [row_of[seq.seq_id] for seq in seqs], seqs)
+        rows = [row_of[seq.seq_id] for seq in seqs]
+        return StepRows(self.input_batch.sampling, rows, histories)
 
-    def _plugin_sample(self, name, seqs, idx, raw, processed, results) -> None:
-        args = [_sampler_args(seqs[i]) for i in idx]
+    def _plugin_sample(self, name, seqs, histories, idx, raw, processed, results) -> None:
+        args = [_sampler_args(seqs[i], histories[i]) for i in idx]
         try:
             tokens = self.plugins.call_sampler(name, processed[idx], args).tolist()
         except PluginError as exc:
@@ -142,18 +159,18 @@ class SampleDispatcher:
         results[i] = _result(token, logprobs, seq.request.params.logprobs)
 
 
-def _sampler_args(seq: Sequence) -> dict:
+def _sampler_args(seq: Sequence, history) -> dict:
     """The request's sampler_args, plus `step` (tokens generated so far) for stateless
     seeded samplers."""
     args = dict(seq.request.params.sampler_args or {})
-    args.setdefault("step", len(seq.output_token_ids))
+    args.setdefault("step", len(history.output_token_ids))
     return args
 
 
-def _row(seq: Sequence) -> SamplingRow:
+def _row(seq: Sequence, history) -> SamplingRow:
     request = seq.request
     return SamplingRow(
-        request.params, request.prompt_token_ids, seq.output_token_ids, seq.generator
+        request.params, request.prompt_token_ids, history.output_token_ids, seq.generator
     )
 
 

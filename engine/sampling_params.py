@@ -84,6 +84,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None
+    # loragate's: False keeps this request out of speculative decoding (when the engine
+    # has a speculative_config); its outputs are the same either way.
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         self._normalise()
@@ -95,6 +98,10 @@ class SamplingParams:
         self._verify_stops()
         self._verify_beam_search()
         self._verify_plugin_sampler()
+        if not isinstance(self.speculative, bool):
+            raise InvalidParam(
+                "speculative", f"speculative must be true or false, got {self.speculative!r}"
+            )
 
     # -- normalisation -------------------------------------------------------------
 

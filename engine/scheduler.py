@@ -34,6 +34,7 @@ from loragate.engine.block_manager import BlockManager
 from loragate.engine.output_builder import record_failure
 from loragate.engine.plugin_data import preemption_victim
 from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.speculation import Speculator
 from loragate.engine.stopping import stop_by_token
 from loragate.engine.swap import KVSwapper
 from loragate.plugins.builtin.preemption import newest_first_victim
@@ -51,11 +52,15 @@ class ScheduledSeq:
     # A fork (samples 2..n of a request) takes its parent's logits row this step: the
     # parent's tokens are computed once, and the fork shares their blocks.
     parent: Sequence | None = None
+    # A decode that speculates: the proposed tokens run after its last one (counted in
+    # num_new_tokens), and the step verifies them (engine/speculation/verify.py).
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """True when this step computes the sequence's last known token, so it samples."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        known = self.num_new_tokens - len(self.draft)
+        return self.seq.num_computed_tokens + known == self.seq.num_tokens
 
 
 @dataclass
@@ -105,6 +110,7 @@ class Scheduler:
         eos_token_ids: Collection[int] = (),
         max_model_len: int | None = None,
         new_sequence: Callable[[Request, int], Sequence] | None = None,
+        speculator: Speculator | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -127,6 +133,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.beams = BeamSearchDriver(self, new_sequence)
         self.num_generation_tokens = 0
+        self.speculator = speculator  # None: no speculative decoding
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -145,7 +152,10 @@ class Scheduler:
             for item in out.prefills:
                 self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
         for item in out.prefills + out.decodes + out.forks:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            rejected = self._rejected(item, result) if item.draft else 0
+            item.seq.num_computed_tokens += item.num_new_tokens - rejected
+            if rejected:  # their KV is dropped with the blocks past what the row holds now
+                self.block_manager.trim(item.seq, item.seq.num_computed_tokens + 1)
             self.block_manager.register_full_blocks(item.seq)
         if result.beams:
             self.beams.step(result.beams, touched)
@@ -157,10 +167,25 @@ class Scheduler:
                 continue
             if seq.finished:  # its request failed through a sibling this step
                 continue
-            self._take(seq, sample)
+            for token in sample if isinstance(sample, list) else (sample,):
+                if seq.finished:  # stopped by a token before the last one it verified
+                    break
+                self._take(seq, token)
             if seq.request.first_token_time is None:
                 seq.request.first_token_time = now
         return list(touched.values())
+
+    def _rejected(self, item: ScheduledSeq, result) -> int:
+        """How many of a speculating row's proposal tokens the target rejected (all, when
+        its sample failed): its last token and the accepted ones count as computed, and
+        the KV written for the rest is overwritten later."""
+        seq = item.seq
+        taken = next(
+            (s for q, s in zip(result.sampled, result.samples, strict=True) if q is seq), None
+        )
+        accepted = len(taken) - 1 if isinstance(taken, list) else 0
+        self.speculator.record(seq, len(item.draft), accepted)
+        return len(item.draft) - accepted
 
     def _take(self, seq: Sequence, sample) -> None:
         """Take the sampled token; stop by token id, EOS, max_tokens or the context limit
@@ -231,7 +256,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         decoding = [s.seq_id for s in self.running if s.num_uncomputed_tokens == 1]
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        drafts = self._drafts(self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.max_num_batched_tokens, drafts)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
             if not self.swapped:
@@ -271,7 +297,21 @@ class Scheduler:
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _drafts(self, budget: int) -> dict[int, list[int]]:
+        """Proposals for running decodes, in the room the step has to spare: the budget
+        left after every decode and every prompt token still waiting to run (a step with
+        prompt work is compute-bound already, and speculation would only delay it)."""
+        if self.speculator is None:
+            return {}
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        pending = sum(s.num_uncomputed_tokens for s in self.running if s.num_uncomputed_tokens > 1)
+        pending += sum(s.num_uncomputed_tokens for s in self.waiting)
+        pending += sum(s.num_uncomputed_tokens for s in self.swapped)
+        return self.speculator.drafts(decodes, budget - len(decodes) - pending)
+
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, drafts: dict[int, list[int]]
+    ) -> int:
         active = list(self.running)  # admission order: the victim policy sees it this way
         granted: dict[int, int] = {}
         # Decodes first, then chunks of prompts still filling.
@@ -293,8 +333,15 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self.block_manager.append_slot(seq, n)
-                out.add(seq, n)
+                draft = drafts.get(seq.seq_id) if n == 1 else None
+                if draft and self.block_manager.can_append(seq, n + len(draft)):
+                    # Its proposal runs too, where the blocks are free (never preempting).
+                    n += len(draft)
+                    self.block_manager.append_slot(seq, n)
+                    out.decodes.append(ScheduledSeq(seq, n, draft=draft))
+                else:
+                    self.block_manager.append_slot(seq, n)
+                    out.add(seq, n)
                 granted[seq.seq_id] = n
                 budget -= n
         self.running = active

@@ -28,10 +28,12 @@ class StepRecord:
     # Milliseconds between scheduling and preparing the batch lent to adapter loads
     # (adapters/pacing.py's LoadWindows); in neither `ms` nor `phases`.
     load_window_ms: float = 0.0
+    # (seq_id, proposed tokens) of each decode that speculated: its proposal ran too.
+    drafts: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
-        return self.prefill_tokens + len(self.decode_seq_ids)
+        return self.prefill_tokens + len(self.decode_seq_ids) + sum(k for _, k in self.drafts)
 
 
 class StepClock:
@@ -80,6 +82,7 @@ class StepRecords(deque):
             ms=ms,
             phases=tuple(clock.laps.items()) if clock is not None else (),
             load_window_ms=load_window_ms,
+            drafts=tuple((s.seq.seq_id, len(s.draft)) for s in scheduled.decodes if s.draft),
         )
         self.append(record)
         return record

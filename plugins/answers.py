@@ -17,7 +17,7 @@ HOOK_PREFIX = "loragate_"
 
 
 def named_value_problem(kind: str, value) -> str | None:
-    if kind == "sampler":
+    if kind in ("sampler", "proposer"):
         return None if callable(value) else "is not callable"
     missing = [m for m in STRATEGY_METHODS if not callable(getattr(value, m, None))]
     return f"lacks method(s) {missing}" if missing else None

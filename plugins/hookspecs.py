@@ -25,6 +25,11 @@ def loragate_decoding_strategies():
     """Return ``{name: strategy}``, each with ``start``/``step``/``finish`` (see docs)."""
 
 
+@hookspec
+def loragate_speculative_proposers():
+    """Return ``{name: proposer}``; ``proposer(rows, options)`` -> token ids per row."""
+
+
 @hookspec(firstresult=True)
 def loragate_choose_adapter_victim(candidates, tier):
     """firstresult: return the ``key`` of the adapter to evict from ``tier`` (device/cpu)."""

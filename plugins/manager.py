@@ -159,6 +159,11 @@ class PluginManager:
         strategies = self._named("loragate_decoding_strategies", "decoding strategy")
         return lookup(strategies, name, "decoding strategy")
 
+    def proposer(self, name: str) -> NamedHook:
+        """The speculative proposer called ``name``; ValueError naming the known ones."""
+        proposers = self._named("loragate_speculative_proposers", "proposer")
+        return lookup(proposers, name, "speculative proposer")
+
     def call_sampler(self, name: str, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
         """Run sampler ``name`` and check its answer: a LongTensor[n] of in-vocabulary ids.
 

@@ -6,6 +6,7 @@ from loragate.plugins.builtin.beam_search import BeamSearchPlugin
 from loragate.plugins.builtin.eviction import LruEviction
 from loragate.plugins.builtin.fair_share import VirtualTokenCounter
 from loragate.plugins.builtin.logit_bias import LogitBias
+from loragate.plugins.builtin.ngram_proposer import NgramProposer
 from loragate.plugins.builtin.preemption import NewestFirstPreemption
 from loragate.plugins.builtin.samplers import BuiltinSamplers
 from loragate.plugins.builtin.structured_output import StructuredOutput
@@ -23,4 +24,5 @@ def builtin_plugins() -> list[tuple[str, object]]:
         ("builtin.beam_search", BeamSearchPlugin()),
         ("builtin.structured_output", StructuredOutput()),
         ("builtin.logit_bias", LogitBias()),
+        ("builtin.ngram_proposer", NgramProposer()),
     ]

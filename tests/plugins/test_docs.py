@@ -123,6 +123,12 @@ def check_choose_adapter_victim(plugins, module):
     assert plugins.choose_adapter_victim(candidates, "cpu") == ("b",)
 
 
+def check_speculative_proposers(plugins, module):
+    _, proposer = plugins.proposer("repeat_last")
+    rows = [{"token_ids": [5, 9], "num_prompt_tokens": 1, "lora_name": None, "max_tokens": 3}]
+    assert proposer(rows, {}) == [[9, 9, 9]]
+
+
 def check_choose_preemption_victim(plugins, module):
     running = [
         {"request_id": "small", "num_blocks": 2, "admitted_order": 1},

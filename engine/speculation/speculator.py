@@ -1,0 +1,180 @@
+"""Which decoding rows speculate this step, how far, and what was accepted.
+
+The scheduler asks `drafts()` once per step for its running decodes and grants each
+proposal room in the step (tokens from the budget, KV blocks); after the step it reports
+what each verified row accepted (`record`), which steers the next steps:
+
+- per request: `SamplingParams.speculative=False` opts out; beam search and plugin samplers
+  (whose state may hang on being called once per token) never speculate;
+- per step: none where the batch is already compute-bound, that is when the rows' proposals
+  would not fit in the token budget left after every decode and every pending prompt token
+  (the scheduler passes that `spare`), or past `disable_by_batch_size` decoding rows;
+- per adapter: the acceptance rate measured for it (an exponential average over its
+  verified rows) sets k, from `num_speculative_tokens` at a high rate down to one token;
+  below `min_acceptance` the adapter stops speculating and probes with one row every
+  `PROBE_EVERY` steps, so a workload with nothing to copy turns speculation off by itself.
+
+Counts per (adapter, method), as vLLM's spec-decode metrics: drafts, draft tokens,
+accepted tokens, and accepted tokens by position.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from loragate.engine.sequence import Sequence
+from loragate.engine.speculation.config import SpeculativeConfig
+
+log = logging.getLogger(__name__)
+
+# The exponential average's weight of one verified row, and the rate a new adapter starts at.
+ACCEPTANCE_WEIGHT = 0.1
+INITIAL_ACCEPTANCE = 0.7
+# At this rate and above a row proposes num_speculative_tokens; below, proportionally fewer.
+FULL_K_ACCEPTANCE = 0.6
+PROBE_EVERY = 32
+
+
+@dataclass
+class SpecCounts:
+    """Speculation's counts for one (adapter, method)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer, max_model_len: int, vocab_size: int):
+        """`proposer(rows, options)`: the hook's (plain data), already looked up by name."""
+        self.config = config
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.acceptance: dict[str | None, float] = {}  # adapter name -> averaged rate
+        self.counts: dict[tuple[str | None, str], SpecCounts] = {}
+        self.steps = 0
+        self._failed_once = False
+
+    def drafts(self, decodes: Seq[Sequence], spare: int) -> dict[int, list[int]]:
+        """Proposals by seq_id for some of `decodes` (running, one token to compute each),
+        their lengths summing to at most `spare` tokens."""
+        self.steps += 1
+        limit = self.config.disable_by_batch_size
+        if spare <= 0 or not decodes or (limit is not None and len(decodes) > limit):
+            return {}
+        rows, seqs = [], []
+        for seq in decodes:
+            k = self._k_for(seq)
+            if k > 0:
+                rows.append(_row(seq, k))
+                seqs.append(seq)
+        if not rows:
+            return {}
+        answers = self._propose(rows)
+        drafts: dict[int, list[int]] = {}
+        for seq, row, proposal in zip(seqs, rows, answers, strict=True):
+            proposal = proposal[: min(row["max_tokens"], spare)]
+            if proposal:
+                drafts[seq.seq_id] = proposal
+                spare -= len(proposal)
+            if spare <= 0:
+                break
+        return drafts
+
+    def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
+        """A verified row: `accepted` of its `proposed` tokens were the target's."""
+        adapter = _adapter(seq)
+        counts = self.counts.setdefault((adapter, self.config.method), SpecCounts())
+        counts.drafts += 1
+        counts.draft_tokens += proposed
+        counts.accepted_tokens += accepted
+        per_position = counts.accepted_per_position
+        if len(per_position) < proposed:
+            per_position.extend([0] * (proposed - len(per_position)))
+        for i in range(accepted):
+            per_position[i] += 1
+        rate = self.acceptance.get(adapter, INITIAL_ACCEPTANCE)
+        row_rate = accepted / proposed if proposed else 0.0
+        self.acceptance[adapter] = rate + ACCEPTANCE_WEIGHT * (row_rate - rate)
+
+    def _k_for(self, seq: Sequence) -> int:
+        """How many tokens this row may propose: 0 when it does not speculate."""
+        request = seq.request
+        params = request.params
+        if not params.speculative or request.beam is not None or params.sampler is not None:
+            return 0
+        k = self.config.num_speculative_tokens
+        rate = self.acceptance.get(_adapter(seq), INITIAL_ACCEPTANCE)
+        if rate < self.config.min_acceptance:
+            if (self.steps + seq.seq_id) % PROBE_EVERY:
+                return 0
+            k = 1  # a probe: one token, to measure the rate again
+        elif rate < FULL_K_ACCEPTANCE:
+            k = max(1, round(k * rate / FULL_K_ACCEPTANCE))
+        # Never past what the request may still produce (the bonus token is one more) or
+        # past the context.
+        generated = seq.num_tokens - seq.prompt_len
+        if params.max_tokens is not None:
+            k = min(k, params.max_tokens - generated - 1)
+        return min(k, self.max_model_len - seq.num_tokens - 1)
+
+    def _propose(self, rows: list[dict]) -> list[list[int]]:
+        """The proposer's answer, checked; one that fails or answers badly proposes nothing
+        this step (speculation only ever saves time: outputs never depend on it)."""
+        try:
+            answers = self.proposer(rows, self.config.proposer_options())
+            if not isinstance(answers, list) or len(answers) != len(rows):
+                raise ValueError(f"expected a list of {len(rows)} proposals, got {answers!r:.80}")
+            return [_checked(answer, self.vocab_size) for answer in answers]
+        except Exception:
+            if not self._failed_once:
+                log.exception(
+                    "speculative proposer %r failed; no proposals this step", self.config.method
+                )
+                self._failed_once = True
+            return [[] for _ in rows]
+
+    def stats(self) -> list[dict]:
+        """Per (adapter, method): the counts and acceptance rate, as plain data."""
+        return [
+            {
+                "adapter": adapter,
+                "method": method,
+                "drafts": c.drafts,
+                "draft_tokens": c.draft_tokens,
+                "accepted_tokens": c.accepted_tokens,
+                "accepted_per_position": list(c.accepted_per_position),
+                "acceptance_rate": c.acceptance_rate,
+            }
+            for (adapter, method), c in self.counts.items()
+        ]
+
+
+def _row(seq: Sequence, k: int) -> dict:
+    return {
+        "token_ids": list(seq.token_ids),
+        "num_prompt_tokens": seq.prompt_len,
+        "lora_name": _adapter(seq),
+        "max_tokens": k,
+    }
+
+
+def _adapter(seq: Sequence) -> str | None:
+    lora = seq.lora_request
+    return lora.lora_name if lora is not None else None
+
+
+def _checked(answer, vocab_size: int) -> list[int]:
+    if not isinstance(answer, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in answer
+    ):
+        raise ValueError(f"a proposal must be a list of token ids, got {answer!r:.80}")
+    return list(answer)
