@@ -29,6 +29,7 @@ from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.model_info import ModelInfo
 from loragate.engine.outputs import CompletionOutput, RequestOutput
+from loragate.engine.quantization import QUANTIZATION_CHOICES
 from loragate.engine.sampling_params import SamplingParams
 from loragate.engine.stored_adapters import object_of, store_path
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
@@ -56,6 +57,7 @@ __all__ = [
     "LoRARequest",
     "ModelInfo",
     "PromptInput",
+    "QUANTIZATION_CHOICES",
     "RequestOutput",
     "SCHEDULING_POLICIES",
     "SamplingParams",

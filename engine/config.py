@@ -8,6 +8,7 @@ import torch
 
 from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine.cpu_features import bf16_support
+from loragate.engine.quantization import check_quantization
 from loragate.engine.speculation.config import SpeculativeConfig, speculative_config_from
 
 # Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
@@ -112,6 +113,16 @@ class EngineConfig:
             "default; the start log says which path ran."
         },
     )
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "Quantize a float base at load, as vLLM's on-the-fly options: 'int8' "
+            "(symmetric per output channel) or 'int4' (asymmetric, groups of 128); the "
+            "decoder layers' linear weights are held quantized, LoRA stays exact on top. An "
+            "AWQ or GPTQ checkpoint is found from its config.json (naming 'awq'/'gptq' here "
+            "is optional)."
+        },
+    )
     speculative_config: SpeculativeConfig | None = field(
         default=None,
         metadata={
@@ -131,6 +142,7 @@ class EngineConfig:
             self, "speculative_config", speculative_config_from(self.speculative_config)
         )
         _check_parallelism(self.tensor_parallel_size)
+        check_quantization(self.quantization)
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

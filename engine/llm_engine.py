@@ -85,7 +85,10 @@ class LLMEngine:
         self.model = build_model(self.model_config, device, dtype)
         log.info("model: %s", self.model.describe())
         self.model.load_weights(
-            load_weights(source.hf_dir), self.max_model_len, checkpoint=source.hf_dir
+            load_weights(source.hf_dir, config.quantization),
+            self.max_model_len,
+            checkpoint=source.hf_dir,
+            quantization=config.quantization,
         )
         # An adapter's life (tiers, loads, holds, requests in flight, fetch by hash) has
         # this one owner; None without LoRA. Made before the KV cache is sized: on a GPU the

@@ -39,6 +39,7 @@ from loragate.engine.gguf_weights import (
 )
 from loragate.engine.gguf_weights import describe as describe_weights
 from loragate.engine.models import SUPPORTED_MODEL_TYPES
+from loragate.engine.quantization import quantization_for
 from loragate.engine.special_tokens import (
     SOURCE_RECORD,
     follow_gguf_rule,
@@ -110,10 +111,13 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_weights(hf_dir: Path) -> dict:
+def load_weights(hf_dir: Path, quantization: str | None = None) -> dict:
     """All tensors of the safetensors files in the directory (pickle files are refused), or
-    of the GGUF file it stands for, kept in their block types."""
+    of the GGUF file it stands for, kept in their block types. ``quantization``:
+    ``--quantization`` (engine/quantization.py); an AWQ/GPTQ checkpoint is unpacked into its
+    integer blocks whether or not it is named."""
     gguf = gguf_weights_source(hf_dir)
+    held = quantization_for(quantization, hf_dir, gguf_blocks=gguf is not None)
     if gguf is not None:
         if not gguf.is_file():
             raise FileNotFoundError(f"the GGUF file {gguf} recorded in {hf_dir} is gone")
@@ -138,6 +142,10 @@ def load_weights(hf_dir: Path) -> dict:
             weights.update(load_file(file))
         except (SafetensorError, OSError, ValueError) as exc:
             raise ValueError(f"corrupt weights file {file}: {exc}") from exc
+    if held.at_load is None and held.checkpoint is None:
+        return weights
+    weights = held.convert(weights)
+    log.info("weights: quantization %s: %s", held.describe(), describe_weights(weights))
     return weights
 
 

@@ -41,7 +41,7 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
     absmax = w.abs().amax(dim=1, keepdim=True)
     scale = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax))
     q = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
-    rows = torch.cat([scale.view(torch.uint8), q.view(torch.uint8)], dim=1)
+    rows = torch.cat([_f32_bytes(scale), q.view(torch.uint8)], dim=1)
     return QuantizedWeight.of(rows.contiguous(), "I8_CH", w.shape[1])
 
 
@@ -65,8 +65,13 @@ def _int4_rows(scale, zero, q, out_features: int, in_features: int) -> Quantized
     group = q.shape[1]
     half = group // 2
     nibbles = q[:, :half] | (q[:, half:] << 4)
-    blocks = torch.cat([scale.float().contiguous().view(torch.uint8), zero, nibbles], dim=1)
+    blocks = torch.cat([_f32_bytes(scale), zero, nibbles], dim=1)
     return QuantizedWeight.of(blocks.reshape(out_features, -1), INT4_GROUPS[group], in_features)
+
+
+def _f32_bytes(values: torch.Tensor) -> torch.Tensor:
+    """[n, 1] values -> uint8 [n, 4]: each as its float32 bytes."""
+    return values.float().reshape(-1).contiguous().view(torch.uint8).view(-1, 4)
 
 
 def _unpack_int32(packed: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ def awq_pack(w: np.ndarray, group: int = 128):
     qweight = _pack_nibbles(q.T.reshape(in_features, -1, 8), AWQ_ORDER)
     qzeros = _pack_nibbles(zero.T.reshape(in_features // group, -1, 8), AWQ_ORDER)
     held = np.repeat(scale, group, axis=1) * (q - np.repeat(zero, group, axis=1))
-    return qweight, qzeros, scale.T.astype(np.float16), held
+    return qweight, qzeros, np.ascontiguousarray(scale.T.astype(np.float16)), held
 
 
 def gptq_pack(w: np.ndarray, group: int = 128, sym: bool = True, zero_offset: int = 1):
@@ -103,7 +103,7 @@ def gptq_pack(w: np.ndarray, group: int = 128, sym: bool = True, zero_offset: in
     read_zero = np.repeat(stored + zero_offset, group, axis=1)
     held = np.repeat(scale, group, axis=1) * (q - read_zero)
     g_idx = (np.arange(in_features) // group).astype(np.int32)
-    return qweight, qzeros, scale.T.astype(np.float16), g_idx, held
+    return qweight, qzeros, np.ascontiguousarray(scale.T.astype(np.float16)), g_idx, held
 
 
 def _linear_names(model) -> list[str]:

@@ -75,12 +75,15 @@ class PagedDecoder:
         weights: dict[str, torch.Tensor],
         max_positions: int,
         checkpoint: Path | None = None,
+        quantization: str | None = None,
     ) -> None:
         """``checkpoint``: the HF directory the weights came from, read again for a base
-        weight in float32 when an adapter needs one (DoRA)."""
+        weight in float32 when an adapter needs one (DoRA); ``quantization``: the
+        ``--quantization`` the weights were loaded with (the base weight an adapter sees is
+        then the dequantized one)."""
         arch, family = self.arch, self.family
         if checkpoint is not None:
-            self.checkpoint = CheckpointWeights(checkpoint, family)
+            self.checkpoint = CheckpointWeights(checkpoint, family, quantization)
         renamed = family.checkpoint_names(set(weights))
         if renamed:
             weights = {renamed.get(name, name): tensor for name, tensor in weights.items()}
