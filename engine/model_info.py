@@ -32,6 +32,10 @@ class ModelInfo:
     max_cpu_loras: int = 0
     prefix_caching: bool = False
     plugins: tuple[str, ...] = ()
+    # How the base's weights are held (engine/quantization.py's quantization_method), and
+    # the bytes it holds per tensor type (a block type such as I4_G128 or Q4_1, or a dtype).
+    quantization: str = ""
+    weight_bytes: tuple[tuple[str, int], ...] = ()
     # What the model offers LoRA (module shapes, layers): how big a valid adapter can be.
     lora_spec: LoRAModelSpec | None = field(default=None, repr=False, compare=False)
 
@@ -39,6 +43,8 @@ class ModelInfo:
 def runtime_info(engine) -> dict:
     """ModelInfo's fields on how an LLMEngine runs: what its config resolved to."""
     import torch
+
+    from loragate.engine.quantization import quantization_method
 
     config = engine.config
     lora = engine.residency is not None
@@ -55,5 +61,7 @@ def runtime_info(engine) -> dict:
         max_cpu_loras=config.max_cpu_loras if lora else 0,
         prefix_caching=bool(config.enable_prefix_caching),
         plugins=tuple(p["name"] for p in engine.plugins.describe()),
+        quantization=quantization_method(config.quantization, engine.hf_dir),
+        weight_bytes=tuple(sorted(engine.model.weight_bytes().items())),
         lora_spec=engine.model.lora_spec(engine.base_model_name) if lora else None,
     )

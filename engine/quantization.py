@@ -158,6 +158,20 @@ class Quantization:
         return "none"
 
 
+def quantization_method(asked: str | None, hf_dir: Path) -> str:
+    """How the served base is held, in one word for /v1/models, /metrics and the start log:
+    awq, gptq (a checkpoint's), int8, int4 (at load), gguf (a GGUF file's block types) or
+    none (float weights)."""
+    from loragate.engine.gguf_weights import gguf_weights_source
+
+    found = checkpoint_quantization(hf_dir)
+    if found is not None:
+        return found.method
+    if gguf_weights_source(hf_dir) is not None:
+        return "gguf"
+    return asked or "none"
+
+
 def quantization_for(asked: str | None, hf_dir: Path, gguf_blocks: bool = False) -> Quantization:
     """The quantization of the base in ``hf_dir`` given ``--quantization`` ``asked``: a
     checkpoint's own (which ``asked`` may name), or int8/int4 at load of a float base."""

@@ -89,6 +89,7 @@ def build_services(
     seam = RegistrySeam(store if store is not None else build_store(settings))
     admission = Admission(model.max_num_seqs, settings.max_queue, settings.retry_after_seconds)
     metrics = GatewayMetrics(model.served_name, settings.metrics_label_limit)
+    metrics.describe_base(model.quantization, model.weight_bytes)
     objects = adapter_objects(settings, seam, fetcher if replica_reports is None else None)
     adapters = AdapterManager(
         engine,

@@ -91,6 +91,10 @@ class GatewayMetrics:
         )
         self.rejected.labels("queue_full")  # exported at 0 from the start, for dashboards
 
+    def describe_base(self, quantization: str, weight_bytes: tuple[tuple[str, int], ...]) -> None:
+        """The base's quantization and bytes held per tensor type, exported from now on."""
+        self._scrape.base_weights = (quantization or "none", tuple(weight_bytes))
+
     def count_rejected(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
 

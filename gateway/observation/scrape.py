@@ -151,10 +151,13 @@ class ScrapeCollector:
         self.adapters = AdapterView()
         self.model_name = model_name
         self.labels = labels or BoundedLabels(0)
+        self.base_weights: tuple[str, tuple[tuple[str, int], ...]] | None = None
 
     def collect(self):
         for kind, name, doc, attr in _GATEWAY:
             yield kind(name, doc, value=int(getattr(self.gateway, attr)))
+        if self.base_weights is not None:
+            yield base_weight_bytes(*self.base_weights, self.model_name)
         view = self.adapters
         yield from adapter_kinds(view.kind_of, view.size_of, self.labels.named(), self.model_name)
         e = self.engine
@@ -173,6 +176,19 @@ class ScrapeCollector:
         yield lora_requests_info(e, self.adapters.max_loras)
         if e.adapters:
             yield from adapter_tiers(e, self.adapters, self.labels, self.model_name)
+
+
+def base_weight_bytes(quantization: str, held: tuple[tuple[str, int], ...], model_name: str):
+    """Bytes of the base's weights held, per tensor type, labelled with its quantization."""
+    family = G(
+        "loragate_base_weight_bytes",
+        "Bytes of the base model's weights held, by tensor type (a block type such as "
+        "I4_G128 or Q4_1, or a dtype) and quantization (awq, gptq, int8, int4, gguf, none)",
+        labels=["model_name", "quantization", "type"],
+    )
+    for kind, size in held:
+        family.add_metric([model_name, quantization, kind], size)
+    return family
 
 
 def vllm_gauges(e: EngineStats, model_name: str):

@@ -23,6 +23,7 @@ def startup_lines(info: ModelInfo, registry: str) -> list[str]:
     return [
         f"model: {info.served_name} (base {info.base_model_name})",
         f"dtype: {info.dtype}" + (f" ({info.dtype_reason})" if info.dtype_reason else ""),
+        f"weights: {weight_line(info)}",
         f"device: {info.device}",
         f"threads: {info.threads}",
         f"KV cache: {info.num_kv_blocks} blocks of {info.block_size} tokens ({kv_tokens} tokens)",
@@ -32,6 +33,12 @@ def startup_lines(info: ModelInfo, registry: str) -> list[str]:
         f"plugins: {', '.join(info.plugins) or 'none'}",
         f"registry: {registry}",
     ]
+
+
+def weight_line(info: ModelInfo) -> str:
+    """``int4: I4_G128 1.2 MB, float32 25.3 MB`` (quantization, then bytes per type)."""
+    held = ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in info.weight_bytes)
+    return f"{info.quantization or 'none'}: {held or 'no tensors counted'}"
 
 
 def log_startup(info: ModelInfo, registry: str) -> None:

@@ -9,7 +9,7 @@ from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.adapter_control.listing import list_page
 from loragate.gateway.adapter_control.served_adapters import AdapterRecord
 from loragate.gateway.errors import NotFoundError
-from loragate.gateway.openai.schemas import ModelCard, ModelList
+from loragate.gateway.openai.schemas import BaseQuantization, ModelCard, ModelList
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.tenancy.principal import Caller
 from loragate.registry.adapter_index import MAX_PAGE_SIZE
@@ -77,6 +77,10 @@ def _base_card(served_model: ServedModel) -> ModelCard:
         created=served_model.started_at,
         root=name,
         max_model_len=served_model.max_model_len,
+        quantization=BaseQuantization(
+            method=served_model.info.quantization or "none",
+            weight_bytes=dict(served_model.info.weight_bytes),
+        ),
     )
 
 

@@ -235,8 +235,17 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     usage: UsageInfo | None = None
 
 
+class BaseQuantization(msgspec.Struct, kw_only=True):
+    """How the base's weights are held: ``method`` (awq, gptq, int8, int4, gguf or none) and
+    the bytes held per tensor type (a block type such as I4_G128 or Q4_1, or a dtype)."""
+
+    method: str
+    weight_bytes: dict[str, int]
+
+
 class ModelCard(msgspec.Struct, kw_only=True):
-    """One servable model: the base (parent null) or an adapter (parent = the base)."""
+    """One servable model: the base (parent null) or an adapter (parent = the base); the
+    base's card says its quantization."""
 
     id: str
     object: str = "model"
@@ -245,6 +254,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
     root: str
     parent: str | None = None
     max_model_len: int | None = None
+    quantization: BaseQuantization | None = None
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -13,6 +13,7 @@ from loragate.gateway.observation.labels import BASE, OTHER, BoundedLabels
 ORDER = (
     "model:",
     "dtype:",
+    "weights:",
     "device:",
     "threads:",
     "KV cache:",
@@ -40,6 +41,7 @@ def test_the_startup_lines_come_in_order_before_the_server_listens(tiny_dir, cap
     )
     assert by_prefix["dtype:"] == "dtype: float32 (auto: LORAGATE_CPU_BF16=0)"  # tests/conftest.py
     assert by_prefix["device:"] == "device: cpu"
+    assert by_prefix["weights:"].startswith("weights: none: float32 ")  # a float base
     assert by_prefix["max_model_len:"].startswith(f"max_model_len: {ENGINE['max_model_len']},")
     assert f"{ENGINE['max_loras']} device slots" in by_prefix["LoRA:"]
     assert "SlowPlugin" in by_prefix["plugins:"] or "slow" in by_prefix["plugins:"].lower()
