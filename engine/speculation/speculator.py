@@ -9,8 +9,8 @@ what each verified row accepted (`record`), which steers the next steps:
 - per step: none where the batch is already compute-bound, that is when the rows' proposals
   would not fit in the token budget left after every decode and every pending prompt token
   (the scheduler passes that `spare`), or past `disable_by_batch_size` decoding rows;
-- per adapter: the acceptance rate measured for it (an exponential average over its
-  verified rows) sets k, from `num_speculative_tokens` at a high rate down to one token;
+- per adapter: the acceptance rate measured for it (accepted over proposed tokens of its
+  recent verified rows) sets k, from `num_speculative_tokens` at a high rate down to one token;
   below `min_acceptance` the adapter stops speculating and probes with one row every
   `PROBE_EVERY` steps, so a workload with nothing to copy turns speculation off by itself.
 
@@ -29,8 +29,10 @@ from loragate.engine.speculation.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
-# The exponential average's weight of one verified row, and the rate a new adapter starts at.
-ACCEPTANCE_WEIGHT = 0.1
+# Per verified row, the weight left to the rows before it in an adapter's acceptance rate
+# (accepted over proposed tokens, both decayed: about the last 50 rows count), and the rate
+# an adapter starts at.
+ACCEPTANCE_DECAY = 0.98
 INITIAL_ACCEPTANCE = 0.7
 # At this rate and above a row proposes num_speculative_tokens; below, proportionally fewer.
 FULL_K_ACCEPTANCE = 0.6
@@ -58,7 +60,8 @@ class Speculator:
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.acceptance: dict[str | None, float] = {}  # adapter name -> averaged rate
+        # adapter name -> (accepted, proposed) tokens, decayed per verified row
+        self.acceptance: dict[str | None, tuple[float, float]] = {}
         self.counts: dict[tuple[str | None, str], SpecCounts] = {}
         self.steps = 0
         self._failed_once = False
@@ -101,9 +104,16 @@ class Speculator:
             per_position.extend([0] * (proposed - len(per_position)))
         for i in range(accepted):
             per_position[i] += 1
-        rate = self.acceptance.get(adapter, INITIAL_ACCEPTANCE)
-        row_rate = accepted / proposed if proposed else 0.0
-        self.acceptance[adapter] = rate + ACCEPTANCE_WEIGHT * (row_rate - rate)
+        got, asked = self.acceptance.get(adapter, (0.0, 0.0))
+        self.acceptance[adapter] = (
+            got * ACCEPTANCE_DECAY + accepted,
+            asked * ACCEPTANCE_DECAY + proposed,
+        )
+
+    def acceptance_rate(self, adapter: str | None) -> float:
+        """The adapter's recent acceptance rate (INITIAL_ACCEPTANCE before any row)."""
+        got, asked = self.acceptance.get(adapter, (0.0, 0.0))
+        return got / asked if asked else INITIAL_ACCEPTANCE
 
     def _k_for(self, seq: Sequence) -> int:
         """How many tokens this row may propose: 0 when it does not speculate."""
@@ -112,7 +122,7 @@ class Speculator:
         if not params.speculative or request.beam is not None or params.sampler is not None:
             return 0
         k = self.config.num_speculative_tokens
-        rate = self.acceptance.get(_adapter(seq), INITIAL_ACCEPTANCE)
+        rate = self.acceptance_rate(_adapter(seq))
         if rate < self.config.min_acceptance:
             if (self.steps + seq.seq_id) % PROBE_EVERY:
                 return 0
