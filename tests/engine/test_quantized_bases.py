@@ -22,7 +22,7 @@ from tiny_llama import ALL_MODULES, build_tiny_model, hf_greedy, peft_greedy, pe
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.quantization import Quantization
+from loragate.engine.quantization import CHECKPOINT_METHODS, Quantization
 from loragate.kernels import QuantizedWeight
 from loragate.tools import make_random_adapter
 
@@ -229,3 +229,30 @@ def test_a_quantized_checkpoint_refuses_another_quantization(tmp_path, tokenizer
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="AWQ version 'gemv' .* is not supported"):
         LLM(model=str(checkpoint), max_model_len=64, kv_cache_memory_gb=0.01)
+
+
+# ---- memory: the bytes held -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "source,bound", [("int8", 0.27), ("int4", 0.15), ("awq", 0.15), ("gptq", 0.15)]
+)
+def test_the_quantized_weights_are_held_in_their_bytes_with_no_float_copy(
+    make_llm, tmp_path, tokenizer_dir, source, bound
+):
+    """The engine's own accounting of its tensors: the decoder layers' linear weights take
+    at most ``bound`` of their float32 bytes (int8: 1 byte and a scale per row of 128, about
+    0.26x; int4 in groups of 128: half a byte plus 5 bytes a group, about 0.135x), and the
+    float32 it holds is exactly the weights left float (embeddings, lm_head, norms)."""
+    if source in CHECKPOINT_METHODS:
+        model_dir, _ = _checkpoint(tmp_path, tokenizer_dir, method=source, group=128)
+        kwargs = {}
+    else:
+        model_dir, _ = _float_base(tmp_path, tokenizer_dir)
+        kwargs = {"quantization": source}
+    model = build_tiny_model("llama", seed=3, **WIDE)
+    linear = sum(p.numel() for n, p in model.named_parameters() if n.endswith("_proj.weight"))
+    rest = sum(p.numel() for n, p in model.named_parameters() if not n.endswith("_proj.weight"))
+    llm = make_llm(model=str(model_dir), max_model_len=64, kv_cache_memory_gb=0.01, **kwargs)
+    held = llm.llm_engine.model.weight_bytes()
+    quantized = sum(size for kind, size in held.items() if kind != "float32")
+    assert quantized <= bound * 4 * linear
+    assert held["float32"] == 4 * rest
