@@ -449,13 +449,215 @@ static void linear_scalar(int fmt, const float *x, int64_t ldx, int64_t m, int64
     }
 }
 
+/* ---- the AVX-512 path: sixteen weights per operation ------------------------------------
+ * Compiled for AVX-512 (F, BW, VL) whatever -march says, and run only where the CPU has it
+ * (kernels/quant_cpu.py reads the flags): the 32-weight formats and loragate's integer ones
+ * dequantized sixteen lanes at a time into the same float32 values as the other paths, and
+ * multiplied in sixteen lanes. The k-quants take the 8-lane path. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_AVX512_PATH 1
+#include <immintrin.h>
+#define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE static inline __attribute__((always_inline)) AVX512_FN
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+AVX512_INLINE v16i widen16(const uint8_t *p) {
+    return (v16i)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+AVX512_INLINE v16i widen16_signed(const uint8_t *p) {
+    return (v16i)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+AVX512_INLINE v16f to_v16f(v16i v) { return __builtin_convertvector(v, v16f); }
+AVX512_INLINE void put16(float *p, v16f v) { memcpy(p, &v, 64); }
+AVX512_INLINE v16f get16(const float *p) {
+    v16f v;
+    memcpy(&v, p, 64);
+    return v;
+}
+
+/* Q4_0 .. Q5_1: 16 bytes of nibbles (and 32 fifth bits, 0 where none) -> 32 weights. */
+AVX512_INLINE void small_block16(const uint8_t *qs, uint32_t high, float d, float m,
+                                 int offset, float *out) {
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16i q = widen16(qs);
+    const v16f dv = (v16f){0} + d, mv = (v16f){0} + m;
+    for (int h = 0; h < 2; ++h) {
+        v16i v = h == 0 ? q & 0x0F : q >> 4;
+        const v16u bits = ((v16u){0} + high) >> (v16u)(lane + 16 * h);
+        v |= (v16i)((bits & 1u) << 4);
+        put16(out + 16 * h, dv * to_v16f(v - offset) + mv);
+    }
+}
+
+AVX512_INLINE void int4_group16(const uint8_t *b, const int bs, float *out) {
+    const v16f d = (v16f){0} + f32_at(b);
+    const v16i z = (v16i){0} + (int32_t)b[4];
+    const int half = bs / 2;
+    for (int g = 0; g < half; g += 16) {
+        const v16i q = widen16(b + 5 + g);
+        put16(out + g, to_v16f((q & 0x0F) - z) * d);
+        put16(out + half + g, to_v16f((q >> 4) - z) * d);
+    }
+}
+
+/* Block ``blk`` of the row at ``row`` as float32 weights (not the k-quants). */
+AVX512_INLINE void dequant_block_v16(const int fmt, const uint8_t *row, const int64_t blk,
+                                     float *out) {
+    const uint8_t *b = row + ROW_HEADER(fmt) + blk * BLOCK_BYTES[fmt];
+    uint32_t high;
+    switch (fmt) {
+    case Q4_0:
+        small_block16(b + 2, 0, half_to_float(b), 0.0f, 8, out);
+        break;
+    case Q4_1:
+        small_block16(b + 4, 0, half_to_float(b), half_to_float(b + 2), 0, out);
+        break;
+    case Q5_0:
+        memcpy(&high, b + 2, 4);
+        small_block16(b + 6, high, half_to_float(b), 0.0f, 16, out);
+        break;
+    case Q5_1:
+        memcpy(&high, b + 4, 4);
+        small_block16(b + 8, high, half_to_float(b), half_to_float(b + 2), 0, out);
+        break;
+    case Q8_0:
+    case I8_CH: {
+        const v16f d = (v16f){0} + (fmt == Q8_0 ? half_to_float(b) : f32_at(row));
+        const uint8_t *q = fmt == Q8_0 ? b + 2 : b;
+        for (int g = 0; g < 2; ++g) put16(out + 16 * g, d * to_v16f(widen16_signed(q + 16 * g)));
+        break;
+    }
+    case I4_G32:
+        int4_group16(b, 32, out);
+        break;
+    case I4_G64:
+        int4_group16(b, 64, out);
+        break;
+    case I4_G128:
+        int4_group16(b, 128, out);
+        break;
+    }
+}
+
+/* dot_rows_vector's sums in sixteen lanes, two accumulators per row. */
+AVX512_INLINE void dot_rows_v16(const int fmt, const uint8_t *wrow, int64_t k, const float *x,
+                                int64_t ldx, const int rows, float *sums) {
+    const int bs = BLOCK_SIZE[fmt];
+    v16f acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = (v16f){0};
+    float w[MAX_BLOCK] __attribute__((aligned(64)));
+    for (int64_t blk = 0; blk < k / bs; ++blk) {
+        dequant_block_v16(fmt, wrow, blk, w);
+        for (int r = 0; r < rows; ++r) {
+            const float *xr = x + r * ldx + blk * bs;
+            for (int i = 0; i < bs; i += 32) {
+                acc[r][0] += get16(w + i) * get16(xr + i);
+                acc[r][1] += get16(w + i + 16) * get16(xr + i + 16);
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        const v16f a = acc[r][0] + acc[r][1];
+        float s = 0.0f;
+        for (int i = 0; i < 16; ++i) s += a[i];
+        sums[r] = s;
+    }
+}
+
+#define DEFINE_LINEAR_V16(F)                                                                  \
+    AVX512_FN static void linear_v16_##F(const float *x, int64_t ldx, int64_t m, int64_t k,   \
+                                         const uint8_t *w, int64_t row_stride, int64_t n,     \
+                                         const float *bias, float *y, int64_t ldy,            \
+                                         int threads) {                                       \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j) {                                                     \
+            float sums[ROWS];                                                                 \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                        \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                        \
+                const uint8_t *wj = w + j * row_stride;                                       \
+                const float *xr = x + r0 * ldx;                                               \
+                switch (rows) {                                                               \
+                case 1: dot_rows_v16(F, wj, k, xr, ldx, 1, sums); break;                      \
+                case 2: dot_rows_v16(F, wj, k, xr, ldx, 2, sums); break;                      \
+                case 3: dot_rows_v16(F, wj, k, xr, ldx, 3, sums); break;                      \
+                default: dot_rows_v16(F, wj, k, xr, ldx, 4, sums); break;                     \
+                }                                                                             \
+                for (int r = 0; r < rows; ++r)                                                \
+                    y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];               \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+#define DEFINE_DEQUANTIZE_V16(F, BS)                                                          \
+    AVX512_FN static void dequantize_v16_##F(const uint8_t *w, int64_t row_stride, int64_t n,  \
+                                             int64_t k, float *out, int64_t ldo,              \
+                                             int threads) {                                   \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j)                                                       \
+            for (int64_t blk = 0; blk < k / BS; ++blk)                                        \
+                dequant_block_v16(F, w + j * row_stride, blk, out + j * ldo + blk * BS);      \
+    }
+
+#define V16_FORMATS(X) X(Q4_0, 32) X(Q4_1, 32) X(Q5_0, 32) X(Q5_1, 32) X(Q8_0, 32) \
+    X(I8_CH, 32) X(I4_G32, 32) X(I4_G64, 64) X(I4_G128, 128)
+#define LINEAR_V16(F, BS) DEFINE_LINEAR_V16(F)
+#define DEQUANTIZE_V16(F, BS) DEFINE_DEQUANTIZE_V16(F, BS)
+V16_FORMATS(LINEAR_V16)
+V16_FORMATS(DEQUANTIZE_V16)
+
+/* Runs the 16-lane path for ``fmt`` if it has one: 1 if it ran, 0 otherwise. */
+static int linear_v16(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                      const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                      float *y, int64_t ldy, int threads) {
+#define CASE(F, BS)                                                            \
+    case F:                                                                    \
+        linear_v16_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads); \
+        return 1;
+    switch (fmt) { V16_FORMATS(CASE) }
+#undef CASE
+    return 0;
+}
+
+static int dequantize_v16(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, int64_t k,
+                          float *out, int64_t ldo, int threads) {
+#define CASE(F, BS)                                                      \
+    case F:                                                              \
+        dequantize_v16_##F(w, row_stride, n, k, out, ldo, threads);      \
+        return 1;
+    switch (fmt) { V16_FORMATS(CASE) }
+#undef CASE
+    return 0;
+}
+#else
+#define HAVE_AVX512_PATH 0
+static int linear_v16(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                      const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                      float *y, int64_t ldy, int threads) {
+    return 0;
+}
+static int dequantize_v16(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, int64_t k,
+                          float *out, int64_t ldo, int threads) {
+    return 0;
+}
+#endif
+
+/* Whether this build has the AVX-512 path (x86 with GCC's target attributes). */
+int quant_has_avx512_path(void) { return HAVE_AVX512_PATH; }
+
 /* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) times w^T, w [n, k] as rows of
- * blocks row_stride bytes apart; bias [n] or NULL. vector: 1 for the vector path, 0 for
- * the scalar one. Returns 0, or -1 for an unknown format or k not whole blocks. */
+ * blocks row_stride bytes apart; bias [n] or NULL. path: 2 the AVX-512 path (where the
+ * format has one; the 8-lane path otherwise), 1 the 8-lane vector path, 0 the scalar one.
+ * Returns 0, or -1 for an unknown format or k not whole blocks. */
 int quant_linear(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *w,
                  int64_t row_stride, int64_t n, const float *bias, float *y, int64_t ldy,
                  int vector, int threads) {
     if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt]) return -1;
+    if (vector == 2 && linear_v16(fmt, x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads))
+        return 0;
     if (!vector) {
         linear_scalar(fmt, x, ldx, m, k, w, row_stride, n, bias, y, ldy, threads);
         return 0;
@@ -591,10 +793,12 @@ DEFINE_DEQUANTIZE_VECTOR(I4_G32, 32)
 DEFINE_DEQUANTIZE_VECTOR(I4_G64, 64)
 DEFINE_DEQUANTIZE_VECTOR(I4_G128, 128)
 
-/* out [n, k] (row stride ldo) = the n rows of w dequantized to float32. */
+/* out [n, k] (row stride ldo) = the n rows of w dequantized to float32; ``vector`` the path,
+ * as quant_linear's. */
 int quant_dequantize(int fmt, const uint8_t *w, int64_t row_stride, int64_t n, int64_t k,
                      float *out, int64_t ldo, int vector, int threads) {
     if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt]) return -1;
+    if (vector == 2 && dequantize_v16(fmt, w, row_stride, n, k, out, ldo, threads)) return 0;
     if (vector) {
 #define CASE(F)                                                             \
     case F:                                                                 \

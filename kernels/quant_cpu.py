@@ -1,9 +1,12 @@
 """The native CPU kernels for block-format weights (quant_cpu.c), loaded with ctypes.
 
-Two paths in one library: 8-lane vectors (AVX2 and FMA on x86, built -march=native) and
-scalar loops. ``vector_path`` says which one this CPU runs; the tests run both. Where the
-library cannot be built, ``native_quant()`` is None and quant_linear.py runs its torch path
-(``native_quant_error()`` says why).
+Three paths in one library: 16-lane AVX-512 vectors (compiled for AVX-512 whatever the
+build's -march, for the 32-weight formats and the integer ones; the k-quants take the 8-lane
+path), 8-lane vectors (AVX2 and FMA on x86, built -march=native) and scalar loops.
+``vector_path`` says which one this CPU runs, from its flags read at run time (cpu_isa.py),
+never assumed; the tests run each this machine has. Where the library cannot be built,
+``native_quant()`` is None and quant_linear.py runs its torch path (``native_quant_error()``
+says why).
 """
 
 from __future__ import annotations
@@ -18,19 +21,33 @@ from . import _native
 from .cpu_isa import AVX2_FLAGS, this_cpu_flags
 from .quant_blocks import QuantizedWeight, block_format
 
+SCALAR, VECTOR, AVX512 = 0, 1, 2  # the paths, as the library's ``vector`` argument takes them
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
+
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _LINEAR = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
 _DEQUANTIZE = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32]
 _PANELS = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I32]
 
 
-def vector_path(flags: frozenset[str] | None = None) -> bool:
-    """Whether the vector path runs here: x86 with AVX2 and FMA, or a 64-bit Arm (NEON is
-    always there); the scalar loops elsewhere."""
+def vector_path(flags: frozenset[str] | None = None) -> int:
+    """The path that runs here: AVX512 on x86 with AVX-512 F, BW and VL (and AVX2/FMA);
+    VECTOR on x86 with AVX2 and FMA, or a 64-bit Arm (NEON is always there); SCALAR
+    elsewhere. (Truthy for both vector paths.)"""
+    return cpu_paths(flags)[-1]
+
+
+def cpu_paths(flags: frozenset[str] | None = None) -> list[int]:
+    """Every path this CPU runs, best last."""
     flags = this_cpu_flags() if flags is None else flags
     if platform.machine().lower() in ("aarch64", "arm64"):
-        return True
-    return all(flag in flags for flag in AVX2_FLAGS)
+        return [SCALAR, VECTOR]
+    if not all(flag in flags for flag in AVX2_FLAGS):
+        return [SCALAR]
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and all(flag in flags for flag in AVX512_FLAGS):
+        return [SCALAR, VECTOR, AVX512]
+    return [SCALAR, VECTOR]
 
 
 class NativeQuant:
@@ -48,9 +65,10 @@ class NativeQuant:
         weight: QuantizedWeight,
         bias: torch.Tensor | None,
         out: torch.Tensor,
-        vector: bool,
+        vector: int,
     ) -> None:
-        """out [m, n] = x [m, k] @ weight^T (+ bias): float32 CPU tensors, rows contiguous."""
+        """out [m, n] = x [m, k] @ weight^T (+ bias): float32 CPU tensors, rows contiguous;
+        ``vector`` the path (SCALAR, VECTOR or AVX512; True/False: VECTOR/SCALAR)."""
         fmt = block_format(weight.format)
         status = self._linear(
             fmt.code,
@@ -100,7 +118,7 @@ class NativeQuant:
         if status:
             raise ValueError(f"quant_linear_panels refused a {weight.format} weight {weight.shape}")
 
-    def dequantize(self, weight: QuantizedWeight, out: torch.Tensor, vector: bool) -> None:
+    def dequantize(self, weight: QuantizedWeight, out: torch.Tensor, vector: int) -> None:
         """out [n, k] float32 (rows contiguous) = the weight's rows dequantized."""
         fmt = block_format(weight.format)
         status = self._dequantize(

@@ -25,7 +25,9 @@ from loragate.kernels.quant_blocks import (
 from loragate.kernels.quant_dequant import dequantize
 
 NAMES = list(FORMATS)
-PATHS = ["vector", "scalar"]
+# Each native path this CPU runs (its flags, read at run time): AVX-512 where it has it.
+CODES = {"scalar": quant_cpu.SCALAR, "vector": quant_cpu.VECTOR, "avx512": quant_cpu.AVX512}
+PATHS = [name for name, code in CODES.items() if code in quant_cpu.cpu_paths()]
 QUANTIZABLE = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # what gguf-py can quantize itself
 
 
@@ -42,10 +44,11 @@ def native():
 
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch):
-    """Runs the test on one native path: the vector one (AVX2/FMA here) or the scalar."""
-    vector = request.param == "vector"
-    monkeypatch.setattr(quant_linear, "vector_path", lambda: vector)
-    return vector
+    """Runs the test on one native path: AVX-512, the 8-lane vector one (AVX2/FMA) or the
+    scalar."""
+    code = CODES[request.param]
+    monkeypatch.setattr(quant_linear, "vector_path", lambda: code)
+    return code
 
 
 @pytest.mark.parametrize("name", GGUF_TYPES)
@@ -77,7 +80,7 @@ def test_gguf_quantized_floats_dequantize_as_gguf_does(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("vector", [True, False], ids=PATHS)
+@pytest.mark.parametrize("vector", [CODES[p] for p in PATHS], ids=PATHS)
 def test_native_dequantizer_gives_the_same_values(native, name, vector):
     weight = random_weight(name, 7, in_features_of(name), seed=3)
     out = torch.full((7, weight.in_features), float("nan"))
