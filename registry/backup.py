@@ -50,6 +50,9 @@ class ImportRefused(RegistryError):
         self.conflicts = conflicts
 
 
+NAMES_SHOWN = 50  # names an import's summary lists (then: "and N more")
+
+
 @dataclass
 class ImportSummary:
     tenants: int = 0
@@ -67,7 +70,9 @@ class ImportSummary:
             f"and the usage counts of {self.usage} tenants"
         )
         if self.names:
-            added += ": " + ", ".join(self.names)
+            shown = self.names[:NAMES_SHOWN]
+            more = len(self.names) - len(shown)
+            added += ": " + ", ".join(shown) + (f" and {more} more" if more else "")
         return added + "".join(f"\n  kept the store's: {s}" for s in self.skipped)
 
 

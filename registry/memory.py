@@ -42,6 +42,7 @@ from loragate.registry.names import (
 )
 from loragate.registry.persistence import Persistence, in_memory
 from loragate.registry.records import (
+    RESTORED_NAME,
     AdapterMetadata,
     AdapterSpec,
     AdapterWeights,
@@ -134,19 +135,17 @@ class MemoryRegistryStore(MemoryObjects, MemoryQuotas, RegistryStore):
                 f"-> {self._version}); run it again"
             )
         for tenant in snapshot.tenants:
-            kind = ChangeKind.TENANT_UPDATED if tenant.name in self._tenants else None
             self._tenants[tenant.name] = tenant
-            self._changed(kind or ChangeKind.TENANT_CREATED, tenant.name)
         for stored in snapshot.keys:
             self._keys[stored.key_id] = stored
         for adapter in snapshot.adapters:
             self._index.put(adapter)
-            self._changed(ChangeKind.ADAPTER_REGISTERED, adapter.key)
         for report in snapshot.usage:
             counters = self._usage.setdefault(report.tenant, {})
             for key, add in ((None, report.total), *report.by_adapter.items()):
                 counters[key] = _plus(counters.get(key, UsageCounts()), add)
         self._last_lora_int_id = max(self._last_lora_int_id, snapshot.highest_lora_int_id)
+        self._changed(ChangeKind.REGISTRY_RESTORED, RESTORED_NAME)
 
     # adapters
 

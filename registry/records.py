@@ -229,6 +229,12 @@ class ChangeKind(StrEnum):
     TENANT_CREATED = "tenant_created"
     TENANT_UPDATED = "tenant_updated"
     TENANT_DELETED = "tenant_deleted"
+    # A backup was restored: every record may have changed at once (one announcement for
+    # the whole import); a replica re-reads what it holds. Its name is RESTORED_NAME.
+    REGISTRY_RESTORED = "registry_restored"
+
+
+RESTORED_NAME = "*"
 
 
 class ChangeEvent(msgspec.Struct, frozen=True):

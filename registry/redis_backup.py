@@ -7,24 +7,15 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from loragate.registry.api_keys import StoredKey
-from loragate.registry.errors import RegistryChanged
 from loragate.registry.persistence import Persistence, from_redis_config, unchecked
-from loragate.registry.records import ChangeKind
-from loragate.registry.redis_index import queue_put
+from loragate.registry.redis_restore import StagedRestore
 from loragate.registry.redis_wire import decode_adapter, decode_tenant, translated, usage_report
 from loragate.registry.snapshot import RegistrySnapshot
 
-# KEYS: lora-int-id. ARGV: the lowest value it may have. Never lowers it.
-_RAISE_ID_LUA = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
-return 1
-"""
-
 
 class RedisBackup:
-    """Mixed into RedisRegistryStore: needs its `_redis`, `_keys`, `where`, `_transact` and
-    `_announce`."""
+    """Mixed into RedisRegistryStore: needs its `_redis`, `_keys`, `where`,
+    `_change_log_size` and `_restore_batch`."""
 
     @translated
     async def persistence(self) -> Persistence:
@@ -68,39 +59,18 @@ class RedisBackup:
 
     @translated
     async def restore(self, snapshot: RegistrySnapshot, *, expect_version: int | None) -> None:
-        keys = self._keys
+        await self.stage_restore(snapshot).run(expect_version)
 
-        async def body(pipe) -> None:
-            version = int(await pipe.get(keys.version) or 0)
-            if expect_version is not None and version != expect_version:
-                raise RegistryChanged(
-                    f"the registry changed while the import was planned (version "
-                    f"{expect_version} -> {version}); run it again"
-                )
-            existing = set(await pipe.hkeys(keys.tenants))
-            adapter_keys = [a.key for a in snapshot.adapters]
-            replaced = await pipe.hmget(keys.adapters, adapter_keys) if adapter_keys else []
-            pipe.multi()
-            for tenant in snapshot.tenants:
-                pipe.hset(keys.tenants, tenant.name, msgspec.json.encode(tenant))
-                kind = ChangeKind.TENANT_UPDATED if tenant.name in existing else None
-                self._announce(pipe, kind or ChangeKind.TENANT_CREATED, tenant.name)
-            for stored in snapshot.keys:
-                pipe.hset(keys.api_keys, stored.key_id, msgspec.json.encode(stored))
-            for adapter, old in zip(snapshot.adapters, replaced, strict=True):
-                queue_put(pipe, keys, decode_adapter(old), adapter)
-                self._announce(pipe, ChangeKind.ADAPTER_REGISTERED, adapter.key)
-            for report in snapshot.usage:
-                counters = [("", report.total)]
-                counters += [(f"@{name}", c) for name, c in report.by_adapter.items()]
-                for suffix, counts in counters:
-                    for counter, amount in msgspec.structs.asdict(counts).items():
-                        if amount:
-                            pipe.hincrby(keys.usage(report.tenant), counter + suffix, amount)
-                pipe.sadd(keys.usage_tenants, report.tenant)
-            pipe.eval(_RAISE_ID_LUA, 1, keys.lora_int_id, snapshot.highest_lora_int_id)
-
-        await self._transact([keys.version, keys.tenants, keys.adapters], body)
+    def stage_restore(self, snapshot: RegistrySnapshot) -> StagedRestore:
+        """The restore of `snapshot` as its steps: written in bounded batches under a
+        version fence, then switched in at once (see redis_restore)."""
+        return StagedRestore(
+            self._redis,
+            self._keys,
+            snapshot,
+            change_log_size=self._change_log_size,
+            batch=self._restore_batch,
+        )
 
 
 def _name(tenant) -> str:

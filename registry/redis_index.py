@@ -10,8 +10,9 @@ Keys, under `<namespace>:`:
   changes               zset  the change log: version -> {"version","kind","name"} JSON
 
 `queue_put` and `queue_remove` queue a record's write together with its indexes inside the
-caller's MULTI; `ANNOUNCE_LUA` bumps the version, logs the change and publishes it, in the
-same MULTI. Each read below is one command (a script where it needs two lookups), so a
+caller's MULTI (`queue_put_many`: a restore's batch of them in a few commands);
+`ANNOUNCE_LUA` bumps the version, logs the change and publishes it, in the same MULTI.
+Each read below is one command (a script where it needs two lookups), so a
 name, a public name, a tenant's counters, a page and the changes since a version each take
 one round trip whatever the registry holds.
 
@@ -99,18 +100,29 @@ if not key then return false end
 return redis.call('HGET', KEYS[2], key)
 """
 
-# KEYS: version, changes, events. ARGV: kind, name, log size. Returns the new version.
-ANNOUNCE_LUA = """
-local version = redis.call('INCR', KEYS[1])
-local entry = cjson.encode({version = version, kind = ARGV[1], name = ARGV[2]})
-redis.call('ZADD', KEYS[2], version, entry)
-local size = tonumber(ARGV[3])
-if redis.call('ZCARD', KEYS[2]) > size then
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -size - 1)
+# announce(version, changes, events, kind, name, log size): bump the version, log the
+# change, publish it; returns the new version.
+ANNOUNCE_FUNCTION = """
+local function announce(version_key, changes_key, events_key, kind, name, log_size)
+  local version = redis.call('INCR', version_key)
+  local entry = cjson.encode({version = version, kind = kind, name = name})
+  redis.call('ZADD', changes_key, version, entry)
+  local size = tonumber(log_size)
+  if redis.call('ZCARD', changes_key) > size then
+    redis.call('ZREMRANGEBYRANK', changes_key, 0, -size - 1)
+  end
+  redis.call('PUBLISH', events_key, cjson.encode({kind = kind, name = name}))
+  return version
 end
-redis.call('PUBLISH', KEYS[3], cjson.encode({kind = ARGV[1], name = ARGV[2]}))
-return version
 """
+
+# KEYS: version, changes, events. ARGV: kind, name, log size. Returns the new version.
+ANNOUNCE_LUA = (
+    ANNOUNCE_FUNCTION
+    + """
+return announce(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
+"""
+)
 
 # KEYS: version, changes. ARGV: since, limit. Returns {latest, complete, {entry JSON...}}:
 # complete only if the log holds every version after `since`.
@@ -150,6 +162,66 @@ def queue_put(pipe, keys, old: AdapterMetadata | None, new: AdapterMetadata) -> 
             pipe.hincrby(keys.object_refs, before, -1)
         if new.store_object is not None:
             pipe.hincrby(keys.object_refs, new.store_object, 1)
+
+
+def queue_put_many(
+    pipe, keys, pairs: list[tuple[AdapterMetadata | None, AdapterMetadata]]
+) -> list[str]:
+    """What `queue_put` queues for each (old, new) pair (in order; a key may appear twice),
+    in a few commands for the whole batch: each record, index and counter key written once.
+    Returns the keys it writes."""
+    records, index, owned, public_names, public_index = {}, {}, {}, {}, {}
+    unpublished: set[str] = set()
+    totals: dict[str, dict[str, int]] = {}
+    refs: dict[str, int] = {}
+    for old, new in pairs:
+        records[new.key] = msgspec.json.encode(new)
+        index[new.key] = 0
+        if new.tenant is not None:
+            owned.setdefault(new.tenant, {})[new.name] = 0
+            counts = totals.setdefault(new.tenant, {"adapters": 0, "size_bytes": 0})
+            counts["adapters"] += old is None
+            counts["size_bytes"] += new.size_bytes - (old.size_bytes if old else 0)
+        if old is not None and old.public and not new.public:
+            public_names.pop(old.name, None)
+            public_index.pop(old.name, None)
+            unpublished.add(old.name)
+        if new.public:
+            public_names[new.name] = new.key
+            public_index[new.name] = 0
+            unpublished.discard(new.name)
+        before = old.store_object if old is not None else None
+        if before != new.store_object:
+            if before is not None:
+                refs[before] = refs.get(before, 0) - 1
+            if new.store_object is not None:
+                refs[new.store_object] = refs.get(new.store_object, 0) + 1
+    written = []
+    if records:
+        pipe.hset(keys.adapters, mapping=records)
+        pipe.zadd(keys.adapter_index, index)
+        written += [keys.adapters, keys.adapter_index]
+    for tenant, names in owned.items():
+        pipe.zadd(keys.owned(tenant), names)
+        written.append(keys.owned(tenant))
+    for tenant, counts in totals.items():
+        for field, amount in counts.items():
+            pipe.hincrby(keys.adapter_totals(tenant), field, amount)
+        written.append(keys.adapter_totals(tenant))
+    if unpublished:
+        pipe.hdel(keys.public_names, *unpublished)
+        pipe.zrem(keys.public_index, *unpublished)
+    if public_names:
+        pipe.hset(keys.public_names, mapping=public_names)
+        pipe.zadd(keys.public_index, public_index)
+    if unpublished or public_names:
+        written += [keys.public_names, keys.public_index]
+    changed = {oid: delta for oid, delta in refs.items() if delta}
+    for oid, delta in changed.items():
+        pipe.hincrby(keys.object_refs, oid, delta)
+    if changed:
+        written.append(keys.object_refs)
+    return written
 
 
 def queue_remove(pipe, keys, old: AdapterMetadata) -> None:

@@ -22,6 +22,8 @@ Layout, under `<namespace>:` (a random namespace isolates a test):
   version         int   bumped by every adapter or tenant change (and logged in `changes`)
   epoch           str   random marker written at start-up: its loss means Redis lost data
   events          pub/sub channel of ChangeEvent JSON
+  staging:<id>:*  a restore's records while it is written, before its switch (expire by
+                  themselves if the importer dies; see redis_restore)
 
 Adapter and tenant writes are WATCH/MULTI transactions (retried when another replica
 wrote first); quota windows are Lua scripts, so each check-and-count is one atomic step.
@@ -97,6 +99,7 @@ from loragate.registry.redis_lua import (
 )
 from loragate.registry.redis_migrate import upgrade_layout
 from loragate.registry.redis_objects import CLAIM_LUA, PIN_LUA, RedisObjects
+from loragate.registry.redis_restore import RESTORE_BATCH
 from loragate.registry.redis_tenants import RedisTenants
 from loragate.registry.redis_usage import RedisUsageAndQuotas
 from loragate.registry.redis_wire import (
@@ -134,6 +137,7 @@ class RedisRegistryStore(
         lease_ttl_s: float = 300.0,
         socket_timeout_s: float = 2.0,
         change_log_size: int = DEFAULT_CHANGE_LOG_SIZE,
+        restore_batch: int = RESTORE_BATCH,
     ):
         if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"redis url must start with redis://, rediss:// or unix://: {url!r}")
@@ -143,6 +147,7 @@ class RedisRegistryStore(
         self._lease_ttl = check_lease_ttl(lease_ttl_s)
         self._keys = Keys(namespace)
         self._change_log_size = check_count("change_log_size", change_log_size, minimum=1)
+        self._restore_batch = check_count("restore_batch", restore_batch, minimum=1)
         self._socket_timeout = socket_timeout_s
         options = dict(
             decode_responses=True,

@@ -89,10 +89,14 @@ class RegistryStore(ABC):
     async def restore(self, snapshot: RegistrySnapshot, *, expect_version: int | None) -> None:
         """Write the snapshot's records as they are (tenants and keys, adapters with their
         lora_int_ids), add its usage counts to the store's, raise the lora_int_id counter to
-        at least its own, and announce every change, in one atomic step. With
-        `expect_version`, RegistryChanged (writing nothing) if the store's version moved
-        since: the caller decided what to write from an older read. Conflicts are the
-        caller's to rule out (backup.import_snapshot does)."""
+        at least its own, and announce it once (ChangeKind.REGISTRY_RESTORED: a watcher
+        re-reads what it holds), all visible in one atomic step: a reader sees the store as
+        it was or with the whole snapshot, never part of it (Redis writes it in batches
+        where no reader looks, then switches it in: redis_restore). With `expect_version`,
+        RegistryChanged (writing nothing) if the store's version moved since: the caller
+        decided what to write from an older read; adapters and tenants changed while it
+        is written also make it RegistryChanged. Conflicts are the caller's to rule out
+        (backup.import_backup does)."""
 
     # adapters
 

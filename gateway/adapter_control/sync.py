@@ -7,7 +7,11 @@ hold costs nothing: only what it remembered missing about the key is forgotten);
 changed tenant's remembered keys are forgotten. A replica that starts reads the version
 and nothing else: the catalog reads each adapter the first time a request names it. Only
 when the log no longer reaches back to its version (trimmed after a long outage, or a
-store that lost its data) does it re-read what it holds, one record each.
+store that lost its data) does it re-read what it holds, a batch of records in each read.
+A restored backup is one change in the log (REGISTRY_RESTORED, however many records it
+brought): it makes the replica re-read what it holds the same way (and the tenants it kept
+serving since the store lost its data), forget every name it remembered missing, and check
+every remembered key again; nothing else is read.
 
 Two loops, for the server's life:
 - watch: subscribed to the store's change events, each of which makes it catch up from
@@ -65,6 +69,7 @@ class RegistrySync:
         self.resync_seconds = resync_seconds
         self.retry_seconds = min(retry_seconds, resync_seconds)
         self.resets_seen = 0
+        self.restores_seen = 0  # restored backups this replica caught up with
         self.data_lost_at: float | None = None  # when a loss of the store's data was noticed
         self._version: int | None = None  # the store's version the copy has caught up to
         self.records_read = 0  # adapter records the sync read (each changed one it holds)
@@ -118,7 +123,9 @@ class RegistrySync:
                     adapters,
                     tenants,
                 )
-                await self._reread_held(await self.store.version())
+                version = await self.store.version()
+                await self._reread_held()
+                self._version = version
                 return
             if self._version is None:  # starting: nothing held yet, nothing to read
                 self._version = await self.store.version()
@@ -138,7 +145,8 @@ class RegistrySync:
                     changes.latest,
                     len(await self.catalog.held()),
                 )
-                await self._reread_held(changes.latest)
+                await self._reread_held()
+                self._version = changes.latest
                 return
             for event in changes.changes:
                 await self._apply_locked(event)
@@ -146,9 +154,9 @@ class RegistrySync:
             if changes.version >= changes.latest:
                 return
 
-    async def _reread_held(self, version: int) -> None:
+    async def _reread_held(self) -> None:
         """Forget every miss and tenant key; re-read the adapters held here, a batch of
-        REREAD_BATCH in each read."""
+        REREAD_BATCH in each read (call with the catalog's lock held)."""
         self.catalog.misses.clear()
         self.auth.recheck_all()
         held = await self.catalog.held()
@@ -158,9 +166,15 @@ class RegistrySync:
             self.records_read += len(keys)
             for key, meta in zip(keys, metas, strict=True):
                 await self.catalog.refresh(key, meta)
-        self._version = version
 
     async def _apply_locked(self, event: ChangeEvent) -> None:
+        if event.kind == ChangeKind.REGISTRY_RESTORED:
+            self.restores_seen += 1
+            await self._reread_held()
+            for tenant in sorted(self.auth.orphans):  # kept since a loss: restored now?
+                if await self.store.get_tenant(tenant) is not None:
+                    self.auth.forget_tenant(tenant)
+            return
         if event.kind not in _ADAPTER_EVENTS:
             self.auth.forget_tenant(event.name)
             return

@@ -1,7 +1,14 @@
-"""The registry at 100,000 adapters (issue 46, must-show 4), on a Redis of the test's own.
+"""The registry at 100,000 adapters (issue 46, must-show 4; issue 60, must-show 5), on a
+Redis of the test's own.
 
 100,000 adapter records (metadata only, over 100 tenants, sharing four weight folders) are
-written in one restore. Then:
+imported the way an operator restores a backup, `loragate registry import --merge`, into a
+registry that holds the 100 tenants, through a proxy that slows every byte to and from
+Redis so much that the import's traffic takes several times the store's socket timeout
+(the old single MULTI failed this way: "unreachable: Timeout writing to socket"). It
+succeeds, and a reader polling meanwhile, as another replica would, sees the old registry
+or the new one on every read (by a tenant's counters, a page, a tenant's view, the last
+record), never a mix, and never the old after the new. Then:
 - a name lookup, a public name, a tenant's counters and a page of 100 each take one round
   trip (the test counts the commands the store sends), and none runs a command that reads
   a whole hash or index (Redis's own command counts, scripts' inner calls included);
@@ -15,22 +22,33 @@ written in one restore. Then:
 from __future__ import annotations
 
 import asyncio
+import inspect
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import redis
+from click.testing import CliRunner
 from servers_testlib import start_tiny_server
 from services_testlib import PrivateRedis
+from slow_proxy_testlib import SlowProxy
 from tenancy_testlib import ADMIN_KEY
 
+from loragate.gateway.assembly.cli import main
 from loragate.registry import AdapterMetadata
 from loragate.registry.adapter_index import AdapterCounts
+from loragate.registry.backup_file import backup_lines
 from loragate.registry.redis_store import RedisRegistryStore
 from loragate.registry.snapshot import RegistrySnapshot
 
 TENANTS = 100
 PER_TENANT = 1000
 NAMESPACE = "scale"
+# The store's socket timeout, which one MULTI of the whole import had to fit in.
+SOCKET_TIMEOUT_S = inspect.signature(RedisRegistryStore).parameters["socket_timeout_s"].default
+SLOWED_PAST = 3  # the slowed import's traffic takes this many socket timeouts, at least
+SLOW_RATE = 6_000_000  # bytes a second through the proxy (the import sends about 43 MB)
 SCANS = ("hgetall", "hvals", "hkeys", "scan", "hscan", "zscan", "sscan", "smembers", "keys")
 
 
@@ -116,12 +134,14 @@ async def one_round_trip_each(url: str, admin: redis.Redis) -> None:
     await store.close()
 
 
-def test_a_hundred_thousand_adapters(tiny_dir, tenant_root):
+def test_a_hundred_thousand_adapters(tiny_dir, tenant_root, tmp_path):
     private = PrivateRedis().start()
     admin = redis.Redis.from_url(private.url, decode_responses=True)
     try:
-        asyncio.run(load(private.url))
+        backup = asyncio.run(old_registry_and_backup(private.url, tmp_path / "backup.jsonl"))
+        import_while_a_reader_polls(private, backup)
         assert admin.hlen(f"{NAMESPACE}:adapters") == TENANTS * PER_TENANT
+        assert not list(admin.scan_iter(match=f"{NAMESPACE}:staging:*"))
         table_bytes = admin.memory_usage(f"{NAMESPACE}:adapters")
         asyncio.run(one_round_trip_each(private.url, admin))
         baseline = asyncio.run(writer_reads(private.url, admin, "t098/a0001"))
@@ -146,18 +166,126 @@ def test_a_hundred_thousand_adapters(tiny_dir, tenant_root):
         private.stop()
 
 
-async def load(url: str) -> None:
+async def old_registry_and_backup(url: str, path: Path) -> Path:
+    """The registry before the import: the 100 tenants (and their keys). The backup file:
+    the same tenants and the 100,000 adapters."""
     store = RedisRegistryStore(url, NAMESPACE)
     await store.open()
     for t in range(TENANTS):
         await store.create_tenant(f"t{t:03d}")
-    every = records(time.time())
-    for start in range(0, len(every), 20_000):  # a few transactions, not one huge one
-        chunk = tuple(every[start : start + 20_000])
-        await store.restore(
-            RegistrySnapshot(adapters=chunk, last_lora_int_id=len(every)), expect_version=None
-        )
+    held = await store.snapshot()
     await store.close()
+    every = tuple(records(time.time()))
+    snapshot = RegistrySnapshot(
+        tenants=held.tenants, keys=held.keys, adapters=every, last_lora_int_id=len(every)
+    )
+    with open(path, "w", encoding="utf-8") as out:
+        for line in backup_lines(snapshot, source="test", exported_at=time.time()):
+            out.write(line + "\n")
+    return path
+
+
+# What another replica reads while the import runs: (what, read, the old registry's answer,
+# the new one's). Each is one atomic read.
+LAST = f"t{TENANTS - 1:03d}"
+READS = (
+    (
+        "the last tenant's counters",
+        lambda store: store.adapter_counts(LAST),
+        AdapterCounts(0, 0),
+        AdapterCounts(PER_TENANT, sum(100 + i for i in range(PER_TENANT))),
+    ),
+    (
+        "a page in the middle",
+        lambda store: _keys(store.page_adapters(after="t049/a0999", limit=2)),
+        [],
+        ["t050/a0000", "t050/a0001"],
+    ),
+    (
+        "the first tenant's view",
+        lambda store: _keys(store.page_visible_adapters("t000", limit=2)),
+        [],
+        ["t000/a0000", "t000/a0001"],
+    ),
+    (
+        "the last record",
+        lambda store: _key(store.get_adapter(f"{LAST}/a{PER_TENANT - 1:04d}")),
+        None,
+        f"{LAST}/a{PER_TENANT - 1:04d}",
+    ),
+)
+
+
+async def _keys(page) -> list[str]:
+    return [a.key for a in (await page).data]
+
+
+async def _key(record) -> str | None:
+    found = await record
+    return None if found is None else found.key
+
+
+class Reader:
+    """Polls READS on a connection of its own (not slowed) until stopped, noting for each
+    read whether it gave the old registry's answer or the new one's, and how many bytes of
+    the import the proxy had forwarded by then."""
+
+    def __init__(self, url: str, proxy: SlowProxy):
+        self.url = url
+        self.proxy = proxy
+        self.seen: list[tuple[str, str, int]] = []
+        self.polled_old = threading.Event()  # a whole poll saw the old registry
+        self.polled_new = threading.Event()  # a whole poll saw the new one
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._poll()), daemon=True)
+
+    async def _poll(self) -> None:
+        store = RedisRegistryStore(self.url, NAMESPACE)
+        try:
+            while not self.stop.is_set():
+                states = set()
+                for what, read, old, new in READS:
+                    forwarded = self.proxy.bytes_up
+                    answer = await read(store)
+                    state = "old" if answer == old else "new" if answer == new else repr(answer)
+                    self.seen.append((what, state, forwarded))
+                    states.add(state)
+                if states == {"old"}:
+                    self.polled_old.set()
+                if states == {"new"}:
+                    self.polled_new.set()
+        finally:
+            await store.close()
+
+
+def import_while_a_reader_polls(private: PrivateRedis, backup: Path) -> None:
+    proxy = SlowProxy(private.port, rate=SLOW_RATE).start()
+    reader = Reader(private.url, proxy)
+    reader.thread.start()
+    try:
+        assert reader.polled_old.wait(60), "the reader never read the old registry"
+        result = CliRunner().invoke(
+            main,
+            ["registry", "import", str(backup), "--merge", "--redis-url", proxy.url]
+            + ["--redis-namespace", NAMESPACE],
+        )
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith("imported 0 tenants (0 keys), 100000 adapters")
+        assert "t000/a0049 and 99950 more" in result.output
+        assert reader.polled_new.wait(60), "the reader never read the new registry"
+    finally:
+        reader.stop.set()
+        reader.thread.join(60)
+        proxy.stop()
+    # Slowed well past the timeout one MULTI of the whole import had to fit in.
+    assert proxy.added_s >= SLOWED_PAST * SOCKET_TIMEOUT_S, proxy.added_s
+    states = [state for _, state, _ in reader.seen]
+    assert set(states) == {"old", "new"}, [s for s in reader.seen if s[1] not in ("old", "new")]
+    first_new = states.index("new")
+    assert "old" not in states[first_new:], "the old registry came back after the new one"
+    # Some of the old registry's answers came while most of the import had been written.
+    midway = [up for _, state, up in reader.seen if state == "old" and up > proxy.bytes_up // 2]
+    assert midway, "no read happened while the import was being written"
 
 
 def check_gateway(

@@ -4,7 +4,8 @@ A real RegistrySync and catalog over an in-memory store wrapped to count every s
 a sync that starts reads no adapter; a request reads the adapter it names once (and a
 name the store lacks once); a change to an adapter held here costs one record read, to
 one not held none; and when the change log was trimmed past the sync's version, it
-re-reads only what it holds, in one read.
+re-reads only what it holds, in one read. A restored backup of a thousand records is one
+change: the same one read of what is held, nothing else.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import asyncio
 import inspect
 from collections import Counter
 
+import msgspec
+
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.adapter_control.sync import RegistrySync
 from loragate.gateway.registry_seam import RegistrySeam
 from loragate.gateway.tenancy.auth import Authenticator
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
 from loragate.gateway.tenancy.usage_meter import UsageMeter
-from loragate.registry import AdapterSpec
+from loragate.registry import AdapterMetadata, AdapterSpec
 from loragate.registry.memory import MemoryRegistryStore
+from loragate.registry.snapshot import RegistrySnapshot
 
 READS = (
     "get_adapter",
@@ -140,6 +144,57 @@ def test_the_sync_reads_only_what_changed_and_is_held_here(tmp_path):
             await sync.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restored_backup_is_one_change_that_rereads_only_what_is_held(tmp_path):
+    for name in ["a1", "a2", "acme/late"]:
+        (tmp_path / name).mkdir(parents=True)
+
+    async def scenario():
+        memory = MemoryRegistryStore()
+        await memory.create_tenant("acme")
+        for name in ("a1", "a2"):
+            await memory.register_adapter(spec(name))
+        store = CountingStore(memory)
+        seam = RegistrySeam(store, "memory")
+
+        async def retire(record):
+            return None
+
+        catalog = AdapterCatalog(tmp_path, retire, seam)
+        sync = RegistrySync(
+            seam, catalog, Authenticator(None, seam, 60), UsageMeter(seam), resync_seconds=3600
+        )
+        await sync.start()
+        try:
+            assert (await catalog.visible(OPERATOR, "a1")) is not None
+            assert await catalog.visible(Principal("acme"), "late") is None  # a miss
+            held = (await memory.snapshot()).adapters
+            a1 = next(a for a in held if a.key == "a1")
+            backup = [msgspec.structs.replace(a1, public=True)]  # a1, changed
+            ids = iter(range(1000, 3000))
+            for i in range(1000):
+                made = spec(f"r{i}", "acme" if i % 2 else None)
+                backup.append(_metadata(made, next(ids)))
+            backup.append(_metadata(spec("late", "acme"), next(ids)))
+            store.calls.clear()
+            read_before, version = sync.records_read, await memory.version()
+            await memory.restore(RegistrySnapshot(adapters=tuple(backup)), expect_version=None)
+            assert await memory.version() == version + 1, "one change, however many records"
+            await settled(lambda: _caught_up(sync, memory), "the sync never caught up")
+            assert sync.restores_seen == 1
+            assert store.reads() == {"get_adapters": 1}, "only what is held, in one read"
+            assert sync.records_read - read_before == 1
+            assert (await catalog.get("a1")).public
+            assert (await catalog.visible(Principal("acme"), "late")).key == "acme/late"
+        finally:
+            await sync.stop()
+
+    asyncio.run(scenario())
+
+
+def _metadata(made: AdapterSpec, lora_int_id: int):
+    return AdapterMetadata(**msgspec.structs.asdict(made), lora_int_id=lora_int_id, created_at=1.0)
 
 
 async def _public(catalog: AdapterCatalog, key: str) -> bool:
