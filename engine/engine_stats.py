@@ -31,6 +31,9 @@ class EngineStats:
     # weighted tokens received since start, and the virtual counters of the active ones.
     tenant_service: dict = field(default_factory=dict)
     tenant_virtual_service: dict = field(default_factory=dict)
+    # Speculative decoding's counts per (adapter, method) (engine/speculation/speculator.py):
+    # drafts, draft tokens, accepted tokens and accepted tokens by position.
+    spec_decode: dict = field(default_factory=dict)
 
 
 def memory_stats(scheduler, swapper, block_size: int) -> dict:
@@ -87,4 +90,21 @@ def snapshot(engine) -> EngineStats:
         adapter_loads=residency.loads() if residency is not None else {},
         tenant_service=dict(engine.fair_share.served),
         tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
+        spec_decode=spec_decode_counts(scheduler.speculator),
     )
+
+
+def spec_decode_counts(speculator) -> dict:
+    """(adapter or None, method) -> (drafts, draft tokens, accepted tokens, accepted per
+    position); empty without speculative decoding."""
+    if speculator is None:
+        return {}
+    return {
+        (s["adapter"], s["method"]): (
+            s["drafts"],
+            s["draft_tokens"],
+            s["accepted_tokens"],
+            tuple(s["accepted_per_position"]),
+        )
+        for s in speculator.stats()
+    }

@@ -71,7 +71,8 @@ def _options_by_key(command: click.Command) -> dict[str, click.Option]:
 
 def _as_flag_value(option: click.Option, value: Any) -> Any:
     if not option.multiple:
-        return value
+        # A mapping for a JSON flag (--speculative-config) is that JSON.
+        return json.dumps(value) if isinstance(value, dict) else value
     if isinstance(value, dict):  # lora-modules: {name: dir}
         return [f"{name}={path}" for name, path in value.items()]
     values = value if isinstance(value, list) else [value]

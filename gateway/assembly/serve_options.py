@@ -81,6 +81,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "flag": "--enable-chunked-prefill/--disable-chunked-prefill",
     },
     "plugins": {"flag": "--plugin", "multiple": True, "metavar": "MODULE:OBJECT"},
+    "speculative_config": {"metavar": "JSON"},
     "redis_url": {"envvar": "LORAGATE_REDIS_URL", "show_envvar": True},
     "admin_key": {"envvar": "LORAGATE_ADMIN_KEY", "show_envvar": True},
     "api_key": {"envvar": ["LORAGATE_API_KEY", "VLLM_API_KEY"], "show_envvar": True},
@@ -245,6 +246,7 @@ SERVE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "preemption_mode",
             "max_step_ms",
             "max_queue",
+            "speculative_config",
         ),
     ),
     (

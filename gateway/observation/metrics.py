@@ -15,6 +15,7 @@ from loragate.adapters import LoRARequest
 from loragate.engine import EngineStats
 from loragate.gateway.observation.labels import BASE, BoundedLabels
 from loragate.gateway.observation.scrape import AdapterView, GatewayGauges, ScrapeCollector
+from loragate.gateway.observation.spec_decode_metrics import SpecDecodeCollector
 from loragate.gateway.observation.traffic import RequestRecord, RequestTraffic, request_record
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.tenancy.principal import UNTENANTED
@@ -54,6 +55,8 @@ class GatewayMetrics:
         self.registry.register(self._scrape)
         self._fair_share = FairShareCollector(model_name, self.traffic.tenant_labels)
         self.registry.register(self._fair_share)
+        self._spec_decode = SpecDecodeCollector(model_name, self.traffic.adapter_labels)
+        self.registry.register(self._spec_decode)
         self.ttft = Histogram(
             "loragate_time_to_first_token_seconds",
             "From request arrival at the gateway to its first generated token",
@@ -127,6 +130,7 @@ class GatewayMetrics:
     ) -> bytes:
         self._scrape.engine = engine
         self._fair_share.engine = engine
+        self._spec_decode.engine = engine
         self._scrape.gateway = gateway
         self._scrape.adapters = adapters or AdapterView()
         return generate_latest(self.registry)

@@ -117,4 +117,5 @@ def _openai_common(req: SamplingFields) -> dict[str, Any]:
         "skip_special_tokens": req.skip_special_tokens,
         "sampler": req.sampler,
         "sampler_args": req.sampler_args,
+        "speculative": req.speculative,
     }

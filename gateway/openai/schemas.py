@@ -2,7 +2,8 @@
 
 Fields follow OpenAI's API plus the extra sampling fields vLLM accepts (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, use_beam_search, best_of, length_penalty)
-and loragate's plugin sampler (`sampler`, `sampler_args`). Unknown fields are ignored,
+and loragate's plugin sampler (`sampler`, `sampler_args`) and speculation opt-out
+(`speculative`). Unknown fields are ignored,
 as OpenAI clients send fields this server has no use for.
 """
 
@@ -60,6 +61,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     sampler: str | None = None
     sampler_args: dict[str, Any] | None = None
+    speculative: bool = True  # loragate's: false keeps this request out of speculation
     # Structured output: OpenAI's response_format, or vLLM's extra fields (one at most).
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -28,6 +28,8 @@ def combined_stats(snapshots: list[EngineStats]) -> EngineStats:
         for sha, row in s.adapter_loads.items():
             old = total.adapter_loads.get(sha, (0, 0.0, 0, 0.0))
             total.adapter_loads[sha] = tuple(a + b for a, b in zip(old, row, strict=True))
+        for key, counts in s.spec_decode.items():
+            total.spec_decode[key] = _added_spec_counts(total.spec_decode.get(key), counts)
     total.memory = _combined_memory([s.memory for s in snapshots])
     return total
 
@@ -49,3 +51,14 @@ def _combined_memory(memories: list[dict]) -> dict:
     )
     out["internal_fragmentation"] = wasted / slots if slots else 0.0
     return out
+
+
+def _added_spec_counts(old: tuple | None, new: tuple) -> tuple:
+    """Two replicas' speculative-decoding counts for one (adapter, method), added up."""
+    if old is None:
+        return new
+    per_position = [0] * max(len(old[3]), len(new[3]))
+    for row in (old[3], new[3]):
+        for i, n in enumerate(row):
+            per_position[i] += n
+    return (old[0] + new[0], old[1] + new[1], old[2] + new[2], tuple(per_position))

@@ -35,6 +35,7 @@ SHARED_FIELDS = (
     "length_penalty",
     "sampler",
     "sampler_args",
+    "speculative",
     "include_stop_str_in_output",
     "skip_special_tokens",
 )

@@ -61,6 +61,7 @@ def tgi_params(p: TGIParameters, max_num_seqs: int) -> SamplingParams:
         "logprobs": p.top_n_tokens or 0,
         "prompt_logprobs": 0 if p.decoder_input_details else None,
         "structured_outputs": tgi_structured(p)[0],
+        "speculative": p.speculative,
     }
     if p.top_n_tokens is not None and not 0 <= p.top_n_tokens <= MAX_LOGPROBS:
         raise InvalidRequestError(

@@ -37,6 +37,7 @@ class TGIParameters(msgspec.Struct, kw_only=True):
     top_n_tokens: int | None = None
     response_format: dict[str, Any] | None = None
     grammar: dict[str, Any] | None = None
+    speculative: bool = True  # loragate's: false keeps this request out of speculation
 
 
 class TGIRequest(msgspec.Struct, kw_only=True):
