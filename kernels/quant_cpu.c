@@ -451,9 +451,9 @@ static void linear_scalar(int fmt, const float *x, int64_t ldx, int64_t m, int64
 
 /* ---- the AVX-512 path: sixteen weights per operation ------------------------------------
  * Compiled for AVX-512 (F, BW, VL) whatever -march says, and run only where the CPU has it
- * (kernels/quant_cpu.py reads the flags): the 32-weight formats and loragate's integer ones
- * dequantized sixteen lanes at a time into the same float32 values as the other paths, and
- * multiplied in sixteen lanes. The k-quants take the 8-lane path. */
+ * (kernels/quant_cpu.py reads the flags): every format dequantized sixteen lanes at a time
+ * into the same float32 values as the other paths (the k-quants a 32-weight sub-block at a
+ * time, in registers), and multiplied in sixteen lanes. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_AVX512_PATH 1
 #include <immintrin.h>
@@ -504,7 +504,29 @@ AVX512_INLINE void int4_group16(const uint8_t *b, const int bs, float *out) {
     }
 }
 
-/* Block ``blk`` of the row at ``row`` as float32 weights (not the k-quants). */
+/* k_sub_block in sixteen lanes: sub-block j of a k-quant block as two registers. */
+AVX512_INLINE void k_sub_block16(const int fmt, const uint8_t *b, const int j, const float *ds,
+                                 const float *dm, v16f w[2]) {
+    if (fmt == Q6_K) {
+        const uint8_t *ql = b + 64 * (j / 4) + 32 * (j % 2), *qh = b + 128 + 32 * (j / 4);
+        const int s = j % 4;
+        for (int g = 0; g < 2; ++g) {
+            v16i low = widen16(ql + 16 * g);
+            low = s < 2 ? low & 0x0F : low >> 4;
+            const v16i high = (widen16(qh + 16 * g) >> (2 * s)) & 3;
+            w[g] = ((v16f){0} + ds[2 * j + g]) * to_v16f((low | high << 4) - 32);
+        }
+        return;
+    }
+    const uint8_t *qh = b + 16, *chunk = b + (fmt == Q5_K ? 48 : 16) + (j / 2) * 32;
+    for (int g = 0; g < 2; ++g) {
+        v16i q = (widen16(chunk + 16 * g) >> (4 * (j % 2))) & 0x0F;
+        if (fmt == Q5_K) q |= ((widen16(qh + 16 * g) >> j) & 1) << 4;
+        w[g] = ((v16f){0} + ds[j]) * to_v16f(q) - ((v16f){0} + dm[j]);
+    }
+}
+
+/* Block ``blk`` of the row at ``row`` as float32 weights. */
 AVX512_INLINE void dequant_block_v16(const int fmt, const uint8_t *row, const int64_t blk,
                                      float *out) {
     const uint8_t *b = row + ROW_HEADER(fmt) + blk * BLOCK_BYTES[fmt];
@@ -540,12 +562,57 @@ AVX512_INLINE void dequant_block_v16(const int fmt, const uint8_t *row, const in
     case I4_G128:
         int4_group16(b, 128, out);
         break;
+    case Q4_K:
+    case Q5_K:
+    case Q6_K: {
+        float ds[16], dm[8];
+        k_block_scales(fmt, b, ds, dm);
+        for (int j = 0; j < 8; ++j) {
+            v16f v[2];
+            k_sub_block16(fmt, b, j, ds, dm, v);
+            put16(out + 32 * j, v[0]);
+            put16(out + 32 * j + 16, v[1]);
+        }
+        break;
+    }
+    }
+}
+
+/* The k-quants' sums: each sub-block dequantized in registers and used there. */
+AVX512_INLINE void dot_rows_v16_k(const int fmt, const uint8_t *wrow, int64_t k, const float *x,
+                                  int64_t ldx, const int rows, float *sums) {
+    v16f acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = (v16f){0};
+    float ds[16], dm[8];
+    for (int64_t blk = 0; blk < k / 256; ++blk) {
+        const uint8_t *b = wrow + blk * BLOCK_BYTES[fmt];
+        k_block_scales(fmt, b, ds, dm);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            v16f v[2];
+            k_sub_block16(fmt, b, j, ds, dm, v);
+            for (int r = 0; r < rows; ++r) {
+                const float *xr = x + r * ldx + blk * 256 + 32 * j;
+                acc[r][0] += v[0] * get16(xr);
+                acc[r][1] += v[1] * get16(xr + 16);
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        const v16f a = acc[r][0] + acc[r][1];
+        float s = 0.0f;
+        for (int i = 0; i < 16; ++i) s += a[i];
+        sums[r] = s;
     }
 }
 
 /* dot_rows_vector's sums in sixteen lanes, two accumulators per row. */
 AVX512_INLINE void dot_rows_v16(const int fmt, const uint8_t *wrow, int64_t k, const float *x,
                                 int64_t ldx, const int rows, float *sums) {
+    if (IS_K_QUANT(fmt)) {
+        dot_rows_v16_k(fmt, wrow, k, x, ldx, rows, sums);
+        return;
+    }
     const int bs = BLOCK_SIZE[fmt];
     v16f acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = (v16f){0};
@@ -603,13 +670,14 @@ AVX512_INLINE void dot_rows_v16(const int fmt, const uint8_t *wrow, int64_t k, c
     }
 
 #define V16_FORMATS(X) X(Q4_0, 32) X(Q4_1, 32) X(Q5_0, 32) X(Q5_1, 32) X(Q8_0, 32) \
-    X(I8_CH, 32) X(I4_G32, 32) X(I4_G64, 64) X(I4_G128, 128)
+    X(Q4_K, 256) X(Q5_K, 256) X(Q6_K, 256) X(I8_CH, 32) X(I4_G32, 32) X(I4_G64, 64)  \
+    X(I4_G128, 128)
 #define LINEAR_V16(F, BS) DEFINE_LINEAR_V16(F)
 #define DEQUANTIZE_V16(F, BS) DEFINE_DEQUANTIZE_V16(F, BS)
 V16_FORMATS(LINEAR_V16)
 V16_FORMATS(DEQUANTIZE_V16)
 
-/* Runs the 16-lane path for ``fmt`` if it has one: 1 if it ran, 0 otherwise. */
+/* Runs the 16-lane path for ``fmt``: 1 if it ran, 0 for a format without one. */
 static int linear_v16(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
                       const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
                       float *y, int64_t ldy, int threads) {
@@ -649,8 +717,8 @@ static int dequantize_v16(int fmt, const uint8_t *w, int64_t row_stride, int64_t
 int quant_has_avx512_path(void) { return HAVE_AVX512_PATH; }
 
 /* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) times w^T, w [n, k] as rows of
- * blocks row_stride bytes apart; bias [n] or NULL. path: 2 the AVX-512 path (where the
- * format has one; the 8-lane path otherwise), 1 the 8-lane vector path, 0 the scalar one.
+ * blocks row_stride bytes apart; bias [n] or NULL. vector: the path, 2 the AVX-512 one (where
+ * the build has it; the 8-lane path otherwise), 1 the 8-lane vector path, 0 the scalar one.
  * Returns 0, or -1 for an unknown format or k not whole blocks. */
 int quant_linear(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *w,
                  int64_t row_stride, int64_t n, const float *bias, float *y, int64_t ldy,
