@@ -821,13 +821,98 @@ DEFINE_PANELS_VECTOR(I4_G32, 32)
 DEFINE_PANELS_VECTOR(I4_G64, 64)
 DEFINE_PANELS_VECTOR(I4_G128, 128)
 
+#if HAVE_AVX512_PATH
+/* panel_tile in sixteen lanes (k a multiple of 16: whole blocks always are). */
+AVX512_FN static void panel_tile16(const float *x, int64_t ldx, int64_t r0, int64_t m,
+                                   const float *w, int64_t k, int64_t j0, int64_t cols,
+                                   const float *bias, float *y, int64_t ldy) {
+    const float *xr[PANEL_ROWS_X];
+    for (int r = 0; r < PANEL_ROWS_X; ++r) xr[r] = x + (r0 + r < m ? r0 + r : m - 1) * ldx;
+    const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k;
+    v16f a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};
+    v16f a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};
+    for (int64_t i = 0; i < k; i += 16) {
+        const v16f v0 = get16(w0 + i), v1 = get16(w1 + i), v2 = get16(w2 + i);
+        v16f u = get16(xr[0] + i);
+        a00 += u * v0, a01 += u * v1, a02 += u * v2;
+        u = get16(xr[1] + i);
+        a10 += u * v0, a11 += u * v1, a12 += u * v2;
+        u = get16(xr[2] + i);
+        a20 += u * v0, a21 += u * v1, a22 += u * v2;
+        u = get16(xr[3] + i);
+        a30 += u * v0, a31 += u * v1, a32 += u * v2;
+    }
+    const v16f acc[PANEL_ROWS_X][PANEL_COLS] = {
+        {a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+    for (int r = 0; r < PANEL_ROWS_X && r0 + r < m; ++r)
+        for (int c = 0; c < cols; ++c) {
+            float s = 0.0f;
+            for (int l = 0; l < 16; ++l) s += acc[r][c][l];
+            y[(r0 + r) * ldy + j0 + c] = bias ? s + bias[j0 + c] : s;
+        }
+}
+
+#define DEFINE_PANELS_V16(F, BS)                                                                \
+    AVX512_FN static void panels_v16_##F(const float *x, int64_t ldx, int64_t m, int64_t k,     \
+                                         const uint8_t *w, int64_t row_stride, int64_t n,       \
+                                         const float *bias, float *y, int64_t ldy,              \
+                                         int64_t panel, int threads) {                          \
+        const int64_t panels = (n + panel - 1) / panel;                                         \
+        _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                          \
+            float *buf = aligned_alloc(64, (size_t)(panel * k * 4 + 64));                       \
+            _Pragma("omp for schedule(static)") for (int64_t p = 0; p < panels; ++p) {          \
+                const int64_t j0 = p * panel, rows = n - j0 < panel ? n - j0 : panel;            \
+                for (int64_t j = 0; j < panel; ++j) {                                           \
+                    if (j >= rows) {                                                            \
+                        memset(buf + j * k, 0, (size_t)k * 4);                                   \
+                        continue;                                                               \
+                    }                                                                           \
+                    for (int64_t blk = 0; blk < k / BS; ++blk)                                  \
+                        dequant_block_v16(F, w + (j0 + j) * row_stride, blk,                    \
+                                          buf + j * k + blk * BS);                              \
+                }                                                                               \
+                for (int64_t c0 = 0; c0 < rows; c0 += PANEL_COLS) {                              \
+                    const int64_t cols = rows - c0 < PANEL_COLS ? rows - c0 : PANEL_COLS;       \
+                    for (int64_t r0 = 0; r0 < m; r0 += PANEL_ROWS_X)                            \
+                        panel_tile16(x, ldx, r0, m, buf + c0 * k, k, j0 + c0, cols, bias, y,    \
+                                     ldy);                                                      \
+                }                                                                               \
+            }                                                                                   \
+            free(buf);                                                                          \
+        }                                                                                       \
+    }
+V16_FORMATS(DEFINE_PANELS_V16)
+
+static int panels_v16(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                      const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                      float *y, int64_t ldy, int64_t panel, int threads) {
+#define CASE(F, BS)                                                                    \
+    case F:                                                                            \
+        panels_v16_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, panel, threads);  \
+        return 1;
+    switch (fmt) { V16_FORMATS(CASE) }
+#undef CASE
+    return 0;
+}
+#else
+static int panels_v16(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
+                      const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+                      float *y, int64_t ldy, int64_t panel, int threads) {
+    return 0;
+}
+#endif
+
 /* y [m, n] = x [m, k] times w^T (+ bias) over dequantized panels of ``panel`` output rows (a
- * multiple of 3), on the vector path: for many rows. Returns 0, or -1 as quant_linear. */
+ * multiple of 3), on a vector path (``vector`` 2: AVX-512 where the build has it, else 8
+ * lanes): for many rows. Returns 0, or -1 as quant_linear. */
 int quant_linear_panels(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k,
                         const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
-                        float *y, int64_t ldy, int64_t panel, int threads) {
+                        float *y, int64_t ldy, int64_t panel, int vector, int threads) {
     if (fmt < 0 || fmt >= NUM_FORMATS || k % BLOCK_SIZE[fmt] || panel < 3 || panel % 3)
         return -1;
+    if (vector == 2 &&
+        panels_v16(fmt, x, ldx, m, k, w, row_stride, n, bias, y, ldy, panel, threads))
+        return 0;
 #define CASE(F)                                                                         \
     case F:                                                                             \
         panels_vector_##F(x, ldx, m, k, w, row_stride, n, bias, y, ldy, panel, threads); \

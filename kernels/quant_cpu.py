@@ -27,7 +27,7 @@ AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _LINEAR = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
 _DEQUANTIZE = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32]
-_PANELS = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I32]
+_PANELS = [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I32, _I32]
 
 
 def vector_path(flags: frozenset[str] | None = None) -> int:
@@ -95,10 +95,11 @@ class NativeQuant:
         bias: torch.Tensor | None,
         out: torch.Tensor,
         panel: int,
+        vector: int = 1,
     ) -> None:
-        """``linear`` for many rows, on the vector path: each thread dequantizes ``panel``
-        output rows (a multiple of 3) at a time into its own buffer and multiplies every
-        row of x by them."""
+        """``linear`` for many rows, on a vector path (``vector``: VECTOR or AVX512): each
+        thread dequantizes ``panel`` output rows (a multiple of 3) at a time into its own
+        buffer and multiplies every row of x by them."""
         fmt = block_format(weight.format)
         status = self._panels(
             fmt.code,
@@ -113,6 +114,7 @@ class NativeQuant:
             out.data_ptr(),
             out.stride(0),
             panel,
+            int(vector),
             torch.get_num_threads(),
         )
         if status:

@@ -12,7 +12,9 @@ each dequantize a panel small enough for L2 and multiply it four rows by three o
 time; beyond, 8 MB panels (most weights whole) in a buffer the thread reuses, multiplied by
 torch's float32 matmul. (One AVX2 EPYC core, SmolLM2's Q4_1 gate_up at 16 and 64 rows:
 1.2 and 7.6 ms native, 3.1 and 11.6 through torch, 2.3 and 8.6 for float32 weights packed
-for oneDNN.) Elsewhere (no native
+for oneDNN.) Where the CPU has AVX-512 both native kernels run sixteen lanes (quant_cpu.py
+chooses from its flags): on an AMD EPYC with AVX-512, one core, 1.5-2x the 8-lane path at
+batch 1 and 1.2-1.5x on 16-64 row panels. Elsewhere (no native
 library, CUDA) the torch reference dequantizes the weight and multiplies.
 """
 
@@ -61,7 +63,7 @@ def quantized_linear(
         kernels.linear(x32, weight, b32, out, vector)
     elif vector and m < TORCH_PANEL_ROWS:
         rows = NATIVE_PANEL_BYTES // (4 * weight.in_features) // 3 * 3
-        kernels.linear_panels(x32, weight, b32, out, max(12, min(48, rows)))
+        kernels.linear_panels(x32, weight, b32, out, max(12, min(48, rows)), vector)
     else:
         _panels(kernels, x32, weight, b32, out, vector)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
