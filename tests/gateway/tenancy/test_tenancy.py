@@ -297,6 +297,38 @@ def test_quotas_are_429_with_retry_after_and_hold_across_replicas(pair):
     assert acme.register("acme-2", "tone").status_code == 201
 
 
+def test_tokens_per_minute_holds_across_replicas_for_one_tenant_only(pair):
+    """Issue 60, must-show 4: a tenant over its tokens per minute is refused 429 with
+    Retry-After on both replicas (what one served counts on the other); another tenant is
+    served meanwhile; the limit, changed over the admin API, holds at once everywhere."""
+    a, b = pair
+    base = a.base_model()
+    flood = a.create_tenant("flood", tokens_per_minute=10)
+    calm = a.create_tenant("calm", tokens_per_minute=20)
+    on_a, on_b = a.as_key(flood), b.as_key(flood)
+    full = dict(max_tokens=7, ignore_eos=True)  # 3 prompt tokens + 7: the whole minute's 10
+    got = on_a.complete(base, "one two three", **full)
+    assert got.status_code == 200 and got.json()["usage"]["total_tokens"] == 10, got.text
+    assert_429(on_b.complete(base), "tokens_per_minute")  # a's tokens count on b
+    assert_429(on_a.complete(base), "tokens_per_minute")
+    tgi = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
+    assert_429(on_b.post("/generate", tgi), "tokens_per_minute")
+    for replica in (a, b):  # another tenant: its own minute, untouched by flood's
+        got = replica.as_key(calm).complete(base, "one two three", **full)
+        assert got.status_code == 200, got.text
+    assert on_b.complete(base).status_code == 429, "nothing flood was refused counted"
+
+    raised = a.patch("/v1/tenants/flood", {"quota": {"tokens_per_minute": 100}})
+    assert raised.status_code == 200 and raised.json()["quota"]["tokens_per_minute"] == 100
+    wait_until(lambda: on_b.complete(base).status_code == 200, "b serves the raised limit", 5)
+    assert on_a.complete(base).status_code == 200
+    lowered = b.patch("/v1/tenants/flood", {"quota": {"tokens_per_minute": 10}})
+    assert lowered.status_code == 200
+    wait_until(lambda: on_a.complete(base).status_code == 429, "a refuses the lower limit", 5)
+    assert_429(on_a.complete(base), "tokens_per_minute")
+    assert_429(on_b.complete(base), "tokens_per_minute")
+
+
 def test_a_lease_is_given_back_whichever_way_a_request_ends(pair):
     a, b = pair
     base = a.base_model()
