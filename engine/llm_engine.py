@@ -175,7 +175,9 @@ class LLMEngine:
             return None
         _, proposer = self.plugins.proposer(spec.method)
         log.info("speculative decoding: %s", spec)
-        return Speculator(spec, proposer, self.max_model_len, self.model.vocab_size)
+        return Speculator(
+            spec, proposer, self.max_model_len, self.model.vocab_size, self.step_budget
+        )
 
     @property
     def num_generation_tokens(self) -> int:

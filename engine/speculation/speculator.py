@@ -8,7 +8,9 @@ what each verified row accepted (`record`), which steers the next steps:
   (whose state may hang on being called once per token) never speculate;
 - per step: none where the batch is already compute-bound, that is when the rows' proposals
   would not fit in the token budget left after every decode and every pending prompt token
-  (the scheduler passes that `spare`), or past `disable_by_batch_size` decoding rows;
+  (the scheduler passes that `spare`), or past `disable_by_batch_size` decoding rows; and
+  of the proposals, only the tokens whose expected yield pays for their compute under the
+  engine's measured step-time model (`_worth_running`);
 - per adapter: the acceptance rate measured for it (accepted over proposed tokens of its
   recent verified rows) sets k, from `num_speculative_tokens` at a high rate down to one token;
   below `min_acceptance` the adapter stops speculating and probes with one row every
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from loragate.engine.sequence import Sequence
 from loragate.engine.speculation.config import SpeculativeConfig
@@ -37,6 +40,16 @@ INITIAL_ACCEPTANCE = 0.7
 # At this rate and above a row proposes num_speculative_tokens; below, proportionally fewer.
 FULL_K_ACCEPTANCE = 0.6
 PROBE_EVERY = 32
+# The highest acceptance rate a token's expected value is computed with (a rate of 1 would
+# value every position alike).
+MAX_RATE = 0.98
+
+
+class StepTime(Protocol):
+    """A step's time as fixed_ms + ms_per_token * tokens (engine/step_budget.py's fit)."""
+
+    fixed_ms: float
+    ms_per_token: float
 
 
 @dataclass
@@ -54,9 +67,19 @@ class SpecCounts:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer, max_model_len: int, vocab_size: int):
-        """`proposer(rows, options)`: the hook's (plain data), already looked up by name."""
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer,
+        max_model_len: int,
+        vocab_size: int,
+        step_time: StepTime | None = None,
+    ):
+        """`proposer(rows, options)`: the hook's (plain data), already looked up by name.
+        `step_time`: the engine's model of a step's time (engine/step_budget.py); without
+        one (or with no cost per token measured) every proposal that fits is run."""
         self.config = config
+        self.step_time = step_time
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -90,7 +113,36 @@ class Speculator:
                 spare -= len(proposal)
             if spare <= 0:
                 break
-        return drafts
+        return self._worth_running(drafts, {s.seq_id: s for s in seqs}, len(decodes))
+
+    def _worth_running(
+        self, drafts: dict[int, list[int]], seqs: dict[int, Sequence], num_decodes: int
+    ) -> dict[int, list[int]]:
+        """The proposal tokens that raise the step's expected output per millisecond.
+
+        A step of T tokens takes about fixed + per_token * T ms (the step budget's fit);
+        proposal token i of a row whose adapter accepts at rate a adds a^i expected output
+        tokens. Tokens go in by that value, best first, while one more raises the expected
+        tokens per ms: a^i * time(T) > E * per_token, with E the expected tokens so far (the
+        decodes' one each, then what was taken). So a batch that is compute-bound already
+        (a large T, or a per-token cost that dominates) takes only well-accepted tokens."""
+        step_time = self.step_time
+        if step_time is None or step_time.ms_per_token <= 0 or not drafts:
+            return drafts
+        candidates = []
+        for seq_id, proposal in drafts.items():
+            rate = min(self.acceptance_rate(_adapter(seqs[seq_id])), MAX_RATE)
+            candidates += [(rate**i, seq_id, i) for i in range(1, len(proposal) + 1)]
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        expected, tokens, per_token = float(num_decodes), num_decodes, step_time.ms_per_token
+        kept: dict[int, int] = {}
+        for value, seq_id, i in candidates:
+            if value * (step_time.fixed_ms + per_token * tokens) <= expected * per_token:
+                break
+            expected += value
+            tokens += 1
+            kept[seq_id] = max(kept.get(seq_id, 0), i)
+        return {seq_id: drafts[seq_id][:n] for seq_id, n in kept.items()}
 
     def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """A verified row: `accepted` of its `proposed` tokens were the target's."""

@@ -132,7 +132,13 @@ def test_structured_output_with_speculation_is_valid_and_unchanged(default_hf_di
     )
     outputs = {}
     for spec in (None, NGRAM):
-        llm = make_llm(dtype="float32", max_model_len=256, speculative_config=spec)
+        # A fixed budget: no step-time model, so every proposal that fits runs.
+        llm = make_llm(
+            dtype="float32",
+            max_model_len=256,
+            max_num_batched_tokens=256,
+            speculative_config=spec,
+        )
         outs = llm.generate(prompts, params, use_tqdm=False)
         outputs[spec is not None] = [o.outputs[0].token_ids for o in outs]
         for out in outs:

@@ -1,0 +1,133 @@
+"""Speculative decoding (prompt lookup) against the same engine without it, one run.
+
+Three workloads on the default model, greedy, the same requests for both engines, rounds
+alternating so load on the machine hits both alike:
+
+- copy-1: one stream that copies (edit a given text, answer with quotes from the prompt);
+- copy-8: eight concurrent copying streams, each under its own adapter (random, small);
+- free-8 and free-1: streams with nothing to copy (open questions), where speculation
+  should turn itself off.
+
+Reported: output tokens per second of each engine, their ratio, and the acceptance rate per
+adapter. Name the CPU and load with the figures (printed first).
+
+    .venv/bin/python benchmarks/speculative.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from loragate.adapters import LoRARequest
+from loragate.engine import LLM, SamplingParams
+from loragate.engine.model_loader import resolve_model
+from loragate.kernels.cpu_isa import this_cpu_flags
+from loragate.tools import make_random_adapter
+
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every "
+    "night its keeper climbed the narrow stairs, trimmed the wick and polished the great "
+    "lens, so that ships passing in the dark would know where the rocks were. When the "
+    "keeper grew old, his daughter took over the work, and she kept the light burning "
+    "through the worst storms the coast had ever seen."
+)
+COPYING = [
+    f"Rewrite this text exactly, changing only 'lighthouse' to 'tower':\n\n{PARAGRAPH}",
+    f"Quote the sentence about the daughter from this text, word for word:\n\n{PARAGRAPH}",
+    f"Repeat this text word for word:\n\n{PARAGRAPH}",
+    f"Correct the spelling and copy the rest unchanged:\n\n{PARAGRAPH.replace('the', 'teh')}",
+]
+FREE = [
+    "Write a short poem about autumn rain.",
+    "Give three reasons to learn a second language.",
+    "Describe your ideal weekend in a few sentences.",
+    "What makes a good teacher? Answer briefly.",
+]
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+def cpu_name() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def adapters(count: int, root: Path) -> list[LoRARequest]:
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(None).hf_dir, dtype=torch.float32)
+    made = []
+    for i in range(count):
+        path = make_random_adapter(
+            base, root / f"a{i}", rank=8, targets=["q_proj", "v_proj"], seed=i, init_scale=0.05
+        )
+        made.append(LoRARequest(f"a{i}", i + 1, str(path)))
+    return made
+
+
+def run(llm: LLM, prompts, loras, max_tokens: int) -> tuple[float, int]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    flags = sorted(f for f in this_cpu_flags() if f.startswith(("avx", "amx")))
+    print(f"# {cpu_name()}; flags {' '.join(flags)}; threads {torch.get_num_threads()}")
+    print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    options = dict(dtype=args.dtype, max_model_len=1024, enable_lora=True, max_loras=8)
+    plain = LLM(**options)
+    spec = LLM(**options, speculative_config=SPEC)
+    chat = plain.apply_chat_template
+    copying = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in COPYING]
+    free = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in FREE]
+    with tempfile.TemporaryDirectory() as tmp:
+        loras = adapters(8, Path(tmp))
+        workloads = {
+            "copy-1": ([copying[0]], [None]),
+            "copy-8": ([copying[i % 4] for i in range(8)], loras),
+            "free-8": ([free[i % 4] for i in range(8)], loras),
+            "free-1": ([free[0]], [None]),
+        }
+        print("| workload | without (tok/s) | with (tok/s) | with / without | acceptance |")
+        print("|---|---|---|---|---|")
+        for name, (prompts, lora) in workloads.items():
+            rates = {"without": [], "with": []}
+            for llm in (plain, spec):  # warm: adapters loaded, step budget timed
+                run(llm, prompts, lora, 8)
+            spec.engine.scheduler.speculator.counts.clear()
+            for _ in range(args.rounds):
+                for key, llm in (("without", plain), ("with", spec)):
+                    seconds, tokens = run(llm, prompts, lora, args.max_tokens)
+                    rates[key].append(tokens / seconds)
+            stats = spec.engine.scheduler.speculator.stats()
+            proposed = sum(s["draft_tokens"] for s in stats)
+            accepted = sum(s["accepted_tokens"] for s in stats)
+            without, with_ = statistics.median(rates["without"]), statistics.median(rates["with"])
+            acceptance = f"{accepted}/{proposed}" if proposed else "no proposals"
+            print(
+                f"| {name} | {without:.1f} | {with_:.1f} | {with_ / without:.2f}x | {acceptance} |"
+            )
+            for s in stats:
+                print(
+                    f"#   {name} {s['adapter']}: {s['acceptance_rate']:.2f} of {s['draft_tokens']}"
+                )
+    print(f"# load average after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The speculator's decisions, on plain objects: prompt lookup's proposals, the per-request
+and per-adapter rules, and the step-time rule that keeps only the proposal tokens that pay
+for their compute (deterministic: a fixed step-time model, no clock)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from loragate.adapters import LoRARequest
+from loragate.engine import SamplingParams
+from loragate.engine.sequence import Request, Sequence
+from loragate.engine.speculation import SpeculativeConfig, Speculator, speculative_config_from
+from loragate.plugins.builtin.ngram_proposer import lookup
+
+
+@dataclass
+class StepTime:
+    fixed_ms: float
+    ms_per_token: float
+
+
+def row(seq_id: int, tokens: list[int], adapter: str | None = None, **params) -> Sequence:
+    lora = LoRARequest(adapter, seq_id + 1, "/nowhere") if adapter else None
+    params = SamplingParams(temperature=0, max_tokens=params.pop("max_tokens", 64), **params)
+    request = Request(f"r{seq_id}", None, tokens[:4], params, lora_request=lora)
+    seq = Sequence(seq_id, request, 0, None)
+    seq.token_ids = list(tokens)
+    return seq
+
+
+def always(k: int):
+    return lambda rows, options: [[7] * row["max_tokens"] for row in rows]
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 8, 5, 1, 2, 3], 3, 1, 4) == [8, 5, 1]
+    assert lookup([4, 5, 6, 4, 5], 4, 2, 3) == [6, 4, 5]
+    assert lookup([1, 2, 3, 4], 3, 1, 4) == []  # the last token never occurred before
+    assert lookup([1, 2, 1], 0, 1, 4) == []
+    assert lookup([5, 5, 5, 5], 2, 1, 2) == [5]  # only tokens that exist are proposed
+
+
+def test_config_forms_and_refusals():
+    assert speculative_config_from(None) is None
+    spec = speculative_config_from('{"method": "ngram", "num_speculative_tokens": 2}')
+    assert spec == SpeculativeConfig(num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="draft model is not supported"):
+        speculative_config_from({"method": "ngram", "model": "small"})
+    with pytest.raises(ValueError, match="min_acceptance"):
+        speculative_config_from({"method": "ngram", "min_acceptance": 1.5})
+
+
+def test_opted_out_beam_and_finishing_rows_do_not_speculate():
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=4), always(4), 128, 100)
+    rows = [
+        row(0, [1, 2, 3, 4, 5]),
+        row(1, [1, 2, 3, 4, 5], speculative=False),
+        row(2, [1, 2, 3, 4, 5, 6], max_tokens=3),  # 2 generated: only the bonus is left
+        row(3, [1, 2, 3, 4, 5], max_tokens=3),  # 1 generated: 1 proposal token at most
+    ]
+    drafts = spec.drafts(rows, spare=100)
+    assert drafts == {0: [7] * 4, 3: [7]}
+    assert spec.drafts(rows, spare=2) == {0: [7, 7]}  # the spare budget bounds them all
+
+
+def test_a_badly_answering_proposer_proposes_nothing():
+    spec = Speculator(SpeculativeConfig(), lambda rows, options: [[100]], 128, 100)
+    assert spec.drafts([row(0, [1, 2, 3, 4, 5])], spare=10) == {}  # 100 is past the vocab
+
+
+def test_only_proposal_tokens_that_pay_for_their_compute_run():
+    # 8 ms per step plus 2 ms per token: eight decodes take 24 ms.
+    spec = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(8.0, 2.0))
+    rows = [row(i, [1, 2, 3, 4, 5], adapter="good" if i < 4 else "poor") for i in range(8)]
+    for i in range(60):
+        spec.record(rows[0], 4, 4)
+        spec.record(rows[4], 4, 0 if i % 4 else 1)
+    assert spec.acceptance_rate("good") > 0.95 and spec.acceptance_rate("poor") < 0.1
+    drafts = spec.drafts(rows, spare=100)
+    assert set(drafts) == {0, 1, 2, 3}  # the well-accepted adapter's rows alone
+    assert all(len(d) == 4 for d in drafts.values())
+    # The same rows with a per-token cost that dominates: fewer tokens pay off.
+    costly = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(0.5, 2.0))
+    costly.acceptance = dict(spec.acceptance)
+    assert sum(map(len, costly.drafts(rows, spare=100).values())) < 16
+    # One stream, where the fixed cost dominates: even a middling rate speculates.
+    single = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(8.0, 2.0))
+    alone = row(9, [1, 2, 3, 4, 5], adapter="middling")
+    for _ in range(60):
+        single.record(alone, 4, 3)
+    assert single.drafts([alone], spare=100) == {9: [7, 7, 7]}  # rate 0.75: 3 of 4
