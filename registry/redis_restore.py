@@ -38,7 +38,7 @@ from loragate.registry.redis_index import ANNOUNCE_FUNCTION, queue_put_many
 from loragate.registry.redis_wire import Keys, decode_adapter
 from loragate.registry.snapshot import RegistrySnapshot
 
-RESTORE_BATCH = 2000  # records written in one round trip
+RESTORE_BATCH = 2000  # records written (or read, by a snapshot) in one round trip
 STAGING_TTL_S = 3600.0
 
 # copy(manifest, live prefix, staging prefix, TTL in ms, suffixes, from): each live key

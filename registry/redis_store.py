@@ -137,7 +137,7 @@ class RedisRegistryStore(
         lease_ttl_s: float = 300.0,
         socket_timeout_s: float = 2.0,
         change_log_size: int = DEFAULT_CHANGE_LOG_SIZE,
-        restore_batch: int = RESTORE_BATCH,
+        batch_records: int = RESTORE_BATCH,
     ):
         if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"redis url must start with redis://, rediss:// or unix://: {url!r}")
@@ -147,7 +147,7 @@ class RedisRegistryStore(
         self._lease_ttl = check_lease_ttl(lease_ttl_s)
         self._keys = Keys(namespace)
         self._change_log_size = check_count("change_log_size", change_log_size, minimum=1)
-        self._restore_batch = check_count("restore_batch", restore_batch, minimum=1)
+        self._batch_records = check_count("batch_records", batch_records, minimum=1)
         self._socket_timeout = socket_timeout_s
         options = dict(
             decode_responses=True,

@@ -1,8 +1,9 @@
 """A restore on Redis (registry/redis_restore.py), step by step: its batches are written where
 no reader looks, then switched in at once under a version fence with one announcement; a
 restore fenced out, or whose staging expired, leaves the old registry and no staging keys.
-(At 100,000 records, through a slowed Redis, with a reader polling: the gateway's
-test_registry_import_at_scale.py.)"""
+A snapshot (what an export reads) goes a page a round trip too, so a Redis slowed past
+one socket timeout for the whole registry still gives it whole. (At 100,000 records,
+through a slowed Redis, with a reader polling: the gateway's test_registry_at_scale.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 from registry_testlib import next_event, spec
 from services_testlib import REDIS_URL
+from slow_proxy_testlib import SlowProxy
 
 from loragate.registry import AdapterMetadata, ChangeKind, TenantQuota, TenantRecord
 from loragate.registry.adapter_index import AdapterCounts
@@ -27,7 +29,7 @@ OBJECT = "ab" * 32 + "-" + "cd" * 32
 @pytest.fixture
 async def stores(redis_namespace):
     """A store writing restores three records at a time, and a reader (another replica)."""
-    store = RedisRegistryStore(REDIS_URL, redis_namespace, restore_batch=3)
+    store = RedisRegistryStore(REDIS_URL, redis_namespace, batch_records=3)
     peer = RedisRegistryStore(REDIS_URL, redis_namespace)
     assert await store.open()
     yield store, peer
@@ -188,3 +190,56 @@ async def test_a_staging_area_that_expired_is_never_switched_in(stores, redis_na
     assert await peer.version() == before.version
     await staged.abandon()
     assert staging_keys(redis_namespace) == {}
+
+
+async def test_a_snapshot_reads_a_page_a_round_trip_so_a_slowed_redis_gives_it_whole(
+    redis_namespace,
+):
+    writer = RedisRegistryStore(REDIS_URL, redis_namespace)
+    await writer.open()
+    await writer.create_tenant("acme")
+    made = [spec(f"n{i:04d}", "acme", size_bytes=i + 1) for i in range(1500)]
+    adapters = tuple(
+        AdapterMetadata(**msgspec.structs.asdict(m), lora_int_id=i + 1, created_at=1.0)
+        for i, m in enumerate(made)
+    )
+    await writer.restore(RegistrySnapshot(adapters=adapters), expect_version=None)
+    expected = await writer.snapshot()
+    await writer.close()
+
+    timeout = 1.0
+    table = sum(len(msgspec.json.encode(a)) for a in adapters)
+    rate = table / (3 * timeout)  # the records alone take three socket timeouts to arrive
+    proxy = SlowProxy(int(REDIS_URL.rsplit(":", 1)[1]), rate).start()
+    slowed = RedisRegistryStore(
+        proxy.url, redis_namespace, socket_timeout_s=timeout, batch_records=50
+    )
+    try:
+        read = await slowed.snapshot()
+    finally:
+        await slowed.close()
+        proxy.stop()
+    assert read == expected and len(read.adapters) == 1500
+    assert proxy.added_s >= 3 * timeout
+
+
+async def test_a_snapshot_read_while_the_registry_changed_is_read_again(stores):
+    store, peer = stores
+    await old_registry(store)
+    scan = store._scan_hash
+    changes = iter([spec("meanwhile", "acme"), spec("again", "acme")])
+
+    async def scan_while_another_replica_writes(key, page):
+        change = next(changes, None) if key.endswith(":tenants") else None  # once a read
+        if change is not None:
+            await peer.register_adapter(change)
+        return await scan(key, page)
+
+    store._scan_hash = scan_while_another_replica_writes
+    read = await store.snapshot()  # the first two reads were overtaken; the third holds
+    assert read.version == await peer.version()
+    assert {a.key for a in read.adapters} == {"acme/old", "acme/meanwhile", "acme/again", "house"}
+
+    changes = iter([spec(f"n{i}", "acme") for i in range(3)])
+    with pytest.raises(RegistryChanged, match="during each of 3 reads"):
+        await store.snapshot()
