@@ -8,8 +8,10 @@
   leaves them.
 - An AWQ or GPTQ checkpoint (4-bit, found from config.json's ``quantization_config``) is
   served as vLLM loads it: its packed integers, zeros and scales repacked into I4_G<group>
-  rows (kernels/quant_pack.py), the same values. ``--quantization awq|gptq`` may name the
-  method a checkpoint has; any other method, bit width or layout is refused naming it.
+  rows (kernels/quant_pack.py), the same values (GPTQ's act-order, desc_act with g_idx,
+  holds the inputs sorted by group and takes x's columns in that order). ``--quantization
+  awq|gptq`` may name the method a checkpoint has; any other method, bit width or layout is
+  refused naming it.
 
 Either way the weight the kernels use is d (q - z) in float32, and that dequantized weight
 is the reference: HF transformers with its weights replaced by these values, plus PEFT.
@@ -55,17 +57,20 @@ class CheckpointQuantization:
     group_size: int
     zero_offset: int = 0  # GPTQ's "gptq" (v1) format stores each zero less 1
     sym: bool = False
+    act_order: bool = False  # GPTQ's desc_act: groups by g_idx, not runs of inputs
 
     def weight(self, tensors: Callable[[str], torch.Tensor], prefix: str) -> QuantizedWeight:
         """The linear layer ``prefix`` (``...q_proj.``) from its packed tensors."""
         qweight, qzeros, scales = (tensors(prefix + n) for n in ("qweight", "qzeros", "scales"))
         if self.method == "awq":
             return awq_weight(qweight, qzeros, scales, self.group_size)
-        return gptq_weight(qweight, qzeros, scales, self.group_size, self.zero_offset)
+        g_idx = tensors(prefix + "g_idx") if self.act_order else None
+        return gptq_weight(qweight, qzeros, scales, self.group_size, self.zero_offset, g_idx)
 
     def describe(self) -> str:
         kind = "symmetric" if self.sym else "asymmetric"
-        return f"{self.method} 4-bit, groups of {self.group_size}, {kind}"
+        order = ", act-order (g_idx)" if self.act_order else ""
+        return f"{self.method} 4-bit, groups of {self.group_size}, {kind}{order}"
 
 
 def checkpoint_quantization(hf_dir: Path) -> CheckpointQuantization | None:
@@ -101,18 +106,14 @@ def checkpoint_quantization(hf_dir: Path) -> CheckpointQuantization | None:
         if found.get("zero_point", True) is not True:
             raise ValueError(f"AWQ with zero_point=false in {where} is not supported")
         return CheckpointQuantization("awq", group)
-    if found.get("desc_act"):
-        raise ValueError(
-            f"GPTQ with desc_act=true (act-order, g_idx) in {where} is not supported; "
-            "a checkpoint quantized with desc_act=false is"
-        )
     layout = str(found.get("checkpoint_format", "gptq")).lower()
     if layout not in ("gptq", "gptq_v2"):
         raise ValueError(
             f"GPTQ checkpoint_format {layout!r} in {where} is not supported (gptq, gptq_v2)"
         )
     offset = 1 if layout == "gptq" else 0
-    return CheckpointQuantization("gptq", group, offset, bool(found.get("sym", True)))
+    sym, act_order = bool(found.get("sym", True)), bool(found.get("desc_act", False))
+    return CheckpointQuantization("gptq", group, offset, sym, act_order)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def _repacked(weights: dict, found: CheckpointQuantization) -> dict:
             prefix = name.removesuffix("qweight")
             out[prefix + "weight"] = found.weight(lambda n: _take(weights, n), prefix)
         elif name.endswith((".qzeros", ".scales", ".g_idx")):
-            if name.endswith(".g_idx"):
+            if name.endswith(".g_idx") and not found.act_order:
                 _check_g_idx(value, found.group_size, name)
             continue
         else:
@@ -223,6 +224,6 @@ def _check_g_idx(g_idx: torch.Tensor, group: int, name: str) -> None:
     plain = torch.arange(g_idx.numel(), dtype=torch.int64) // group
     if not torch.equal(g_idx.to(torch.int64), plain):
         raise ValueError(
-            f"{name} reorders the input columns (act-order): not supported; "
-            "a checkpoint quantized with desc_act=false is"
+            f"{name} reorders the input columns (act-order), but the quantization_config "
+            "says desc_act=false"
         )

@@ -33,7 +33,7 @@ kernels/quant_linear.py multiplies by them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -92,12 +92,18 @@ def row_bytes(name: str, in_features: int) -> int:
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A [out_features, in_features] weight as its blocks: ``blocks`` is uint8
-    [out_features, row_bytes] with a contiguous last dimension (rows may be strided)."""
+    [out_features, row_bytes] with a contiguous last dimension (rows may be strided).
+
+    ``input_order``: where the blocks hold the input columns in another order (a GPTQ
+    checkpoint quantized with act-order, its groups made contiguous), column i of the blocks
+    is input ``input_order[i]``: products take x's columns in that order, and
+    ``dequantize`` puts them back (kernels/quant_dequant.py)."""
 
     blocks: torch.Tensor
     format: str
     out_features: int
     in_features: int
+    input_order: torch.Tensor | None = None
 
     def __post_init__(self):
         want = (self.out_features, row_bytes(self.format, self.in_features))
@@ -132,7 +138,9 @@ class QuantizedWeight:
 
     def rows(self, index: torch.Tensor) -> QuantizedWeight:
         """The weight's rows ``index`` (an embedding lookup: bytes gathered, not floats)."""
-        return QuantizedWeight(self.blocks[index], self.format, index.numel(), self.in_features)
+        return QuantizedWeight(
+            self.blocks[index], self.format, index.numel(), self.in_features, self.input_order
+        )
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,12 @@ class StackedWeights:
         )
 
 
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a, b)
+
+
 def stack_rows(parts: list) -> QuantizedWeight | StackedWeights | torch.Tensor:
     """The parts stacked by rows: one weight where they share a format (bytes concatenated),
     float tensors concatenated, and a StackedWeights where formats differ."""
@@ -172,12 +186,13 @@ def stack_rows(parts: list) -> QuantizedWeight | StackedWeights | torch.Tensor:
         isinstance(p, QuantizedWeight)
         and p.format == first.format
         and p.in_features == first.in_features
+        and _same_order(p.input_order, first.input_order)
         for p in parts
     )
     if same:
-        return QuantizedWeight.of(
-            torch.cat([p.blocks for p in parts]), first.format, first.in_features
-        )
+        blocks = torch.cat([p.blocks for p in parts])
+        stacked = QuantizedWeight.of(blocks, first.format, first.in_features)
+        return replace(stacked, input_order=first.input_order)
     widths = {p.shape[1] for p in parts}
     if len(widths) != 1:
         raise ValueError(f"stacked weights need one input width, got {sorted(widths)}")

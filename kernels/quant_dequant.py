@@ -15,7 +15,16 @@ from .quant_blocks import QuantizedWeight, block_format
 
 
 def dequantize(weight: QuantizedWeight) -> torch.Tensor:
-    """The weight as float32 [out_features, in_features]."""
+    """The weight as float32 [out_features, in_features], its columns in input order."""
+    values = _in_block_order(weight)
+    if weight.input_order is None:
+        return values
+    out = torch.empty_like(values)
+    out[:, weight.input_order.to(values.device)] = values
+    return out
+
+
+def _in_block_order(weight: QuantizedWeight) -> torch.Tensor:
     fmt = block_format(weight.format)
     if fmt.row_header:  # I8_CH: a float32 scale per row, then the row's int8s
         rows = weight.blocks.contiguous()

@@ -21,6 +21,7 @@ library, CUDA) the torch reference dequantizes the weight and multiplies.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,9 @@ def quantized_linear(
     [rows, in]. ``native=False`` runs the torch reference."""
     if isinstance(weight, StackedWeights):
         return _stacked(x, weight, bias, native)
+    if weight.input_order is not None:  # act-order: x's columns in the blocks' order
+        x = x.index_select(1, weight.input_order.to(x.device))
+        weight = replace(weight, input_order=None)
     m = x.shape[0]
     x32 = x if x.dtype == torch.float32 else x.float()
     if x32.stride(-1) != 1:
@@ -114,7 +118,7 @@ def dequantized_rows(weight: QuantizedWeight, index: torch.Tensor, native: bool 
     gathers blocks, then dequantizes only those rows."""
     rows = weight.rows(index.reshape(-1))
     kernels = native_quant() if native and rows.blocks.device.type == "cpu" else None
-    if kernels is None:
+    if kernels is None or rows.input_order is not None:
         return dequantize(rows)
     out = _backend.empty_output((rows.out_features, rows.in_features), rows.blocks, torch.float32)
     if rows.out_features:

@@ -107,15 +107,40 @@ def gptq_weight(
     scales: torch.Tensor,
     group: int,
     zero_offset: int = 1,
+    g_idx: torch.Tensor | None = None,
 ) -> QuantizedWeight:
-    """GPTQ's tensors of one linear layer (desc_act off: group g holds inputs g*group ...)
-    as I4_G<group> rows [out, in]; ``zero_offset`` 1 for the "gptq" (v1) format, 0 for v2."""
+    """GPTQ's tensors of one linear layer as I4_G<group> rows [out, in]; ``zero_offset`` 1
+    for the "gptq" (v1) format, 0 for v2. ``g_idx`` (input k is in group g_idx[k]): with
+    act-order (desc_act) the groups are not runs of inputs; the inputs are then held sorted
+    by group (each group's ``group`` inputs contiguous) and the weight's input_order says
+    which input each column is."""
     packed_in, out_features = qweight.shape
     in_features = packed_in * 8
     _check_group("GPTQ", in_features, group)
     q = _unpack_int32(qweight).permute(0, 2, 1).reshape(in_features, out_features)
     zeros = _unpack_int32(qzeros).reshape(-1, out_features) + zero_offset
-    return _from_columns(q, zeros, scales, group)
+    order = _act_order(g_idx, in_features, group)
+    if order is None:
+        return _from_columns(q, zeros, scales, group)
+    held = _from_columns(q[order], zeros, scales, group)
+    return QuantizedWeight(held.blocks, held.format, out_features, in_features, order)
+
+
+def _act_order(g_idx: torch.Tensor | None, in_features: int, group: int):
+    """None where ``g_idx`` is the plain grouping (input k in group k // group), else the
+    inputs sorted by group; a ValueError unless every group holds ``group`` inputs."""
+    if g_idx is None:
+        return None
+    g_idx = g_idx.to(torch.int64).reshape(-1)
+    plain = torch.arange(in_features, dtype=torch.int64) // group
+    if g_idx.numel() != in_features:
+        raise ValueError(f"GPTQ g_idx has {g_idx.numel()} entries for {in_features} inputs")
+    if torch.equal(g_idx, plain):
+        return None
+    counts = torch.bincount(g_idx, minlength=in_features // group)
+    if counts.numel() != in_features // group or not bool((counts == group).all()):
+        raise ValueError(f"GPTQ g_idx does not put {group} inputs in each group")
+    return torch.argsort(g_idx, stable=True)
 
 
 def _from_columns(q, zeros, scales, group: int) -> QuantizedWeight:

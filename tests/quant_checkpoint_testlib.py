@@ -28,6 +28,8 @@ from loragate.kernels.quant_blocks import FORMATS
 from loragate.tools.base_model import TOKENIZER_FILES
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# up_proj takes a permutation of its own (gate's differs): a fused projection of two orders.
+FUSED_LAST = ("up_proj",)
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -87,22 +89,34 @@ def awq_pack(w: np.ndarray, group: int = 128):
     return qweight, qzeros, np.ascontiguousarray(scale.T.astype(np.float16)), held
 
 
-def gptq_pack(w: np.ndarray, group: int = 128, sym: bool = True, zero_offset: int = 1):
+def gptq_pack(
+    w: np.ndarray,
+    group: int = 128,
+    sym: bool = True,
+    zero_offset: int = 1,
+    act_order: np.ndarray | None = None,
+):
     """w float64 [out, in] -> (qweight int32 [in/8, out], qzeros int32 [in/group, out/8],
     each stored as zero - ``zero_offset`` (1: the "gptq" v1 format, 0: gptq_v2), scales
     float16 [in/group, out], g_idx int32 [in], the float64 weights a reader of the file gets:
     d (q - (stored zero + offset)), so in v1 a zero of 0, stored as 15, reads as 16, as
-    GPTQ's v1 kernels read it)."""
-    scale, zero, q = _groups(w, group, sym=sym)
+    GPTQ's v1 kernels read it). ``act_order``: a permutation of the inputs (desc_act): group
+    g holds inputs act_order[g * group ...] and g_idx says each input's group; qweight keeps
+    the inputs in their own order."""
     out_features, in_features = w.shape
+    perm = np.arange(in_features) if act_order is None else np.asarray(act_order)
+    scale, zero, q_sorted = _groups(w[:, perm], group, sym=sym)
+    q = np.empty_like(q_sorted)
+    q[:, perm] = q_sorted
+    g_idx = np.empty(in_features, dtype=np.int32)
+    g_idx[perm] = np.arange(in_features) // group
     qweight = _pack_nibbles(
         q.T.reshape(in_features // 8, 8, out_features).transpose(0, 2, 1), range(8)
     )
     stored = (zero - zero_offset).astype(np.int64) & 0xF
     qzeros = _pack_nibbles(stored.T.reshape(in_features // group, -1, 8), range(8))
-    read_zero = np.repeat(stored + zero_offset, group, axis=1)
-    held = np.repeat(scale, group, axis=1) * (q - read_zero)
-    g_idx = (np.arange(in_features) // group).astype(np.int32)
+    read_zero = (stored + zero_offset)[:, g_idx]
+    held = scale[:, g_idx] * (q - read_zero)
     return qweight, qzeros, np.ascontiguousarray(scale.T.astype(np.float16)), g_idx, held
 
 
@@ -147,7 +161,11 @@ def write_quantized_checkpoint(
             qweight, qzeros, scales, held[name] = awq_pack(w, group)
         else:
             offset = 1 if options.get("checkpoint_format", "gptq") == "gptq" else 0
-            qweight, qzeros, scales, g_idx, held[name] = gptq_pack(w, group, sym, offset)
+            order = None
+            if options.get("desc_act"):  # one permutation per input: q/k/v share theirs
+                rng = np.random.default_rng(w.shape[1] + (name.split(".")[-2] in FUSED_LAST))
+                order = rng.permutation(w.shape[1])
+            qweight, qzeros, scales, g_idx, held[name] = gptq_pack(w, group, sym, offset, order)
             tensors[prefix + "g_idx"] = torch.from_numpy(g_idx)
         tensors[prefix + "qweight"] = torch.from_numpy(qweight)
         tensors[prefix + "qzeros"] = torch.from_numpy(qzeros)

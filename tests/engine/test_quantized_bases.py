@@ -23,7 +23,7 @@ from tiny_llama import ALL_MODULES, build_tiny_model, hf_greedy, peft_greedy, pe
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.engine.quantization import CHECKPOINT_METHODS, Quantization
-from loragate.kernels import QuantizedWeight
+from loragate.kernels import QuantizedWeight, StackedWeights
 from loragate.tools import make_random_adapter
 
 PROMPTS = [[5, 70, 71, 72, 90, 33], list(range(40, 90)), [120] * 9 + [7, 8]]
@@ -103,8 +103,10 @@ def _layer_formats(llm) -> set[str]:
     formats = set()
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
-            assert isinstance(layer[name], QuantizedWeight), name
-            formats.add(layer[name].format)
+            value = layer[name]
+            for part in value.parts if isinstance(value, StackedWeights) else (value,):
+                assert isinstance(part, QuantizedWeight), name
+                formats.add(part.format)
     return formats
 
 
@@ -169,6 +171,8 @@ CHECKPOINTS = {
     "gptq-sym": dict(method="gptq", group=128, sym=True),
     "gptq-asym-g64": dict(method="gptq", group=64, sym=False),
     "gptq-v2": dict(method="gptq", group=128, sym=False, checkpoint_format="gptq_v2"),
+    # act-order: q/k/v share one input order, gate and up differ (a stacked projection)
+    "gptq-act-order": dict(method="gptq", group=64, sym=False, desc_act=True),
 }
 
 
@@ -190,6 +194,10 @@ def test_awq_and_gptq_checkpoints_match_hf_with_dequantized_weights(
     caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
     llm, _ = _served_against_peft(make_llm, tmp_path, checkpoint, reference)
     assert _layer_formats(llm) == {f"I4_G{options['group']}"}
+    if options.get("desc_act"):  # q/k/v in one order; gate and up each in its own
+        layer = llm.llm_engine.model.layers[0]
+        assert layer["qkv"].input_order is not None
+        assert isinstance(layer["gate_up"], StackedWeights)
     lines = [r.getMessage() for r in caplog.records]
     assert any(f"quantization {options['method']} 4-bit" in line for line in lines), lines
 
@@ -205,7 +213,7 @@ def test_a_qwen2_awq_checkpoint_with_biases(make_llm, tmp_path, tokenizer_dir):
     [
         ({"quant_method": "fp8"}, "quantization method 'fp8' in .* is not supported"),
         ({"bits": 8}, "gptq with bits=8 in .* is not supported"),
-        ({"desc_act": True}, "GPTQ with desc_act=true .* is not supported"),
+        ({"zero_point": False, "quant_method": "awq"}, "AWQ with zero_point=false"),
         ({"group_size": 96}, "gptq with group_size=96 .* is not supported"),
         ({"checkpoint_format": "marlin"}, "GPTQ checkpoint_format 'marlin' .* is not supported"),
     ],

@@ -10,6 +10,8 @@ import pytest
 import torch
 from quant_checkpoint_testlib import awq_pack, gptq_pack, int_reference
 
+from loragate.kernels import quant_linear
+from loragate.kernels.quant_blocks import QuantizedWeight, StackedWeights, stack_rows
 from loragate.kernels.quant_dequant import dequantize
 from loragate.kernels.quant_pack import (
     awq_weight,
@@ -95,6 +97,43 @@ def test_gptq_tensors_repack_to_the_weights_they_hold(sym, offset):
     qweight, qzeros, scales, _, held = gptq_pack(w, 128, sym, offset)
     weight = gptq_weight(*map(torch.from_numpy, (qweight, qzeros, scales)), 128, offset)
     assert np.array_equal(dequantize(weight).numpy(), held.astype(np.float32))
+
+
+def test_gptq_act_order_holds_the_inputs_sorted_by_group_and_products_take_them_so():
+    """desc_act: group g holds the inputs perm[g*64 ...], g_idx says so; the blocks hold
+    them sorted, dequantize puts them back, products permute x (every native path)."""
+    w = _weights(24, 256, seed=8).double().numpy()
+    perm = np.random.default_rng(8).permutation(256)
+    qweight, qzeros, scales, g_idx, held = gptq_pack(w, 64, False, 1, perm)
+    assert not np.array_equal(g_idx, np.arange(256) // 64)
+    tensors = map(torch.from_numpy, (qweight, qzeros, scales))
+    weight = gptq_weight(*tensors, 64, 1, torch.from_numpy(g_idx))
+    assert weight.input_order is not None
+    assert np.array_equal(dequantize(weight).numpy(), held.astype(np.float32))
+    x = torch.randn(5, 256)
+    for rows in (1, 5):
+        got = quant_linear.quantized_linear(x[:rows], weight)
+        expected = x[:rows].double() @ torch.from_numpy(held).T
+        assert (got.double() - expected).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="does not put 64 inputs in each group"):
+        gptq_weight(*map(torch.from_numpy, (qweight, qzeros, scales)), 64, 1, torch.zeros(256))
+
+
+def test_stacked_weights_of_different_input_orders_keep_their_own():
+    w = _weights(16, 128, seed=9).double().numpy()
+    parts = []
+    for seed in (1, 1, 2):
+        perm = np.random.default_rng(seed).permutation(128)
+        qweight, qzeros, scales, g_idx, _ = gptq_pack(w, 64, True, 1, perm)
+        tensors = map(torch.from_numpy, (qweight, qzeros, scales))
+        parts.append(gptq_weight(*tensors, 64, 1, torch.from_numpy(g_idx)))
+    same = stack_rows(parts[:2])
+    assert isinstance(same, QuantizedWeight) and torch.equal(same.input_order, parts[0].input_order)
+    mixed = stack_rows(parts)
+    assert isinstance(mixed, StackedWeights)
+    x = torch.randn(3, 128)
+    full = torch.cat([dequantize(p) for p in parts])
+    assert (quant_linear.quantized_linear(x, mixed) - x @ full.T).abs().max() < 1e-4
 
 
 def test_mismatched_checkpoint_tensors_are_refused_naming_the_shapes():
