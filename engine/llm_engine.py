@@ -48,6 +48,7 @@ from loragate.engine.scheduler import Scheduler
 from loragate.engine.sequence import Request, Sequence, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.speculation import Speculator
+from loragate.engine.speculation.draft_model import DraftModel
 from loragate.engine.step_budget import step_budget_for
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
@@ -173,7 +174,18 @@ class LLMEngine:
         spec = config.speculative_config
         if spec is None:
             return None
-        _, proposer = self.plugins.proposer(spec.method)
+        if spec.method == "draft_model":
+            proposer = DraftModel(
+                spec.model,
+                target_vocab_size=self.model.vocab_size,
+                device=config.torch_device,
+                dtype=config.torch_dtype,
+                max_model_len=self.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                weights_cache_dir=config.weights_cache_dir,
+            ).propose
+        else:
+            _, proposer = self.plugins.proposer(spec.method)
         log.info("speculative decoding: %s", spec)
         return Speculator(
             spec, proposer, self.max_model_len, self.model.vocab_size, self.step_budget

@@ -3,12 +3,13 @@
 Accepted as `LLM(speculative_config={...})`, `EngineConfig(speculative_config=...)` and
 `loragate serve --speculative-config JSON`. Keys as vLLM names them:
 
-- `method`: "ngram" (prompt lookup, the built-in) or the name of a plugin's proposer
-  (`loragate_speculative_proposers`); vLLM's "draft_model"/"eagle"/"medusa"/... are refused
-  with the reason.
+- `method`: "ngram" (prompt lookup, the built-in), "draft_model" (a smaller model with
+  the same vocabulary, `model`: its directory or GGUF file, engine/speculation/draft_model.py)
+  or the name of a plugin's proposer (`loragate_speculative_proposers`); vLLM's
+  "eagle"/"medusa"/... are refused with the reason.
 - `num_speculative_tokens`: tokens proposed per row and step at most (1..16).
 - `prompt_lookup_max` / `prompt_lookup_min`: the longest and shortest n-gram looked up
-  (ngram only; vLLM's defaults: max = num_speculative_tokens... here 4 and 1 unless given).
+  (ngram only; 4 and 1 unless given).
 
 loragate's own keys, each with a default that needs no tuning:
 
@@ -23,10 +24,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-BUILTIN_METHODS = ("ngram",)
+BUILTIN_METHODS = ("ngram", "draft_model")
 # vLLM's methods loragate does not run, with what to use instead.
 REFUSED_METHODS = {
-    "draft_model": "a draft model is not supported yet; use method 'ngram'",
     "eagle": "EAGLE heads are not supported; use method 'ngram'",
     "eagle3": "EAGLE-3 heads are not supported; use method 'ngram'",
     "medusa": "Medusa heads are not supported; use method 'ngram'",
@@ -45,6 +45,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     min_acceptance: float = 0.1
     disable_by_batch_size: int | None = None
+    model: str | None = None  # draft_model: the draft's HF directory or GGUF file
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or not self.method:
@@ -53,6 +54,13 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config.method {self.method!r}: {REFUSED_METHODS[self.method]}"
             )
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(
+                "speculative_config.model names the draft model of method 'draft_model' (and "
+                f"only of it): got method {self.method!r} with model {self.model!r}"
+            )
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(f"speculative_config.model must be a path, got {self.model!r}")
         _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
         _int_in("prompt_lookup_max", self.prompt_lookup_max, 1, 64)
         _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
@@ -95,16 +103,12 @@ def speculative_config_from(value: Any) -> SpeculativeConfig | None:
             f"speculative_config must be a dict (or its JSON), got {type(value).__name__}"
         )
     known = {f.name for f in fields(SpeculativeConfig)}
-    unknown = sorted(set(value) - known - {"model"})
+    unknown = sorted(set(value) - known)
     if unknown:
         raise ValueError(
             f"speculative_config has unknown key(s) {unknown}; known keys: {sorted(known)}"
         )
-    if value.get("model") is not None:
-        raise ValueError(
-            "speculative_config.model: a draft model is not supported yet; use method 'ngram'"
-        )
-    options = {k: v for k, v in value.items() if k != "model"}
+    options = dict(value)
     if "method" not in options:
         raise ValueError("speculative_config needs a method (e.g. 'ngram')")
     if "prompt_lookup_max" not in options and "prompt_lookup_min" in options:

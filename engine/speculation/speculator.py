@@ -222,6 +222,7 @@ class Speculator:
 
 def _row(seq: Sequence, k: int) -> dict:
     return {
+        "seq_id": seq.seq_id,
         "token_ids": list(seq.token_ids),
         "num_prompt_tokens": seq.prompt_len,
         "lora_name": _adapter(seq),

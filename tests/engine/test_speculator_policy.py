@@ -46,8 +46,12 @@ def test_config_forms_and_refusals():
     assert speculative_config_from(None) is None
     spec = speculative_config_from('{"method": "ngram", "num_speculative_tokens": 2}')
     assert spec == SpeculativeConfig(num_speculative_tokens=2)
-    with pytest.raises(ValueError, match="draft model is not supported"):
+    with pytest.raises(ValueError, match="only of it"):
         speculative_config_from({"method": "ngram", "model": "small"})
+    with pytest.raises(ValueError, match="only of it"):
+        speculative_config_from({"method": "draft_model"})
+    with pytest.raises(ValueError, match="EAGLE"):
+        speculative_config_from({"method": "eagle", "model": "heads"})
     with pytest.raises(ValueError, match="min_acceptance"):
         speculative_config_from({"method": "ngram", "min_acceptance": 1.5})
 
