@@ -41,7 +41,7 @@ from uuid import uuid4
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineClient, SamplingParams
 from loragate.gateway.adapter_control.paths import hide_root
-from loragate.gateway.errors import EngineUnavailableError
+from loragate.gateway.errors import EngineUnavailableError, QuotaExceededError
 from loragate.gateway.serving.admission import Admission
 from loragate.gateway.serving.generation import Generation
 from loragate.gateway.tenancy.principal import Principal
@@ -55,6 +55,10 @@ class RequestObserver(Protocol):
     """Where the gateway's metrics hear of each engine request (operations' GatewayMetrics)."""
 
     def count_rejected(self, reason: str) -> None: ...
+
+    def count_rate_limited(self, tenant: str, reason: str) -> None:
+        """A tenant's quota refused one of its requests now (429), for `reason` (the quota's
+        name, as the error's code says)."""
 
     def observe_generation(
         self, gen: Generation, lora: LoRARequest | None, tenant: str | None
@@ -92,7 +96,11 @@ class Accounting:
     ) -> RequestAccount:
         """The caller's quotas admit one HTTP request of this worst-case `cost` (429 if not
         now, 400 if never): its account."""
-        lease = await self.quotas.admit(caller, cost)
+        try:
+            lease = await self.quotas.admit(caller, cost)
+        except QuotaExceededError as refused:
+            self.observer.count_rate_limited(caller.tenant, refused.code)
+            raise
         return RequestAccount(self, caller, lora, cost, lease)
 
     def in_background(self, work) -> asyncio.Task:

@@ -102,6 +102,9 @@ class Metrics:
     def count_rejected(self, reason):
         self.rejected.append(reason)
 
+    def count_rate_limited(self, tenant, reason):
+        self.rejected.append(f"{tenant}: {reason}")
+
     def observe_generation(self, gen, lora, tenant):
         name = lora.lora_name if lora is not None else None
         self.observed.append((gen.request_id, gen.num_output_tokens, name, tenant))

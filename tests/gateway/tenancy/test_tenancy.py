@@ -297,10 +297,22 @@ def test_quotas_are_429_with_retry_after_and_hold_across_replicas(pair):
     assert acme.register("acme-2", "tone").status_code == 201
 
 
+def rate_limited(api: Api, tenant: str) -> dict[str, float]:
+    """The replica's loragate_tenant_rate_limited_total for `tenant`, by reason."""
+    found = {}
+    for sample, value in metrics(api.url, api.headers).items():
+        if sample.startswith("loragate_tenant_rate_limited_total{") and (
+            f'tenant="{tenant}"' in sample
+        ):
+            found[sample.split('reason="', 1)[1].split('"', 1)[0]] = value
+    return found
+
+
 def test_tokens_per_minute_holds_across_replicas_for_one_tenant_only(pair):
     """Issue 60, must-show 4: a tenant over its tokens per minute is refused 429 with
     Retry-After on both replicas (what one served counts on the other); another tenant is
-    served meanwhile; the limit, changed over the admin API, holds at once everywhere."""
+    served meanwhile; the limit, changed over the admin API, holds at once everywhere. Each
+    replica's /metrics counts its refusals per tenant."""
     a, b = pair
     base = a.base_model()
     flood = a.create_tenant("flood", tokens_per_minute=10)
@@ -317,6 +329,10 @@ def test_tokens_per_minute_holds_across_replicas_for_one_tenant_only(pair):
         got = replica.as_key(calm).complete(base, "one two three", **full)
         assert got.status_code == 200, got.text
     assert on_b.complete(base).status_code == 429, "nothing flood was refused counted"
+    # Each replica's /metrics counts the refusals it made, per tenant and quota.
+    assert rate_limited(a, "flood") == {"tokens_per_minute": 1}
+    assert rate_limited(b, "flood") == {"tokens_per_minute": 3}
+    assert rate_limited(a, "calm") == rate_limited(b, "calm") == {}
 
     raised = a.patch("/v1/tenants/flood", {"quota": {"tokens_per_minute": 100}})
     assert raised.status_code == 200 and raised.json()["quota"]["tokens_per_minute"] == 100
