@@ -135,7 +135,12 @@ class PagedDecoder:
         """A float tensor in the model's device and dtype; a GGUF block-format weight kept in
         its blocks (only moved)."""
         if isinstance(tensor, kernels.QuantizedWeight):
-            return replace(tensor, blocks=tensor.blocks.to(self.device))
+            order = tensor.input_order  # GPTQ act-order's, beside the blocks
+            return replace(
+                tensor,
+                blocks=tensor.blocks.to(self.device),
+                input_order=None if order is None else order.to(self.device),
+            )
         if isinstance(tensor, kernels.StackedWeights):
             return kernels.StackedWeights(tuple(self._placed(p) for p in tensor.parts))
         return tensor.to(device=self.device, dtype=self.dtype)
