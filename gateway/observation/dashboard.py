@@ -47,6 +47,7 @@ class TenantRow(msgspec.Struct):
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent_requests: int | None = None
+    rate_limited: int = 0  # requests a quota refused here (429), since this server started
 
 
 class DashboardData(msgspec.Struct):
@@ -144,6 +145,7 @@ class Dashboard:
             lifetime = traffic.by_tenant.get(name, (0, 0, 0))
             recent = minute.get(name, (0, 0))
             row = TenantRow(name, lifetime[0], lifetime[2], recent[0], recent[1])
+            row.rate_limited = traffic.rate_limited_by_tenant.get(name, 0)
             record = records.get(name)
             if record is not None:
                 quota = record.quota

@@ -93,13 +93,6 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.rejected.labels("queue_full")  # exported at 0 from the start, for dashboards
-        self.rate_limited = Counter(
-            "loragate_tenant_rate_limited",
-            "Requests a tenant's quota refused (429 with Retry-After), by tenant and quota "
-            "(tokens_per_minute, requests_per_minute, max_concurrent_requests)",
-            ["model_name", "tenant", "reason"],
-            registry=self.registry,
-        )
 
     def describe_base(self, quantization: str, weight_bytes: tuple[tuple[str, int], ...]) -> None:
         """The base's quantization and bytes held per tensor type, exported from now on."""
@@ -109,8 +102,7 @@ class GatewayMetrics:
         self.rejected.labels(reason).inc()
 
     def count_rate_limited(self, tenant: str, reason: str) -> None:
-        tenant_label = self.traffic.tenant_labels.label(tenant)
-        self.rate_limited.labels(self.traffic.model_name, tenant_label, reason).inc()
+        self.traffic.count_rate_limited(tenant, reason)
 
     def observe_generation(
         self, gen: Generation, lora: LoRARequest | None, tenant: str | None

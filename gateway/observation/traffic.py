@@ -133,6 +133,7 @@ class RequestTraffic:
         # latest TTFTs.
         self.by_adapter: dict[str, list[int]] = {}
         self.by_tenant: dict[str, list[int]] = {}
+        self.rate_limited_by_tenant: dict[str, int] = {}  # requests a quota refused (429)
         self.recent_ttft: deque[float] = deque(maxlen=256)
         # Each tenant's own name (not its label), for usage against its per-minute quota.
         self.tenant_minute = MinuteWindow()
@@ -143,6 +144,13 @@ class RequestTraffic:
         )
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Tokens generated", m, registry=registry
+        )
+        self.rate_limited = Counter(
+            "loragate_tenant_rate_limited",
+            "Requests a tenant's quota refused (429 with Retry-After), by tenant and quota "
+            "(tokens_per_minute, requests_per_minute, max_concurrent_requests)",
+            m + ["tenant", "reason"],
+            registry=registry,
         )
         self.success = Counter(
             "vllm:request_success",
@@ -178,6 +186,12 @@ class RequestTraffic:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+
+    def count_rate_limited(self, tenant: str, reason: str) -> None:
+        """A quota refused one of `tenant`'s requests (429), for `reason`."""
+        label = self.tenant_labels.label(tenant)
+        self.rate_limited.labels(self.model_name, label, reason).inc()
+        self.rate_limited_by_tenant[label] = self.rate_limited_by_tenant.get(label, 0) + 1
 
     def observe(self, r: RequestRecord) -> None:
         model = self.model_name

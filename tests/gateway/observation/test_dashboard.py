@@ -91,6 +91,13 @@ def test_each_tenants_usage_stands_against_its_quota(tenanted):
     idle = rows["dash-idle"]
     assert (idle["requests"], idle["requests_last_minute"], idle["in_flight"]) == (0, 0, 0)
     assert idle["requests_per_minute"] is None and idle["tokens_per_minute"] is None
+    assert idle["rate_limited"] == rows["dash-quota"]["rate_limited"] == 0
+
+    capped = admin.as_key(admin.create_tenant("dash-capped", requests_per_minute=1))
+    assert capped.complete(base, max_tokens=2).status_code == 200
+    assert capped.complete(base, max_tokens=2).status_code == 429
+    rows = {t["name"]: t for t in admin.get("/dashboard/data").json()["tenants"]}
+    assert rows["dash-capped"]["rate_limited"] == 1 and rows["dash-quota"]["rate_limited"] == 0
 
 
 def test_with_redis_gone_the_dashboard_still_shows_traffic_without_quotas(
@@ -189,6 +196,11 @@ def test_a_real_browser_renders_the_dashboard_with_data(tenanted, browser):
     cells = row.locator("td").all_inner_texts()
     assert cells[0] == "dash-browser" and cells[3] == "1 / 40 (3%)"
     assert cells[5] == "0 / no limit"
+    assert cells[6] == "0"  # refused (429)
+    # each tenant's share of the tokens: the traffic above (the operator's) has all of it
+    page.wait_for_function("series.share.some(s => Math.max(...s) > 0)", timeout=60_000)
+    assert page.evaluate("Math.max(...series.share.flat())") <= 1
+    assert page.inner_text("#share-legend").strip()
     drawn = page.evaluate(
         "() => { const c = document.getElementById('queue');"
         "const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
