@@ -56,7 +56,9 @@ def _at_load_reference(model, method: str, out, tokenizer_dir):
     return save_reference(model, held, out, tokenizer_dir)
 
 
-def _served_against_peft(make_llm, tmp_path, model_dir, reference_dir, **engine_kwargs):
+def _served_against_peft(
+    make_llm, tmp_path, model_dir, reference_dir, adapters=ADAPTERS, **engine_kwargs
+):
     """The engine's greedy tokens on ``model_dir`` and PEFT's on ``reference_dir`` for every
     prompt under every adapter and the base, all in one batch; the engine, and its tokens
     for the base rows."""
@@ -67,17 +69,11 @@ def _served_against_peft(make_llm, tmp_path, model_dir, reference_dir, **engine_
         name: make_random_adapter(
             base, tmp_path / "adapters" / name, seed=i, init_scale=0.4, **spec
         )
-        for i, (name, spec) in enumerate(ADAPTERS.items())
+        for i, (name, spec) in enumerate(adapters.items())
     }
-    llm = make_llm(
-        model=str(model_dir),
-        max_model_len=256,
-        kv_cache_memory_gb=0.05,
-        enable_lora=True,
-        max_lora_rank=8,
-        max_loras=4,
-        **engine_kwargs,
-    )
+    settings = dict(max_model_len=256, kv_cache_memory_gb=0.05, enable_lora=True)
+    settings.update(max_lora_rank=8, max_loras=4, **engine_kwargs)
+    llm = make_llm(model=str(model_dir), **settings)
     requests = [None, *(LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items()))]
     rows = [(prompt, request) for prompt in PROMPTS for request in requests]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
@@ -132,6 +128,33 @@ def test_a_float_base_quantized_at_load_matches_hf_with_dequantized_weights(
         assert base_rows != unquantized
     held = llm.llm_engine.model.weight_bytes()
     assert set(held) == formats | {"float32"}  # embeddings, lm_head and norms stay float
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
+def test_other_families_quantized_at_load_match_hf_with_dequantized_weights(
+    make_llm, tmp_path, tokenizer_dir, family
+):
+    """Qwen3 (q/k norms), Gemma 3 (head_dim 256: o_proj rows of 1024, groups of 128; the
+    rest groups of 64) and Phi-3 (fused qkv and gate_up, adapters on the fused modules)."""
+    from family_models import LORA_TARGETS, PHI3_ORIGINAL_LEN, build_family_model
+
+    model = build_family_model(family, seed=4)
+    model_dir = tmp_path / f"float-{family}"
+    model.save_pretrained(model_dir, safe_serialization=True)
+    copy_tokenizer(tokenizer_dir, model_dir)
+    reference = _at_load_reference(model, "int4", tmp_path / "ref" / model_dir.name, tokenizer_dir)
+    targets = list(LORA_TARGETS[family])
+    adapters = {
+        "plain": dict(rank=8, targets=targets),
+        "dora": dict(rank=4, targets=[targets[0], targets[-1]], use_dora=True),
+        "head": dict(rank=4, targets=[targets[0], "lm_head"]),
+    }
+    # Phi-3's LongRoPE: HF's short factors hold up to its original length (PHI3_ORIGINAL_LEN)
+    length = {"max_model_len": PHI3_ORIGINAL_LEN} if family == "phi3" else {}
+    llm, _ = _served_against_peft(
+        make_llm, tmp_path, model_dir, reference, adapters, quantization="int4", **length
+    )
+    assert _layer_formats(llm) <= {"I4_G64", "I4_G128"}
 
 
 def test_int4_rows_not_whole_groups_of_128_take_groups_of_64(make_llm, tmp_path, tokenizer_dir):
