@@ -287,3 +287,24 @@ def test_the_quantized_weights_are_held_in_their_bytes_with_no_float_copy(
     quantized = sum(size for kind, size in held.items() if kind != "float32")
     assert quantized <= bound * 4 * linear
     assert held["float32"] == 4 * rest
+
+
+def test_a_gguf_base_takes_quantization_only_dequantized(make_llm, tmp_path):
+    """A GGUF file is served in its own block types, so --quantization is refused for it;
+    with --gguf-dequantize its float32 copy is a float base like any other."""
+    from gguf_testlib import write_quantized_gguf
+
+    from loragate.engine import LLM
+
+    gguf = write_quantized_gguf(tmp_path / "tiny.Q8_0.gguf", "Q8_0", seed=2)
+    settings = dict(weights_cache_dir=str(tmp_path / "cache"), max_model_len=64)
+    with pytest.raises(ValueError, match="a GGUF base is served in its own block types"):
+        LLM(model=str(gguf), quantization="int8", kv_cache_memory_gb=0.01, **settings)
+    llm = make_llm(
+        model=str(gguf),
+        gguf_dequantize=True,
+        quantization="int4",
+        kv_cache_memory_gb=0.01,
+        **settings,
+    )
+    assert _layer_formats(llm) == {"I4_G128"}  # rows of 256 and 512 weights
