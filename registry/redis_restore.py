@@ -148,7 +148,10 @@ class StagedRestore:
         self._copy = redis.register_script(COPY_LUA)
 
     def _suffix(self, key: str) -> str:
-        return key.removeprefix(self._staged_prefix).removeprefix(self._live_prefix)
+        """A staged or live key's name within its area (`adapters`, `owned:<tenant>`...)."""
+        if key.startswith(self._staged_prefix):
+            return key[len(self._staged_prefix) :]
+        return key.removeprefix(self._live_prefix)
 
     async def run(self, expect_version: int | None) -> int:
         """The whole restore; the version it made (RegistryChanged if the fence moved)."""
