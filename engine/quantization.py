@@ -155,7 +155,10 @@ class Quantization:
         if self.at_load == "int8":
             return "int8 at load: symmetric per output channel (I8_CH)"
         if self.at_load == "int4":
-            return "int4 at load: asymmetric, groups of 128 along the input (I4_G128)"
+            return (
+                "int4 at load: asymmetric, groups of 128 along the input (I4_G128; I4_G64 or "
+                "I4_G32 where a row is not whole groups of 128)"
+            )
         return "none"
 
 
