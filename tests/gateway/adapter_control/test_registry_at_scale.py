@@ -6,9 +6,10 @@ imported the way an operator restores a backup, `loragate registry import --merg
 registry that holds the 100 tenants, through a proxy that slows every byte to and from
 Redis so much that the import's traffic takes several times the store's socket timeout
 (the old single MULTI failed this way: "unreachable: Timeout writing to socket"). It
-succeeds, and a reader polling meanwhile, as another replica would, sees the old registry
-or the new one on every read (by a tenant's counters, a page, a tenant's view, the last
-record), never a mix, and never the old after the new. Then:
+succeeds as one change (the version moves by one), and a reader polling meanwhile, as
+another replica would, sees the old registry or the new one on every read (by a tenant's
+counters, a page, a tenant's view, the last record), never a mix, and never the old after
+the new. Then:
 - a name lookup, a public name, a tenant's counters and a page of 100 each take one round
   trip (the test counts the commands the store sends), and none runs a command that reads
   a whole hash or index (Redis's own command counts, scripts' inner calls included);
@@ -139,7 +140,11 @@ def test_a_hundred_thousand_adapters(tiny_dir, tenant_root, tmp_path):
     admin = redis.Redis.from_url(private.url, decode_responses=True)
     try:
         backup = asyncio.run(old_registry_and_backup(private.url, tmp_path / "backup.jsonl"))
+        version = int(admin.get(f"{NAMESPACE}:version"))
         import_while_a_reader_polls(private, backup)
+        # One announcement for the whole import, not one per record.
+        assert int(admin.get(f"{NAMESPACE}:version")) == version + 1
+        assert admin.zcard(f"{NAMESPACE}:changes") == version + 1
         assert admin.hlen(f"{NAMESPACE}:adapters") == TENANTS * PER_TENANT
         assert not list(admin.scan_iter(match=f"{NAMESPACE}:staging:*"))
         table_bytes = admin.memory_usage(f"{NAMESPACE}:adapters")
