@@ -55,4 +55,5 @@ class TenantNotFound(RegistryError):
 
 
 class RegistryChanged(RegistryError):
-    """The store changed between the read an import was planned on and its write."""
+    """The store changed between the read an import was planned on and its write (or
+    while it was written), or during each of a snapshot's reads: nothing was written."""
