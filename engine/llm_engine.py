@@ -41,10 +41,15 @@ from loragate.engine.models import build_model
 from loragate.engine.output_builder import prompt_logprobs
 from loragate.engine.output_processor import OutputProcessor
 from loragate.engine.outputs import RequestOutput
-from loragate.engine.plugin_data import model_info, preemption_victim, request_info
+from loragate.engine.plugin_data import (
+    model_info,
+    preemption_victim,
+    request_info,
+    waiting_victim,
+)
 from loragate.engine.sampler import Sampler
 from loragate.engine.sampling_params import SamplingParams
-from loragate.engine.scheduler import Scheduler
+from loragate.engine.scheduler import PROTECT_STEPS, Scheduler
 from loragate.engine.sequence import Request, Sequence, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.speculation import Speculator
@@ -142,6 +147,12 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             new_sequence=self._new_sequence,
             speculator=self._speculator(config),
+            preempt_for=waiting_victim(
+                self.plugins.preempt_for_waiting,
+                self.fair_share,
+                config.scheduling_policy,
+                PROTECT_STEPS,
+            ),
         )
         sampler = Sampler(
             self.model.vocab_size, self.eos_token_ids, torch.Generator().manual_seed(config.seed)

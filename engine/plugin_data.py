@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
+from loragate.engine.admission_order import waiting_entries
+from loragate.engine.fair_share import FairShare, fair_share_key
 from loragate.engine.sequence import Request, Sequence
+from loragate.plugins import PluginError
+
+log = logging.getLogger(__name__)
 
 
 def model_info(tokenizer, vocab_size: int, eos_token_ids) -> dict:
@@ -59,3 +65,47 @@ def preemption_victim(choose: Callable[[list[dict]], object]) -> Callable[[list]
         return next(s for s in reversed(running) if s.request.request_id == chosen)
 
     return victim
+
+
+def running_groups(running: list[Sequence], step: int, protect_steps: int) -> list[dict]:
+    """Running sequence groups as plain data for the preempt-for-waiting hook: the victim
+    hook's fields, the tenant and priority, and `protected` (a sequence of the group started
+    or resumed running fewer than `protect_steps` steps ago: it may not be chosen)."""
+    groups = {g["request_id"]: g for g in preemption_candidates(running)}
+    for group in groups.values():
+        group["protected"] = False
+    for seq in running:
+        group = groups[seq.request.request_id]
+        group["tenant"] = fair_share_key(seq.request)
+        group["priority"] = seq.request.priority
+        if step - seq.running_since < protect_steps:
+            group["protected"] = True
+    return list(groups.values())
+
+
+def waiting_victim(
+    preempt_for_waiting: Callable[[dict, list[dict], dict, str], str | None],
+    fair_share: FairShare,
+    policy: str,
+    protect_steps: int,
+) -> Callable[[Sequence, list[Sequence], int], Sequence | None]:
+    """The scheduler's `preempt_for(waiting, running, step)` from the plugin-shaped hook
+    (plain data in, a request_id or None out): the chosen request's newest running
+    sequence. A plugin that fails is logged and nothing is preempted that step."""
+
+    def choose(waiting: Sequence, running: list[Sequence], step: int) -> Sequence | None:
+        try:
+            chosen = preempt_for_waiting(
+                waiting_entries([waiting])[0],
+                running_groups(running, step, protect_steps),
+                fair_share.tenants(),
+                policy,
+            )
+        except PluginError:
+            log.exception("preempting for a waiting request failed; none preempted this step")
+            return None
+        if chosen is None:
+            return None
+        return next(s for s in reversed(running) if s.request.request_id == chosen)
+
+    return choose

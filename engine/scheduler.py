@@ -39,6 +39,10 @@ from loragate.engine.stopping import stop_by_token
 from loragate.engine.swap import KVSwapper
 from loragate.plugins.builtin.preemption import newest_first_victim
 
+# A sequence that started or resumed running fewer steps ago than this is not preempted for
+# a waiting request (the hysteresis that keeps two tenants from trading places every step).
+PROTECT_STEPS = 8
+
 
 class AdapterSlots(Protocol):
     def acquire(self, request: Request, busy_slots: set[int]) -> int | None:
@@ -111,6 +115,7 @@ class Scheduler:
         max_model_len: int | None = None,
         new_sequence: Callable[[Request, int], Sequence] | None = None,
         speculator: Speculator | None = None,
+        preempt_for: Callable[[Sequence, list[Sequence], int], Sequence | None] | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -134,6 +139,12 @@ class Scheduler:
         self.beams = BeamSearchDriver(self, new_sequence)
         self.num_generation_tokens = 0
         self.speculator = speculator  # None: no speculative decoding
+        # The policy's choice of a running sequence to preempt so the waiting head may run
+        # when the batch is full (plugin_data.waiting_victim); None: never.
+        self.preempt_for = preempt_for
+        self.num_steps = 0
+        self.num_fairness_preemptions = 0
+        self._granted: dict[int, int] = {}  # this step's tokens per running sequence
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -254,6 +265,7 @@ class Scheduler:
         return self.running + list(self.waiting) + list(self.swapped)
 
     def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
         out = SchedulerOutput()
         decoding = [s.seq_id for s in self.running if s.num_uncomputed_tokens == 1]
         drafts = self._drafts(self.max_num_batched_tokens)
@@ -295,6 +307,7 @@ class Scheduler:
         self.block_manager.fork(parent, child)
         child.lora_slot = parent.lora_slot
         child.status = SequenceStatus.RUNNING
+        child.running_since = parent.running_since
         self.running.append(child)
 
     def _drafts(self, budget: int) -> dict[int, list[int]]:
@@ -313,7 +326,7 @@ class Scheduler:
         self, out: SchedulerOutput, budget: int, drafts: dict[int, list[int]]
     ) -> int:
         active = list(self.running)  # admission order: the victim policy sees it this way
-        granted: dict[int, int] = {}
+        granted = self._granted = {}
         # Decodes first, then chunks of prompts still filling.
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
             if seq.status is not SequenceStatus.RUNNING:
@@ -368,6 +381,7 @@ class Scheduler:
             self.swapper.swap_in(seq)
             self.block_manager.append_slot(seq, n)
             seq.status = SequenceStatus.RUNNING
+            seq.running_since = self.num_steps
             self.running.append(seq)
             out.add(seq, n)
             budget -= n
@@ -381,15 +395,25 @@ class Scheduler:
                 seq.slot_wait_steps += 1
         if len(self.waiting) > 1:
             self.waiting = deque(self.admission_order(list(self.waiting)))
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting:
             seq = self.waiting[0]
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                refund = self._make_room(seq, out)
+                if refund is None:
+                    break
+                budget += refund
+                continue
             hit = self.block_manager.lookup_prefix(seq)  # changes nothing until allocate
             n = seq.num_uncomputed_tokens - hit.num_tokens
             if n > budget and not self.enable_chunked_prefill:
                 break
             n = min(n, budget)
             if not self.block_manager.can_allocate(seq, n, hit):
-                break
+                refund = self._make_room(seq, out)
+                if refund is None:
+                    break
+                budget += refund
+                continue
             if seq.lora_request is not None:
                 # Once one request waits for a slot, no later adapter request may take one
                 # first, so busy slots drain between requests (the flooding tenant's too)
@@ -413,10 +437,31 @@ class Scheduler:
             self.block_manager.allocate(seq, n, hit)  # takes the prefix hit's blocks
             seq.num_computed_tokens = hit.num_tokens  # and their tokens count as computed
             seq.status = SequenceStatus.RUNNING
+            seq.running_since = self.num_steps
             self.running.append(seq)
             out.add(seq, n)
             budget -= n
         self.waiting.extendleft(reversed(skipped))
+
+    def _make_room(self, seq: Sequence, out: SchedulerOutput) -> int | None:
+        """The batch is full (sequences, KV blocks or the token budget) for the waiting
+        head `seq`: preempt the running sequence the policy gives up for it, if any. It
+        keeps its place (right behind `seq`) and its full blocks stay in the prefix cache
+        for its recompute; the tokens it was granted this step are returned (None: none)."""
+        if self.preempt_for is None or not self.running:
+            return None
+        victim = self.preempt_for(seq, self.running, self.num_steps)
+        if victim is None:
+            return None
+        refund = self._granted.pop(victim.seq_id, 0)
+        out.drop(victim)
+        self.running.remove(victim)
+        self._preempt(victim, out)
+        self.num_fairness_preemptions += 1
+        if victim.status is SequenceStatus.WAITING:
+            self.waiting.remove(victim)
+            self.waiting.insert(1, victim)
+        return refund
 
     def busy_adapter_slots(self) -> set[int]:
         """The adapter slots running sequences use: never evicted or cleared under them."""

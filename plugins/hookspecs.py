@@ -41,6 +41,11 @@ def loragate_choose_preemption_victim(running):
 
 
 @hookspec(firstresult=True)
+def loragate_preempt_for_waiting(waiting, running, tenants, policy):
+    """firstresult: return the ``request_id`` to preempt so ``waiting`` may run, or None."""
+
+
+@hookspec(firstresult=True)
 def loragate_order_waiting(waiting, tenants, policy):
     """firstresult: return the ``seq_id`` of every ``waiting`` entry, in admission order."""
 

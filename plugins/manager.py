@@ -268,6 +268,34 @@ class PluginManager:
             "which is not the request_id of a running group",
         )
 
+    def preempt_for_waiting(
+        self, waiting: dict, running: list[dict], tenants: dict, policy: str
+    ) -> str | None:
+        """The request_id of a running group to preempt so the ``waiting`` entry may run,
+        as the first plugin answering says; None when none answers (the built-in answers
+        for ``fair`` and ``priority`` only, and only when one is owed)."""
+        if not isinstance(waiting, dict) or "seq_id" not in waiting:
+            raise ValueError(f"waiting must be a dict with a 'seq_id', got {waiting!r}")
+        if not isinstance(running, list) or not all(
+            isinstance(group, dict) and "request_id" in group for group in running
+        ):
+            raise ValueError("running must be a list of dicts, each with a 'request_id'")
+        for plugin_name, choice in self._each(
+            "loragate_preempt_for_waiting",
+            waiting=waiting,
+            running=running,
+            tenants=tenants,
+            policy=policy,
+        ):
+            if any(group["request_id"] == choice for group in running):
+                return choice
+            raise PluginError(
+                plugin_name,
+                f"plugin {plugin_name!r}: loragate_preempt_for_waiting returned {choice!r}, "
+                "which is not the request_id of a running group",
+            )
+        return None
+
     def order_waiting(self, waiting: list[dict], tenants: dict, policy: str) -> list[int]:
         """The seq_ids of ``waiting`` in the order to admit them, as the first plugin
         answering for ``policy`` says (the built-ins answer fcfs, shortest_prefill,

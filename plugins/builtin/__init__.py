@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from loragate.plugins.builtin.beam_search import BeamSearchPlugin
 from loragate.plugins.builtin.eviction import LruEviction
+from loragate.plugins.builtin.fair_preemption import FairPreemption
 from loragate.plugins.builtin.fair_share import VirtualTokenCounter
 from loragate.plugins.builtin.logit_bias import LogitBias
 from loragate.plugins.builtin.ngram_proposer import NgramProposer
@@ -21,6 +22,7 @@ def builtin_plugins() -> list[tuple[str, object]]:
         ("builtin.newest_first_preemption", NewestFirstPreemption()),
         ("builtin.waiting_order", WaitingOrder()),
         ("builtin.fair_share", VirtualTokenCounter()),
+        ("builtin.fair_preemption", FairPreemption()),
         ("builtin.beam_search", BeamSearchPlugin()),
         ("builtin.structured_output", StructuredOutput()),
         ("builtin.logit_bias", LogitBias()),

@@ -149,6 +149,18 @@ def check_order_waiting(plugins, module):
     assert plugins.order_waiting(waiting, tenants, "fair") == [1, 3, 2]  # the built-in VTC
 
 
+def check_preempt_for_waiting(plugins, module):
+    group = {"priority": 0, "protected": False, "admitted_order": 0}
+    running = [
+        {**group, "request_id": "f1", "tenant": "free"},
+        {**group, "request_id": "f2", "tenant": "free", "admitted_order": 1},
+        {**group, "request_id": "p1", "tenant": "premium", "admitted_order": 2},
+    ]
+    premium = {"seq_id": 7, "tenant": "premium", "priority": 0}
+    assert plugins.preempt_for_waiting(premium, running, {}, "fcfs") == "f2"
+    assert plugins.preempt_for_waiting({**premium, "tenant": "free"}, running, {}, "fcfs") is None
+
+
 def check_request_started(plugins, module):
     plugins.request_started(INFO)  # logs; must not raise
 
