@@ -31,6 +31,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # up_proj takes a permutation of its own (gate's differs): a fused projection of two orders.
 FUSED_LAST = ("up_proj",)
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR_NAMES += ("qkv_proj", "gate_up_proj")  # Phi-3's fused ones, quantized whole
 
 
 def int_reference(blocks: np.ndarray, name: str, in_features: int) -> np.ndarray:

@@ -157,6 +157,31 @@ def test_other_families_quantized_at_load_match_hf_with_dequantized_weights(
     assert _layer_formats(llm) <= {"I4_G64", "I4_G128"}
 
 
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
+def test_other_families_as_awq_and_gptq_checkpoints(
+    make_llm, tmp_path, tokenizer_dir, family, method
+):
+    """Each family written as a checkpoint in groups of 64 (its rows of 64 weights), Phi-3's
+    fused projections quantized whole as AutoAWQ and GPTQ quantize them."""
+    from family_models import LORA_TARGETS, PHI3_ORIGINAL_LEN, build_family_model
+
+    model = build_family_model(family, seed=6)
+    name = f"{method}-{family}"
+    checkpoint, reference = write_quantized_checkpoint(
+        model, method, tmp_path / name, tmp_path / "ref" / name, tokenizer_dir, group=64
+    )
+    targets = list(LORA_TARGETS[family])
+    adapters = {
+        "plain": dict(rank=8, targets=targets),
+        "dora": dict(rank=4, targets=[targets[0], targets[-1]], use_dora=True),
+        "head": dict(rank=4, targets=[targets[0], "lm_head"]),
+    }
+    length = {"max_model_len": PHI3_ORIGINAL_LEN} if family == "phi3" else {}
+    llm, _ = _served_against_peft(make_llm, tmp_path, checkpoint, reference, adapters, **length)
+    assert _layer_formats(llm) == {"I4_G64"}
+
+
 def test_int4_rows_not_whole_groups_of_128_take_groups_of_64(make_llm, tmp_path, tokenizer_dir):
     """The tiny shape: hidden rows of 64 weights (groups of 64), the down projection's of
     128 (groups of 128); the start log names both."""
