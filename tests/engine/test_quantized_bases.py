@@ -203,6 +203,20 @@ def test_bad_quantization_values_are_refused_naming_them(tmp_path, tokenizer_dir
         LLM(model=str(model_dir), quantization="awq", max_model_len=64, kv_cache_memory_gb=0.01)
 
 
+def test_the_cli_takes_quantization_into_the_engine_config(tmp_path, monkeypatch):
+    """`serve DIR --quantization int4` builds the settings (the server itself not started)."""
+    from click.testing import CliRunner
+
+    from loragate.gateway.assembly import server
+    from loragate.gateway.assembly.cli import main
+
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda settings, announce: seen.append(settings) or True)
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--quantization", "int4"])
+    assert result.exit_code == 0, result.output
+    assert seen[-1].engine.quantization == "int4"
+
+
 def test_the_cli_refuses_a_bad_quantization_naming_the_choices():
     from click.testing import CliRunner
 
