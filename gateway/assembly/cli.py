@@ -3,29 +3,50 @@
 
 from __future__ import annotations
 
+import importlib
 import json
-import logging
-import sys
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
-from loragate.engine import EngineConfig
-from loragate.gateway.assembly.serve_config import config_option
-from loragate.gateway.assembly.serve_options import (
-    GroupedCommand,
-    serve_options,
-    split_options,
-    spread_many_valued,
-)
 from loragate.gateway.registry_care.commands import registry
-from loragate.gateway.settings import GatewaySettings
+
+# Commands imported when they run (or their help is shown): `serve` brings the engine, torch
+# and the HTTP stack, which `loragate registry ...` never needs (seconds of start saved).
+LAZY_COMMANDS = {"serve": "loragate.gateway.assembly.serve_command:serve"}
+
+
+class _LazyCommands(dict):
+    """A group's commands by name; one of LAZY_COMMANDS is imported when first asked for."""
+
+    def __missing__(self, name: str) -> click.Command:
+        if name not in LAZY_COMMANDS:
+            raise KeyError(name)
+        module, attribute = LAZY_COMMANDS[name].split(":")
+        command = self[name] = getattr(importlib.import_module(module), attribute)
+        return command
 
 
 class _Commands(click.Group):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(self.commands)
+
     def parse_args(self, ctx, args):
-        return super().parse_args(ctx, spread_many_valued(list(args)))
+        if "serve" in args:
+            from loragate.gateway.assembly.serve_options import spread_many_valued
+
+            args = spread_many_valued(list(args))
+        return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx, name: str) -> click.Command | None:
+        try:
+            return self.commands[name]
+        except KeyError:
+            return None
 
 
 @click.group(
@@ -38,68 +59,6 @@ def main() -> None:
 
 
 main.add_command(registry)
-
-
-@main.command(cls=GroupedCommand)
-@click.argument("model_tag", required=False, metavar="[MODEL]")
-@config_option
-@serve_options
-@click.option(
-    "--log-level",
-    default="info",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    help="Log level.",
-)
-def serve(model_tag, **options) -> None:
-    """Serve the OpenAI-, vLLM- and TGI/LoRAX-compatible HTTP API.
-
-    MODEL (as `vllm serve MODEL`) is the base model, like --model. Settings may also come
-    from a YAML file (--config), which the flags override. `--help=WORD` shows only the
-    option groups whose title has WORD in it (e.g. --help=lora), as `vllm serve --help=<group>`."""
-    if model_tag is not None:
-        from_file = (
-            click.get_current_context().get_parameter_source("model") is ParameterSource.DEFAULT_MAP
-        )
-        if options["model"] not in (None, model_tag) and not from_file:
-            raise click.UsageError(f"MODEL {model_tag!r} and --model {options['model']!r} differ")
-        options["model"] = model_tag
-    _setup_logging(options.pop("log_level"))
-    from loragate.gateway.assembly.server import serve as run_server
-
-    settings = _settings(options)
-    if settings.require_durable_registry:
-        _refuse_a_volatile_registry(settings)
-    if not run_server(settings, announce=click.echo):
-        sys.exit(1)
-
-
-def _refuse_a_volatile_registry(settings: GatewaySettings) -> None:
-    """--require-durable-registry, checked before the model loads: exit 1 with the reason."""
-    import asyncio
-
-    from loragate.gateway.registry_care.care import check_before_start, refusal
-
-    persistence = asyncio.run(check_before_start(settings))
-    if not persistence.durable:
-        logging.getLogger("loragate.registry_care").error("%s", refusal(persistence))
-        click.echo(refusal(persistence), err=True)
-        sys.exit(1)
-
-
-def _settings(options: dict) -> GatewaySettings:
-    engine, gateway = split_options(options)
-    engine["plugins"] = _plugin_specs(engine["plugins"])
-    try:
-        return GatewaySettings(engine=EngineConfig(**engine), **gateway)
-    except (ValueError, FileNotFoundError) as exc:
-        raise click.UsageError(str(exc)) from exc
-
-
-def _plugin_specs(specs) -> tuple[str, ...]:
-    for spec in specs:
-        if ":" not in spec:
-            raise click.BadParameter(f"{spec!r} is not MODULE:OBJECT", param_hint="--plugin")
-    return tuple(specs)
 
 
 @main.command()
@@ -118,10 +77,11 @@ def _plugin_specs(specs) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def plugins(plugins, entry_points, as_json) -> None:
     """List the plugins `serve` would load, where each comes from, and the hooks it implements."""
+    from loragate.gateway.assembly.serve_command import plugin_specs
     from loragate.plugins import PluginManager
 
     try:
-        manager = PluginManager.create(_plugin_specs(plugins), load_entrypoints=entry_points)
+        manager = PluginManager.create(plugin_specs(plugins), load_entrypoints=entry_points)
     except ValueError as exc:  # PluginLoadError included
         raise click.UsageError(str(exc)) from exc
     described = manager.describe()
@@ -226,13 +186,6 @@ def _load_hf_model(hf_dir: Path):
     from loragate.tools.base_model import load_hf_model
 
     return load_hf_model(hf_dir)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 if __name__ == "__main__":
