@@ -30,7 +30,9 @@ ARRIVAL_ORDER_POLICIES = ("fcfs", "priority")
 MAX_SLOT_WAIT_STEPS = 64
 
 
-def waiting_entries(seqs: list[Sequence]) -> list[dict]:
+def waiting_entries(
+    seqs: list[Sequence], prompt_token_cost: float = PROMPT_TOKEN_COST
+) -> list[dict]:
     """Waiting sequences as the plain data the order hook takes."""
     return [
         {
@@ -40,7 +42,7 @@ def waiting_entries(seqs: list[Sequence]) -> list[dict]:
             "priority": seq.request.priority,
             "arrival_time": seq.request.arrival_time,
             "num_new_tokens": seq.num_uncomputed_tokens,
-            "cost": seq.num_uncomputed_tokens * PROMPT_TOKEN_COST,
+            "cost": seq.num_uncomputed_tokens * prompt_token_cost,
             "resumed": seq.num_tokens > seq.prompt_len,
             "lora_name": seq.lora_request.lora_name if seq.lora_request else None,
         }
@@ -77,7 +79,8 @@ class AdmissionOrder:
     def _ask_plugins(self, order: list[Sequence]) -> list[Sequence]:
         try:
             tenants = self.fair_share.tenants()
-            seq_ids = self.order_hook(waiting_entries(order), tenants, self.policy)
+            entries = waiting_entries(order, self.fair_share.prompt_token_cost)
+            seq_ids = self.order_hook(entries, tenants, self.policy)
         except PluginError as exc:
             log.error("admission order ignored for this step: %s", exc)
             return order

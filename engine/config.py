@@ -78,6 +78,20 @@ class EngineConfig:
             "weighted by its share (VTC); shortest first within a tenant)."
         },
     )
+    fair_prompt_token_cost: float = field(
+        default=1.0,
+        metadata={
+            "help": "Service one computed prompt token counts for in a tenant's fair-share "
+            "counter (VTC's 1; a prompt token the prefix cache served counts nothing)."
+        },
+    )
+    fair_output_token_cost: float = field(
+        default=2.0,
+        metadata={
+            "help": "Service one generated token counts for in a tenant's fair-share counter "
+            "(VTC's 2: a generated token costs a forward pass of its own)."
+        },
+    )
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"
@@ -176,6 +190,8 @@ class EngineConfig:
                     "sequence decodes in every step, so raise max_num_batched_tokens or lower "
                     "max_num_seqs"
                 )
+        _positive("fair_prompt_token_cost", self.fair_prompt_token_cost)
+        _positive("fair_output_token_cost", self.fair_output_token_cost)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, "

@@ -3,7 +3,8 @@ Models", OSDI 2024).
 
 Each tenant (or, for requests without one, each adapter; else the base model) has a virtual
 counter of the service it received: prompt tokens computed cost 1, generated tokens 2 (the
-paper's weights: a generated token costs a forward pass of its own), divided by the
+paper's weights: a generated token costs a forward pass of its own; both settable), divided
+by the
 tenant's weight, so a tenant of weight 2 is owed twice the tokens. A tenant that becomes
 active again is lifted to the lowest counter among the active ones, so idle time is not
 banked as credit. When no tenant is active the counters are forgotten: with nobody to be
@@ -44,7 +45,15 @@ def check_tenant_weight(weight) -> float:
 class FairShare:
     """Virtual service counters of the active tenants, plus the raw tokens each received."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        prompt_token_cost: float = PROMPT_TOKEN_COST,
+        output_token_cost: float = OUTPUT_TOKEN_COST,
+    ) -> None:
+        """The service one computed prompt token and one generated token count for (VTC's
+        1 and 2 by default: `fair_prompt_token_cost`, `fair_output_token_cost`)."""
+        self.prompt_token_cost = prompt_token_cost
+        self.output_token_cost = output_token_cost
         self.virtual: dict[str, float] = {}  # service / weight, what admission compares
         self.weights: dict[str, float] = {}
         self.served: dict[str, float] = {}  # weighted tokens received since start (metrics)
@@ -73,7 +82,7 @@ class FairShare:
     def charge(self, request: Request, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         """Count tokens computed for the request against its tenant."""
         key = fair_share_key(request)
-        cost = prompt_tokens * PROMPT_TOKEN_COST + output_tokens * OUTPUT_TOKEN_COST
+        cost = prompt_tokens * self.prompt_token_cost + output_tokens * self.output_token_cost
         self.served[key] = self.served.get(key, 0.0) + cost
         self.virtual[key] = self.virtual.get(key, 0.0) + cost / self.weights.get(key, 1.0)
 

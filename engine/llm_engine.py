@@ -129,7 +129,8 @@ class LLMEngine:
         self.step_budget = step_budget_for(config, self.model, self.kv_cache, self.max_model_len)
         log.info("step budget: %s", self.step_budget.describe())
         self.step_records = StepRecords()  # what each step ran (tests assert on it)
-        self.fair_share = FairShare()  # service per tenant: the `fair` policy and metrics
+        # Service per tenant: the `fair` policy and metrics.
+        self.fair_share = FairShare(config.fair_prompt_token_cost, config.fair_output_token_cost)
         self.eos_token_ids = sizing.eos_token_ids(self.hf_dir, self.tokenizer)
         self.scheduler = Scheduler(
             self.block_manager,

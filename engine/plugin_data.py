@@ -96,7 +96,7 @@ def waiting_victim(
     def choose(waiting: Sequence, running: list[Sequence], step: int) -> Sequence | None:
         try:
             chosen = preempt_for_waiting(
-                waiting_entries([waiting])[0],
+                waiting_entries([waiting], fair_share.prompt_token_cost)[0],
                 running_groups(running, step, protect_steps),
                 fair_share.tenants(),
                 policy,

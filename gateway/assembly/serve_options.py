@@ -243,6 +243,8 @@ SERVE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_num_batched_tokens",
             "enable_chunked_prefill",
             "scheduling_policy",
+            "fair_prompt_token_cost",
+            "fair_output_token_cost",
             "preemption_mode",
             "max_step_ms",
             "max_queue",

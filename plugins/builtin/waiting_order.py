@@ -4,28 +4,37 @@
 Each works on the plain waiting entries the engine builds (seq_id, request_id, tenant,
 priority, arrival_time, num_new_tokens, cost, resumed, lora_name), listed in the engine's
 own order: arrival for `fcfs` and `priority`, shortest prefill first (with its age bound)
-otherwise.
+otherwise. Within one priority, tenants share fairly (the fair policy's VTC order).
 """
 
 from __future__ import annotations
 
+from loragate.plugins.builtin.fair_share import vtc_order
 from loragate.plugins.markers import hookimpl
 
 GIVEN_ORDER_POLICIES = ("fcfs", "shortest_prefill")
 
 
-def priority_order(waiting: list[dict]) -> list[int]:
-    """vLLM's priority policy: lower ``priority`` first, then the order given (arrival)."""
-    return [entry["seq_id"] for entry in sorted(waiting, key=lambda e: e["priority"])]
+def priority_order(waiting: list[dict], tenants: dict | None = None) -> list[int]:
+    """vLLM's priority policy: lower ``priority`` first; within one priority the tenants'
+    fair shares (VTC's order: the least-served tenant's head first), and within a tenant
+    the order given (arrival). With one tenant, exactly vLLM's (priority, arrival)."""
+    levels: dict[int, list[dict]] = {}
+    for entry in waiting:
+        levels.setdefault(entry["priority"], []).append(entry)
+    order: list[int] = []
+    for priority in sorted(levels):
+        order += vtc_order(levels[priority], tenants or {})
+    return order
 
 
 class WaitingOrder:
     """Registered last: any plugin's admission order is asked first."""
 
     @hookimpl(trylast=True)
-    def loragate_order_waiting(self, waiting, policy):
+    def loragate_order_waiting(self, waiting, tenants, policy):
         if policy in GIVEN_ORDER_POLICIES:
             return [entry["seq_id"] for entry in waiting]
         if policy == "priority":
-            return priority_order(waiting)
+            return priority_order(waiting, tenants)
         return None
