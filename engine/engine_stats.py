@@ -31,6 +31,7 @@ class EngineStats:
     # weighted tokens received since start, and the virtual counters of the active ones.
     tenant_service: dict = field(default_factory=dict)
     tenant_virtual_service: dict = field(default_factory=dict)
+    tenant_preemptions: dict = field(default_factory=dict)  # sequences preempted, by tenant
     # Speculative decoding's counts per (adapter, method) (engine/speculation/speculator.py):
     # drafts, draft tokens, accepted tokens and accepted tokens by position.
     spec_decode: dict = field(default_factory=dict)
@@ -90,6 +91,7 @@ def snapshot(engine) -> EngineStats:
         adapter_loads=residency.loads() if residency is not None else {},
         tenant_service=dict(engine.fair_share.served),
         tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
+        tenant_preemptions=dict(engine.fair_share.preempted),
         spec_decode=spec_decode_counts(scheduler.speculator),
     )
 

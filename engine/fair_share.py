@@ -57,6 +57,7 @@ class FairShare:
         self.virtual: dict[str, float] = {}  # service / weight, what admission compares
         self.weights: dict[str, float] = {}
         self.served: dict[str, float] = {}  # weighted tokens received since start (metrics)
+        self.preempted: dict[str, int] = {}  # sequences preempted since start (metrics)
         self._active: Counter[str] = Counter()  # unfinished requests per key
 
     def arrive(self, request: Request, weight: float = 1.0) -> None:
@@ -85,6 +86,11 @@ class FairShare:
         cost = prompt_tokens * self.prompt_token_cost + output_tokens * self.output_token_cost
         self.served[key] = self.served.get(key, 0.0) + cost
         self.virtual[key] = self.virtual.get(key, 0.0) + cost / self.weights.get(key, 1.0)
+
+    def count_preemption(self, request: Request) -> None:
+        """One of the request's sequences was preempted (KV pressure or a waiting request)."""
+        key = fair_share_key(request)
+        self.preempted[key] = self.preempted.get(key, 0) + 1
 
     def tenants(self) -> dict[str, dict]:
         """The active tenants as plain data: ``{key: {"service": virtual, "weight": w}}``."""

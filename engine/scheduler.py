@@ -160,11 +160,16 @@ class Scheduler:
             self.fail(seq.request, error)
             touched[seq.request.request_id] = seq.request
         if self.fair_share is not None:
-            for item in out.prefills:
-                self.fair_share.charge(item.seq.request, prompt_tokens=item.num_new_tokens)
+            for item in out.prefills:  # a recompute's tokens were charged the first time
+                seq = item.seq
+                end = seq.num_computed_tokens + item.num_new_tokens
+                fresh = end - max(seq.num_computed_tokens, seq.charged_through)
+                if fresh > 0:
+                    self.fair_share.charge(seq.request, prompt_tokens=fresh)
         for item in out.prefills + out.decodes + out.forks:
             rejected = self._rejected(item, result) if item.draft else 0
             item.seq.num_computed_tokens += item.num_new_tokens - rejected
+            item.seq.charged_through = max(item.seq.charged_through, item.seq.num_computed_tokens)
             if rejected:  # their KV is dropped with the blocks past what the row holds now
                 self.block_manager.trim(item.seq, item.seq.num_computed_tokens + 1)
             self.block_manager.register_full_blocks(item.seq)
@@ -202,6 +207,7 @@ class Scheduler:
         """Take the sampled token; stop by token id, EOS, max_tokens or the context limit
         here (the text and stop strings are output processing's)."""
         seq.token_ids.append(sample.token_id)
+        seq.charged_through = seq.num_tokens  # its charge below covers computing it later
         seq.unreported.append(sample)
         self.num_generation_tokens += 1
         if self.fair_share is not None:
@@ -298,6 +304,7 @@ class Scheduler:
         """A child copy of `parent` (its tokens so far) joins: sharing the parent's blocks
         and slot while the parent runs, or waiting to recompute them while it does not."""
         child.token_ids = list(parent.token_ids)
+        child.charged_through = parent.charged_through  # the shared prompt is charged once
         child.cumulative_logprob = parent.cumulative_logprob
         if parent.status is not SequenceStatus.RUNNING:
             child.num_computed_tokens = 0
@@ -479,6 +486,8 @@ class Scheduler:
         seq.lora_slot = -1
         out.preempted.append(seq)
         self.num_preemptions += 1
+        if self.fair_share is not None:
+            self.fair_share.count_preemption(seq.request)
         if self.swapper is not None and self.swapper.can_swap_out(seq):
             self.swapper.swap_out(seq)
             seq.status = SequenceStatus.SWAPPED

@@ -39,6 +39,9 @@ class Sequence:
         self.lora_slot = -1
         self.slot_wait_steps = 0  # steps it stayed waiting for lack of an adapter slot
         self.running_since = -1  # the scheduler step it last started (or resumed) running
+        # Tokens whose computation its tenant was charged for: a recompute after preemption
+        # computes them again at no charge (engine/fair_share.py).
+        self.charged_through = 0
         self.generator: torch.Generator | None = generator
         # Summed only where the sampler scores tokens (SamplingParams.scores_tokens).
         self.cumulative_logprob: float | None = 0.0 if request.params.scores_tokens else None

@@ -171,6 +171,15 @@ class FairShareCollector:
         for label, value in self._by_label(e.tenant_virtual_service, max).items():
             virtual.add_metric([self.model_name, label], value)
         yield virtual
+        preempted = CounterMetricFamily(
+            "loragate_tenant_preemptions",
+            "Sequences of each tenant preempted (KV pressure, or a waiting request owed its "
+            "fair share or of a higher priority); they resume with the same output",
+            labels=["model_name", "tenant"],
+        )
+        for label, value in self._by_label(e.tenant_preemptions, sum).items():
+            preempted.add_metric([self.model_name, label], value)
+        yield preempted
 
     def _by_label(self, values: dict, combine) -> dict[str, float]:
         grouped: dict[str, list[float]] = {}

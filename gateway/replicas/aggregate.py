@@ -28,6 +28,10 @@ def combined_stats(snapshots: list[EngineStats]) -> EngineStats:
         for sha, row in s.adapter_loads.items():
             old = total.adapter_loads.get(sha, (0, 0.0, 0, 0.0))
             total.adapter_loads[sha] = tuple(a + b for a, b in zip(old, row, strict=True))
+        for key, value in s.tenant_preemptions.items():
+            total.tenant_preemptions[key] = total.tenant_preemptions.get(key, 0) + value
+        for key, value in s.tenant_service.items():
+            total.tenant_service[key] = total.tenant_service.get(key, 0.0) + value
         for key, counts in s.spec_decode.items():
             total.spec_decode[key] = _added_spec_counts(total.spec_decode.get(key), counts)
     total.memory = _combined_memory([s.memory for s in snapshots])

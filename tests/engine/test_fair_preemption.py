@@ -167,3 +167,16 @@ def test_the_built_in_choice_skips_protected_groups_and_respects_the_margin():
     running = [group("l1", "A", 0, priority=3), group("l2", "A", 1, priority=3, protected=True)]
     assert priority_victim(waiting, running) == "l1"
     assert priority_victim({**waiting, "priority": 3}, running) is None
+
+
+def test_a_victims_recompute_is_not_charged_again(runs):
+    """Every tenant was charged what it was served once: prompt tokens 1, generated 2, as
+    in the run without preemption (the recomputed tokens are free)."""
+    fcfs_engine, fcfs = runs["fcfs"]
+    engine, fair = runs["fair"]
+    assert engine.scheduler.num_fairness_preemptions >= 1
+    assert fair.outputs == fcfs.outputs
+    for tenant in ("A", "B"):
+        assert engine.fair_share.served[tenant] == fcfs_engine.fair_share.served[tenant], tenant
+    assert engine.fair_share.preempted.get("A", 0) >= 1
+    assert "B" not in engine.fair_share.preempted
