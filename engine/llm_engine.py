@@ -195,6 +195,7 @@ class LLMEngine:
                 max_model_len=self.max_model_len,
                 max_num_seqs=config.max_num_seqs,
                 weights_cache_dir=config.weights_cache_dir,
+                draft_adapters=spec.draft_adapters,
             ).propose
         else:
             _, proposer = self.plugins.proposer(spec.method)

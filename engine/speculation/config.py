@@ -13,6 +13,8 @@ Accepted as `LLM(speculative_config={...})`, `EngineConfig(speculative_config=..
 
 loragate's own keys, each with a default that needs no tuning:
 
+- `draft_adapters` (draft_model): `{adapter name: directory}` of PEFT adapters trained on
+  the draft model; a row of such an adapter proposes with its draft adapter.
 - `min_acceptance`: an adapter whose measured acceptance rate falls below this stops
   speculating (probing again now and then); 0 never stops.
 - `disable_by_batch_size`: vLLM V0's key: no speculation in a step with more decoding rows.
@@ -46,6 +48,9 @@ class SpeculativeConfig:
     min_acceptance: float = 0.1
     disable_by_batch_size: int | None = None
     model: str | None = None  # draft_model: the draft's HF directory or GGUF file
+    # draft_model: adapter name -> a PEFT adapter trained on the draft model, which that
+    # adapter's rows propose with (the others with the plain draft).
+    draft_adapters: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or not self.method:
@@ -59,6 +64,17 @@ class SpeculativeConfig:
                 "speculative_config.model names the draft model of method 'draft_model' (and "
                 f"only of it): got method {self.method!r} with model {self.model!r}"
             )
+        if self.draft_adapters is not None:
+            if self.method != "draft_model":
+                raise ValueError("speculative_config.draft_adapters needs method 'draft_model'")
+            if not isinstance(self.draft_adapters, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and v
+                for k, v in self.draft_adapters.items()
+            ):
+                raise ValueError(
+                    "speculative_config.draft_adapters must map adapter names to directories, "
+                    f"got {self.draft_adapters!r}"
+                )
         if self.model is not None and not isinstance(self.model, str):
             raise ValueError(f"speculative_config.model must be a path, got {self.model!r}")
         _int_in("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)

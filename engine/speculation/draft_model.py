@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loragate.engine.forward_batch import DecodeAttention, ForwardBatch, PrefillAttention
+from loragate import kernels
+from loragate.adapters import load_adapter
+from loragate.adapters.pacing import UNPACED
+from loragate.adapters.slots import DeviceSlots
+from loragate.engine.forward_batch import (
+    DecodeAttention,
+    ForwardBatch,
+    LoRABatch,
+    PrefillAttention,
+)
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_weights, resolve_model
 from loragate.engine.models import build_model
@@ -30,6 +39,7 @@ BLOCK_SIZE = 16
 # The draft's KV cache holds every running row's whole context, up to this many bytes (past
 # it, rows used longest ago give their blocks back and are caught up again when asked).
 MAX_KV_BYTES = 512 * 2**20
+MAX_DRAFT_RANK = 256  # the highest rank a draft adapter may have
 
 
 @dataclass
@@ -52,7 +62,10 @@ class DraftModel:
         max_model_len: int,
         max_num_seqs: int,
         weights_cache_dir: str | None = None,
+        draft_adapters: dict[str, str] | None = None,
     ):
+        """`draft_adapters`: adapter name -> a PEFT adapter trained on the draft model; a
+        row of that adapter proposes with it (every other row with the plain draft)."""
         source = resolve_model(model, weights_cache_dir, gguf_blocks=True)
         config = load_config(source.hf_dir)
         self.model = build_model(config, device, dtype)
@@ -69,6 +82,7 @@ class DraftModel:
         self.rows: dict[int, DraftRow] = {}
         self.calls = 0
         self.device = device
+        self.slots, self.slot_of, self.rank = self._load_adapters(source.name, draft_adapters)
         log.info(
             "draft model: %s (%s), %d KV blocks", source.name, self.model.describe(), num_blocks
         )
@@ -99,7 +113,9 @@ class DraftModel:
             ]
             if not going:
                 break
-            tokens = self._decode([(state, proposals[i][-1]) for i, _, state in going])
+            tokens = self._decode(
+                [(state, proposals[i][-1]) for i, _, state in going], [row for _, row, _ in going]
+            )
             for (i, _, state), token in zip(going, tokens, strict=True):
                 state.tokens.append(proposals[i][-1])
                 proposals[i].append(token)
@@ -130,10 +146,11 @@ class DraftModel:
             ),
             decode=None,
             sample_indices=(ends - 1).to(self.device),
+            lora=self._lora([row for row, _ in rows], counts),
         )
         return self._greedy(batch)
 
-    def _decode(self, rows: list[tuple[DraftRow, int]]) -> list[int]:
+    def _decode(self, rows: list[tuple[DraftRow, int]], asked: list[dict]) -> list[int]:
         """One token each: the last proposed token runs at the position after the row's KV."""
         positions = torch.tensor([len(state.tokens) for state, _ in rows])
         tables = self._tables([state for state, _ in rows])
@@ -147,12 +164,51 @@ class DraftModel:
                 seq_lens=(positions + 1).to(torch.int32).to(self.device),
             ),
             sample_indices=torch.arange(len(rows), device=self.device),
+            lora=self._lora(asked, [1] * len(rows)),
         )
         return self._greedy(batch)
 
     def _greedy(self, batch: ForwardBatch) -> list[int]:
         hidden = self.model.forward(batch, self.kv)
         return self.model.compute_logits(hidden, batch).max(dim=-1).indices.tolist()
+
+    # ---- draft adapters -----------------------------------------------------------------
+    def _load_adapters(self, model_name: str, paths: dict[str, str] | None):
+        """Each draft adapter in a slot of its own, all resident: (slots, name -> slot,
+        the rank the LoRA kernels run at); (None, {}, 0) without any."""
+        if not paths:
+            return None, {}, 0
+        spec = self.model.lora_spec(model_name)
+        loaded = {
+            name: load_adapter(
+                path, spec, MAX_DRAFT_RANK, pacing=UNPACED, stack_dtype=self.model.dtype
+            )
+            for name, path in paths.items()
+        }
+        rank = -(-max(adapter.rank for adapter in loaded.values()) // 4) * 4  # as the runner
+        slots = DeviceSlots(spec, len(loaded), rank, self.device, self.model.dtype)
+        slot_of = {}
+        for slot, (name, adapter) in enumerate(loaded.items()):
+            slots.write(slot, adapter)
+            slot_of[name] = slot
+        log.info("draft adapters: %s", ", ".join(sorted(slot_of)))
+        return slots, slot_of, rank
+
+    def _lora(self, rows: list[dict], counts: list[int]) -> LoRABatch | None:
+        """The rows' draft adapters, token by token (-1: the plain draft)."""
+        if self.slots is None:
+            return None
+        per_row = [self.slot_of.get(row["lora_name"], -1) for row in rows]
+        if max(per_row) < 0:
+            return None
+        slot_ids = torch.repeat_interleave(torch.tensor(per_row), torch.tensor(counts))
+        slot_ids = slot_ids.to(self.device)
+        return LoRABatch(
+            weights=self.slots,
+            slot_ids=slot_ids,
+            index=kernels.lora_index(slot_ids, self.slots.max_loras),
+            rank=self.rank,
+        )
 
     # ---- blocks -------------------------------------------------------------------------
     def _grow(self, state: DraftRow, num_tokens: int) -> bool:

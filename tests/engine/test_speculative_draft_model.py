@@ -2,8 +2,9 @@
 proposes from its own paged KV. Float32 greedy outputs of a mixed batch (base rows and an
 adapter's rows, staggered arrivals, chunked prefill, preemption) equal those without
 speculation and HF/PEFT's, with the target itself as the draft (every base row's proposal
-accepted, the adapter rows' partly rejected) and with a different one-layer draft; a draft
-with another vocabulary is refused naming both sizes."""
+accepted, the adapter rows' partly rejected), with it and the adapter as the adapter's draft
+adapter (every proposal accepted), and with a different one-layer draft; a draft with
+another vocabulary is refused naming both sizes."""
 
 from __future__ import annotations
 
@@ -65,11 +66,13 @@ def run(make_llm, target, paths, speculative_config=None):
     return llm.engine, drive(llm.engine, arrivals, greedy(N))
 
 
-@pytest.mark.parametrize("draft", ["target", "other"])
+@pytest.mark.parametrize("draft", ["target", "target+adapter", "other"])
 def test_draft_model_outputs_equal_those_without_it_and_peft(setup, make_llm, draft):
     target, paths, other, _, peft = setup
-    model = str(target if draft == "target" else other)
+    model = str(other if draft == "other" else target)
     spec = {"method": "draft_model", "model": model, "num_speculative_tokens": 3}
+    if draft == "target+adapter":
+        spec["draft_adapters"] = {"tuned": str(paths["tuned"])}
     _, without = run(make_llm, target, paths)
     engine, with_spec = run(make_llm, target, paths, spec)
     assert with_spec == without
@@ -77,9 +80,12 @@ def test_draft_model_outputs_equal_those_without_it_and_peft(setup, make_llm, dr
         assert with_spec[f"r{i}"] == peft_greedy(peft, name, ids, N), f"r{i} ({name})"
     stats = {s["adapter"]: s for s in engine.scheduler.speculator.stats()}
     assert stats[None]["drafts"] > 0 and stats["tuned"]["drafts"] > 0, stats
-    if draft == "target":  # the draft is the base: its proposals are the base rows' tokens
+    if draft.startswith("target"):  # the draft is the base: it proposes the base rows' tokens
         assert stats[None]["accepted_tokens"] == stats[None]["draft_tokens"], stats
+    if draft == "target":  # ... not the adapter's
         assert stats["tuned"]["accepted_tokens"] < stats["tuned"]["draft_tokens"], stats
+    if draft == "target+adapter":  # its draft adapter is the adapter: it proposes its tokens
+        assert stats["tuned"]["accepted_tokens"] == stats["tuned"]["draft_tokens"], stats
     assert engine.scheduler.num_preemptions >= 1, "nothing was preempted"
 
 

@@ -50,6 +50,10 @@ def test_config_forms_and_refusals():
         speculative_config_from({"method": "ngram", "model": "small"})
     with pytest.raises(ValueError, match="only of it"):
         speculative_config_from({"method": "draft_model"})
+    with pytest.raises(ValueError, match="draft_adapters needs method 'draft_model'"):
+        speculative_config_from({"method": "ngram", "draft_adapters": {"a": "/x"}})
+    with pytest.raises(ValueError, match="must map adapter names to directories"):
+        speculative_config_from({"method": "draft_model", "model": "m", "draft_adapters": ["x"]})
     with pytest.raises(ValueError, match="EAGLE"):
         speculative_config_from({"method": "eagle", "model": "heads"})
     with pytest.raises(ValueError, match="min_acceptance"):
