@@ -30,7 +30,7 @@ from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.model_info import ModelInfo
 from loragate.engine.outputs import CompletionOutput, RequestOutput
 from loragate.engine.quantization import QUANTIZATION_CHOICES
-from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.sampling_params import RequestOutputKind, SamplingParams
 from loragate.engine.stored_adapters import object_of, store_path
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from loragate.plugins import InvalidParam
@@ -59,6 +59,7 @@ __all__ = [
     "PromptInput",
     "QUANTIZATION_CHOICES",
     "RequestOutput",
+    "RequestOutputKind",
     "SCHEDULING_POLICIES",
     "SamplingParams",
     "StructuredOutputsParams",

@@ -186,7 +186,8 @@ class AsyncLLMEngine:
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs until the request finishes. Leaving early aborts it.
+        """Yield outputs until the request finishes (each cumulative, or only what is new
+        under `RequestOutputKind.DELTA`, as vLLM's). Leaving early aborts it.
 
         vLLM's call shape: `request_id` may be any hashable value (the seed passes 1); it
         comes back as each output's `request_id`. `cache_salt` (set by the server) keeps

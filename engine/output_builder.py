@@ -7,6 +7,7 @@ import logging
 import time
 
 from loragate.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from loragate.engine.sampling_params import RequestOutputKind
 from loragate.engine.sequence import Request
 from loragate.engine.stopping import stream_safe_len
 from loragate.plugins import PluginError
@@ -15,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 def request_output(state, tokenizer, eos_token_ids: set[int], finished: bool) -> RequestOutput:
-    """The cumulative output of a request (output_processor.RequestText) so far."""
+    """The output of a request (output_processor.RequestText) so far: everything, or under
+    RequestOutputKind.DELTA what each sample has not carried yet (a beam search answers
+    once, whole, either way)."""
     request = state.request
     others = None
     if request.beam is not None and state.error is not None and not state.beam_results:
@@ -78,16 +81,23 @@ def failed_completions(n: int) -> list[CompletionOutput]:
 
 
 def completion(request: Request, sample) -> CompletionOutput:
-    """While streaming, text that could still become a stop string is held back."""
-    text = sample.text
-    if not sample.finished:
-        text = text[: stream_safe_len(text, request.params)]
+    """While streaming, text that could still become a stop string is held back. Under
+    RequestOutputKind.DELTA, only the tokens, logprobs and text this sample has not carried
+    yet (its cumulative_logprob stays the whole sum, as vLLM's)."""
+    text, params = sample.text, request.params
+    end = len(text) if sample.finished else stream_safe_len(text, params)
+    start_token = start_char = 0
+    if params.output_kind == RequestOutputKind.DELTA:
+        start_token, start_char = sample.sent_tokens, sample.sent_chars
+        sample.sent_tokens = len(sample.token_ids)
+        sample.sent_chars = max(start_char, end)
+    logprobs = sample.logprobs
     return CompletionOutput(
         index=sample.index,
-        text=text,
-        token_ids=list(sample.token_ids),
+        text=text[start_char:end],
+        token_ids=sample.token_ids[start_token:],
         cumulative_logprob=sample.cumulative_logprob,
-        logprobs=list(sample.logprobs) if sample.logprobs is not None else None,
+        logprobs=logprobs[start_token:] if logprobs is not None else None,
         finish_reason=sample.finish_reason,
         stop_reason=sample.stop_reason,
     )

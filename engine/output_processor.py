@@ -2,7 +2,9 @@
 
 The step thread hands over each step's new token ids (engine/step_output.py); this turns
 them into text (one incremental detokenizer per sample), finds stop strings, holds back text
-that may still become one, and builds the cumulative RequestOutputs. It runs on its own
+that may still become one, and builds the RequestOutputs: cumulative, or under
+RequestOutputKind.DELTA (the streaming path) only what each sample has not yet carried, so
+a stream's outputs do not grow with its length. It runs on its own
 thread in AsyncLLMEngine, while the next step computes, and inline after each step in the
 offline LLM: the same code either way, one processor per engine.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.output_builder import error_output, failure_reason, request_output
 from loragate.engine.outputs import RequestOutput
+from loragate.engine.sampling_params import RequestOutputKind
 from loragate.engine.sequence import Request
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.stopping import StopDecision, stop_by_text
@@ -38,6 +41,8 @@ class SampleText:
         "cumulative_logprob",
         "finish_reason",
         "stop_reason",
+        "sent_tokens",
+        "sent_chars",
     )
 
     def __init__(self, index: int, request: Request, detokenizer):
@@ -50,6 +55,9 @@ class SampleText:
         self.cumulative_logprob: float | None = 0.0 if params.scores_tokens else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        # What this sample's outputs have carried so far (RequestOutputKind.DELTA's start).
+        self.sent_tokens = 0
+        self.sent_chars = 0
 
     @property
     def finished(self) -> bool:
@@ -162,7 +170,7 @@ class OutputProcessor:
         except Exception as exc:  # its text failed: it alone ends, with what it has
             self._fail(state, exc, stops)
         finished = state.finished
-        if not finished and state.request.beam is not None:
+        if not finished and (state.request.beam is not None or _final_only(state.request)):
             return None  # beam search answers once, at the end
         try:
             out = request_output(state, self.tokenizer, self.eos_token_ids, finished)
@@ -233,6 +241,10 @@ class OutputProcessor:
             if not sample.finished:
                 sample.finish_reason, sample.stop_reason = "error", None
                 stops.append(_stop(state.request, sample))
+
+
+def _final_only(request: Request) -> bool:
+    return request.params.output_kind == RequestOutputKind.FINAL_ONLY
 
 
 def _stop(request: Request, sample: SampleText) -> SeqStop:

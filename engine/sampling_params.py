@@ -7,6 +7,7 @@ Every value is checked where the object is built, so a bad request fails with a
 from __future__ import annotations
 
 import copy
+import enum
 import logging
 import math
 from dataclasses import dataclass, field
@@ -38,6 +39,16 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each of a request's outputs holds (vLLM's): everything so far (CUMULATIVE, the
+    default), only what is new since the last output (DELTA: token ids, logprobs and text of
+    this step, so a stream's outputs do not grow with it), or one output once finished."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -87,6 +98,7 @@ class SamplingParams:
     # loragate's: False keeps this request out of speculative decoding (when the engine
     # has a speculative_config); its outputs are the same either way.
     speculative: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         self._normalise()
@@ -101,6 +113,10 @@ class SamplingParams:
         if not isinstance(self.speculative, bool):
             raise InvalidParam(
                 "speculative", f"speculative must be true or false, got {self.speculative!r}"
+            )
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise InvalidParam(
+                "output_kind", f"output_kind must be a RequestOutputKind, got {self.output_kind!r}"
             )
 
     # -- normalisation -------------------------------------------------------------

@@ -43,7 +43,7 @@ from loragate.engine import EngineClient, SamplingParams
 from loragate.gateway.adapter_control.paths import hide_root
 from loragate.gateway.errors import EngineUnavailableError, QuotaExceededError
 from loragate.gateway.serving.admission import Admission
-from loragate.gateway.serving.generation import Generation
+from loragate.gateway.serving.generation import Generation, deltas_of
 from loragate.gateway.tenancy.principal import Principal
 from loragate.gateway.tenancy.quotas import QuotaKeeper
 from loragate.gateway.tenancy.request_cost import NO_COST, RequestCost
@@ -221,7 +221,7 @@ class RequestAccount:
         caller, root = self.caller, self._accounting.adapter_root
         outputs = self._accounting.engine.generate(
             started.prompt,
-            started.params,
+            deltas_of(started.params),
             started.request_id,
             lora_request=self.lora,
             cache_salt=caller.cache_salt,

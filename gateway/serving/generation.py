@@ -8,17 +8,30 @@ a whole answer, an error event in a stream; the engine and every other request g
 `aclose()` is idempotent and ends the engine request (if unfinished, the engine aborts it and
 frees its KV blocks); its HTTP request's account (serving/accounting.py) closes it and gives
 back its queue place.
+
+The engine is asked for deltas (`RequestOutputKind.DELTA`: each output holds only what is new,
+in-process and over the replica wire), so no hop copies a stream's whole output each step;
+a Generation grows its one cumulative output (`latest`) from them in place, which is what
+the routes, the metering and the metrics read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 
 from loragate.adapters import AdapterError
 from loragate.adapters.store import AdapterStoreError
-from loragate.engine import EngineDeadError, RequestOutput
+from loragate.engine import (
+    CompletionOutput,
+    EngineDeadError,
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+)
 from loragate.gateway.adapter_control.adapter_store_objects import store_error
 from loragate.gateway.errors import (
     EngineUnavailableError,
@@ -86,8 +99,7 @@ class Generation:
             raise InvalidRequestError(message, param=param_of(exc, self._field_names)) from exc
         except PluginError as exc:  # a plugin refused this request as it was queued
             raise PluginFailedError(self._scrub(str(exc)), code="plugin_error") from exc
-        self._seen(out)
-        return out
+        return self._seen(out)
 
     async def rest(self) -> AsyncIterator[RequestOutput]:
         """Every output after the primed one, until the request finishes."""
@@ -95,8 +107,7 @@ class Generation:
             return
         try:
             async for out in self._outputs:
-                self._seen(out)
-                yield checked(out)
+                yield checked(self._seen(out))
         except EngineDeadError as exc:
             self.engine_lost = True
             raise EngineUnavailableError(
@@ -110,8 +121,9 @@ class Generation:
         assert self.latest is not None
         return checked(self.latest)
 
-    def _seen(self, out: RequestOutput) -> None:
-        self.latest = out
+    def _seen(self, delta: RequestOutput) -> RequestOutput:
+        """The output so far, grown by the engine's `delta`."""
+        self.latest = out = grown(self.latest, delta)
         now = time.perf_counter()
         if self.first_token_at is None and any(c.token_ids for c in out.outputs):
             self.first_token_at = now
@@ -123,6 +135,7 @@ class Generation:
             self._tokens_seen, self._last_token_at = tokens, now
         if out.finished:
             self.finished_at = now
+        return out
 
     @property
     def num_output_tokens(self) -> int:
@@ -141,6 +154,53 @@ class Generation:
             await self._outputs.aclose()
         except RuntimeError:  # the iterator is mid-step in a cancelled task: it aborts itself
             pass
+
+
+def deltas_of(params: SamplingParams) -> SamplingParams:
+    """`params` asking the engine for deltas (what a Generation reads)."""
+    params = copy.copy(params)
+    params.output_kind = RequestOutputKind.DELTA
+    return params
+
+
+def grown(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
+    """The cumulative output: `total` (what a Generation has so far, which it owns) with the
+    engine's next `delta` added, each sample's lists extended in place (by sample index: at
+    the end of a best_of request the engine names the n kept, and the others)."""
+    if total is None:
+        return dataclasses.replace(
+            delta,
+            outputs=[_grown(None, c) for c in delta.outputs],
+            best_of_sequences=_all_grown({}, delta.best_of_sequences),
+        )
+    by_index = {c.index: c for c in (*total.outputs, *(total.best_of_sequences or ()))}
+    return dataclasses.replace(
+        delta,
+        outputs=[_grown(by_index.get(c.index), c) for c in delta.outputs],
+        best_of_sequences=_all_grown(by_index, delta.best_of_sequences),
+        prompt_logprobs=(
+            delta.prompt_logprobs if delta.prompt_logprobs is not None else total.prompt_logprobs
+        ),
+    )
+
+
+def _all_grown(by_index: dict, deltas: list[CompletionOutput] | None):
+    return None if deltas is None else [_grown(by_index.get(c.index), c) for c in deltas]
+
+
+def _grown(total: CompletionOutput | None, delta: CompletionOutput) -> CompletionOutput:
+    if total is None:
+        logprobs = None if delta.logprobs is None else list(delta.logprobs)
+        return dataclasses.replace(delta, token_ids=list(delta.token_ids), logprobs=logprobs)
+    total.text += delta.text
+    total.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None:
+        if total.logprobs is None:
+            total.logprobs = []
+        total.logprobs.extend(delta.logprobs)
+    total.cumulative_logprob = delta.cumulative_logprob
+    total.finish_reason, total.stop_reason = delta.finish_reason, delta.stop_reason
+    return total
 
 
 async def prime_all(gens: list[Generation]) -> list[RequestOutput]:

@@ -17,7 +17,13 @@ import asyncio
 import pytest
 
 from loragate.adapters import LoRARequest
-from loragate.engine import CompletionOutput, EngineDeadError, RequestOutput, SamplingParams
+from loragate.engine import (
+    CompletionOutput,
+    EngineDeadError,
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+)
 from loragate.gateway.errors import EngineUnavailableError, QueueFullError
 from loragate.gateway.serving.accounting import Accounting, RequestAccount
 from loragate.gateway.serving.admission import Admission
@@ -37,7 +43,8 @@ WAIT_S = 10
 
 
 class ScriptedEngine:
-    """Each request yields TOKENS outputs, one token more each; `release(n)` lets n more out.
+    """Each request yields TOKENS outputs, one new token each (deltas, as the gateway asks the
+    engine for them); `release(n)` lets n more out.
     Records the requests it was handed and those that ended unfinished (aborted)."""
 
     is_running = True
@@ -59,7 +66,8 @@ class ScriptedEngine:
             for n in range(1, TOKENS + 1):
                 await self.allowed.acquire()
                 finished = n == TOKENS
-                out = CompletionOutput(0, "x" * n, list(range(n)), None, None)
+                assert params.output_kind == RequestOutputKind.DELTA
+                out = CompletionOutput(0, "x", [n - 1], None, None)
                 yield RequestOutput(request_id, None, PROMPT, [out], finished, lora_request)
         finally:
             if not finished:
@@ -279,9 +287,11 @@ class LosingEngine(ScriptedEngine):
     async def generate(self, prompt, params, request_id, lora_request=None, **options):
         losing = self.losses > 0
         self.losses -= 1
+        sent = 0
         async for out in super().generate(prompt, params, request_id, lora_request):
             yield out
-            if losing and len(out.outputs[0].token_ids) == self.lost_after:
+            sent += len(out.outputs[0].token_ids)
+            if losing and sent == self.lost_after:
                 raise EngineDeadError("the replica serving it stopped: its node was lost")
 
 

@@ -1,0 +1,122 @@
+"""A stream's work per step does not grow with its length (issue 58, must-show 2).
+
+A 2,000-token stream (the tiny model, ignore_eos, greedy, with logprobs) is read as the
+gateway reads it: through AsyncLLMEngine.generate in this process, and through a replica's
+`generate` (gateway/replicas/engine_replica.py), each item pickled as Ray Serve sends it over
+the replica wire. The gateway asks for deltas (`RequestOutputKind.DELTA`), so every output
+carries one step's tokens: its token ids, logprobs and pickled bytes stay bounded wherever in
+the stream it is, and the deltas grown back (gateway/serving/generation.py's `grown`) are
+exactly the cumulative stream's last output. The same measure over the cumulative stream
+grows with it (so this test fails on the old path). No clock is read: sizes, not times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from loragate.engine import (
+    AsyncLLMEngine,
+    EngineConfig,
+    LLMEngine,
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+)
+from loragate.gateway.replicas.engine_replica import EngineReplica
+from loragate.gateway.replicas.wire import GenerateCall
+from loragate.gateway.serving.generation import grown
+
+TOKENS = 2000
+PROMPT = "Count on and on:"
+# What one step's output may hold beyond its request's fixed fields: one token's id, text
+# and logprobs (with the top one), never anything that scales with the stream.
+STEP_BYTES = 512
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    config = EngineConfig(model=str(tiny_dir), max_model_len=TOKENS + 64, num_kv_blocks=140)
+    engine = AsyncLLMEngine(LLMEngine(config))
+    yield engine
+    engine.shutdown()
+
+
+def params(kind: RequestOutputKind) -> SamplingParams:
+    return SamplingParams(
+        temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=1, output_kind=kind
+    )
+
+
+def in_process(engine, kind: RequestOutputKind, request_id: str) -> list[RequestOutput]:
+    async def run():
+        return [out async for out in engine.generate(PROMPT, params(kind), request_id)]
+
+    return asyncio.run(run())
+
+
+def through_replica(engine, request_id: str) -> list[RequestOutput]:
+    """What a replica yields for the ingress, each item through pickle as the wire takes it."""
+    replica = SimpleNamespace(engine=engine)  # what `generate` uses of the deployment
+    call = GenerateCall(PROMPT, params(RequestOutputKind.DELTA), request_id)
+
+    async def run():
+        return [pickle.dumps(item) async for item in EngineReplica.generate(replica, call)]
+
+    return [pickle.loads(sent) for sent in asyncio.run(run())]
+
+
+def per_step(outputs: list[RequestOutput]) -> tuple[list[int], list[int]]:
+    """Each output's token ids and pickled bytes."""
+    tokens = [len(out.outputs[0].token_ids) for out in outputs]
+    return tokens, [len(pickle.dumps(out)) for out in outputs]
+
+
+def assert_bounded(outputs: list[RequestOutput]) -> None:
+    tokens, sizes = per_step(outputs)
+    assert sum(tokens) == TOKENS and outputs[-1].finished
+    assert max(tokens) <= 1  # one step's token, no more: nothing is sent twice
+    assert max(sizes) <= min(sizes) + STEP_BYTES, (min(sizes), max(sizes))
+    late = sizes[-len(sizes) // 4 :]
+    assert max(late) <= max(sizes[: len(sizes) // 4]) + STEP_BYTES // 4
+
+
+def whole(outputs: list[RequestOutput]) -> RequestOutput:
+    total = None
+    for out in outputs:
+        total = grown(total, out)
+    return total
+
+
+def same_answer(got: RequestOutput, want: RequestOutput) -> None:
+    g, w = got.outputs[0], want.outputs[0]
+    assert (g.text, g.token_ids, g.logprobs) == (w.text, w.token_ids, w.logprobs)
+    assert (g.cumulative_logprob, g.finish_reason) == (w.cumulative_logprob, w.finish_reason)
+    assert got.prompt_token_ids == want.prompt_token_ids and got.finished
+
+
+@pytest.fixture(scope="module")
+def cumulative(engine):
+    return in_process(engine, RequestOutputKind.CUMULATIVE, "cumulative")
+
+
+def test_the_cumulative_stream_grows_with_its_length(cumulative):
+    """The measure sees the old path's growth: its last output holds every token."""
+    tokens, sizes = per_step(cumulative)
+    assert tokens[-1] == TOKENS
+    assert sizes[-1] > sizes[0] + TOKENS * 8
+
+
+def test_in_process_deltas_stay_bounded(engine, cumulative):
+    deltas = in_process(engine, RequestOutputKind.DELTA, "delta")
+    assert_bounded(deltas)
+    same_answer(whole(deltas), cumulative[-1])
+
+
+def test_replica_wire_deltas_stay_bounded(engine, cumulative):
+    deltas = through_replica(engine, "wire")
+    assert_bounded(deltas)
+    same_answer(whole(deltas), cumulative[-1])
