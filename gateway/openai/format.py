@@ -1,7 +1,9 @@
 """Engine outputs to OpenAI response bodies: whole responses, stream deltas, logprobs, usage.
 
-Engine outputs are cumulative; `DeltaTracker` remembers what each choice has already sent so
-a stream carries every character and every token exactly once.
+The engine streams deltas (serving/generation.py grows them, in place, into one cumulative
+output per request, which the reasoning and tool parsers read whole); `DeltaTracker` takes
+from that output what each choice has not sent yet, slicing only the new part, so a stream
+carries every character and every token exactly once.
 """
 
 from __future__ import annotations

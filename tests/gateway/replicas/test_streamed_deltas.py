@@ -120,3 +120,60 @@ def test_replica_wire_deltas_stay_bounded(engine, cumulative):
     deltas = through_replica(engine, "wire")
     assert_bounded(deltas)
     same_answer(whole(deltas), cumulative[-1])
+
+
+def both_kinds(engine, request_id: str, **fields) -> tuple[RequestOutput, RequestOutput]:
+    """One request's last cumulative output, and its deltas grown back as the gateway does."""
+
+    async def run(kind):
+        p = SamplingParams(output_kind=kind, **fields)
+        return [out async for out in engine.generate(PROMPT, p, f"{request_id}-{kind.name}")]
+
+    return asyncio.run(run(RequestOutputKind.CUMULATIVE))[-1], whole(
+        asyncio.run(run(RequestOutputKind.DELTA))
+    )
+
+
+def same_samples(got: list, want: list) -> None:
+    def seen(c):
+        return (c.index, c.text, c.token_ids, c.logprobs, c.cumulative_logprob, c.finish_reason)
+
+    assert [seen(c) for c in got] == [seen(c) for c in want]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"n": 2, "best_of": 3, "seed": 7, "logprobs": 2, "max_tokens": 12},
+        {"n": 3, "seed": 3, "max_tokens": 9, "logprobs": 0},
+        {"use_beam_search": True, "n": 2, "best_of": 2, "temperature": 0, "max_tokens": 6},
+    ],
+    ids=["best_of", "n", "beam_search"],
+)
+def test_deltas_grow_back_into_the_cumulative_answer(engine, fields):
+    """n > 1, best_of (the kept n named at the end, the others in best_of_sequences) and beam
+    search: the deltas grown back are the cumulative answer, sample for sample."""
+    want, got = both_kinds(engine, "kinds", **fields)
+    same_samples(got.outputs, want.outputs)
+    same_samples(got.best_of_sequences or [], want.best_of_sequences or [])
+    assert (got.best_of_sequences is None) == (want.best_of_sequences is None)
+
+
+def test_text_held_back_for_a_stop_string_is_sent_once(engine):
+    """A stop string from the middle of a greedy answer: the deltas never send text the stop
+    string then cuts, and add up to the cumulative answer."""
+    (free,) = both_kinds(engine, "free", temperature=0, max_tokens=24)[0].outputs
+    stop = free.text[len(free.text) // 2 :][:4]
+    want, got = both_kinds(engine, "stop", temperature=0, max_tokens=24, stop=[stop])
+    same_samples(got.outputs, want.outputs)
+    assert got.outputs[0].finish_reason == "stop" and stop not in got.outputs[0].text
+
+
+def test_final_only_answers_once_whole(engine):
+    async def run(kind):
+        p = SamplingParams(temperature=0, max_tokens=10, logprobs=1, output_kind=kind)
+        return [out async for out in engine.generate(PROMPT, p, f"final-{kind.name}")]
+
+    (final,) = asyncio.run(run(RequestOutputKind.FINAL_ONLY))
+    same_samples(final.outputs, asyncio.run(run(RequestOutputKind.CUMULATIVE))[-1].outputs)
+    assert final.finished
