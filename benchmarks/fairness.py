@@ -1,8 +1,9 @@
-"""Fair share under a flood (issue 17): 4 tenants, each on its own rank-8 adapter, one of
-them sending at 10x the others' rate. Reports the quiet tenants' TTFT (p50, p99) and the
-total throughput under `fcfs` and `fair`, on the same arrivals, and plots the TTFT
-distributions under both. Each tenant sends at a steady rate from a random (seeded) phase,
-so every run has the same number of quiet requests however short.
+"""Fair share under a flood (issues 17 and 60): 4 tenants, each on its own rank-8 adapter,
+one of them sending at 10x the others' rate. Reports the quiet tenants' TTFT (p50, p99) and
+the total throughput under `fcfs` and `fair`, on the same arrivals, and the quiet tenants'
+TTFT alone (the flood left out, `--alone`), and plots the TTFT distributions and each
+tenant's share of the service over time. Each tenant sends at a steady rate from a random
+(seeded) phase, so every run has the same number of quiet requests however short.
 
     .venv/bin/python benchmarks/fairness.py --duration 60 --quiet-rate 0.05 \
         --plot docs/benchmarks/fairness.png
@@ -67,7 +68,7 @@ def adapters_for(hf_dir: Path) -> dict[str, LoRARequest]:
     return {tenant: LoRARequest(tenant, i + 1, str(path)) for i, (tenant, path) in pairs}
 
 
-def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result], dict]:
+def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result], dict, list]:
     config = EngineConfig(
         model=args.model,
         enable_lora=True,
@@ -90,6 +91,8 @@ def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result]
     pending = list(arrivals)
     live = {}
     results = []
+    shares = []  # (seconds since the start, {tenant: weighted tokens served so far})
+    served_before = dict(engine.fair_share.served)
     start = time.monotonic()
     while pending or engine.has_unfinished_requests():
         now = time.monotonic() - start
@@ -108,7 +111,10 @@ def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result]
             time.sleep(max(0.0, min(0.05, pending[0].at - now)))
             continue
         requests = {rid: engine.requests[rid] for rid in live}
-        for out in engine.step():
+        outs = engine.step()
+        served = {t: v - served_before.get(t, 0.0) for t, v in engine.fair_share.served.items()}
+        shares.append((time.monotonic() - start, {t: served.get(t, 0.0) for t in TENANTS}))
+        for out in outs:
             if out.finished:
                 a = live.pop(out.request_id)
                 first = requests[out.request_id].first_token_time
@@ -123,15 +129,21 @@ def run(args, policy: str, arrivals: list[Arrival], loras) -> tuple[list[Result]
     makespan = max(r.finished_at for r in results) - arrivals[0].at
     busy_s = sum(r.ms for r in list(engine.step_records)[warm_steps:]) / 1e3
     tokens = sum(r.output_tokens for r in results)
-    return results, {"makespan": tokens / makespan, "busy": tokens / busy_s}
+    preempted = dict(engine.fair_share.preempted)
+    throughput = {"makespan": tokens / makespan, "busy": tokens / busy_s, "preempted": preempted}
+    return results, throughput, shares
 
 
-def summary(results: list[Result], throughput: dict) -> dict:
+def summary(results: list[Result], throughput: dict, shares: list | None = None) -> dict:
     quiet = [r.ttft for r in results if r.tenant != "flood"]
     flood = [r.ttft for r in results if r.tenant == "flood"]
+    flood_requests = len(flood)
+    flood = flood or [float("nan")]
     return {
+        "preemptions": throughput.get("preempted", {}),
+        "shares": shares or [],
         "quiet_requests": len(quiet),
-        "flood_requests": len(flood),
+        "flood_requests": flood_requests,
         "quiet_ttft_p50_s": float(np.percentile(quiet, 50)),
         "quiet_ttft_p99_s": float(np.percentile(quiet, 99)),
         "flood_ttft_p50_s": float(np.percentile(flood, 50)),
@@ -150,9 +162,19 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=[2, 1])
-    colors = {"fcfs": "tab:red", "fair": "tab:blue"}
+    fig, (cdf, bars, share) = plt.subplots(1, 3, figsize=(15, 4), width_ratios=[2, 1, 2])
+    colors = {"fcfs": "tab:red", "fair": "tab:blue", "alone": "tab:green"}
     for policy, s in report.items():
+        if policy == "alone":
+            values = s["quiet_ttfts"]
+            cdf.plot(
+                values,
+                np.arange(1, len(values) + 1) / len(values),
+                "--",
+                color="tab:green",
+                label="quiet tenants alone",
+            )
+            continue
         for key, style in (("quiet_ttfts", "-"), ("flood_ttfts", ":")):
             values = s[key]
             who = "quiet tenants" if key == "quiet_ttfts" else "flooding tenant"
@@ -167,7 +189,16 @@ def plot(report: dict, path: Path) -> None:
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("TTFT, one tenant flooding at 10x")
     cdf.legend()
-    policies = list(report)
+    policies = [p for p in report if p != "alone"]
+    for policy, style in (("fair", "-"), ("fcfs", ":")):
+        if policy not in report:
+            continue
+        for tenant, t, part in tenant_shares(report[policy]["shares"]):
+            share.plot(t, part, style, label=f"{policy}: {tenant}")
+    share.set_xlabel("seconds")
+    share.set_ylabel("share of the service in the last 2 s")
+    share.set_title("Each tenant's share over time")
+    share.legend(fontsize=7)
     bars.bar(
         policies,
         [report[p]["output_tok_per_busy_s"] for p in policies],
@@ -178,6 +209,24 @@ def plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def tenant_shares(shares: list, window: float = 2.0):
+    """(tenant, times, its share of the weighted tokens served in each `window` s)."""
+    if not shares:
+        return []
+    ends = np.arange(window, shares[-1][0] + window, window)
+    times = np.array([t for t, _ in shares])
+    out = []
+    for tenant in TENANTS:
+        served = np.array([s.get(tenant, 0.0) for _, s in shares])
+        totals = np.array([sum(s.values()) for _, s in shares])
+        at = np.searchsorted(times, ends, side="right") - 1
+        before = np.searchsorted(times, ends - window, side="right") - 1
+        mine = served[at] - np.where(before >= 0, served[np.maximum(before, 0)], 0.0)
+        all_ = totals[at] - np.where(before >= 0, totals[np.maximum(before, 0)], 0.0)
+        out.append((tenant, ends, np.divide(mine, all_, out=np.zeros_like(mine), where=all_ > 0)))
+    return out
 
 
 def main() -> None:
@@ -193,14 +242,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--alone", action="store_true", help="also the quiet tenants alone")
     args = parser.parse_args()
+    print(f"# load average {__import__('os').getloadavg()[0]:.2f}", flush=True)
     source = resolve_model(args.model)
     loras = adapters_for(Path(source.hf_dir))
     arrivals = workload(args, vocab_size=load_config(source.hf_dir).vocab_size)
     report = {}
-    for policy in args.policies.split(","):
-        results, throughput = run(args, policy, arrivals, loras)
-        report[policy] = summary(results, throughput)
+    runs = [(p, arrivals) for p in args.policies.split(",")]
+    if args.alone:
+        runs.append(("alone", [a for a in arrivals if a.tenant != "flood"]))
+    for policy, chosen in runs:
+        results, throughput, shares = run(
+            args, "fair" if policy == "alone" else policy, chosen, loras
+        )
+        report[policy] = summary(results, throughput, shares)
         s = report[policy]
         print(
             f"{policy}: quiet TTFT p50 {s['quiet_ttft_p50_s']:.2f} s, p99 "
@@ -210,6 +266,13 @@ def main() -> None:
             f"{s['output_tok_per_busy_s']:.2f} per second of engine steps",
             flush=True,
         )
+    for policy in ("fair", "fcfs"):
+        if "alone" in report and policy in report:
+            for q in ("p50", "p99"):
+                ratio = report[policy][f"quiet_ttft_{q}_s"] / report["alone"][f"quiet_ttft_{q}_s"]
+                print(f"{policy}: quiet TTFT {q} / alone: {ratio:.2f}x")
+        if policy in report:
+            print(f"{policy}: preemptions by tenant {report[policy]['preemptions']}")
     if "fcfs" in report and "fair" in report:
         for key in ("output_tok_per_s", "output_tok_per_busy_s"):
             cost = 1 - report["fair"][key] / report["fcfs"][key]
