@@ -126,6 +126,8 @@ def main() -> None:
                 print(
                     f"#   {name} {s['adapter']}: {s['acceptance_rate']:.2f} of {s['draft_tokens']}"
                 )
+            fit = spec.engine.step_budget
+            print(f"#   step-time model: {fit.fixed_ms:.1f} ms + {fit.ms_per_token:.2f} ms/token")
     print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 
