@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from itertools import count
@@ -19,7 +20,7 @@ from loragate.engine.beam_search_params import (
 from loragate.engine.config import EngineConfig
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs import RequestOutput
-from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -78,6 +79,7 @@ class LLM:
         if add_special_tokens is not None:
             prompts = [_with_special_tokens_flag(p, add_special_tokens) for p in prompts]
         params = _aligned(sampling_params or SamplingParams(), len(prompts), "sampling_params")
+        params = [_final_only(p) for p in params]
         loras = _aligned(lora_request, len(prompts), "lora_request")
         if priority is not None and not isinstance(priority, list | tuple):
             raise ValueError(f"priority must be a list of ints (one per prompt), got {priority!r}")
@@ -197,6 +199,16 @@ def _with_special_tokens_flag(prompt: PromptInput, add_special_tokens: bool) -> 
     if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
         return {"add_special_tokens": add_special_tokens, **prompt}
     return prompt
+
+
+def _final_only(params):
+    """As vLLM's LLM.generate: only each request's final, whole output is built (nothing per
+    step); the caller's SamplingParams stay as given."""
+    if not isinstance(params, SamplingParams):
+        return params  # the engine refuses it, naming it
+    params = copy.copy(params)
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params
 
 
 def _aligned(value, n: int, name: str) -> list:

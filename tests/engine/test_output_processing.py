@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from loragate.engine import EngineConfig, LLMEngine, SamplingParams
+from loragate.engine import EngineConfig, LLMEngine, RequestOutputKind, SamplingParams
 from loragate.engine.async_engine import AsyncLLMEngine
 from loragate.engine.detokenizer import IncrementalDetokenizer
 from loragate.engine.sampler import SampleResult
@@ -261,3 +261,15 @@ def test_the_offline_engine_streams_the_same(scripted):
         assert outs[-1].finished and seen(outs[-1]) == final_expected(case, want[-1])
     assert engine.get_memory_stats()["allocated_blocks"] == 0
     assert len(engine.output_processor) == 0
+
+
+def test_llm_generate_answers_whole_whatever_the_output_kind(make_llm, tiny_model_dir):
+    """As vLLM's LLM.generate: only the final output is built (FINAL_ONLY), so it is whole
+    even for params that ask for deltas, and the caller's params stay as given."""
+    llm = make_llm(model=str(tiny_model_dir("llama")), max_model_len=128, num_kv_blocks=64)
+    greedy = {"temperature": 0, "max_tokens": 12, "logprobs": 1}
+    asked = SamplingParams(output_kind=RequestOutputKind.DELTA, **greedy)
+    (got,) = llm.generate(["Hello there"], asked, use_tqdm=False)
+    (want,) = llm.generate(["Hello there"], SamplingParams(**greedy), use_tqdm=False)
+    assert len(got.outputs[0].token_ids) == 12 and got.outputs == want.outputs
+    assert asked.output_kind == RequestOutputKind.DELTA
