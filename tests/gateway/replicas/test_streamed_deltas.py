@@ -51,22 +51,31 @@ def params(kind: RequestOutputKind) -> SamplingParams:
     )
 
 
-def in_process(engine, kind: RequestOutputKind, request_id: str) -> list[RequestOutput]:
-    async def run():
-        return [out async for out in engine.generate(PROMPT, params(kind), request_id)]
-
-    return asyncio.run(run())
+async def in_process(engine, kind: RequestOutputKind, request_id: str) -> list[RequestOutput]:
+    return [out async for out in engine.generate(PROMPT, params(kind), request_id)]
 
 
-def through_replica(engine, request_id: str) -> list[RequestOutput]:
+async def through_replica(engine, request_id: str) -> list[RequestOutput]:
     """What a replica yields for the ingress, each item through pickle as the wire takes it."""
     replica = SimpleNamespace(engine=engine)  # what `generate` uses of the deployment
     call = GenerateCall(PROMPT, params(RequestOutputKind.DELTA), request_id)
+    return [
+        pickle.loads(pickle.dumps(item)) async for item in EngineReplica.generate(replica, call)
+    ]
+
+
+@pytest.fixture(scope="module")
+def streams(engine) -> dict[str, list[RequestOutput]]:
+    """The three streams, run side by side (one batch: one stream's time for three)."""
 
     async def run():
-        return [pickle.dumps(item) async for item in EngineReplica.generate(replica, call)]
+        return await asyncio.gather(
+            in_process(engine, RequestOutputKind.CUMULATIVE, "cumulative"),
+            in_process(engine, RequestOutputKind.DELTA, "delta"),
+            through_replica(engine, "wire"),
+        )
 
-    return [pickle.loads(sent) for sent in asyncio.run(run())]
+    return dict(zip(("cumulative", "delta", "wire"), asyncio.run(run()), strict=True))
 
 
 def per_step(outputs: list[RequestOutput]) -> tuple[list[int], list[int]]:
@@ -98,28 +107,21 @@ def same_answer(got: RequestOutput, want: RequestOutput) -> None:
     assert got.prompt_token_ids == want.prompt_token_ids and got.finished
 
 
-@pytest.fixture(scope="module")
-def cumulative(engine):
-    return in_process(engine, RequestOutputKind.CUMULATIVE, "cumulative")
-
-
-def test_the_cumulative_stream_grows_with_its_length(cumulative):
+def test_the_cumulative_stream_grows_with_its_length(streams):
     """The measure sees the old path's growth: its last output holds every token."""
-    tokens, sizes = per_step(cumulative)
+    tokens, sizes = per_step(streams["cumulative"])
     assert tokens[-1] == TOKENS
     assert sizes[-1] > sizes[0] + TOKENS * 8
 
 
-def test_in_process_deltas_stay_bounded(engine, cumulative):
-    deltas = in_process(engine, RequestOutputKind.DELTA, "delta")
-    assert_bounded(deltas)
-    same_answer(whole(deltas), cumulative[-1])
+def test_in_process_deltas_stay_bounded(streams):
+    assert_bounded(streams["delta"])
+    same_answer(whole(streams["delta"]), streams["cumulative"][-1])
 
 
-def test_replica_wire_deltas_stay_bounded(engine, cumulative):
-    deltas = through_replica(engine, "wire")
-    assert_bounded(deltas)
-    same_answer(whole(deltas), cumulative[-1])
+def test_replica_wire_deltas_stay_bounded(streams):
+    assert_bounded(streams["wire"])
+    same_answer(whole(streams["wire"]), streams["cumulative"][-1])
 
 
 def both_kinds(engine, request_id: str, **fields) -> tuple[RequestOutput, RequestOutput]:
