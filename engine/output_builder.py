@@ -41,7 +41,7 @@ def request_output(state, tokenizer, eos_token_ids: set[int], finished: bool) ->
         lora_sha256=request.adapter_identity.sha256 if request.adapter_identity else None,
         error=state.error,
         error_type=state.error_type,
-        prompt_logprobs=state.prompt_logprobs,
+        prompt_logprobs=_prompt_logprobs(state),
         best_of_sequences=others,
         metrics=RequestMetrics(
             request.arrival_time,
@@ -50,6 +50,16 @@ def request_output(state, tokenizer, eos_token_ids: set[int], finished: bool) ->
             first_scheduled_time=state.first_scheduled_time,
         ),
     )
+
+
+def _prompt_logprobs(state) -> list | None:
+    """Under RequestOutputKind.DELTA, in the first output that has them only (vLLM's)."""
+    if state.request.params.output_kind != RequestOutputKind.DELTA:
+        return state.prompt_logprobs
+    if state.prompt_logprobs is None or state.prompt_logprobs_sent:
+        return None
+    state.prompt_logprobs_sent = True
+    return state.prompt_logprobs
 
 
 def error_output(state) -> RequestOutput:

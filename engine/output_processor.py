@@ -75,6 +75,7 @@ class RequestText:
         "first_token_time",
         "first_scheduled_time",
         "prompt_logprobs",
+        "prompt_logprobs_sent",
         "beam_results",
         "step_finished",
     )
@@ -87,6 +88,7 @@ class RequestText:
         self.first_token_time: float | None = None
         self.first_scheduled_time: float | None = None
         self.prompt_logprobs: list | None = None
+        self.prompt_logprobs_sent = False  # under DELTA they go in one output only
         self.beam_results: list | None = None
         self.step_finished = False
 

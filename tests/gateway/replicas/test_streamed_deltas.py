@@ -171,6 +171,22 @@ def test_text_held_back_for_a_stop_string_is_sent_once(engine):
     assert got.outputs[0].finish_reason == "stop" and stop not in got.outputs[0].text
 
 
+def test_prompt_logprobs_come_once(engine):
+    """Under DELTA the prompt's logprobs are in one output (the first that has them), and
+    grown back they are the cumulative answer's."""
+    fields = {"temperature": 0, "max_tokens": 8, "prompt_logprobs": 2}
+
+    async def run():
+        p = SamplingParams(output_kind=RequestOutputKind.DELTA, **fields)
+        return [out async for out in engine.generate(PROMPT, p, "prompt-logprobs")]
+
+    deltas = asyncio.run(run())
+    assert len([out for out in deltas if out.prompt_logprobs is not None]) == 1
+    want, got = both_kinds(engine, "prompt-logprobs-both", **fields)
+    assert got.prompt_logprobs == want.prompt_logprobs and want.prompt_logprobs is not None
+    same_samples(got.outputs, want.outputs)
+
+
 def test_final_only_answers_once_whole(engine):
     async def run(kind):
         p = SamplingParams(temperature=0, max_tokens=10, logprobs=1, output_kind=kind)
