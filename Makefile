@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PIP := .venv/bin/pip
 STAMP := .venv/.installed
 
-.PHONY: serve test install lint format bench clean gpu-wheels gpu-assets
+.PHONY: serve test install lint format bench clean gpu-wheels gpu-assets loadgen
 
 serve: $(STAMP)
 	.venv/bin/loragate serve
@@ -51,6 +51,28 @@ gpu-wheels: $(STAMP)
 # .gpu_part1/ and .gpu_part2/ with their manifest, for two calls in a row on one machine.
 gpu-assets: $(STAMP)
 	$(PY) benchmarks/gpu_assets.py --out .gpu_assets
+
+# Issue 62: the outside load generators the CI tests run unchanged against `loragate serve`
+# (tests/gateway/loadgen/), each in its own git-ignored venv under .loadgen/, every package
+# pinned in .ci/loadgen/<tool>.txt (installed --no-deps: nothing else is resolved).
+# inference-perf and aiperf on Python 3.12 (inference-perf needs it) and without torch;
+# guidellm imports torch, so it gets Python 3.11, for which torch==2.13.0+cpu is a local
+# wheel here (3.12's torch 2.13.0 is the CUDA build and its gigabytes of nvidia packages).
+LOADGEN_TOOLS := guidellm inference-perf aiperf
+LOADGEN_PY312 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+LOADGEN_PY_guidellm := python3
+LOADGEN_PY_inference-perf := $(LOADGEN_PY312)
+LOADGEN_PY_aiperf := $(LOADGEN_PY312)
+
+loadgen: $(foreach t,$(LOADGEN_TOOLS),.loadgen/$(t)/.installed)
+
+.loadgen/%/.installed: .ci/loadgen/%.txt
+	rm -rf .loadgen/$*
+	$(LOADGEN_PY_$*) -m venv .loadgen/$*
+	.loadgen/$*/bin/pip install -q --no-deps -r $< > .loadgen/$*.log 2>&1 \
+		|| (tail -20 .loadgen/$*.log; exit 1)
+	.loadgen/$*/bin/pip check
+	touch $@
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache *.egg-info
