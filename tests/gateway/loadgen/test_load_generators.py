@@ -22,6 +22,8 @@ from loadgen_testlib import (
 )
 from servers_testlib import ServeProcess
 
+from loragate.engine.model_loader import resolve_model
+
 OUTPUT_TOKENS = 8  # each tool asks for 8 with ignore_eos: the tiny model's EOS cannot cut it
 
 
@@ -251,3 +253,39 @@ def test_a_missing_tool_fails_where_ci_requires_it(monkeypatch, tmp_path):
     monkeypatch.delenv("LORAGATE_REQUIRE_LOADGEN")
     with pytest.raises(pytest.skip.Exception, match="make loadgen"):
         tool_bin("aiperf", "aiperf")
+
+
+TEXTS = [
+    "Hello world, how are you?",
+    "  two leading spaces,\ttabs\nand a newline",
+    "café, naïve, 東京, 🙂 and 1234567",
+    "<|im_start|>user\nHi there<|im_end|>",
+]
+READ_TOKENIZER = """
+import json, sys, transformers
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+texts = json.loads(sys.argv[2])
+ids = [tok(t)["input_ids"] for t in texts]
+print(json.dumps({"version": transformers.__version__, "class": type(tok).__name__,
+                  "ids": ids, "decoded": [tok.decode(i) for i in ids]}))
+"""
+
+
+@pytest.mark.parametrize("tool", ["guidellm", "inference-perf", "aiperf"])
+def test_the_model_folder_reads_the_same_in_each_tools_transformers(served, base, tool, tmp_path):
+    """The folder loragate writes for the default GGUF model, read by the transformers each
+    tool installs (5.x), gives the ids the server's /tokenize gives and decodes back to the
+    text (5.x read the old `LlamaTokenizer` declaration as another tokenizer: other ids,
+    no spaces)."""
+    python = tool_bin(tool, "python")
+    folder = resolve_model(None).hf_dir
+    out = run_tool([python, "-c", READ_TOKENIZER, folder, json.dumps(TEXTS)], cwd=tmp_path)
+    read = json.loads(next(x for x in out.splitlines() if x.startswith('{"version"')))
+    assert int(read["version"].split(".")[0]) >= 5, read["version"]
+    served_ids = [
+        httpx.post(f"{served.url}/tokenize", json={"model": base, "prompt": t}).json()["tokens"]
+        for t in TEXTS
+    ]
+    assert read["ids"] == served_ids, read["class"]
+    assert read["decoded"] == TEXTS
