@@ -64,22 +64,28 @@ def run_tool(args: list, cwd: Path, offline_flags: bool = True) -> str:
 _COUNTER = re.compile(r'^loragate_adapter_(\w+)_total\{adapter="([^"]*)",model_name="[^"]*"\}$')
 
 
-def adapter_counters(url: str) -> dict[tuple[str, str], float]:
+def bearer(key: str | None) -> dict:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def adapter_counters(url: str, admin_key: str | None) -> dict[tuple[str, str], float]:
     """(adapter, requests | prompt_tokens | generation_tokens) -> the server's counter."""
     found = {}
-    for key, value in metrics(url).items():
+    for key, value in metrics(url, bearer(admin_key)).items():
         match = _COUNTER.match(key)
         if match and match.group(1) in ("requests", "prompt_tokens", "generation_tokens"):
             found[(match.group(2), match.group(1))] = value
     return found
 
 
-def counted_since(url: str, before: dict, requests: int) -> dict[str, dict[str, int]]:
+def counted_since(
+    url: str, admin_key: str | None, before: dict, requests: int
+) -> dict[str, dict[str, int]]:
     """Per adapter, what the server counted since `before`, once it has counted `requests`
     requests (a request is counted as it closes, which may follow its last byte)."""
 
     def delta():
-        now = adapter_counters(url)
+        now = adapter_counters(url, admin_key)
         out: dict[str, dict[str, int]] = {}
         for (adapter, what), value in now.items():
             grown = int(value - before.get((adapter, what), 0))
@@ -101,20 +107,22 @@ def minimal_body(path: str, body: dict) -> dict:
     return minimal
 
 
-def _answer(url: str, path: str, body: dict) -> tuple[int, str]:
-    with httpx.stream("POST", f"{url}{path}", json=body, timeout=120) as response:
+def _answer(url: str, key: str | None, path: str, body: dict) -> tuple[int, str]:
+    with httpx.stream(
+        "POST", f"{url}{path}", json=body, headers=bearer(key), timeout=120
+    ) as response:
         text = response.read().decode()
     return response.status_code, text
 
 
-def replay_fields(url: str, sent: list[tuple[str, dict]]) -> set[tuple[str, str]]:
+def replay_fields(url: str, key: str | None, sent: list[tuple[str, dict]]) -> set[tuple[str, str]]:
     """Every field a tool sent, accepted (must-show 3): each recorded request replayed whole,
     then each of its fields alone on the smallest request to that route (with `stream`, as
     vLLM wants it, where the field was sent on a stream). A refusal, or an error event
     inside a stream answered 200, fails. Returns the (route, field) pairs checked."""
     checked: set[tuple[str, str]] = set()
     for path, body in sent:
-        status, text = _answer(url, path, body)
+        status, text = _answer(url, key, path, body)
         assert status == 200, f"{path} refused the tool's request {body}: {text[:500]}"
         assert '"error"' not in text, f"{path} sent an error for {body}: {text[:500]}"
         for field, value in body.items():
@@ -124,7 +132,7 @@ def replay_fields(url: str, sent: list[tuple[str, dict]]) -> set[tuple[str, str]
             single = {**minimal_body(path, body), field: value}
             if field == "max_completion_tokens":
                 single.pop("max_tokens")
-            status, text = _answer(url, path, single)
+            status, text = _answer(url, key, path, single)
             assert status == 200, f"{path} refused field {field}={value!r}: {text[:500]}"
             assert '"error"' not in text, f"{path}: {field}={value!r} sent {text[:500]}"
     return checked

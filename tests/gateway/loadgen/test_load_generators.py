@@ -7,6 +7,7 @@ every field each sent is accepted when replayed one by one."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import httpx
 import loadgen_testlib
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from loadgen_testlib import (
     adapter_counters,
+    bearer,
     counted_since,
     jsonl,
     replay_fields,
@@ -21,15 +23,25 @@ from loadgen_testlib import (
     tool_bin,
 )
 from servers_testlib import ServeProcess
+from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.engine.model_loader import resolve_model
 
 OUTPUT_TOKENS = 8  # each tool asks for 8 with ignore_eos: the tiny model's EOS cannot cut it
 
 
-@pytest.fixture(scope="module")
-def served(tiny_dir, adapter_root):
-    """`loragate serve` in its own process: the tiny model, the four test adapters."""
+@dataclass
+class Served:
+    url: str
+    key: str | None  # the key the tools send: a tenant's under tenancy, else none
+    admin_key: str | None  # what /metrics needs
+
+
+@pytest.fixture(scope="module", params=["open", "tenancy"])
+def served(request, tiny_dir, adapter_root):
+    """`loragate serve` in its own process: the tiny model, the four test adapters; open, or
+    under tenancy with the tools sending a tenant's key and alpha and beta made public."""
+    tenancy = request.param == "tenancy"
     server = ServeProcess(
         "--model",
         str(tiny_dir),
@@ -43,19 +55,25 @@ def served(tiny_dir, adapter_root):
         "4",
         "--max-lora-rank",
         "8",
-        env={"HF_HUB_OFFLINE": "1"},
+        env={"HF_HUB_OFFLINE": "1", **({"LORAGATE_ADMIN_KEY": ADMIN_KEY} if tenancy else {})},
     )
-    yield server
-    server.stop()
+    try:
+        if not tenancy:
+            yield Served(server.url, None, None)
+            return
+        admin = Api(server.url, ADMIN_KEY)
+        key = admin.create_tenant("loadgen")
+        for adapter in ("alpha", "beta"):
+            assert admin.patch(f"/v1/adapters/{adapter}", {"public": True}).status_code == 200
+        yield Served(server.url, key, ADMIN_KEY)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
 def base(served):
-    (model,) = [
-        m["id"]
-        for m in httpx.get(f"{served.url}/v1/models").json()["data"]
-        if m.get("parent") is None
-    ]
+    models = httpx.get(f"{served.url}/v1/models", headers=bearer(served.key)).json()["data"]
+    (model,) = [m["id"] for m in models if m.get("parent") is None]
     return model
 
 
@@ -64,7 +82,7 @@ def test_guidellm_runs_unchanged(served, tiny_dir, tmp_path):
     alpha, one whole-answer run on /v1/chat/completions for beta."""
     guidellm = tool_bin("guidellm", "guidellm")
     runs = {"alpha": ("/v1/completions", "true"), "beta": ("/v1/chat/completions", "false")}
-    before = adapter_counters(served.url)
+    before = adapter_counters(served.url, served.admin_key)
     requests: dict[str, list[dict]] = {}
     for adapter, (route, stream) in runs.items():
         report = tmp_path / f"{adapter}.json"
@@ -74,7 +92,8 @@ def test_guidellm_runs_unchanged(served, tiny_dir, tmp_path):
                 "run",
                 "--backend",
                 f"kind=openai_http,target={served.url},model={adapter},"
-                f"request_format={route},stream={stream}",
+                f"request_format={route},stream={stream}"
+                + (f",api_key={served.key}" if served.key else ""),
                 "--profile",
                 "kind=synchronous",
                 "--constraint",
@@ -99,7 +118,7 @@ def test_guidellm_runs_unchanged(served, tiny_dir, tmp_path):
             if stream == "true":
                 assert r["time_to_first_token_ms"] > 0
                 assert r["inter_token_latency_ms"] is not None
-    counted = counted_since(served.url, before, requests=6)
+    counted = counted_since(served.url, served.admin_key, before, requests=6)
     assert counted.keys() == runs.keys()
     for adapter, done in requests.items():
         assert counted[adapter]["requests"] == len(done)
@@ -109,16 +128,19 @@ def test_guidellm_runs_unchanged(served, tiny_dir, tmp_path):
         for adapter, done in requests.items()
         for r in done
     ]
-    checked = replay_fields(served.url, sent)
+    checked = replay_fields(served.url, served.key, sent)
     assert ("/v1/completions", "stream_options") in checked
     assert ("/v1/chat/completions", "ignore_eos") in checked
 
 
 def test_inference_perf_runs_unchanged(served, base, tiny_dir, tmp_path):
     """inference-perf names adapters through `load.lora_traffic_split` (checked against
-    /v1/models), streamed on /v1/completions; its per-adapter reports equal the server's."""
+    /v1/models), streamed on /v1/completions; its per-adapter reports equal the server's.
+    Under tenancy it names one adapter as its model instead: 0.7.0 asks /v1/models for the
+    split without its api_key (401 here, as from vLLM under --api-key)."""
     inference_perf = tool_bin("inference-perf", "inference-perf")
-    adapters = ("alpha", "beta")
+    split = served.key is None
+    adapters = ("alpha", "beta") if split else ("alpha",)
     config = {
         "api": {"type": "completion", "streaming": True},
         "data": {
@@ -135,15 +157,25 @@ def test_inference_perf_runs_unchanged(served, base, tiny_dir, tmp_path):
             "type": "concurrent",
             "stages": [{"num_requests": 6, "concurrency_level": 2}],
             "num_workers": 1,
-            "lora_traffic_split": [{"name": a, "split": 0.5} for a in adapters],
+            **(
+                {"lora_traffic_split": [{"name": a, "split": 0.5} for a in adapters]}
+                if split
+                else {}
+            ),
         },
-        "server": {"type": "vllm", "model_name": base, "base_url": served.url, "ignore_eos": True},
+        "server": {
+            "type": "vllm",
+            "model_name": base if split else "alpha",
+            "base_url": served.url,
+            "ignore_eos": True,
+            **({"api_key": served.key} if served.key else {}),
+        },
         "tokenizer": {"pretrained_model_name_or_path": str(tiny_dir)},
         "storage": {"local_storage": {"path": str(tmp_path / "reports")}},
         "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": True}},
     }
     (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
-    before = adapter_counters(served.url)
+    before = adapter_counters(served.url, served.admin_key)
     run_tool([inference_perf, "--config_file", tmp_path / "config.yml"], cwd=tmp_path)
     reports = tmp_path / "reports"
     summary = json.loads((reports / "summary_lifecycle_metrics.json").read_text())
@@ -167,14 +199,18 @@ def test_inference_perf_runs_unchanged(served, base, tiny_dir, tmp_path):
     assert summary["successes"]["client_fallback_requests"]["output"] == 0
     # The split is random per request (not by base_seed): both adapters, or one by chance.
     assert set(output_by_adapter) <= set(adapters)
-    counted = counted_since(served.url, before, requests=6)
+    counted = counted_since(served.url, served.admin_key, before, requests=6)
     assert counted.keys() == output_by_adapter.keys()
     for adapter, tokens in output_by_adapter.items():
         assert counted[adapter]["generation_tokens"] == tokens
-        report = json.loads((reports / f"adapter_{adapter}_lifecycle_metrics.json").read_text())
-        assert report["successes"]["count"] == counted[adapter]["requests"]
+        if split:
+            report = reports / f"adapter_{adapter}_lifecycle_metrics.json"
+            assert (
+                json.loads(report.read_text())["successes"]["count"]
+                == (counted[adapter]["requests"])
+            )
     checked = replay_fields(
-        served.url, [("/v1/completions", json.loads(r["request"])) for r in per_request]
+        served.url, served.key, [("/v1/completions", json.loads(r["request"])) for r in per_request]
     )
     assert ("/v1/completions", "ignore_eos") in checked
 
@@ -184,7 +220,7 @@ def test_aiperf_runs_unchanged(served, tiny_dir, tmp_path):
     /v1/chat/completions, with the server's token counts (`--use-server-token-count`)."""
     aiperf = tool_bin("aiperf", "aiperf")
     artifacts = tmp_path / "artifacts"
-    before = adapter_counters(served.url)
+    before = adapter_counters(served.url, served.admin_key)
     run_tool(
         [
             aiperf,
@@ -217,6 +253,7 @@ def test_aiperf_runs_unchanged(served, tiny_dir, tmp_path):
             "none",
             "--artifact-dir",
             artifacts,
+            *(["--api-key", served.key] if served.key else []),
         ],
         cwd=tmp_path,
         offline_flags=False,  # aiperf 0.13 takes the folder for a hub id under them
@@ -236,10 +273,10 @@ def test_aiperf_runs_unchanged(served, tiny_dir, tmp_path):
         tokens = r["metrics"]["output_token_count"]["value"]
         output_by_adapter[model] = output_by_adapter.get(model, 0) + tokens
     assert output_by_adapter == {"alpha": 2 * OUTPUT_TOKENS, "beta": 2 * OUTPUT_TOKENS}
-    counted = counted_since(served.url, before, requests=4)
+    counted = counted_since(served.url, served.admin_key, before, requests=4)
     assert {a: c["generation_tokens"] for a, c in counted.items()} == output_by_adapter
     sent = [("/v1/chat/completions", s["payloads"][0]) for s in sessions]
-    checked = replay_fields(served.url, sent)
+    checked = replay_fields(served.url, served.key, sent)
     assert ("/v1/chat/completions", "max_completion_tokens") in checked
 
 
@@ -284,7 +321,11 @@ def test_the_model_folder_reads_the_same_in_each_tools_transformers(served, base
     read = json.loads(next(x for x in out.splitlines() if x.startswith('{"version"')))
     assert int(read["version"].split(".")[0]) >= 5, read["version"]
     served_ids = [
-        httpx.post(f"{served.url}/tokenize", json={"model": base, "prompt": t}).json()["tokens"]
+        httpx.post(
+            f"{served.url}/tokenize",
+            json={"model": base, "prompt": t},
+            headers=bearer(served.key),
+        ).json()["tokens"]
         for t in TEXTS
     ]
     assert read["ids"] == served_ids, read["class"]
