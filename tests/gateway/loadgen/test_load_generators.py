@@ -6,7 +6,10 @@ every field each sent is accepted when replayed one by one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
 from dataclasses import dataclass
 
 import httpx
@@ -37,12 +40,18 @@ class Served:
     admin_key: str | None  # what /metrics needs
 
 
-@pytest.fixture(scope="module", params=["open", "tenancy"])
+@pytest.fixture(
+    scope="module",
+    params=["open", "tenancy", pytest.param("replicas", marks=pytest.mark.ray)],
+)
 def served(request, tiny_dir, adapter_root):
     """`loragate serve` in its own process: the tiny model, the four test adapters; open, or
-    under tenancy with the tools sending a tenant's key and alpha and beta made public."""
+    under tenancy with the tools sending a tenant's key and alpha and beta made public, or
+    open on two replicas (Ray Serve)."""
     tenancy = request.param == "tenancy"
+    replicas = ("--replicas", "2", "--replica-cpus", "0.5") if request.param == "replicas" else ()
     server = ServeProcess(
+        *replicas,
         "--model",
         str(tiny_dir),
         "--adapter-root",
@@ -67,6 +76,9 @@ def served(request, tiny_dir, adapter_root):
             assert admin.patch(f"/v1/adapters/{adapter}", {"public": True}).status_code == 200
         yield Served(server.url, key, ADMIN_KEY)
     finally:
+        server.proc.send_signal(signal.SIGTERM)  # drains and stops its Ray cluster, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.proc.wait(120)
         server.stop()
 
 
