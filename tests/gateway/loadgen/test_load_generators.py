@@ -30,6 +30,7 @@ from tenancy_testlib import ADMIN_KEY, Api
 
 from loragate.engine.model_loader import resolve_model
 
+CHAT = {"role": "user", "content": "Hi"}
 OUTPUT_TOKENS = 8  # each tool asks for 8 with ignore_eos: the tiny model's EOS cannot cut it
 
 
@@ -342,3 +343,35 @@ def test_the_model_folder_reads_the_same_in_each_tools_transformers(served, base
     ]
     assert read["ids"] == served_ids, read["class"]
     assert read["decoded"] == TEXTS
+
+
+@pytest.mark.parametrize(
+    "path, body, status",
+    [
+        ("/v1/chat/completions", {"model": "no-such-adapter", "messages": [CHAT]}, 404),
+        ("/v1/completions", {"model": "no-such-adapter", "prompt": "Hi"}, 404),
+        ("/v1/completions", {"model": "alpha", "prompt": "Hi", "max_tokens": -1}, 400),
+        ("/v1/chat/completions", {"model": "alpha", "messages": [CHAT], "top_p": 7}, 400),
+    ],
+)
+def test_a_stream_refused_before_it_begins_is_its_status_not_an_sse_error(
+    served, path, body, status
+):
+    """What the tools count as a failure: a streamed request refused before its first token
+    answers with its status and a JSON error (guidellm counted an SSE error under 200 as a
+    success, guidellm#743)."""
+    with httpx.stream(
+        "POST",
+        f"{served.url}{path}",
+        json={**body, "stream": True},
+        headers=bearer(served.key),
+        timeout=60,
+    ) as response:
+        text = response.read().decode()
+    assert response.status_code == status, text
+    assert response.headers["content-type"].split(";")[0] == "application/json"
+    assert "error" in json.loads(text)
+    if served.key is not None:
+        anonymous = httpx.post(f"{served.url}{path}", json={**body, "stream": True})
+        assert anonymous.status_code == 401
+        assert anonymous.headers["content-type"].split(";")[0] == "application/json"
