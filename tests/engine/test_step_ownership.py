@@ -54,6 +54,9 @@ WRITERS = {
         # Output processing's own copy of a sample's tokens, for its text (not a Sequence).
         ("engine/output_processor.py", "SampleText.__init__"),
         ("engine/output_processor.py", "OutputProcessor._take"),
+        # The gateway's cumulative copy of a streamed output, grown from the engine's deltas
+        # (a CompletionOutput, not a Sequence).
+        ("gateway/serving/generation.py", "_grown"),
     },
     "running": {
         (SCHEDULER, "Scheduler.__init__"),
@@ -200,6 +203,9 @@ def test_the_scheduler_is_the_writer_the_rules_name():
         ("engine/sequence.py", "Sequence.__init__"),
         ("engine/output_processor.py", "SampleText.__init__"),
         ("engine/output_processor.py", "OutputProcessor._take"),
+        # The gateway's cumulative copy of a streamed output, grown from the engine's deltas
+        # (a CompletionOutput, not a Sequence).
+        ("gateway/serving/generation.py", "_grown"),
     }
 
 
