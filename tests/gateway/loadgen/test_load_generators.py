@@ -136,6 +136,8 @@ def test_guidellm_runs_unchanged(served, tiny_dir, tmp_path):
     for adapter, done in requests.items():
         assert counted[adapter]["requests"] == len(done)
         assert counted[adapter]["generation_tokens"] == sum(r["output_tokens"] for r in done)
+        # its prompt counts are the usage's (the chat template's tokens included)
+        assert counted[adapter]["prompt_tokens"] == sum(r["prompt_tokens"] for r in done)
     sent = [
         (runs[adapter][0], json.loads(r["request_args"])["body"])
         for adapter, done in requests.items()
@@ -204,10 +206,13 @@ def test_inference_perf_runs_unchanged(served, base, tiny_dir, tmp_path):
     # The server's count as the tool read it from `usage` (its "Out (server)" column): its
     # client count re-tokenizes the text, which a random model's tokens need not survive.
     output_by_adapter: dict[str, int] = {}
+    prompt_by_adapter: dict[str, int] = {}
     for r in per_request:
         model = json.loads(r["request"])["model"]
         usage = r["info"]["response_metrics"]["server_usage"]
         output_by_adapter[model] = output_by_adapter.get(model, 0) + usage["completion_tokens"]
+        prompt_by_adapter[model] = prompt_by_adapter.get(model, 0) + usage["prompt_tokens"]
+        assert r["info"]["input_tokens"] == usage["prompt_tokens"]  # what it reports
     assert summary["successes"]["output_tokens"]["mean"] == OUTPUT_TOKENS
     assert summary["successes"]["client_fallback_requests"]["output"] == 0
     # The split is random per request (not by base_seed): both adapters, or one by chance.
@@ -216,6 +221,7 @@ def test_inference_perf_runs_unchanged(served, base, tiny_dir, tmp_path):
     assert counted.keys() == output_by_adapter.keys()
     for adapter, tokens in output_by_adapter.items():
         assert counted[adapter]["generation_tokens"] == tokens
+        assert counted[adapter]["prompt_tokens"] == prompt_by_adapter[adapter]
         if split:
             report = reports / f"adapter_{adapter}_lifecycle_metrics.json"
             assert (
@@ -281,13 +287,17 @@ def test_aiperf_runs_unchanged(served, tiny_dir, tmp_path):
     sessions = json.loads((artifacts / "inputs.json").read_text())["data"]
     model_of = {s["session_id"]: s["payloads"][0]["model"] for s in sessions}
     output_by_adapter: dict[str, int] = {}
+    prompt_by_adapter: dict[str, int] = {}
     for r in records:
         model = model_of[r["metadata"]["conversation_id"]]
         tokens = r["metrics"]["output_token_count"]["value"]
         output_by_adapter[model] = output_by_adapter.get(model, 0) + tokens
+        prompt = r["metrics"]["usage_prompt_tokens"]["value"]
+        prompt_by_adapter[model] = prompt_by_adapter.get(model, 0) + prompt
     assert output_by_adapter == {"alpha": 2 * OUTPUT_TOKENS, "beta": 2 * OUTPUT_TOKENS}
     counted = counted_since(served.url, served.admin_key, before, requests=4)
     assert {a: c["generation_tokens"] for a, c in counted.items()} == output_by_adapter
+    assert {a: c["prompt_tokens"] for a, c in counted.items()} == prompt_by_adapter
     sent = [("/v1/chat/completions", s["payloads"][0]) for s in sessions]
     checked = replay_fields(served.url, served.key, sent)
     assert ("/v1/chat/completions", "max_completion_tokens") in checked
