@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--workloads", default="copy-1,copy-8,free-8,free-1")
     args = ap.parse_args()
     flags = sorted(f for f in this_cpu_flags() if f.startswith(("avx", "amx")))
     print(f"# {cpu_name()}; flags {' '.join(flags)}; threads {torch.get_num_threads()}")
@@ -105,7 +106,8 @@ def main() -> None:
         }
         print("| workload | without (tok/s) | with (tok/s) | with / without | acceptance |")
         print("|---|---|---|---|---|")
-        for name, (prompts, lora) in workloads.items():
+        chosen = args.workloads.split(",")
+        for name, (prompts, lora) in ((n, w) for n, w in workloads.items() if n in chosen):
             rates = {"without": [], "with": []}
             for llm in (plain, spec):  # warm: adapters loaded, step budget timed
                 run(llm, prompts, lora, 8)

@@ -43,6 +43,10 @@ PROBE_EVERY = 32
 # The highest acceptance rate a token's expected value is computed with (a rate of 1 would
 # value every position alike).
 MAX_RATE = 0.98
+# An allowance for what the step-time model leaves out of a verified token's cost: its row
+# runs with the prompts' attention, and each position is sampled in a round of its own
+# (BENCHMARKS.md, "Speculative decoding", has runs with 1.0 and with this).
+VERIFY_COST_FACTOR = 1.25
 
 
 class StepTime(Protocol):
@@ -123,9 +127,10 @@ class Speculator:
         A step of T tokens takes about fixed + per_token * T ms (the step budget's fit);
         proposal token i of a row whose adapter accepts at rate a adds a^i expected output
         tokens. Tokens go in by that value, best first, while one more raises the expected
-        tokens per ms: a^i * time(T) > E * per_token, with E the expected tokens so far (the
-        decodes' one each, then what was taken). So a batch that is compute-bound already
-        (a large T, or a per-token cost that dominates) takes only well-accepted tokens."""
+        tokens per ms: a^i * time(T) > E * per_token * VERIFY_COST_FACTOR, with E the
+        expected tokens so far (the decodes' one each, then what was taken). So a batch that
+        is compute-bound already (a large T, or a per-token cost that dominates) takes only
+        well-accepted tokens."""
         step_time = self.step_time
         if step_time is None or step_time.ms_per_token <= 0 or not drafts:
             return drafts
@@ -135,9 +140,10 @@ class Speculator:
             candidates += [(rate**i, seq_id, i) for i in range(1, len(proposal) + 1)]
         candidates.sort(key=lambda c: c[0], reverse=True)
         expected, tokens, per_token = float(num_decodes), num_decodes, step_time.ms_per_token
+        cost = per_token * VERIFY_COST_FACTOR
         kept: dict[int, int] = {}
         for value, seq_id, i in candidates:
-            if value * (step_time.fixed_ms + per_token * tokens) <= expected * per_token:
+            if value * (step_time.fixed_ms + per_token * tokens) <= expected * cost:
                 break
             expected += value
             tokens += 1

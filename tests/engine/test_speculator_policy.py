@@ -79,8 +79,8 @@ def test_a_badly_answering_proposer_proposes_nothing():
 
 
 def test_only_proposal_tokens_that_pay_for_their_compute_run():
-    # 8 ms per step plus 2 ms per token: eight decodes take 24 ms.
-    spec = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(8.0, 2.0))
+    # 40 ms per step plus 2 ms per token: eight decodes take 56 ms.
+    spec = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(40.0, 2.0))
     rows = [row(i, [1, 2, 3, 4, 5], adapter="good" if i < 4 else "poor") for i in range(8)]
     for i in range(60):
         spec.record(rows[0], 4, 4)
