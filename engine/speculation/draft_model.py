@@ -31,6 +31,7 @@ from loragate.engine.forward_batch import (
 )
 from loragate.engine.kv_cache import KVCache
 from loragate.engine.model_loader import load_config, load_weights, resolve_model
+from loragate.engine.model_runner import slot_mapping, token_positions
 from loragate.engine.models import build_model
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,7 @@ class DraftModel:
         starts = [len(state.tokens) for state, _ in chunks]
         counts = [len(chunk) for _, chunk in chunks]
         ids = [t for _, chunk in chunks for t in chunk]
-        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts, strict=True)])
-        rows_of = torch.repeat_interleave(torch.arange(len(chunks)), torch.tensor(counts))
+        positions, rows_of = token_positions(starts, counts)
         tables = self._tables([state for state, _ in chunks])
         ends = torch.cumsum(torch.tensor(counts), 0)
         batch = ForwardBatch(
@@ -236,8 +236,7 @@ class DraftModel:
         return tables
 
     def _slots(self, tables, rows, positions) -> torch.Tensor:
-        blocks = tables[rows, positions // BLOCK_SIZE].to(torch.long)
-        return (blocks * BLOCK_SIZE + positions % BLOCK_SIZE).to(self.device)
+        return slot_mapping(tables, rows, positions, BLOCK_SIZE).to(self.device)
 
     def _tensor(self, data, dtype=torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
