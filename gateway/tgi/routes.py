@@ -178,7 +178,7 @@ async def _events(
             new = list(range(sent_tokens, len(c.token_ids)))
             if not new and c.finish_reason is not None and c.token_ids:
                 new = [len(c.token_ids) - 1]  # the finish carries no token: repeat the last one
-            text = c.text[sent_chars:]
+            texts = token_texts(served_model.tokenizer, c.token_ids, new, c.text[sent_chars:])
             sent_chars = max(sent_chars, len(c.text))
             sent_tokens = len(c.token_ids)
             for k, i in enumerate(new):
@@ -187,7 +187,7 @@ async def _events(
                 event = TGIStreamResponse(
                     token=TGIToken(
                         id=token_id,
-                        text=text if last else "",
+                        text=texts[k],
                         logprob=_logprob(c, i),
                         special=token_id in special,
                     ),
@@ -204,6 +204,40 @@ async def _events(
                 yield sse_event(event)
     except APIError as exc:
         yield sse_event(TGIErrorResponse(error=exc.message, error_type="generation"))
+
+
+# Tokens decoded before a step's first new one when its text is shared among its tokens:
+# enough for a byte-level BPE's multi-byte characters and a word's leading space.
+CONTEXT_TOKENS = 4
+
+
+def token_texts(tokenizer, token_ids, new: list[int], text: str) -> list[str]:
+    """`text`, the engine's text for the tokens at positions `new`, shared among them as TGI
+    streams it, one event per token with that token's own text. A step brings several
+    tokens when speculation verified them together; each gets what decoding it adds to the
+    tokens before it, as a stream of one token per step would have sent it (nothing while a
+    character is incomplete, then the whole of what completed). The events' texts always
+    join to exactly the engine's text: where decoding a few tokens alone gives other text
+    (a tokenizer's clean-up), the last token carries all of it, as before."""
+    if len(new) <= 1:
+        return [text]
+    start = max(0, new[0] - CONTEXT_TOKENS)
+    sent = ""  # the text of tokens start.. as streamed so far: the last complete decoding
+    for j in range(start, new[0]):
+        upto = tokenizer.decode(token_ids[start : j + 1])
+        if not upto.endswith("\ufffd"):
+            sent = upto
+    texts = []
+    for i in new:
+        upto = tokenizer.decode(token_ids[start : i + 1])
+        if upto.endswith("\ufffd") or not upto.startswith(sent):
+            texts.append("")
+        else:
+            texts.append(upto[len(sent) :])
+            sent = upto
+    if "".join(texts) != text:  # decoding alone gave other text: the last token carries it
+        return [""] * (len(new) - 1) + [text]
+    return texts
 
 
 def tgi_finish_reason(c: CompletionOutput) -> str:

@@ -65,6 +65,37 @@ def _events(api: Api, path: str, body: dict) -> list:
     return [_stable(json.loads(line[len("data:") :])) for line in lines if line.startswith("data:")]
 
 
+def merged_stream(events: list) -> dict:
+    """An OpenAI stream as one object: each choice's deltas joined (strings concatenated,
+    lists extended, the last of any other value), the last usage. What a stream says, apart
+    from where its chunks break: a speculating engine sends the tokens a step verified in one
+    chunk, so its chunks differ from one that is not while the stream says the same."""
+    merged: dict = {"choices": {}}
+    for event in events:
+        for key, value in event.items():
+            if key != "choices" and value is not None:
+                merged[key] = value
+        for choice in event.get("choices", []):
+            into = merged["choices"].setdefault(choice["index"], {})
+            _join(into, choice)
+    return merged
+
+
+def _join(into: dict, part: dict) -> None:
+    for key, value in part.items():
+        if value is None:
+            continue
+        have = into.get(key)
+        if isinstance(value, dict):
+            _join(into.setdefault(key, {}), value)
+        elif isinstance(value, list) and isinstance(have, list):
+            have.extend(value)
+        elif isinstance(value, str) and isinstance(have, str) and key != "finish_reason":
+            into[key] = have + value
+        else:
+            into[key] = list(value) if isinstance(value, list) else value
+
+
 def route_matrix(api: Api, base: str, adapter: str) -> dict[str, object]:
     """Each route's answer through `api`, on the base model and on `adapter`."""
     answers: dict[str, object] = {}
