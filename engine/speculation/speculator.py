@@ -12,9 +12,12 @@ what each verified row accepted (`record`), which steers the next steps:
   of the proposals, only the tokens whose expected yield pays for their compute under the
   engine's measured step-time model (`_worth_running`);
 - per adapter: the acceptance rate measured for it (accepted over proposed tokens of its
-  recent verified rows) sets k, from `num_speculative_tokens` at a high rate down to one token;
-  below `min_acceptance` the adapter stops speculating and probes with one row every
-  `PROBE_EVERY` steps, so a workload with nothing to copy turns speculation off by itself.
+  recent verified rows); below `min_acceptance` the adapter stops speculating and probes with
+  one row every `PROBE_EVERY` steps, so a workload with nothing to copy turns speculation off
+  by itself;
+- per row: the row's own recent rate, drawn toward its adapter's while it has few verified
+  tokens, sets its k (from `num_speculative_tokens` at a high rate down to one token) and
+  its tokens' value in the step-time rule: in free text some streams copy and others do not.
 
 Counts per (adapter, method), as vLLM's spec-decode metrics: drafts, draft tokens,
 accepted tokens, and accepted tokens by position.
@@ -37,6 +40,11 @@ log = logging.getLogger(__name__)
 # an adapter starts at.
 ACCEPTANCE_DECAY = 0.98
 INITIAL_ACCEPTANCE = 0.7
+# A row's own rate (its recent verified proposals, decayed faster: about the last 10 count)
+# against its adapter's: the adapter's rate weighs as ROW_PRIOR proposed tokens, so a new row
+# starts at it and a row that copies (or does not) departs from it within a few steps.
+ROW_DECAY = 0.9
+ROW_PRIOR = 4.0
 # At this rate and above a row proposes num_speculative_tokens; below, proportionally fewer.
 FULL_K_ACCEPTANCE = 0.6
 PROBE_EVERY = 32
@@ -89,6 +97,8 @@ class Speculator:
         self.vocab_size = vocab_size
         # adapter name -> (accepted, proposed) tokens, decayed per verified row
         self.acceptance: dict[str | None, tuple[float, float]] = {}
+        # seq_id -> (accepted, proposed) tokens of the running rows, decayed per verified step
+        self.rows: dict[int, tuple[float, float]] = {}
         self.counts: dict[tuple[str | None, str], SpecCounts] = {}
         self.steps = 0
         self._failed_once = False
@@ -97,12 +107,17 @@ class Speculator:
         """Proposals by seq_id for some of `decodes` (running, one token to compute each),
         their lengths summing to at most `spare` tokens."""
         self.steps += 1
+        # Only running decodes keep their history (a finished or preempted row's goes).
+        self.rows = {s.seq_id: self.rows[s.seq_id] for s in decodes if s.seq_id in self.rows}
         limit = self.config.disable_by_batch_size
         if spare <= 0 or not decodes or (limit is not None and len(decodes) > limit):
             return {}
-        rows, seqs = [], []
+        rows, seqs, probes = [], [], set()
         for seq in decodes:
             k = self._k_for(seq)
+            if k < 0:  # a probe: one token, whatever the step-time rule would say of it
+                k = 1
+                probes.add(seq.seq_id)
             if k > 0:
                 rows.append(_row(seq, k))
                 seqs.append(seq)
@@ -117,7 +132,9 @@ class Speculator:
                 spare -= len(proposal)
             if spare <= 0:
                 break
-        return self._worth_running(drafts, {s.seq_id: s for s in seqs}, len(decodes))
+        probed = {i: drafts.pop(i) for i in probes if i in drafts}
+        kept = self._worth_running(drafts, {s.seq_id: s for s in seqs}, len(decodes))
+        return kept | probed
 
     def _worth_running(
         self, drafts: dict[int, list[int]], seqs: dict[int, Sequence], num_decodes: int
@@ -136,7 +153,7 @@ class Speculator:
             return drafts
         candidates = []
         for seq_id, proposal in drafts.items():
-            rate = min(self.acceptance_rate(_adapter(seqs[seq_id])), MAX_RATE)
+            rate = min(self.row_rate(seqs[seq_id]), MAX_RATE)
             candidates += [(rate**i, seq_id, i) for i in range(1, len(proposal) + 1)]
         candidates.sort(key=lambda c: c[0], reverse=True)
         expected, tokens, per_token = float(num_decodes), num_decodes, step_time.ms_per_token
@@ -167,32 +184,41 @@ class Speculator:
             got * ACCEPTANCE_DECAY + accepted,
             asked * ACCEPTANCE_DECAY + proposed,
         )
+        got, asked = self.rows.get(seq.seq_id, (0.0, 0.0))
+        self.rows[seq.seq_id] = (got * ROW_DECAY + accepted, asked * ROW_DECAY + proposed)
 
     def acceptance_rate(self, adapter: str | None) -> float:
         """The adapter's recent acceptance rate (INITIAL_ACCEPTANCE before any row)."""
         got, asked = self.acceptance.get(adapter, (0.0, 0.0))
         return got / asked if asked else INITIAL_ACCEPTANCE
 
+    def row_rate(self, seq: Sequence) -> float:
+        """The row's expected acceptance: its own recent rate, drawn toward its adapter's."""
+        prior = self.acceptance_rate(_adapter(seq))
+        got, asked = self.rows.get(seq.seq_id, (0.0, 0.0))
+        return (got + ROW_PRIOR * prior) / (asked + ROW_PRIOR)
+
     def _k_for(self, seq: Sequence) -> int:
-        """How many tokens this row may propose: 0 when it does not speculate."""
+        """How many tokens this row may propose: 0 when it does not speculate, -1 for a probe
+        (one token, run to measure a rate that fell below min_acceptance again)."""
         request = seq.request
         params = request.params
         if not params.speculative or request.beam is not None or params.sampler is not None:
             return 0
-        k = self.config.num_speculative_tokens
-        rate = self.acceptance_rate(_adapter(seq))
-        if rate < self.config.min_acceptance:
-            if (self.steps + seq.seq_id) % PROBE_EVERY:
-                return 0
-            k = 1  # a probe: one token, to measure the rate again
-        elif rate < FULL_K_ACCEPTANCE:
-            k = max(1, round(k * rate / FULL_K_ACCEPTANCE))
         # Never past what the request may still produce (the bonus token is one more) or
         # past the context.
-        generated = seq.num_tokens - seq.prompt_len
+        room = self.max_model_len - seq.num_tokens - 1
         if params.max_tokens is not None:
-            k = min(k, params.max_tokens - generated - 1)
-        return min(k, self.max_model_len - seq.num_tokens - 1)
+            room = min(room, params.max_tokens - (seq.num_tokens - seq.prompt_len) - 1)
+        if room <= 0:
+            return 0
+        k = self.config.num_speculative_tokens
+        rate = self.row_rate(seq)
+        if min(rate, self.acceptance_rate(_adapter(seq))) < self.config.min_acceptance:
+            return 0 if (self.steps + seq.seq_id) % PROBE_EVERY else -1
+        if rate < FULL_K_ACCEPTANCE:
+            k = max(1, round(k * rate / FULL_K_ACCEPTANCE))
+        return min(k, room)
 
     def _propose(self, rows: list[dict]) -> list[list[int]]:
         """The proposer's answer, checked; one that fails or answers badly proposes nothing

@@ -99,3 +99,27 @@ def test_only_proposal_tokens_that_pay_for_their_compute_run():
     for _ in range(60):
         single.record(alone, 4, 3)
     assert single.drafts([alone], spare=100) == {9: [7, 7, 7]}  # rate 0.75: 3 of 4
+
+
+def test_a_rows_own_rate_decides_among_rows_of_one_adapter():
+    """Free text: one stream copies and another of the same adapter does not. The adapter's
+    rate is middling; each row's own rate keeps the copying row's proposals and drops the
+    other's (it only probes), and a finished row's history goes with it."""
+    spec = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(40.0, 2.0))
+    copying, free = row(0, [1, 2, 3, 4, 5], "a"), row(1, [1, 2, 3, 4, 5], "a")
+    for _ in range(30):
+        spec.record(copying, 4, 4)
+        spec.record(free, 4, 0)
+    assert 0.4 < spec.acceptance_rate("a") < 0.6
+    assert spec.row_rate(copying) > 0.9 and spec.row_rate(free) < 0.1
+    probes = 0
+    for _ in range(64):
+        drafts = spec.drafts([copying, free], spare=100)
+        assert drafts[0] == [7] * 4
+        probes += 1 in drafts
+        assert drafts.get(1, [7]) == [7]  # a probe is one token
+    assert probes == 64 // 32
+    newcomer = row(2, [1, 2, 3, 4, 5], "a")  # no history: its adapter's rate
+    assert spec.row_rate(newcomer) == spec.acceptance_rate("a")
+    spec.drafts([newcomer], spare=100)
+    assert set(spec.rows) == set()  # rows 0 and 1 no longer decode: their history is gone
