@@ -23,6 +23,13 @@ is loragate's knee at >= 1.5x vLLM-CPU's. Writes loadgen-curves-<date>.json and 
 
     .venv/bin/python benchmarks/loadgen_curves.py            # the whole run, ~25 minutes
     .venv/bin/python benchmarks/loadgen_curves.py --quick    # a smoke run, loragate only
+    .venv/bin/python benchmarks/loadgen_curves.py --rates 0.1,0.2,0.4   # fixed rates instead
+
+guidellm's sweep places its constant rates between the synchronous and the throughput
+points' rates; where the throughput point completes fewer requests per second than the
+synchronous one (a loaded machine: requests left in flight when its time ends are not
+counted), the sweep never passes the synchronous rate, and `--rates` gives both servers the
+same fixed rates instead.
 
 Both servers run on all cores (loragate's torch threads default to them; vLLM-CPU binds its
 OpenMP threads to 0..N-1), in float32 activations; the load generators run on the same
@@ -96,6 +103,21 @@ def warm(url: str, adapters: list[str]) -> str:
 
 def run_guidellm(opts, url: str, adapter: str, tokenizer: Path, work: Path) -> list[dict]:
     report = work / "guidellm.json"
+    if opts.rates:  # constant rates, one benchmark each, as guidellm's docs show
+        profile = [
+            "--profile",
+            f"kind=constant,rate={opts.rates[0]},max_concurrency={opts.max_concurrency}",
+            "--override",
+            "profile.rate",
+            ",".join(f"{r:g}" for r in opts.rates),
+        ]
+        points = len(opts.rates)
+    else:  # synchronous, throughput, then constant rates between their two rates
+        profile = [
+            "--profile",
+            f"kind=sweep,sweep_size={opts.sweep_size},max_concurrency={opts.max_concurrency}",
+        ]
+        points = opts.sweep_size
     _run(
         [
             _tool("guidellm", "guidellm"),
@@ -103,8 +125,7 @@ def run_guidellm(opts, url: str, adapter: str, tokenizer: Path, work: Path) -> l
             "--backend",
             f"kind=openai_http,target={url},model={adapter},"
             "request_format=/v1/completions,stream=true",
-            "--profile",
-            f"kind=sweep,sweep_size={opts.sweep_size},max_concurrency={opts.max_concurrency}",
+            *profile,
             "--constraint",
             f"kind=max_duration,seconds={opts.seconds}",
             "--tokenizer",
@@ -118,7 +139,7 @@ def run_guidellm(opts, url: str, adapter: str, tokenizer: Path, work: Path) -> l
         ],
         work,
         work / "guidellm.log",
-        timeout=opts.sweep_size * (opts.seconds + 150) + 120,
+        timeout=points * (opts.seconds + 150) + 120,
     )
     return parse_guidellm(json.loads(report.read_text()))
 
@@ -251,6 +272,12 @@ def options(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--sweep-size", type=int, default=6, help="guidellm: sync + throughput + N-2")
+    p.add_argument(
+        "--rates",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=None,
+        help="guidellm: these constant rates (req/s) instead of its sweep, the same for both",
+    )
     p.add_argument("--seconds", type=float, default=30, help="guidellm: each sweep point")
     p.add_argument("--max-concurrency", type=int, default=32, help="guidellm's throughput point")
     p.add_argument("--max-num-seqs", type=int, default=32, help="both servers' batch")
