@@ -331,7 +331,8 @@ def main(argv=None) -> dict:
     result["goal_met"] = None if goal is None else goal >= 1.5
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"loadgen-curves-{started.date()}" + ("-quick" if opts.quick else "")
+    stem = f"loadgen-curves-{started.date()}" + ("-rates" if opts.rates else "-sweep")
+    stem += "-quick" if opts.quick else ""
     note = (
         f"{result['cpu']['model']}, {result['cpu']['cpus']} CPUs; load average "
         f"{load_before[0]:.1f} before, {result['load_average_after'][0]:.1f} after; "
