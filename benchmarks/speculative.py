@@ -12,6 +12,12 @@ Reported: output tokens per second of each engine, their ratio, and the acceptan
 adapter. Name the CPU and load with the figures (printed first).
 
     .venv/bin/python benchmarks/speculative.py --rounds 3
+
+`--draft` measures the draft-model method instead of prompt lookup, with a draft made here
+from the default model's family: `random:N` (N layers of random weights, HF's init: the
+lower bound, whose proposals are all rejected, so speculation should turn itself off) or
+`layers:N` (the default model's own first N layers and head: a smaller model of the same
+family and tokenizer that agrees with it often).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
@@ -72,6 +78,27 @@ def adapters(count: int, root: Path) -> list[LoRARequest]:
     return made
 
 
+def make_draft(kind: str, root: Path) -> str:
+    """A draft model's HF directory: `random:N` or `layers:N` (see the module's docs)."""
+    how, _, layers = kind.partition(":")
+    hf_dir = resolve_model(None).hf_dir
+    target = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    config = target.config
+    config.num_hidden_layers = int(layers)
+    if how == "random":
+        torch.manual_seed(0)
+        draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    elif how == "layers":
+        draft = target
+        draft.model.layers = draft.model.layers[: int(layers)]
+    else:
+        raise SystemExit(f"--draft: expected random:N or layers:N, got {kind!r}")
+    out = root / f"draft-{how}-{layers}"
+    draft.save_pretrained(out)
+    AutoTokenizer.from_pretrained(hf_dir).save_pretrained(out)
+    return str(out)
+
+
 def run(llm: LLM, prompts, loras, max_tokens: int) -> tuple[float, int]:
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     start = time.perf_counter()
@@ -86,17 +113,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--workloads", default="copy-1,copy-8,free-8,free-1")
+    ap.add_argument("--draft", help="random:N or layers:N: the draft-model method")
     args = ap.parse_args()
     flags = sorted(f for f in this_cpu_flags() if f.startswith(("avx", "amx")))
     print(f"# {cpu_name()}; flags {' '.join(flags)}; threads {torch.get_num_threads()}")
     print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
     options = dict(dtype=args.dtype, max_model_len=1024, enable_lora=True, max_loras=8)
-    plain = LLM(**options)
-    spec = LLM(**options, speculative_config=SPEC)
-    chat = plain.apply_chat_template
-    copying = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in COPYING]
-    free = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in FREE]
     with tempfile.TemporaryDirectory() as tmp:
+        spec_config = SPEC
+        if args.draft:
+            spec_config = {"method": "draft_model", "num_speculative_tokens": 4}
+            spec_config["model"] = make_draft(args.draft, Path(tmp))
+        print(f"# speculative_config {spec_config}")
+        plain = LLM(**options)
+        spec = LLM(**options, speculative_config=spec_config)
+        chat = plain.apply_chat_template
+        copying = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in COPYING]
+        free = [{"prompt_token_ids": chat([{"role": "user", "content": t}])} for t in FREE]
         loras = adapters(8, Path(tmp))
         workloads = {
             "copy-1": ([copying[0]], [None]),
