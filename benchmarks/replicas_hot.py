@@ -146,8 +146,8 @@ def main() -> None:
 
         even, skewed = workload(args, loras, 0.0), workload(args, loras, hot)
         for name, config, router, work in [
-            ("even load, multiplexed routing", settings(), None, even),
-            ("hot adapter, multiplexed routing", settings(), None, skewed),
+            ("even load, multiplexed routing", settings(spill_at=0), None, even),
+            ("hot adapter, multiplexed routing", settings(spill_at=0), None, skewed),
             ("hot adapter, round robin", settings(), RoundRobinRouter, skewed),
             (f"hot adapter, spill at {spill_at}", settings(spill_at=spill_at), None, skewed),
         ]:

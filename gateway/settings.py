@@ -316,13 +316,18 @@ class GatewaySettings:
         metadata=_help(
             "Spill rule of the replicas' adapter routing: when every replica holding a "
             "request's adapter has this many requests in flight and another has at most "
-            "--spill-idle-at, the request goes there (which loads the adapter too). "
-            "Default: off (Ray Serve's multiplexed routing alone)."
+            "--spill-idle-at, the request goes there (which loads the adapter too), so a "
+            "flooding tenant's requests spread instead of filling one replica's batch. "
+            "Default: a replica's --max-num-seqs (its batch full); 0 turns it off (Ray "
+            "Serve's multiplexed routing alone)."
         ),
     )
-    spill_idle_at: int = field(
-        default=1,
-        metadata=_help("A replica with at most this many requests in flight takes spills."),
+    spill_idle_at: int | None = field(
+        default=None,
+        metadata=_help(
+            "A replica with at most this many requests in flight takes spills. Default: 1 "
+            "with --spill-at given, else half a replica's --max-num-seqs."
+        ),
     )
     ray_address: str | None = field(
         default=None,

@@ -148,9 +148,9 @@ def _check_replicas(s) -> None:
     value = s.target_ongoing_requests
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"target_ongoing_requests must be a number > 0, got {value!r}")
-    if s.spill_at is not None and (_not_int(s.spill_at) or s.spill_at < 1):
-        raise ValueError(f"spill_at must be an integer >= 1, got {s.spill_at!r}")
-    if _not_int(s.spill_idle_at) or s.spill_idle_at < 0:
+    if s.spill_at is not None and (_not_int(s.spill_at) or s.spill_at < 0):
+        raise ValueError(f"spill_at must be an integer >= 0 (0: off), got {s.spill_at!r}")
+    if s.spill_idle_at is not None and (_not_int(s.spill_idle_at) or s.spill_idle_at < 0):
         raise ValueError(f"spill_idle_at must be an integer >= 0, got {s.spill_idle_at!r}")
     for name in ("upscale_delay_seconds", "downscale_delay_seconds", "autoscaling_window_seconds"):
         value = getattr(s, name)

@@ -96,24 +96,33 @@ class RayReplicas:
         return self.engine
 
     def _router(self) -> dict:
-        """The router given, else the spill rule's when --spill-at is set, else Ray Serve's."""
+        """The router given, else the spill rule's (unless --spill-at 0 turned it off)."""
         from ray.serve.config import RequestRouterConfig
 
         if self.request_router is not None:
             config = RequestRouterConfig(request_router_class=self.request_router)
-        elif self.settings.spill_at is not None:
+        elif self.settings.spill_at != 0:
             from loragate.gateway.replicas.spill_router import SpillRouter
 
             config = RequestRouterConfig(
-                request_router_class=SpillRouter,
-                request_router_kwargs={
-                    "spill_at": self.settings.spill_at,
-                    "idle_at": self.settings.spill_idle_at,
-                },
+                request_router_class=SpillRouter, request_router_kwargs=self.spill_rule()
             )
         else:
             return {}
         return {"request_router_config": config}
+
+    def spill_rule(self) -> dict:
+        """The spill rule's thresholds: as given, else when a replica's batch is full, to a
+        replica whose batch is at most half full (a flood spreads; affinity holds below)."""
+        s = self.settings
+        batch = s.engine.max_num_seqs
+        if s.spill_at is not None:
+            return {
+                "spill_at": s.spill_at,
+                "idle_at": 1 if s.spill_idle_at is None else s.spill_idle_at,
+            }
+        idle_at = batch // 2 if s.spill_idle_at is None else s.spill_idle_at
+        return {"spill_at": batch, "idle_at": idle_at}
 
     @property
     def autoscaled(self) -> bool:

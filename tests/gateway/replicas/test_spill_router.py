@@ -75,6 +75,25 @@ def test_spill_options_reach_the_router_config():
     routing = config["request_router_config"]
     assert routing.request_router_kwargs == {"spill_at": 4, "idle_at": 0}
     assert "SpillRouter" in str(routing.request_router_class)
-    assert RayReplicas(GatewaySettings(replicas=2))._router() == {}
+    assert RayReplicas(GatewaySettings(replicas=2, spill_at=0))._router() == {}  # off
     with pytest.raises(ValueError, match="spill_at"):
-        GatewaySettings(replicas=2, spill_at=0)
+        GatewaySettings(replicas=2, spill_at=-1)
+
+
+def test_by_default_a_full_batch_spills_to_a_replica_at_most_half_full():
+    """Issue 60: a flooding tenant's adapter spreads once its replica's batch is full,
+    instead of queueing there while another replica idles; below that, affinity holds."""
+    from loragate.engine import EngineConfig
+    from loragate.gateway.replicas.cluster import RayReplicas
+
+    settings = GatewaySettings(replicas=2, engine=EngineConfig(max_num_seqs=8))
+    routing = RayReplicas(settings)._router()["request_router_config"]
+    assert "SpillRouter" in str(routing.request_router_class)
+    assert routing.request_router_kwargs == {"spill_at": 8, "idle_at": 4}
+    r = router({"flood": {A}}, **routing.request_router_kwargs)
+    r.in_flight.update({A: 7, B: 5, C: 6})
+    assert r.spill_target(request("flood")) is None  # A's batch has room: affinity
+    r.on_send_request(A)
+    assert r.spill_target(request("flood")) is None  # B and C are more than half full
+    r.decrement_queue_len_cache(B)
+    assert r.spill_target(request("flood")) == B
