@@ -205,9 +205,12 @@ def bench_server(name: str, opts, adapter_dir: Path, adapters: list[str], tokeni
         ]
     )
     started = time.monotonic()
-    if name == "loragate":
+    if name.startswith("loragate"):
+        # loragate-f32: the default model's GGUF dequantized to float32 weights, as vLLM-CPU
+        # is given them (loragate serves the file's Q4_1/Q8_0 blocks by default)
+        extra = ("--gguf-dequantize",) if name == "loragate-f32" else ()
         server = ServerProcess(
-            engine_config(serve_args, adapter_dir), adapter_dir, work / "serve.log"
+            engine_config(serve_args, adapter_dir), adapter_dir, work / "serve.log", extra
         )
     else:
         server = VLLMServer(
@@ -266,7 +269,9 @@ def options(argv=None):
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 4 adapters, short stages")
     p.add_argument(
-        "--servers", default=None, help="loragate,vllm (default: vllm if its venv is there)"
+        "--servers",
+        default=None,
+        help="of loragate, loragate-f32 (--gguf-dequantize), vllm; default: loragate,vllm",
     )
     p.add_argument("--num-adapters", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=32)

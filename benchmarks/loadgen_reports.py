@@ -95,15 +95,20 @@ def knee(points: list[dict], ttft_ms: float) -> dict | None:
 
 
 def knees(curves: dict[str, list[dict]], thresholds) -> dict[str, dict]:
-    """Per threshold: each server's knee and loragate's over vLLM's."""
+    """Per threshold: each server's knee and loragate's over vLLM's (`ratio`; a loragate
+    variant such as loragate-f32 gets its own `ratio_<name>`)."""
     out = {}
     for ms in thresholds:
         row = {name: knee(points, ms) for name, points in curves.items()}
-        ours, theirs = row.get("loragate"), row.get("vllm")
-        ratio = None
-        if ours and theirs and theirs["rate"] > 0:
-            ratio = ours["rate"] / theirs["rate"]
-        out[f"{ms:g}"] = row | {"ratio": ratio}
+        theirs = row.get("vllm")
+        ratios = {}
+        for name in curves:
+            if not name.startswith("loragate"):
+                continue
+            ours = row[name]
+            ratio = ours["rate"] / theirs["rate"] if ours and theirs and theirs["rate"] else None
+            ratios["ratio" if name == "loragate" else f"ratio_{name}"] = ratio
+        out[f"{ms:g}"] = row | {"ratio": None} | ratios
     return out
 
 
@@ -122,7 +127,7 @@ def plot_curves(
             if not points:
                 continue
             xs = [p["rate"] for p in points]
-            colour = COLORS.get(name)
+            colour = COLORS.get(name, f"C{3 + list(curves).index(name)}")
             ax.plot(xs, [p[metric]["p50"] for p in points], "o-", color=colour, label=f"{name} p50")
             ax.plot(
                 xs, [p[metric]["p99"] for p in points], "s--", color=colour, label=f"{name} p99"
@@ -176,6 +181,10 @@ def table(result: dict) -> str:
             parts = [
                 f"{n} {row[n]['rate']:.2f}" if row.get(n) else f"{n} none" for n in result["runs"]
             ]
-            ratio = "" if row["ratio"] is None else f", ratio {row['ratio']:.2f}x"
+            ratio = "".join(
+                f", {'loragate' if key == 'ratio' else key[len('ratio_') :]} / vllm {value:.2f}x"
+                for key, value in row.items()
+                if key.startswith("ratio") and value is not None
+            )
             lines.append(f"knee ({tool}, P99 TTFT <= {ms_} ms): {', '.join(parts)} req/s{ratio}")
     return "\n".join(lines)

@@ -136,6 +136,8 @@ def test_knees_compare_loragate_with_vllm_per_threshold():
     assert found["1000"]["ratio"] == 2.0
     assert found["50"] == {"loragate": None, "vllm": None, "ratio": None}
     assert knees({"loragate": ours}, [1000])["1000"]["ratio"] is None  # no peer run
+    variant = knees({"loragate-f32": theirs, "vllm": theirs}, [1000])["1000"]
+    assert variant["ratio_loragate-f32"] == 1.0 and variant["ratio"] is None
 
 
 def test_the_plot_and_the_table_show_both_servers(tmp_path):
@@ -151,6 +153,5 @@ def test_the_plot_and_the_table_show_both_servers(tmp_path):
     }
     text = table(result)
     assert "| guidellm | vllm | constant | 3.75 | 1.85 | 70 / 150 | 12 / 20 | 111 / 0 |" in text
-    assert "knee (guidellm, P99 TTFT <= 1000 ms): loragate 5.40, vllm 2.70 req/s, ratio 2.00x" in (
-        text
-    )
+    knee_line = "knee (guidellm, P99 TTFT <= 1000 ms): loragate 5.40, vllm 2.70 req/s"
+    assert f"{knee_line}, loragate / vllm 2.00x" in text
