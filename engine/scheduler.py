@@ -428,12 +428,21 @@ class Scheduler:
                 try:
                     slot = None if blocked_on_slot else self._acquire_adapter_slot(seq)
                 except AdapterNotReady:  # loading off the step: the others go on
+                    # ...but none takes a slot first once this one was refused one (a slot
+                    # freed for it stays free while its weights load).
+                    blocked_on_slot = blocked_on_slot or seq.slot_wait_steps > 0
                     skipped.append(self.waiting.popleft())
                     continue
                 except Exception as exc:  # this request's adapter alone: it fails alone
                     skipped.append(self.waiting.popleft())
                     out.failed.append((seq, exc))
                     continue
+                if slot is None and not blocked_on_slot:
+                    refund = self._free_adapter_slot(seq, out)
+                    if refund is not None:
+                        budget += refund
+                        seq.slot_wait_steps = seq.slot_wait_steps or 1
+                        continue  # a slot is free now: `seq` again
                 if slot is None:
                     blocked_on_slot = True
                     seq.slot_wait_steps = seq.slot_wait_steps or 1  # admission order bounds it
@@ -460,6 +469,26 @@ class Scheduler:
         victim = self.preempt_for(seq, self.running, self.num_steps)
         if victim is None:
             return None
+        return self._give_up(victim, out)
+
+    def _free_adapter_slot(self, seq: Sequence, out: SchedulerOutput) -> int | None:
+        """Every adapter slot is busy for the waiting head `seq`: free one, when the policy
+        gives up for `seq` a sequence holding a slot and every other sequence holding that
+        slot too (so one tenant's adapters cannot keep the slots from a tenant owed
+        service). The tokens they were granted this step are returned (None: none freed)."""
+        if self.preempt_for is None:
+            return None
+        holders = [s for s in self.running if s.lora_slot >= 0]
+        victim = self.preempt_for(seq, holders, self.num_steps) if holders else None
+        if victim is None:
+            return None
+        group = [s for s in holders if s.lora_slot == victim.lora_slot]
+        if any(self.preempt_for(seq, [s], self.num_steps) is not s for s in group):
+            return None
+        return sum(self._give_up(s, out) for s in group)
+
+    def _give_up(self, victim: Sequence, out: SchedulerOutput) -> int:
+        """Preempt `victim` for the waiting head; the tokens it was granted this step."""
         refund = self._granted.pop(victim.seq_id, 0)
         out.drop(victim)
         self.running.remove(victim)

@@ -65,7 +65,7 @@ WRITERS = {
         (SCHEDULER, "Scheduler._schedule_running"),
         (SCHEDULER, "Scheduler._schedule_swapped"),
         (SCHEDULER, "Scheduler._schedule_waiting"),
-        (SCHEDULER, "Scheduler._make_room"),  # a victim preempted for a waiting request
+        (SCHEDULER, "Scheduler._give_up"),  # a victim preempted for a waiting request
     },
 }
 ADVANCERS = {(SCHEDULER, "Scheduler.update_from_output")}
