@@ -139,6 +139,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--out", type=Path, help="the JSON result")
+    ap.add_argument("--work", type=Path, help="keep the tools' reports and logs here")
+    ap.add_argument("--runs", default="alone,fcfs,fair", help="which of alone, fcfs, fair")
     opts = ap.parse_args(argv)
     print(f"# {json.dumps(cpu_info())}", flush=True)
     hf_dir = resolve_model(None).hf_dir
@@ -146,12 +148,16 @@ def main(argv=None) -> dict:
     adapter_dir, adapters = make_adapters(adapter_args, hf_dir)
     result = {"options": {k: str(v) for k, v in vars(opts).items()}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = opts.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        chosen = opts.runs.split(",")
         for name, policy, flood in (
-            ("quiet tenants alone", "fair", False),
+            ("alone", "fair", False),
             ("fcfs", "fcfs", True),
             ("fair", "fair", True),
         ):
+            if name not in chosen:
+                continue
             started = time.monotonic()
             runs = one_run(opts, policy, flood, adapter_dir, adapters, hf_dir, work)
             result["runs"][name] = runs
