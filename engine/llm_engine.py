@@ -54,6 +54,7 @@ from loragate.engine.sequence import Request, Sequence, sample_generator
 from loragate.engine.special_tokens import special_token_rule
 from loragate.engine.speculation import Speculator
 from loragate.engine.speculation.draft_model import DraftModel
+from loragate.engine.startup_heap import release_freed_heap
 from loragate.engine.step_budget import step_budget_for
 from loragate.engine.step_output import RequestTokens, SeqStop, SeqTokens, StepOutput
 from loragate.engine.step_record import StepClock, StepRecords, mark_scheduled
@@ -180,6 +181,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self._seq_ids = count()
         self.num_prompt_tokens = 0
+        # What reading the weights' file and timing the first steps freed goes back.
+        release_freed_heap()
 
     def _speculator(self, config: EngineConfig) -> Speculator | None:
         """Speculative decoding's step policy, with the proposer its config names."""

@@ -4,6 +4,8 @@ walks (engine/startup_heap.py), and gives it back when the last engine shuts dow
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 
 from loragate.engine import EngineConfig, LLMEngine
@@ -50,3 +52,38 @@ def test_an_engine_dropped_after_shutdown_is_collected(tiny_model_dir):
     del engine
     gc.collect()
     assert inner() is None, "the engine's objects stayed frozen after its shutdown"
+
+
+HELD_FREED = """
+import ctypes
+from loragate.engine.startup_heap import release_freed_heap
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) * 1024
+MB = 1 << 20
+libc.free(libc.malloc(4 * MB))  # glibc's mmap threshold rises: 1 MB chunks come from the heap
+chunks = [libc.malloc(MB) for _ in range(64)]
+for c in chunks:
+    ctypes.memset(c, 1, MB)
+above = libc.malloc(MB)  # a live chunk above them: the heap's top cannot shrink past it
+for c in chunks:
+    libc.free(c)
+before = anon()
+release_freed_heap()
+print((before - anon()) // MB)
+"""
+
+
+def test_memory_the_c_heap_freed_goes_back_to_the_system():
+    """What loading weights frees stays in glibc's heap until trimmed (about 50 MB after the
+    default model's file); `release_freed_heap`, called once the engine is built, returns
+    it. Shown in a process of its own: 64 freed 1 MB chunks below a live one."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_FREED], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 60, done.stdout
