@@ -4,10 +4,10 @@ import random
 
 import pytest
 from tokenizers import Tokenizer, decoders, models
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-from loragate.engine.default_model import default_model_path
 from loragate.engine.detokenizer import IncrementalDetokenizer
+from loragate.engine.model_loader import load_tokenizer, resolve_model
 
 REPLACEMENT = "\ufffd"
 
@@ -24,8 +24,9 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    path = default_model_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    """The default model's tokenizer as the engine loads it, from the converted folder
+    (transformers converting the GGUF's vocabulary again takes seconds to a minute)."""
+    return load_tokenizer(resolve_model(None).hf_dir)
 
 
 def stream(detok, token_ids, chunk=1):

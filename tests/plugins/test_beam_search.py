@@ -149,13 +149,13 @@ def test_matches_hf_with_its_kv_cache(tiny_model):
 def test_matches_hf_on_the_default_model_chat_prompt():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loragate.engine.default_model import default_model_path
+    from loragate.engine.model_loader import resolve_model
 
-    path = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    # The converted folder: the GGUF's weights bit-equal, read without transformers
+    # dequantizing the file and converting its vocabulary again (seconds to a minute).
+    hf_dir = resolve_model(None).hf_dir
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     messages = [{"role": "user", "content": "Name three primary colors."}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     params = beam_params(4, length_penalty=1.0, early_stopping=False)
