@@ -85,6 +85,13 @@ def _panel_buffer(rows: int, k: int) -> torch.Tensor:
     return held[: rows * k].view(rows, k)
 
 
+def held_panel_bytes() -> int:
+    """Bytes of the panel buffer the calling thread holds (0 before its first panel): a
+    working buffer, no weight, in the process's resident memory beside the weights."""
+    held = getattr(_scratch, "buffer", None)
+    return 0 if held is None else held.numel() * held.element_size()
+
+
 def _panels(kernels, x, weight: QuantizedWeight, bias, out, vector: bool) -> None:
     """out = x @ W^T over panels of W's rows dequantized into one reused buffer: one panel
     for most weights (torch's matmul costs more per call than a dequantized panel does)."""
