@@ -29,7 +29,7 @@ from loragate.engine.llm import LLM
 from loragate.engine.llm_engine import LLMEngine, PromptInput
 from loragate.engine.model_info import ModelInfo
 from loragate.engine.outputs import CompletionOutput, RequestOutput
-from loragate.engine.quantization import QUANTIZATION_CHOICES
+from loragate.engine.quantization import ACTIVATION_QUANTIZATION_CHOICES, QUANTIZATION_CHOICES
 from loragate.engine.sampling_params import RequestOutputKind, SamplingParams
 from loragate.engine.stored_adapters import object_of, store_path
 from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
@@ -57,6 +57,7 @@ __all__ = [
     "LoRARequest",
     "ModelInfo",
     "PromptInput",
+    "ACTIVATION_QUANTIZATION_CHOICES",
     "QUANTIZATION_CHOICES",
     "RequestOutput",
     "RequestOutputKind",

@@ -8,7 +8,7 @@ import torch
 
 from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine.cpu_features import bf16_support
-from loragate.engine.quantization import check_quantization
+from loragate.engine.quantization import check_activation_quantization, check_quantization
 from loragate.engine.speculation.config import SpeculativeConfig, speculative_config_from
 
 # Chosen from measurements on the 2-core development machine (BENCHMARKS.md, "Online
@@ -137,6 +137,15 @@ class EngineConfig:
             "is optional)."
         },
     )
+    activation_quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "The optional fast mode of quantized weights: 'int8' quantizes the "
+            "activations of decode-sized products to int8 per 32 values, as llama.cpp's dot "
+            "products do, for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (others, and prefill, "
+            "keep float32 activations). Outputs are close to, not equal to, the default's."
+        },
+    )
     speculative_config: SpeculativeConfig | None = field(
         default=None,
         metadata={
@@ -157,6 +166,7 @@ class EngineConfig:
         )
         _check_parallelism(self.tensor_parallel_size)
         check_quantization(self.quantization)
+        check_activation_quantization(self.activation_quantization)
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:

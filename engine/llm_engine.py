@@ -96,6 +96,7 @@ class LLMEngine:
             self.max_model_len,
             checkpoint=source.hf_dir,
             quantization=config.quantization,
+            activation_quantization=config.activation_quantization,
         )
         # An adapter's life (tiers, loads, holds, requests in flight, fetch by hash) has
         # this one owner; None without LoRA. Made before the KV cache is sized: on a GPU the

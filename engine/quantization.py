@@ -30,14 +30,26 @@ import torch
 
 from loragate.kernels import QuantizedWeight
 from loragate.kernels.quant_dequant import dequantize
+from loragate.kernels.quant_int8 import ACTIVATION_QUANTIZATIONS
 from loragate.kernels.quant_pack import awq_weight, gptq_weight, quantize_int4, quantize_int8
 
 AT_LOAD = ("int8", "int4")
 CHECKPOINT_METHODS = ("awq", "gptq")
 QUANTIZATION_CHOICES = (*AT_LOAD, *CHECKPOINT_METHODS)
+# The optional fast mode of block-format products (kernels/quant_int8.py).
+ACTIVATION_QUANTIZATION_CHOICES = ACTIVATION_QUANTIZATIONS
 
 # The decoder layers' linear weights (Llama-family names, Phi-3's fused ones).
 _LINEAR = re.compile(r"\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
+
+
+def check_activation_quantization(value) -> None:
+    """EngineConfig's check: None or one of ACTIVATION_QUANTIZATION_CHOICES."""
+    if value is not None and value not in ACTIVATION_QUANTIZATION_CHOICES:
+        raise ValueError(
+            "activation_quantization must be one of "
+            f"{', '.join(ACTIVATION_QUANTIZATION_CHOICES)} (or unset), got {value!r}"
+        )
 
 
 def check_quantization(value) -> None:

@@ -104,6 +104,9 @@ class QuantizedWeight:
     out_features: int
     in_features: int
     input_order: torch.Tensor | None = None
+    # "int8": decode-sized products quantize the activations to int8 where the format allows
+    # (kernels/quant_int8.py, the optional fast mode); None: float32 activations.
+    activations: str | None = None
 
     def __post_init__(self):
         want = (self.out_features, row_bytes(self.format, self.in_features))

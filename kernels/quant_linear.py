@@ -30,6 +30,7 @@ from . import _backend
 from .quant_blocks import QuantizedWeight, StackedWeights
 from .quant_cpu import native_quant, vector_path
 from .quant_dequant import dequantize
+from .quant_int8 import native_int8, takes_int8
 
 PANEL_ROWS = 12  # from this many rows on, products run over dequantized panels (measured)
 TORCH_PANEL_ROWS = 128  # and from this many, torch's matmul multiplies the panels
@@ -63,6 +64,11 @@ def quantized_linear(
     if m == 0:
         return out.to(x.dtype)
     vector = vector_path()
+    if m < PANEL_ROWS and weight.activations == "int8" and takes_int8(weight):
+        int8 = native_int8()
+        if int8 is not None:
+            int8.linear(int8.quantize_rows(x32), weight, b32, out)
+            return out if x.dtype == torch.float32 else out.to(x.dtype)
     if m < PANEL_ROWS:
         kernels.linear(x32, weight, b32, out, vector)
     elif vector and m < TORCH_PANEL_ROWS:

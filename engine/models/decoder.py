@@ -56,6 +56,7 @@ class PagedDecoder:
         self.rope: list[torch.Tensor] = []
         self.embed_scale: torch.Tensor | None = None
         self.checkpoint: CheckpointWeights | None = None
+        self.activation_quantization: str | None = None  # set by load_weights
 
     # ---- what the adapter layer needs ---------------------------------------------------
     def lora_spec(self, model_name: str) -> LoRAModelSpec:
@@ -76,11 +77,14 @@ class PagedDecoder:
         max_positions: int,
         checkpoint: Path | None = None,
         quantization: str | None = None,
+        activation_quantization: str | None = None,
     ) -> None:
         """``checkpoint``: the HF directory the weights came from, read again for a base
         weight in float32 when an adapter needs one (DoRA); ``quantization``: the
         ``--quantization`` the weights were loaded with (the base weight an adapter sees is
-        then the dequantized one)."""
+        then the dequantized one); ``activation_quantization``: the block-format weights'
+        optional fast mode ("int8", kernels/quant_int8.py)."""
+        self.activation_quantization = activation_quantization
         arch, family = self.arch, self.family
         if checkpoint is not None:
             self.checkpoint = CheckpointWeights(checkpoint, family, quantization)
@@ -140,6 +144,7 @@ class PagedDecoder:
                 tensor,
                 blocks=tensor.blocks.to(self.device),
                 input_order=None if order is None else order.to(self.device),
+                activations=self.activation_quantization,
             )
         if isinstance(tensor, kernels.StackedWeights):
             return kernels.StackedWeights(tuple(self._placed(p) for p in tensor.parts))

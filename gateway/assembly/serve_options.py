@@ -18,7 +18,12 @@ from typing import Any
 
 import click
 
-from loragate.engine import QUANTIZATION_CHOICES, SCHEDULING_POLICIES, EngineConfig
+from loragate.engine import (
+    ACTIVATION_QUANTIZATION_CHOICES,
+    QUANTIZATION_CHOICES,
+    SCHEDULING_POLICIES,
+    EngineConfig,
+)
 from loragate.gateway.openai.reasoning import REASONING_PARSERS
 from loragate.gateway.openai.tool_parsers import TOOL_PARSERS
 from loragate.gateway.settings import GatewaySettings
@@ -74,6 +79,7 @@ ENGINE_HELP = {
 OVERRIDES: dict[str, dict[str, Any]] = {
     "dtype": {"type": click.Choice(["auto", "float32", "bfloat16", "float16"])},
     "quantization": {"type": click.Choice(list(QUANTIZATION_CHOICES))},
+    "activation_quantization": {"type": click.Choice(list(ACTIVATION_QUANTIZATION_CHOICES))},
     "preemption_mode": {"type": click.Choice(["auto", "recompute", "swap"])},
     "scheduling_policy": {"type": click.Choice(list(SCHEDULING_POLICIES))},
     "enable_lora": {"flag": "--enable-lora/--disable-lora", "default": True},
@@ -203,6 +209,7 @@ SERVE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "weights_cache_dir",
             "gguf_dequantize",
             "quantization",
+            "activation_quantization",
         ),
     ),
     (

@@ -1,0 +1,90 @@
+"""The optional fast mode of block-format products: activations quantized to int8.
+
+llama.cpp's CPU dot products quantize each activation row to int8 per 32 values and multiply
+in integers; loragate's default keeps activations in float32 (exact up to summation order
+against the dequantized weight). This mode (``EngineConfig.activation_quantization="int8"``,
+``loragate serve --activation-quantization int8``) does what llama.cpp does for the 32-weight
+formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in decode-sized products; other formats and
+prefill-sized products keep the float32 path. Its outputs differ from the float32 ones by
+the activations' rounding: held to top-5-closeness, never the default.
+(quant_int8_cpu.c; built per machine like the other kernels, with the CPU's int8 dot-product
+instructions where it has them.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from . import _native
+from .quant_blocks import QuantizedWeight, block_format
+
+ACTIVATION_QUANTIZATIONS = ("int8",)
+FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
+BLOCK = 32
+
+_I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+_QUANTIZE = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
+_LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32]
+
+
+class Int8Rows:
+    """Activation rows quantized to int8 per 32 values: ``q`` [m, k] int8, ``d`` [m, k/32]
+    float32 scales, ``s`` [m, k/32] int32 sums of each block's values."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, s: torch.Tensor):
+        self.q, self.d, self.s = q, d, s
+
+
+class NativeInt8:
+    def __init__(self, library: ctypes.CDLL):
+        self._quantize = library.q8_quantize_rows
+        self._quantize.argtypes, self._quantize.restype = _QUANTIZE, None
+        self._linear = library.q8_linear
+        self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
+
+    def quantize_rows(self, x: torch.Tensor) -> Int8Rows:
+        """x [m, k] float32 (rows contiguous, k a multiple of 32) as int8 rows."""
+        m, k = x.shape
+        q = torch.empty((m, k), dtype=torch.int8)
+        d = torch.empty((m, k // BLOCK), dtype=torch.float32)
+        s = torch.empty((m, k // BLOCK), dtype=torch.int32)
+        self._quantize(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr())
+        return Int8Rows(q, d, s)
+
+    def linear(
+        self, rows: Int8Rows, weight: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor
+    ) -> None:
+        """out [m, n] = the int8 rows times weight^T (+ bias), float32."""
+        status = self._linear(
+            block_format(weight.format).code,
+            rows.q.data_ptr(),
+            rows.d.data_ptr(),
+            rows.s.data_ptr(),
+            rows.q.shape[0],
+            weight.in_features,
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            bias.data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"q8_linear refused a {weight.format} weight {weight.shape}")
+
+
+_library = _native.Loaded(Path(__file__).with_name("quant_int8_cpu.c"), NativeInt8)
+
+
+def native_int8() -> NativeInt8 | None:
+    """The loaded kernels, building them on first use; None where they cannot be built."""
+    return _library.get()
+
+
+def takes_int8(weight: QuantizedWeight) -> bool:
+    """Whether the int8 mode covers this weight (a 32-weight format, in its own order)."""
+    return weight.format in FORMATS and weight.input_order is None

@@ -1,0 +1,127 @@
+/* Products with int8 activations (the optional fast mode; kernels/quant_int8.py): as
+ * llama.cpp's dot products do, each activation row is quantized per 32 values to int8 with
+ * one float32 scale (d = max|x| / 127, q = x / d rounded to nearest, ties to even), and each
+ * weight block of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) meets it in integer
+ * multiply-adds: sum_i wq_i * xq_i in int32, then one float scale per block pair. Exact
+ * integer sums; the float rounding is a block's scale product and the sum over blocks (a
+ * float64 reference over the same integers checks them). Built -O3 -march=native: the
+ * integer loops compile to the CPU's dot-product instructions (AVX512-VNNI's vpdpbusd,
+ * AVX2's vpmaddubsw/vpmaddwd) where it has them.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 }; /* kernels/quant_blocks.py's codes for these five */
+#define QK 32
+static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34};
+#define ROWS 4 /* activation rows sharing one unpacked weight block */
+
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do {
+                ++e;
+                m <<= 1;
+            } while (!(m & 0x400));
+            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | man << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* xq [m, k] int8, xd [m, k / 32] scales, xs [m, k / 32] sums of each block's int8 values,
+ * from x [m, k] (row stride ldx). */
+void q8_quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *xq, float *xd,
+                      int32_t *xs) {
+    const int64_t nb = k / QK;
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float *v = x + r * ldx + b * QK;
+            float amax = 0.0f;
+            for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(v[i]));
+            const float d = amax / 127.0f;
+            int8_t *q = xq + r * k + b * QK;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; ++i) {
+                q[i] = d == 0.0f ? 0 : (int8_t)lrintf(v[i] / d);
+                sum += q[i];
+            }
+            xd[r * nb + b] = d;
+            xs[r * nb + b] = sum;
+        }
+    }
+}
+
+/* A weight block's integers (0..15 or 0..31 for Q4/Q5, -128..127 for Q8_0, in int16 so one
+ * loop takes both), its scale and its min-or-offset term: w_i = d * q_i + mn for Q4_1/Q5_1,
+ * d * (q_i - off) for Q4_0/Q5_0 (so mn = -off * d there), d * q_i for Q8_0 (mn = 0). */
+static inline void unpack(int fmt, const uint8_t *b, int16_t q[QK], float *d, float *mn) {
+    if (fmt == Q8_0) {
+        *d = half_to_float(b);
+        *mn = 0.0f;
+        for (int i = 0; i < QK; ++i) q[i] = (int8_t)b[2 + i];
+        return;
+    }
+    const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+    *d = half_to_float(b);
+    const uint8_t *qh = b + (has_min ? 4 : 2);
+    const uint8_t *qs = qh + (five ? 4 : 0);
+    uint32_t high = 0;
+    if (five) memcpy(&high, qh, 4);
+    for (int i = 0; i < 16; ++i) {
+        q[i] = (int16_t)((qs[i] & 0x0F) | (five ? ((high >> i) & 1u) << 4 : 0));
+        q[i + 16] = (int16_t)((qs[i] >> 4) | (five ? ((high >> (i + 16)) & 1u) << 4 : 0));
+    }
+    *mn = has_min ? half_to_float(b + 2) : -(float)(five ? 16 : 8) * *d;
+}
+
+static inline int32_t idot(const int16_t *q, const int8_t *xq) {
+    int32_t s = 0;
+    for (int i = 0; i < QK; ++i) s += (int32_t)q[i] * (int32_t)xq[i];
+    return s;
+}
+
+/* y [m, n] (row stride ldy) = dequant(w) [n, k] times the int8 rows; bias [n] or NULL.
+ * Returns 0, or -1 for a format outside the five or k not whole blocks. */
+int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
+              int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
+              float *y, int64_t ldy, int threads) {
+    if (fmt < Q4_0 || fmt > Q8_0 || k % QK) return -1;
+    const int64_t nb = k / QK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t *row = w + j * row_stride;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+            float sums[ROWS] = {0};
+            for (int64_t b = 0; b < nb; ++b) {
+                int16_t q[QK];
+                float d, mn;
+                unpack(fmt, row + b * BLOCK_BYTES[fmt], q, &d, &mn);
+                for (int r = 0; r < rows; ++r) {
+                    const int64_t at = (r0 + r) * nb + b;
+                    const int32_t dot = idot(q, xq + (r0 + r) * k + b * QK);
+                    sums[r] += xd[at] * (d * (float)dot + mn * (float)xs[at]);
+                }
+            }
+            for (int r = 0; r < rows; ++r)
+                y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];
+        }
+    }
+    return 0;
+}
