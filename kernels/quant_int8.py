@@ -14,11 +14,13 @@ instructions where it has them.)
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
 
 from . import _native
+from .cpu_isa import this_cpu_flags
 from .quant_blocks import QuantizedWeight, block_format
 
 ACTIVATION_QUANTIZATIONS = ("int8",)
@@ -27,7 +29,9 @@ BLOCK = 32
 
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QUANTIZE = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
-_LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32]
+_LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
+PORTABLE, VNNI = 0, 1  # the paths, as the library's ``vnni`` argument takes them
+VNNI_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni")
 
 
 class Int8Rows:
@@ -44,6 +48,7 @@ class NativeInt8:
         self._quantize.argtypes, self._quantize.restype = _QUANTIZE, None
         self._linear = library.q8_linear
         self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
+        self.has_vnni_path = bool(library.q8_has_vnni_path())
 
     def quantize_rows(self, x: torch.Tensor) -> Int8Rows:
         """x [m, k] float32 (rows contiguous, k a multiple of 32) as int8 rows."""
@@ -55,9 +60,15 @@ class NativeInt8:
         return Int8Rows(q, d, s)
 
     def linear(
-        self, rows: Int8Rows, weight: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor
+        self,
+        rows: Int8Rows,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        path: int | None = None,
     ) -> None:
-        """out [m, n] = the int8 rows times weight^T (+ bias), float32."""
+        """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: VNNI or
+        PORTABLE (default: the best this CPU runs)."""
         status = self._linear(
             block_format(weight.format).code,
             rows.q.data_ptr(),
@@ -71,6 +82,7 @@ class NativeInt8:
             bias.data_ptr() if bias is not None else None,
             out.data_ptr(),
             out.stride(0),
+            int8_path() if path is None else path,
             torch.get_num_threads(),
         )
         if status:
@@ -83,6 +95,21 @@ _library = _native.Loaded(Path(__file__).with_name("quant_int8_cpu.c"), NativeIn
 def native_int8() -> NativeInt8 | None:
     """The loaded kernels, building them on first use; None where they cannot be built."""
     return _library.get()
+
+
+def int8_paths(flags: frozenset[str] | None = None) -> list[int]:
+    """Every path this CPU runs, best last: VNNI (Q4_0, Q4_1, Q8_0) where the CPU has
+    AVX512-VNNI with VL (and the build has the path), the portable loops everywhere."""
+    flags = this_cpu_flags() if flags is None else flags
+    kernels = native_int8()
+    vnni = kernels is not None and kernels.has_vnni_path
+    return [PORTABLE, VNNI] if vnni and all(f in flags for f in VNNI_FLAGS) else [PORTABLE]
+
+
+@functools.cache
+def int8_path() -> int:
+    """The best path here (read once: every decode-sized product asks)."""
+    return int8_paths()[-1]
 
 
 def takes_int8(weight: QuantizedWeight) -> bool:

@@ -13,7 +13,7 @@ import torch
 from quant_testlib import random_weight
 
 from loragate.kernels.quant_dequant import dequantize
-from loragate.kernels.quant_int8 import FORMATS, native_int8, takes_int8
+from loragate.kernels.quant_int8 import FORMATS, VNNI, int8_paths, native_int8, takes_int8
 from loragate.kernels.quant_linear import quantized_linear
 
 SHAPES = [(1, 37, 96), (5, 40, 256), (12, 3, 64)]
@@ -34,9 +34,10 @@ def reference_rows(x: np.ndarray):
     return q.reshape(x.shape), d, q.astype(np.int32).sum(axis=2)
 
 
+@pytest.mark.parametrize("path", int8_paths())
 @pytest.mark.parametrize("name", sorted(FORMATS))
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_int8_rows_times_blocks_equal_the_float64_reference(kernels, name, m, n, k):
+def test_int8_rows_times_blocks_equal_the_float64_reference(kernels, name, m, n, k, path):
     weight = random_weight(name, n, k, seed=m + n)
     assert takes_int8(weight)
     gen = torch.Generator().manual_seed(k + m)
@@ -49,7 +50,7 @@ def test_int8_rows_times_blocks_equal_the_float64_reference(kernels, name, m, n,
     assert np.array_equal(rows.d.numpy(), d)
     assert np.array_equal(rows.s.numpy(), s)
     out = torch.empty(m, n)
-    kernels.linear(rows, weight, bias, out)
+    kernels.linear(rows, weight, bias, out, path)
     w64 = dequantize(weight).double().numpy()
     x64 = (q.reshape(m, -1, 32) * d[..., None].astype(np.float64)).reshape(m, k)
     want = x64 @ w64.T + bias.double().numpy()
@@ -61,6 +62,13 @@ def test_int8_rows_times_blocks_equal_the_float64_reference(kernels, name, m, n,
     step = np.repeat(d, 32, axis=1).astype(np.float64) / 2
     allowed = step @ np.abs(w64).T
     assert np.all(np.abs(out.double().numpy() - exact.double().numpy()) <= allowed + 1e-5 * bound)
+
+
+def test_the_vnni_path_runs_where_the_cpu_has_it(kernels):
+    """Each path this CPU runs is tested above; AVX512-VNNI is chosen from the flags."""
+    vnni = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni"})
+    assert int8_paths(vnni)[-1] == (VNNI if kernels.has_vnni_path else 0)
+    assert int8_paths(frozenset({"avx2", "fma"})) == [0]
 
 
 def test_other_formats_are_not_taken():
