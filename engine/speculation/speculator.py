@@ -13,8 +13,9 @@ what each verified row accepted (`record`), which steers the next steps:
   engine's measured step-time model (`_worth_running`);
 - per adapter: the acceptance rate measured for it (accepted over proposed tokens of its
   recent verified rows); below `min_acceptance` the adapter stops speculating and probes with
-  one row every `PROBE_EVERY` steps, so a workload with nothing to copy turns speculation off
-  by itself;
+  one row every `PROBE_EVERY` steps (`DRAFT_PROBE_EVERY` under a draft model, whose probe
+  costs the row's context run through the draft), so a workload with nothing to copy turns
+  speculation off by itself;
 - per row: the row's own recent rate, drawn toward its adapter's while it has few verified
   tokens, sets its k (from `num_speculative_tokens` at a high rate down to one token) and
   its tokens' value in the step-time rule: in free text some streams copy and others do not.
@@ -48,6 +49,9 @@ ROW_PRIOR = 4.0
 # At this rate and above a row proposes num_speculative_tokens; below, proportionally fewer.
 FULL_K_ACCEPTANCE = 0.6
 PROBE_EVERY = 32
+# A draft model's probe first runs the row's context through the draft (every token since
+# it last proposed), so rows under it probe this much less often.
+DRAFT_PROBE_EVERY = 8 * PROBE_EVERY
 # The highest acceptance rate a token's expected value is computed with (a rate of 1 would
 # value every position alike).
 MAX_RATE = 0.98
@@ -215,7 +219,8 @@ class Speculator:
         k = self.config.num_speculative_tokens
         rate = self.row_rate(seq)
         if min(rate, self.acceptance_rate(_adapter(seq))) < self.config.min_acceptance:
-            return 0 if (self.steps + seq.seq_id) % PROBE_EVERY else -1
+            every = DRAFT_PROBE_EVERY if self.config.method == "draft_model" else PROBE_EVERY
+            return 0 if (self.steps + seq.seq_id) % every else -1
         if rate < FULL_K_ACCEPTANCE:
             k = max(1, round(k * rate / FULL_K_ACCEPTANCE))
         return min(k, room)

@@ -12,6 +12,7 @@ from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
 from loragate.engine.sequence import Request, Sequence
 from loragate.engine.speculation import SpeculativeConfig, Speculator, speculative_config_from
+from loragate.engine.speculation.speculator import DRAFT_PROBE_EVERY, PROBE_EVERY
 from loragate.plugins.builtin.ngram_proposer import lookup
 
 
@@ -123,3 +124,16 @@ def test_a_rows_own_rate_decides_among_rows_of_one_adapter():
     assert spec.row_rate(newcomer) == spec.acceptance_rate("a")
     spec.drafts([newcomer], spare=100)
     assert set(spec.rows) == set()  # rows 0 and 1 no longer decode: their history is gone
+
+
+def test_rows_under_a_draft_model_probe_less_often():
+    """A draft model's probe costs the row's whole context since it last proposed, run
+    through the draft: after rejecting everything, its rows probe every DRAFT_PROBE_EVERY
+    steps instead of PROBE_EVERY."""
+    config = SpeculativeConfig(method="draft_model", model="/draft")
+    spec = Speculator(config, always(4), 4096, 100)
+    rejecting = row(0, [1, 2, 3, 4, 5], "a", max_tokens=4000)
+    for _ in range(30):
+        spec.record(rejecting, 4, 0)
+    probes = sum(0 in spec.drafts([rejecting], spare=100) for _ in range(DRAFT_PROBE_EVERY))
+    assert probes == 1 and DRAFT_PROBE_EVERY > PROBE_EVERY
