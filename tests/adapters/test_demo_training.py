@@ -11,7 +11,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import load_adapter
-from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.model_loader import resolve_model
 from loragate.engine.models.llama import lora_spec
 from loragate.tools.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 
@@ -40,11 +41,12 @@ def uppercase_share(texts: list[str]) -> float:
 
 @pytest.fixture(scope="module")
 def default_model():
-    path = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
+    """The default model as `loragate adapters train-demo` loads it: the converted folder
+    (the GGUF's weights, bit-equal; transformers' own GGUF reading converts the tokenizer
+    and dequantizes again: seconds, or minutes on a loaded machine)."""
+    hf_dir = resolve_model(None).hf_dir
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     return model.eval(), tokenizer
 
 
