@@ -28,14 +28,16 @@ def test_packed_weight_matches_a_float64_reference(out_features, in_features, to
     x = torch.randn(tokens, in_features, generator=gen)
     packed = kernels.pack_weight(weight)
     assert isinstance(packed, kernels.PackedWeight), "float32 CPU weights are packed"
+    x64, weight64 = x.double(), weight.double()
+    # float32 rounding of a length-K sum: about sqrt(K) units of the last place of the sum
+    # of |x_k w_k| (a wrong index or a dropped block is off by far more); the same bound
+    # with and without the bias, computed once
+    magnitude = x64.abs() @ weight64.abs().T
+    bound = 4 * in_features**0.5 * 2**-24 * magnitude + 1e-6
     for b in (None, bias):
         got = kernels.linear(x, packed, b)
-        reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+        reference = F.linear(x64, weight64, None if b is None else b.double())
         assert got.dtype == torch.float32 and got.shape == (tokens, out_features)
-        # float32 rounding of a length-K sum: about sqrt(K) units of the last place of the
-        # sum of |x_k w_k| (a wrong index or a dropped block is off by far more)
-        magnitude = x.double().abs() @ weight.double().abs().T
-        bound = 4 * in_features**0.5 * 2**-24 * magnitude + 1e-6
         excess = ((got - reference).abs() - bound).max()
         assert excess <= 0, f"off by {excess.item():.3g} beyond float32 rounding"
 
