@@ -77,6 +77,9 @@ def guidellm(opts, url: str, key: str, adapter: str, rate: float, tokenizer, rep
     """One tenant's guidellm run, started (not waited for)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    # One worker process each (guidellm's setting; 10 by default): four guidellm runs of ten
+    # polling workers each starve a 2-core server of the cores it serves with.
+    env["GUIDELLM__MAX_WORKER_PROCESSES"] = "1"
     args = [
         _tool("guidellm", "guidellm"),
         "run",
