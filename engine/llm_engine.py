@@ -190,8 +190,9 @@ class LLMEngine:
         spec = config.speculative_config
         if spec is None:
             return None
+        draft_cost = 0.0
         if spec.method == "draft_model":
-            proposer = DraftModel(
+            draft = DraftModel(
                 spec.model,
                 target_vocab_size=self.model.vocab_size,
                 device=config.torch_device,
@@ -200,12 +201,22 @@ class LLMEngine:
                 max_num_seqs=config.max_num_seqs,
                 weights_cache_dir=config.weights_cache_dir,
                 draft_adapters=spec.draft_adapters,
-            ).propose
+            )
+            proposer = draft.propose
+            # A decode's cost is its weights read: the draft's against the target's.
+            draft_cost = sum(draft.model.weight_bytes().values()) / sum(
+                self.model.weight_bytes().values()
+            )
         else:
             _, proposer = self.plugins.proposer(spec.method)
         log.info("speculative decoding: %s", spec)
         return Speculator(
-            spec, proposer, self.max_model_len, self.model.vocab_size, self.step_budget
+            spec,
+            proposer,
+            self.max_model_len,
+            self.model.vocab_size,
+            self.step_budget,
+            proposal_cost=draft_cost,
         )
 
     @property

@@ -90,10 +90,14 @@ class Speculator:
         max_model_len: int,
         vocab_size: int,
         step_time: StepTime | None = None,
+        proposal_cost: float = 0.0,
     ):
         """`proposer(rows, options)`: the hook's (plain data), already looked up by name.
         `step_time`: the engine's model of a step's time (engine/step_budget.py); without
-        one (or with no cost per token measured) every proposal that fits is run."""
+        one (or with no cost per token measured) every proposal that fits is run.
+        `proposal_cost`: what proposing costs against the target's forward, as a fraction of
+        it (a draft model's weights against the target's; 0 for a lookup)."""
+        self.proposal_cost = proposal_cost
         self.config = config
         self.step_time = step_time
         self.proposer = proposer
@@ -151,7 +155,8 @@ class Speculator:
         tokens per ms: a^i * time(T) > E * per_token * VERIFY_COST_FACTOR, with E the
         expected tokens so far (the decodes' one each, then what was taken). So a batch that
         is compute-bound already (a large T, or a per-token cost that dominates) takes only
-        well-accepted tokens."""
+        well-accepted tokens. A draft model's token also costs its own decode position:
+        proposal_cost times a one-row step of the target."""
         step_time = self.step_time
         if step_time is None or step_time.ms_per_token <= 0 or not drafts:
             return drafts
@@ -161,7 +166,10 @@ class Speculator:
             candidates += [(rate**i, seq_id, i) for i in range(1, len(proposal) + 1)]
         candidates.sort(key=lambda c: c[0], reverse=True)
         expected, tokens, per_token = float(num_decodes), num_decodes, step_time.ms_per_token
-        cost = per_token * VERIFY_COST_FACTOR
+        # Each proposal token is also one decode position of the proposer (a draft model's
+        # forward: its own fixed cost and one row's, at proposal_cost of the target's).
+        draft_ms = self.proposal_cost * (step_time.fixed_ms + per_token)
+        cost = per_token * VERIFY_COST_FACTOR + draft_ms
         kept: dict[int, int] = {}
         for value, seq_id, i in candidates:
             if value * (step_time.fixed_ms + per_token * tokens) <= expected * cost:

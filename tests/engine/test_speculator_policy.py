@@ -137,3 +137,24 @@ def test_rows_under_a_draft_model_probe_less_often():
         spec.record(rejecting, 4, 0)
     probes = sum(0 in spec.drafts([rejecting], spare=100) for _ in range(DRAFT_PROBE_EVERY))
     assert probes == 1 and DRAFT_PROBE_EVERY > PROBE_EVERY
+
+
+def test_a_costly_draft_runs_only_where_it_pays():
+    """A draft model's proposal token costs its own forward too: a draft 80% the target's
+    size does not pay at acceptance 0.5 with eight rows; a small one at high acceptance
+    still runs, alone or beside others."""
+    rows = [row(i, [1, 2, 3, 4, 5], adapter="a") for i in range(8)]
+    config = SpeculativeConfig(method="draft_model", model="/draft")
+    big = Speculator(config, always(4), 128, 100, StepTime(40.0, 2.0), proposal_cost=0.8)
+    small = Speculator(config, always(4), 128, 100, StepTime(40.0, 2.0), proposal_cost=0.05)
+    lookup = Speculator(SpeculativeConfig(), always(4), 128, 100, StepTime(40.0, 2.0))
+    for spec in (big, small, lookup):
+        for _ in range(60):
+            spec.record(rows[0], 4, 2 if spec is big else 4)
+    assert big.drafts(rows, spare=100) == {}
+    alone = small.drafts(rows[:1], spare=100)
+    assert alone == {0: [7] * 4}
+    # The same rates with and without the draft's cost: the cost only takes tokens away.
+    with_cost = sum(map(len, small.drafts(rows, spare=100).values()))
+    without = sum(map(len, lookup.drafts(rows, spare=100).values()))
+    assert 0 < with_cost <= without
