@@ -76,6 +76,9 @@ def _run(args: list, cwd: Path, log: Path, timeout: float) -> None:
     """A tool's CLI in its own venv, offline (every tokenizer is a local folder)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    # guidellm's own setting, ten worker processes by default: on the server's two cores
+    # they take the CPU the server needs (inference-perf runs one worker already).
+    env["GUIDELLM__MAX_WORKER_PROCESSES"] = "1"
     with open(log, "w") as out:
         done = subprocess.run(
             [str(a) for a in args],
