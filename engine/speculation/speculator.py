@@ -131,6 +131,22 @@ class Speculator:
                 seqs.append(seq)
         if not rows:
             return {}
+        if self.proposal_cost > 0:
+            # Proposing costs (a draft model's forwards): decide first how many tokens each
+            # row's proposal may bring, from the rates alone, and ask only for those.
+            planned = {r["seq_id"]: [0] * min(r["max_tokens"], spare) for r in rows}
+            kept_rows = self._worth_running(
+                {i: p for i, p in planned.items() if i not in probes},
+                {s.seq_id: s for s in seqs},
+                len(decodes),
+            )
+            wanted = {i: len(p) for i, p in kept_rows.items()}
+            wanted |= {i: 1 for i in probes if planned.get(i)}
+            pairs = [(s, r) for s, r in zip(seqs, rows, strict=True) if wanted.get(s.seq_id)]
+            if not pairs:
+                return {}
+            seqs = [s for s, _ in pairs]
+            rows = [r | {"max_tokens": wanted[s.seq_id]} for s, r in pairs]
         answers = self._propose(rows)
         drafts: dict[int, list[int]] = {}
         for seq, row, proposal in zip(seqs, rows, answers, strict=True):

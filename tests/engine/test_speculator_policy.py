@@ -152,6 +152,10 @@ def test_a_costly_draft_runs_only_where_it_pays():
         for _ in range(60):
             spec.record(rows[0], 4, 2 if spec is big else 4)
     assert big.drafts(rows, spare=100) == {}
+    # ...and the draft is not even asked: its forwards are what would have cost.
+    asked = []
+    big.proposer = lambda rows, options: asked.append(rows) or [[7] * 4 for _ in rows]
+    assert big.drafts(rows, spare=100) == {} and asked == []
     alone = small.drafts(rows[:1], spare=100)
     assert alone == {0: [7] * 4}
     # The same rates with and without the draft's cost: the cost only takes tokens away.
