@@ -538,6 +538,20 @@ MUTANTS = [
         ),
         first=COPY_ORDER,
     ),
+    Mutant(
+        "full_slots_never_freed_for_a_waiting_tenant",
+        "with every adapter slot held, fairness never preempts to free one",
+        (
+            Patch(
+                SCHEDULER,
+                "Scheduler._free_adapter_slot",
+                "return sum(self._give_up(s, out) for s in group)",
+                "return None",
+            ),
+        ),
+        first="tests/engine/test_fair_slot_preemption.py::"
+        "test_a_tenant_waiting_for_a_slot_gets_one_under_fair_and_waits_under_fcfs",
+    ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}
 
