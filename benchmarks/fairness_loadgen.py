@@ -112,8 +112,8 @@ def one_run(opts, policy: str, with_flood: bool, adapter_dir, adapters, tokenize
                 continue
             rate = opts.quiet_rate * (opts.flood_factor if tenant == "flood" else 1)
             report = work / f"{policy}-{'flood' if with_flood else 'alone'}-{tenant}.json"
-            procs[tenant] = (*guidellm(opts, server.url, key, adapter, rate, tokenizer, report),)
-            procs[tenant] += (report,)
+            proc, log = guidellm(opts, server.url, key, adapter, rate, tokenizer, report)
+            procs[tenant] = (proc, log, report)
         results = {}
         for tenant, (proc, log, report) in procs.items():
             proc.wait(timeout=opts.seconds * 40 + 600)
