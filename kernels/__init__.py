@@ -6,8 +6,8 @@ Every op has a Triton kernel and a torch version with the same signature and res
 kernels (the .c files here, float32 and bfloat16, built on first use by _native.py) for decode
 attention, RMSNorm, RoPE, multi-slot LoRA and products with block-format (GGUF) weights
 wherever they were built and take the tensors; the torch code beside each is its tested
-reference and its fallback. (The block formats have no Triton kernel yet: on CUDA their torch
-reference dequantizes and multiplies.)
+reference and its fallback. On CUDA, products with block-format weights run
+quant_triton.py's kernel, which dequantizes each group of 32 weights in registers.
 """
 
 from .decode_attention import paged_decode_attention

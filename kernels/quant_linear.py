@@ -14,8 +14,10 @@ torch's float32 matmul. (One AVX2 EPYC core, SmolLM2's Q4_1 gate_up at 16 and 64
 1.2 and 7.6 ms native, 3.1 and 11.6 through torch, 2.3 and 8.6 for float32 weights packed
 for oneDNN.) Where the CPU has AVX-512 both native kernels run sixteen lanes (quant_cpu.py
 chooses from its flags): on an AMD EPYC with AVX-512, one core, 1.5-2x the 8-lane path at
-batch 1 and 1.2-1.5x on 16-64 row panels. Elsewhere (no native
-library, CUDA) the torch reference dequantizes the weight and multiplies.
+batch 1 and 1.2-1.5x on 16-64 row panels. On CUDA
+the Triton kernel (kernels/quant_triton.py) dequantizes each group of weights in registers
+inside the matmul; elsewhere (no native library) the torch reference dequantizes the weight
+and multiplies.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .quant_blocks import QuantizedWeight, StackedWeights
 from .quant_cpu import native_quant, vector_path
 from .quant_dequant import dequantize
 from .quant_int8 import native_int8, takes_int8
+from .quant_triton import quantized_matmul
 
 PANEL_ROWS = 12  # from this many rows on, products run over dequantized panels (measured)
 TORCH_PANEL_ROWS = 128  # and from this many, torch's matmul multiplies the panels
@@ -43,14 +46,18 @@ def quantized_linear(
     weight: QuantizedWeight | StackedWeights,
     bias: torch.Tensor | None = None,
     native: bool = True,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, dequantize(weight), bias)`` in float32, returned in x's dtype; x is
-    [rows, in]. ``native=False`` runs the torch reference."""
+    [rows, in]. ``native=False`` runs the torch reference; ``backend`` as every op takes it
+    (None: Triton on CUDA tensors, torch otherwise)."""
     if isinstance(weight, StackedWeights):
-        return _stacked(x, weight, bias, native)
+        return _stacked(x, weight, bias, native, backend)
     if weight.input_order is not None:  # act-order: x's columns in the blocks' order
         x = x.index_select(1, weight.input_order.to(x.device))
         weight = replace(weight, input_order=None)
+    if _backend.resolve_backend(backend, x) == "triton":
+        return quantized_matmul(x, weight, bias)
     m = x.shape[0]
     x32 = x if x.dtype == torch.float32 else x.float()
     if x32.stride(-1) != 1:
@@ -112,14 +119,14 @@ def _panels(kernels, x, weight: QuantizedWeight, bias, out, vector: bool) -> Non
         out[:, start:end] = F.linear(x, panel[: end - start], b)
 
 
-def _stacked(x, weight: StackedWeights, bias, native: bool) -> torch.Tensor:
+def _stacked(x, weight: StackedWeights, bias, native: bool, backend) -> torch.Tensor:
     """Each part's product into its own columns."""
     outs, start = [], 0
     for part in weight.parts:
         width = part.shape[0]
         b = None if bias is None else bias[start : start + width]
         if isinstance(part, QuantizedWeight):
-            outs.append(quantized_linear(x, part, b, native))
+            outs.append(quantized_linear(x, part, b, native, backend))
         else:
             outs.append(F.linear(x, part.to(x.dtype), None if b is None else b.to(x.dtype)))
         start += width

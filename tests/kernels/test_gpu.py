@@ -22,8 +22,11 @@ from loragate.kernels import (
     lora_triton,
     norm,
     prefill_attention_triton,
+    quant_triton,
     rope,
 )
+from loragate.kernels.quant_blocks import FORMATS
+from loragate.kernels.quant_dequant import dequantize
 
 HALF = [torch.float16, torch.bfloat16]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -41,6 +44,7 @@ def test_triton_runs_under_the_interpreter_without_cuda():
         lora_triton._expand_kernel,
         norm._norm_kernel,
         rope._rope_kernel,
+        quant_triton._quant_matmul_kernel,
     ]
     for kernel in kernels_in_use:
         assert type(kernel).__name__ == "InterpretedFunction"
@@ -160,3 +164,24 @@ def check_lora_stack(ranks, d_in, d_out, max_rank, tokens, dtype, a_scale, tol, 
     if (slot_ids >= 0).any():
         assert rel_error(out - before, expected - before.double().cpu()) < tol
     assert torch.equal(out[slot_ids < 0], before[slot_ids < 0])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_products_on_cuda(name, dtype):
+    """The Triton product with block-format weights compiled for the card: float32 exact up
+    to summation order (no TF32), bfloat16 within its rounding, at decode and prefill rows."""
+    from quant_testlib import random_weight
+
+    size = FORMATS[name].block_size
+    weight = random_weight(name, 300, size * (2048 // size), seed=3)
+    weight = type(weight)(weight.blocks.cuda(), name, weight.out_features, weight.in_features)
+    dense = dequantize(weight).double()
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, weight.in_features, device="cuda")
+        got = kernels.linear(x.to(dtype), weight)
+        assert got.dtype == dtype
+        expected = x.to(dtype).double() @ dense.T
+        assert rel_error(got.double(), expected) < (1e-5 if dtype == torch.float32 else 2e-2)

@@ -176,3 +176,46 @@ def test_bad_shapes_are_refused_naming_the_format():
         QuantizedWeight(torch.zeros(2, 33, dtype=torch.uint8), "Q8_0", 2, 32)
     with pytest.raises(ValueError, match="'IQ2_XS' is not supported"):
         QuantizedWeight.of(torch.zeros(2, 10, dtype=torch.uint8), "IQ2_XS", 32)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_the_triton_product_matches_a_float64_reference(name, rows):
+    """kernels/quant_triton.py under the interpreter (CUDA compiles the same kernel): every
+    format, one row, a partial tile and more rows than one tile holds; 70 outputs (two
+    column tiles, the second partial); with and without a bias."""
+    weight = random_weight(name, 70, in_features_of(name), seed=20 + rows)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, weight.in_features, generator=gen)
+    bias = torch.randn(70, generator=gen)
+    for b in (None, bias):
+        got = quant_linear.quantized_linear(x, weight, b, backend="triton")
+        assert got.shape == (rows, 70) and got.dtype == torch.float32
+        assert_float32_rounding(got, x, dequantize(weight), b)
+
+
+@pytest.mark.parametrize("name", ["Q5_K", "I4_G128"])
+def test_the_triton_product_takes_strided_rows_and_half_activations(name):
+    """Every other row of a wider weight (a gathered or sliced view), x a column slice, and
+    float16 activations multiplying the weights rounded to float16 (bfloat16 on a GPU only:
+    the interpreter has no bfloat16 arithmetic; tests/kernels/test_gpu.py checks it there)."""
+    whole = random_weight(name, 40, in_features_of(name), seed=30)
+    weight = QuantizedWeight(whole.blocks[::2], name, 20, whole.in_features)
+    wide = torch.randn(6, weight.in_features + 5)
+    x = wide[:, 2 : 2 + weight.in_features]
+    got = quant_linear.quantized_linear(x, weight, backend="triton")
+    assert_float32_rounding(got, x, dequantize(weight))
+    half = quant_linear.quantized_linear(x.half(), weight, backend="triton")
+    assert half.dtype == torch.float16
+    expected = F.linear(x.half().float(), dequantize(weight).half().float())
+    assert torch.allclose(half.float(), expected, rtol=4e-3, atol=4e-3)
+
+
+def test_the_triton_product_refuses_bad_inputs():
+    weight = random_weight("Q8_0", 4, 64, seed=31)
+    with pytest.raises(ValueError, match=r"x must be \[rows, 64\]"):
+        quant_linear.quantized_linear(torch.zeros(2, 32), weight, backend="triton")
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        quant_linear.quantized_linear(
+            torch.zeros(2, 64, dtype=torch.float64), weight, backend="triton"
+        )
