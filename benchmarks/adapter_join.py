@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 from loragate.adapters import LoRARequest
 from loragate.adapters.device_tier import DeviceTier
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.cpu_features import bf16_support
+from loragate.engine.loading.cpu_features import bf16_support
 from loragate.tools import make_random_adapter
 
 COUNT = 16

@@ -30,7 +30,7 @@ from adapter_join import random_adapters
 from loragate.adapters import LoRARequest
 from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 
 STREAMS = 8
 COLD = 4

@@ -25,8 +25,8 @@ import numpy as np
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, LLMEngine, SamplingParams
-from loragate.engine.default_model import DEFAULT_MODEL_NAME
-from loragate.engine.model_loader import load_config, resolve_model
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.loading.model_loader import load_config, resolve_model
 
 TENANTS = ("flood", "quiet-1", "quiet-2", "quiet-3")
 

@@ -28,7 +28,7 @@ from loadgen_reports import parse_guidellm
 from serve import ServerProcess, engine_config, make_adapters
 from serve_args import parse_args as serve_parse_args
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 ADMIN_KEY = "fairness-loadgen-admin"
 TENANTS = ("flood", "quiet-1", "quiet-2", "quiet-3")

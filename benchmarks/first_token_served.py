@@ -29,7 +29,7 @@ from first_token import PROMPT_TOKENS, STREAMS
 from loragate.adapters import LoRARequest
 from loragate.adapters.pacing import WINDOW_SHARE
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 
 KINDS = ("base", "warm", "cold")  # first_token.py's shapes; no store row here
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from model_parts import MIB, ROOT, split
 
-from loragate.engine.default_model import default_model_path
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.default_model import default_model_path
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools.base_model import TOKENIZER_FILES
 
 # What a device call carries at most (tree and carried folders together).

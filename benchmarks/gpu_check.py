@@ -33,7 +33,7 @@ from model_parts import PartsError, join, present, read_manifest
 PROBE = """
 import json, sys, torch, triton, transformers, peft, tokenizers, huggingface_hub
 import loragate.engine, loragate.kernels
-from loragate.engine.default_model import default_model_path
+from loragate.engine.loading.default_model import default_model_path
 try:
     default_model = str(default_model_path())
 except FileNotFoundError:

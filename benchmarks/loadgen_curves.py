@@ -56,7 +56,7 @@ from serve import ServerProcess, engine_config, make_adapters
 from serve_args import parse_args as serve_parse_args
 from serve_peer import VLLMServer, peer_python
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 LOADGEN = REPO / ".loadgen"

@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.default_model import DEFAULT_MODEL_NAME
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -23,7 +23,7 @@ from multi_lora import make_adapters, power_law_choice, workload
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.kernels import decode_attention, lora_torch, norm, rope
 
 

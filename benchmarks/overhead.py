@@ -5,7 +5,7 @@ cost microseconds, so a step's time is the output layer, the argmax and everythi
 engine does around the model (scheduling, the batch's inputs, sampling, stop checks,
 detokenizing, outputs). 64 sequences of 32 prompt tokens each generate 128 tokens, greedy,
 EOS ignored, in one dtype on both sides. loragate's per-step breakdown comes from its step
-records (engine/step_record.py), and the offline LLM's output processing (detokenizing, stop
+records (engine/core/step_record.py), and the offline LLM's output processing (detokenizing, stop
 strings, outputs), which runs inline after each step here and on the async engine's output
 thread when serving, is timed per step as its own column. vLLM's time per step is its
 generate call's time over the 128 steps a batch of 64 needs (one prefill step, then decodes).
@@ -33,7 +33,7 @@ import torch
 from random_llama import make_random_llama
 
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.cpu_features import bf16_support
+from loragate.engine.loading.cpu_features import bf16_support
 
 NUM_SEQS = 64
 PROMPT_TOKENS = 32

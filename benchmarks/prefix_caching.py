@@ -39,7 +39,7 @@ import numpy as np
 from serve import Request, ServerProcess, _arrival_times, http_sender, make_adapters, run_workload
 
 from loragate.engine import EngineConfig
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 _SAMPLE = re.compile(r"^(loragate_[a-z_]+)\s+(\S+)$")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 # Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 query / 8 KV heads, SwiGLU 8192), with the
 # default model's 49,152-token vocabulary in place of Llama 3's 128,256.

@@ -4,7 +4,7 @@ float32 logits on the CPU: penalties over long histories, and top-p on flat and 
     .venv/bin/python benchmarks/sampling.py                 # median ms per step of each case
     .venv/bin/python benchmarks/sampling.py --rounds 9 --threads 2
 
-Rows are sampled from the persistent batch (engine/input_batch.py), as the engine samples
+Rows are sampled from the persistent batch (engine/runner/input_batch.py), as the engine samples
 them; each penalties step appends the sampled token, as the engine does. Each case prints the
 median milliseconds per step and a digest of every token it sampled: run it on two checkouts
 (PYTHONPATH at each one's loragate) and the digests say whether the tokens are the same.
@@ -20,10 +20,10 @@ import time
 import torch
 
 from loragate.engine import SamplingParams
-from loragate.engine.input_batch import InputBatch
-from loragate.engine.sampler import Sampler
-from loragate.engine.sampling_batch import StepRows
-from loragate.engine.sequence import Request, Sequence, sample_generator
+from loragate.engine.core.sequence import Request, Sequence, sample_generator
+from loragate.engine.runner.input_batch import InputBatch
+from loragate.engine.sampling.sampler import Sampler
+from loragate.engine.sampling.sampling_batch import StepRows
 
 ROWS, VOCAB = 64, 49152
 

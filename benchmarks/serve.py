@@ -56,8 +56,8 @@ from serve_workloads import Request, Result, make_long_mix, make_workload
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.api.async_engine import AsyncLLMEngine
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
 ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]

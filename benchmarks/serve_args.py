@@ -7,7 +7,7 @@ import math
 
 from serve_peer import peer_python
 
-from loragate.engine.config import DEFAULT_MAX_STEP_MS
+from loragate.engine.api.config import DEFAULT_MAX_STEP_MS
 
 
 def parse_args(argv=None):

@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.kernels.cpu_isa import this_cpu_flags
 from loragate.tools import make_random_adapter
 

@@ -10,7 +10,7 @@ template every other adapter follows; the weights are seeded and drawn as that h
 them (``init_scale`` 0.1: each projection's change about a tenth of its input), in bfloat16.
 
 The run, one engine (``max_loras`` = ``max_cpu_loras`` = the adapter count, given: the
-default is sized from memory, engine/lora_capacity.py, and is printed beside it):
+default is sized from memory, engine/lora/lora_capacity.py, and is printed beside it):
 1. cold pass: rounds of ``--batch`` prompts, each on a different adapter, until every
    adapter has served (each read from disk once);
 2. warm pass, round by round: the same LoRA batch again (all resident: no disk read), then
@@ -46,8 +46,8 @@ from safetensors.torch import save_file
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.lora_capacity import available_memory, lora_capacity
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
+from loragate.engine.lora.lora_capacity import available_memory, lora_capacity
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK = 8

@@ -49,7 +49,7 @@ from w3_mixed_ranks import (
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.cpu_features import bf16_support
+from loragate.engine.loading.cpu_features import bf16_support
 
 NUM_ADAPTERS = 16
 POWER_LAW_ALPHA = 0.3

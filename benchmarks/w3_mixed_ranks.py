@@ -13,7 +13,7 @@ import torch
 from multi_lora import ROOT, TARGETS, _slug, power_law_choice
 from transformers import AutoModelForCausalLM
 
-from loragate.engine.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
 from loragate.tools import make_random_adapter
 
 W3_ADAPTERS = 64

@@ -13,26 +13,36 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 
 from loragate.adapters import LoRARequest
-from loragate.engine.adapter_events import AdapterEvents, AdapterWeightsChanged, WeightsListener
-from loragate.engine.adapter_in_flight import InFlightRequests
-from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
-from loragate.engine.beam_search_params import (
+from loragate.engine.api.async_engine import AsyncLLMEngine, EngineDeadError
+from loragate.engine.api.config import SCHEDULING_POLICIES, EngineConfig
+from loragate.engine.api.engine_args import AsyncEngineArgs, EngineArgs
+from loragate.engine.api.engine_client import EngineClient
+from loragate.engine.api.engine_stats import EngineStats
+from loragate.engine.api.llm import LLM
+from loragate.engine.api.model_info import ModelInfo
+from loragate.engine.core.llm_engine import LLMEngine, PromptInput
+from loragate.engine.loading.quantization import (
+    ACTIVATION_QUANTIZATION_CHOICES,
+    QUANTIZATION_CHOICES,
+)
+from loragate.engine.lora.adapter_events import (
+    AdapterEvents,
+    AdapterWeightsChanged,
+    WeightsListener,
+)
+from loragate.engine.lora.adapter_in_flight import InFlightRequests
+from loragate.engine.lora.stored_adapters import object_of, store_path
+from loragate.engine.outputs.request_output import CompletionOutput, RequestOutput
+from loragate.engine.sampling.beam_search_params import (
     BeamSearchOutput,
     BeamSearchParams,
     BeamSearchSequence,
 )
-from loragate.engine.config import SCHEDULING_POLICIES, EngineConfig
-from loragate.engine.engine_args import AsyncEngineArgs, EngineArgs
-from loragate.engine.engine_client import EngineClient
-from loragate.engine.engine_stats import EngineStats
-from loragate.engine.llm import LLM
-from loragate.engine.llm_engine import LLMEngine, PromptInput
-from loragate.engine.model_info import ModelInfo
-from loragate.engine.outputs import CompletionOutput, RequestOutput
-from loragate.engine.quantization import ACTIVATION_QUANTIZATION_CHOICES, QUANTIZATION_CHOICES
-from loragate.engine.sampling_params import RequestOutputKind, SamplingParams
-from loragate.engine.stored_adapters import object_of, store_path
-from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
+from loragate.engine.sampling.sampling_params import RequestOutputKind, SamplingParams
+from loragate.engine.sampling.structured_outputs import (
+    GuidedDecodingParams,
+    StructuredOutputsParams,
+)
 from loragate.plugins import InvalidParam
 
 __all__ = [

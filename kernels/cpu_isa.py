@@ -1,7 +1,7 @@
 """What this CPU's instruction set offers, read from /proc/cpuinfo at run time, never assumed.
 
 The kernels pick their CPU paths from it (lora_segment_gemm.py: AMX tiles or not, float32
-products on AVX2 without AVX-512), the engine its default dtype (engine/cpu_features.py:
+products on AVX2 without AVX-512), the engine its default dtype (engine/loading/cpu_features.py:
 native bfloat16 or not). Machines differ between runs of the same code: an AMD EPYC with
 AVX512-BF16, one with AVX2 only, an Intel Xeon with AMX as well.
 """

@@ -23,7 +23,7 @@ from gpu_plan import MIN_STEP_S, RESERVE_S, gpu_test_files, plan, step_timeout  
 from import_shim import build_shim, package_links  # noqa: E402
 from model_parts import PART_FOLDERS, PartsError, join, split  # noqa: E402
 
-from loragate.engine.default_model import DEFAULT_GGUF_FILE, default_model_path  # noqa: E402
+from loragate.engine.loading.default_model import DEFAULT_GGUF_FILE, default_model_path  # noqa: E402
 
 # What comes back from a device call's $OUT (device README: at most 8 files).
 MAX_FILES_BACK = 8
@@ -165,7 +165,7 @@ def test_each_step_gets_its_cap_or_what_the_budget_has_left():
 def test_the_stand_in_for_the_default_model_has_its_shapes():
     from random_llama import SIZES
 
-    from loragate.engine.model_loader import load_config, resolve_model
+    from loragate.engine.loading.model_loader import load_config, resolve_model
 
     config = load_config(resolve_model(None).hf_dir)
     for key, value in SIZES["135m"].items():

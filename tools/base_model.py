@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 # The files of a model directory that a model made from a config alone takes over to speak
 # and chat as that model does (the tests' tiny models, the GPU check's stand-in).

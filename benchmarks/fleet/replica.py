@@ -8,7 +8,7 @@ CPU tier waits for one loader (FIFO) to bring it up, paced while steps run
 (adapters/pacing.py: the load then takes one of its times measured beside a stepping
 engine, drawn at random, where measured, else (1 + ratio) times its alone time); requests
 for an adapter being loaded wait for that load. The scheduler admits waiting requests in
-order within the token budget and `max_num_seqs`, as engine/scheduler.py does: one adapter
+order within the token budget and `max_num_seqs`, as engine/core/scheduler.py does: one adapter
 is copied into a slot per step (the others needing a copy wait for the next), and a
 request whose adapter finds no slot free of running sequences blocks the adapter requests
 behind it for that step.

@@ -38,8 +38,8 @@ def install() -> None:
     root = os.environ.get(TRACE_DIR_ENV)
     if not root:
         return
-    from loragate.engine.async_engine import AsyncLLMEngine
-    from loragate.engine.llm_engine import LLMEngine
+    from loragate.engine.api.async_engine import AsyncLLMEngine
+    from loragate.engine.core.llm_engine import LLMEngine
     from loragate.gateway.replicas.engine_replica import EngineReplica
 
     if getattr(LLMEngine, "_fleet_traced", False):

@@ -7,7 +7,7 @@ files themselves, one tensor at a time (memory-mapped: nothing else of the file 
 for a GGUF base served in its blocks, from the GGUF file, dequantized as transformers
 dequantizes it (the base PEFT sees when it loads that file); for a base quantized at load or
 an AWQ/GPTQ checkpoint, the dequantized weight the kernels multiply by
-(engine/quantization.py).
+(engine/loading/quantization.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from loragate.engine.gguf_weights import GGUFWeights, gguf_weights_source
+from loragate.engine.loading.gguf_weights import GGUFWeights, gguf_weights_source
+from loragate.engine.loading.quantization import Quantization, quantization_for
 from loragate.engine.models.llama import LlamaFamily
-from loragate.engine.quantization import Quantization, quantization_for
 
 
 class CheckpointWeights:

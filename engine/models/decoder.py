@@ -18,11 +18,11 @@ from transformers import PretrainedConfig
 
 from loragate import kernels
 from loragate.adapters.spec import LoRAModelSpec
-from loragate.engine.cpu_features import bf16_support
-from loragate.engine.forward_batch import ForwardBatch, LoRABatch
-from loragate.engine.kv_cache import KVCache
+from loragate.engine.loading.cpu_features import bf16_support
 from loragate.engine.models.checkpoint import CheckpointWeights
 from loragate.engine.models.llama import LlamaFamily
+from loragate.engine.runner.forward_batch import ForwardBatch, LoRABatch
+from loragate.engine.runner.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 

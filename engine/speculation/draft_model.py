@@ -23,16 +23,16 @@ from loragate import kernels
 from loragate.adapters import load_adapter
 from loragate.adapters.pacing import UNPACED
 from loragate.adapters.slots import DeviceSlots
-from loragate.engine.forward_batch import (
+from loragate.engine.loading.model_loader import load_config, load_weights, resolve_model
+from loragate.engine.models import build_model
+from loragate.engine.runner.forward_batch import (
     DecodeAttention,
     ForwardBatch,
     LoRABatch,
     PrefillAttention,
 )
-from loragate.engine.kv_cache import KVCache
-from loragate.engine.model_loader import load_config, load_weights, resolve_model
-from loragate.engine.model_runner import slot_mapping, token_positions
-from loragate.engine.models import build_model
+from loragate.engine.runner.kv_cache import KVCache
+from loragate.engine.runner.model_runner import slot_mapping, token_positions
 
 log = logging.getLogger(__name__)
 

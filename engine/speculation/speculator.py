@@ -31,7 +31,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loragate.engine.sequence import Sequence
+from loragate.engine.core.sequence import Sequence
 from loragate.engine.speculation.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ VERIFY_COST_FACTOR = 1.25
 
 
 class StepTime(Protocol):
-    """A step's time as fixed_ms + ms_per_token * tokens (engine/step_budget.py's fit)."""
+    """A step's time as fixed_ms + ms_per_token * tokens (engine/core/step_budget.py's fit)."""
 
     fixed_ms: float
     ms_per_token: float
@@ -93,7 +93,7 @@ class Speculator:
         proposal_cost: float = 0.0,
     ):
         """`proposer(rows, options)`: the hook's (plain data), already looked up by name.
-        `step_time`: the engine's model of a step's time (engine/step_budget.py); without
+        `step_time`: the engine's model of a step's time (engine/core/step_budget.py); without
         one (or with no cost per token measured) every proposal that fits is run.
         `proposal_cost`: what proposing costs against the target's forward, as a fraction of
         it (a draft model's weights against the target's; 0 for a lookup)."""

@@ -24,7 +24,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from loragate.engine.sequence import Sequence
+from loragate.engine.core.sequence import Sequence
 
 
 class DraftedHistory:

@@ -4,7 +4,7 @@ with, and the uploads.
 
 In one process the engine fetches by hash from the store into `--adapter-cache-dir` (with
 the default local store the two are one directory and nothing is copied): the app hands the
-fetcher to the engine it starts (its adapter residency fetches, engine/stored_adapters.py)
+fetcher to the engine it starts (its adapter residency fetches, engine/lora/stored_adapters.py)
 and the same fetcher to AdapterObjects, which tells it of uploads and deletions. With Ray
 Serve replicas the ingress only writes and deletes objects; each replica gives its own
 engine a fetcher of its own cache (gateway/replicas/engine_replica.py).

@@ -140,7 +140,7 @@ class GatewayMetrics:
 
 
 class FairShareCollector:
-    """The engine's service counters per tenant (engine/fair_share.py), read at scrape time:
+    """The engine's service counters per tenant (engine/core/fair_share.py), read at scrape time:
     what the `fair` policy shares out, so an operator can see who got what. Tenants past the
     label limit are summed under OTHER (their virtual counter: the largest)."""
 

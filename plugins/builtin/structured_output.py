@@ -153,7 +153,7 @@ class GrammarProcessor:
     def fill_bitmask(self, output_token_ids: list[int], bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed after `output_token_ids` into row `row` of an int32
         bitmask: the engine fills one for all its constrained rows and applies it in one
-        call (engine/grammar_masks.py)."""
+        call (engine/sampling/grammar_masks.py)."""
         matcher = self._matcher_for(tuple(output_token_ids))
         llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
 

@@ -11,8 +11,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import load_adapter
-from loragate.engine.default_model import DEFAULT_MODEL_NAME
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.engine.models.llama import lora_spec
 from loragate.tools.training import TERSE_MARKER, greedy_answers, train_demo_adapters
 

@@ -13,8 +13,8 @@ from tiny_llama import save_tiny_model
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import LLM, EngineConfig, LLMEngine
-from loragate.engine.async_engine import AsyncLLMEngine
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.api.async_engine import AsyncLLMEngine
+from loragate.engine.loading.model_loader import resolve_model
 
 # Engines built since the last check, held until the test that built them is checked; then
 # watched weakly, so one a fixture still holds is checked after every later test while one

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from loragate.engine import SamplingParams
-from loragate.engine.input_batch import InputBatch
-from loragate.engine.penalty_counts import NOT_BUILT
-from loragate.engine.sampler import token_counts
-from loragate.engine.sampling_batch import COLUMNS
-from loragate.engine.sequence import Sequence
+from loragate.engine.core.sequence import Sequence
+from loragate.engine.runner.input_batch import InputBatch
+from loragate.engine.sampling.penalty_counts import NOT_BUILT
+from loragate.engine.sampling.sampler import token_counts
+from loragate.engine.sampling.sampling_batch import COLUMNS
 
 NUMBERS = (
     "temperature",

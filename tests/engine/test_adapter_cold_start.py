@@ -28,7 +28,7 @@ from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 from loragate.adapters import LoRARequest
 from loragate.adapters import cache as cache_module
 from loragate.engine import SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 
 COLD = {f"cold{i}": (8, ALL_MODULES, False) for i in range(4)}
 STREAMS = 8

@@ -28,7 +28,7 @@ from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 from loragate.tools import make_random_adapter
 
 N = 8

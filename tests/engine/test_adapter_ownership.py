@@ -2,7 +2,7 @@
 object that holds or calls the adapter cache (tiers, slots, loads); the scheduler, the
 runner, the CUDA graphs, the stats, the async engine and the gateway ask the residency.
 
-Checked twice: no module but engine/adapter_residency.py names the cache (imports
+Checked twice: no module but engine/lora/adapter_residency.py names the cache (imports
 `AdapterCache`, or reads a residency's `.cache`), and in a running engine with LoRA the cache
 cannot be reached from the AsyncLLMEngine without passing through the residency.
 """
@@ -19,10 +19,10 @@ import torch
 
 from loragate.adapters import AdapterCache
 from loragate.engine import AsyncLLMEngine, EngineConfig, LLMEngine
-from loragate.engine.adapter_residency import AdapterResidency
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNER = "engine/adapter_residency.py"
+OWNER = "engine/lora/adapter_residency.py"
 FOLDERS = ("engine", "gateway", "plugins")
 
 

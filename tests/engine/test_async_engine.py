@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from loragate.engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from loragate.engine.api.async_engine import AsyncLLMEngine, EngineDeadError
 
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [1, 10 + i, 20 + i]} for i in range(6)]

@@ -4,8 +4,8 @@ import pytest
 import torch
 from test_sampler import random_logits, reference_top_k_top_p
 
-from loragate.engine.sampler import Sampler, SampleResult, SamplingRow, seeded_generator
-from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.sampling.sampler import Sampler, SampleResult, SamplingRow, seeded_generator
+from loragate.engine.sampling.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
 

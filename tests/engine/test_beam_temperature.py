@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from loragate.engine import BeamSearchParams, SamplingParams
-from loragate.engine import sampling_params as sampling_params_module
+from loragate.engine.sampling import sampling_params as sampling_params_module
 
 PROMPT = [1, 50, 60, 70, 80, 90, 100]
 

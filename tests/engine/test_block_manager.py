@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loragate.engine.block_manager import BlockManager
-from loragate.engine.sampling_params import SamplingParams
-from loragate.engine.sequence import Request, Sequence
+from loragate.engine.core.block_manager import BlockManager
+from loragate.engine.core.sequence import Request, Sequence
+from loragate.engine.sampling.sampling_params import SamplingParams
 
 
 def make_seq(n_tokens: int, seq_id: int = 0) -> Sequence:
@@ -92,7 +92,7 @@ def test_a_prefix_lookup_changes_nothing_and_allocate_commits_it():
     assert bm.blocks_needed(again, 2, hit) == 3
     bm.allocate(again, 2, hit)
     assert again.block_table[:2] == cached and len(again.block_table) == 3
-    # The hit's tokens are the scheduler's to count as computed (engine/scheduler.py).
+    # The hit's tokens are the scheduler's to count as computed (engine/core/scheduler.py).
     assert again.num_computed_tokens == 0
     assert bm.stats().prefix_cache_hit_tokens == 8
     bm.check_integrity([again])

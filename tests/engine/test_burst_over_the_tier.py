@@ -19,7 +19,7 @@ from loragate.adapters import LoRARequest
 from loragate.adapters import identity as identity_module
 from loragate.adapters import loader as loader_module
 from loragate.engine import SamplingParams
-from loragate.engine.adapter_residency import LOADER_THREADS
+from loragate.engine.lora.adapter_residency import LOADER_THREADS
 from loragate.tools import make_random_adapter
 
 COUNT = 12

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from loragate import kernels
 from loragate.engine import SamplingParams
-from loragate.engine.cpu_features import NATIVE_BF16_FLAGS, OVERRIDE_ENV, cpu_flags
+from loragate.engine.loading.cpu_features import NATIVE_BF16_FLAGS, OVERRIDE_ENV, cpu_flags
 
 QUESTIONS = [
     "Name a large animal that lives in the sea.",

@@ -13,7 +13,7 @@ from test_multi_lora import ADAPTERS, requests_for
 from tiny_llama import make_adapters, peft_greedy, peft_model_with
 
 from loragate.engine import SamplingParams
-from loragate.engine.cuda_graphs import DecodeGraphs, GraphCaptureError, batch_buckets
+from loragate.engine.runner.cuda_graphs import DecodeGraphs, GraphCaptureError, batch_buckets
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from loragate.engine.detokenizer import IncrementalDetokenizer
-from loragate.engine.model_loader import load_tokenizer, resolve_model
+from loragate.engine.loading.model_loader import load_tokenizer, resolve_model
+from loragate.engine.outputs.detokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

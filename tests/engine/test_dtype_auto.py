@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from loragate.engine import LLM, SamplingParams
-from loragate.engine.config import EngineConfig
-from loragate.engine.cpu_features import OVERRIDE_ENV, bf16_support, cpu_flags
+from loragate.engine.api.config import EngineConfig
+from loragate.engine.loading.cpu_features import OVERRIDE_ENV, bf16_support, cpu_flags
 
 X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd sve {extra}\nCPU implementer\t: 0x41\n"
@@ -68,7 +68,7 @@ def test_a_bad_override_is_refused_by_name(monkeypatch):
 
 def test_bf16_without_native_support_runs_with_a_warning(monkeypatch, caplog, tiny_model_dir):
     monkeypatch.setenv(OVERRIDE_ENV, "0")
-    with caplog.at_level(logging.WARNING, logger="loragate.engine.llm_engine"):
+    with caplog.at_level(logging.WARNING, logger="loragate.engine.core.llm_engine"):
         llm = LLM(str(tiny_model_dir("llama")), dtype="bfloat16", max_model_len=64)
     warned = [r.getMessage() for r in caplog.records if "without native bfloat16" in r.getMessage()]
     assert len(warned) == 1 and "slower than float32" in warned[0]
@@ -80,6 +80,6 @@ def test_bf16_without_native_support_runs_with_a_warning(monkeypatch, caplog, ti
 
 def test_no_warning_where_bf16_is_native(monkeypatch, caplog, tiny_model_dir):
     monkeypatch.setenv(OVERRIDE_ENV, "1")
-    with caplog.at_level(logging.WARNING, logger="loragate.engine.llm_engine"):
+    with caplog.at_level(logging.WARNING, logger="loragate.engine.core.llm_engine"):
         LLM(str(tiny_model_dir("llama")), dtype="bfloat16", max_model_len=64)
     assert not [r for r in caplog.records if "without native bfloat16" in r.getMessage()]

@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent(
     """
     import asyncio, atexit, sys
     from loragate.engine import EngineConfig, LLMEngine, SamplingParams
-    from loragate.engine.async_engine import AsyncLLMEngine
+    from loragate.engine.api.async_engine import AsyncLLMEngine
 
     seen = {}
     # Registered first, so it runs last: after the engine's own exit handler.

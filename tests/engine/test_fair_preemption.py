@@ -24,7 +24,7 @@ from test_fair_share import (
     setup,  # noqa: F401  (the module's fixture)
 )
 
-from loragate.engine.scheduler import PROTECT_STEPS
+from loragate.engine.core.scheduler import PROTECT_STEPS
 from loragate.plugins.builtin.fair_preemption import FAIR_MARGIN, fair_victim, priority_victim
 
 SEQS = 4

@@ -14,8 +14,8 @@ from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.fair_share import FairShare, fair_share_key
-from loragate.engine.sequence import Request
+from loragate.engine.core.fair_share import FairShare, fair_share_key
+from loragate.engine.core.sequence import Request
 from loragate.plugins import hookimpl
 
 
@@ -242,7 +242,7 @@ def test_a_plugin_orders_admission_and_a_bad_answer_is_ignored(setup, make_llm, 
 
     newest_order, newest_outputs = order_with(NewestFirst())
     assert newest_order == [2, 1, 0]
-    with caplog.at_level(logging.ERROR, logger="loragate.engine.admission_order"):
+    with caplog.at_level(logging.ERROR, logger="loragate.engine.core.admission_order"):
         broken_order, broken_outputs = order_with(BrokenOrder())
     assert broken_order == [0, 1, 2]  # arrival order kept
     assert "loragate_order_waiting must return every waiting seq_id" in caplog.text

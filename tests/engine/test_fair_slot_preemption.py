@@ -17,7 +17,7 @@ from test_fair_share import engine_for, greedy, prompt
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
-from loragate.engine.scheduler import PROTECT_STEPS
+from loragate.engine.core.scheduler import PROTECT_STEPS
 from loragate.plugins.builtin.fair_preemption import FAIR_MARGIN
 
 LONG = 40

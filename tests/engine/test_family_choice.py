@@ -11,7 +11,7 @@ from family_models import family_config, save_family_model
 from transformers import Gemma3Config, Qwen3MoeConfig
 
 from loragate.engine import LLM
-from loragate.engine.model_loader import load_config
+from loragate.engine.loading.model_loader import load_config
 from loragate.engine.models import SUPPORTED_MODEL_TYPES, family_of
 from loragate.engine.models.gemma3 import Gemma3Family
 
@@ -70,7 +70,7 @@ def test_the_start_log_names_the_family_and_what_it_uses(family, says):
 
 def test_an_engine_on_a_gemma3_directory_logs_its_family(tmp_path, tokenizer_dir, caplog):
     model_dir = save_family_model("gemma3", tmp_path / "gemma3", tokenizer_dir)
-    with caplog.at_level(logging.INFO, logger="loragate.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="loragate.engine.core.llm_engine"):
         llm = LLM(model=str(model_dir), dtype="float32", max_model_len=64)
     assert llm.llm_engine.model.arch.layer_windows == (8, 0, 8)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("model: "))

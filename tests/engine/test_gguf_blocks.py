@@ -14,8 +14,8 @@ from tiny_llama import ALL_MODULES, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.default_model import default_model_path
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.default_model import default_model_path
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.kernels import QuantizedWeight, StackedWeights
 from loragate.tools import make_random_adapter
 
@@ -96,7 +96,7 @@ def test_a_mixed_file_with_tied_embeddings(make_llm, tmp_path, caplog):
     embedding (tied: no output.weight) in Q8_0."""
     types = {**MIXED, "token_embd": "Q8_0"}
     gguf = write_quantized_gguf(tmp_path / "tiny.mixed.gguf", "Q4_K", 4, tied=True, types=types)
-    caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
+    caplog.set_level(logging.INFO, logger="loragate.engine.loading.model_loader")
     caplog.set_level(logging.INFO, logger="loragate.engine.models.decoder")
     llm = _served_against_peft(make_llm, tmp_path, gguf)
     model = llm.llm_engine.model
@@ -131,7 +131,7 @@ def test_other_families_served_in_blocks_match_hf_and_peft(
 
 def test_the_dequantizing_path_stays_behind_its_flag(make_llm, tmp_path, caplog):
     gguf = write_quantized_gguf(tmp_path / "tiny.Q8_0.gguf", "Q8_0", seed=5)
-    caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
+    caplog.set_level(logging.INFO, logger="loragate.engine.loading.model_loader")
     llm = make_llm(
         model=str(gguf),
         gguf_dequantize=True,

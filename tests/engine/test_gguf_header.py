@@ -1,4 +1,4 @@
-"""engine/gguf_header.py reads the same tensor table as the `gguf` package's reader, and
+"""engine/loading/gguf_header.py reads the same tensor table as the `gguf` package's reader, and
 names what is wrong with a file that is not GGUF or is cut short."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from gguf import GGUFReader
 from gguf_testlib import write_quantized_gguf
 
-from loragate.engine.default_model import default_model_path
-from loragate.engine.gguf_header import GGUFHeader
+from loragate.engine.loading.default_model import default_model_path
+from loragate.engine.loading.gguf_header import GGUFHeader
 
 
 @pytest.mark.parametrize("source", ["default", "tiny"])

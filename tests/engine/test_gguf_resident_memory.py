@@ -19,7 +19,7 @@ import sys
 
 from gguf import GGUFReader
 
-from loragate.engine.default_model import default_model_path
+from loragate.engine.loading.default_model import default_model_path
 
 MEASURE = """
 import gc, json, sys

@@ -1,5 +1,5 @@
 """A running AsyncLLMEngine shortens the interpreter's switch interval, so its engine thread
-gets the GIL back soon after each torch call (engine/gil_handoff.py), and sets it back when
+gets the GIL back soon after each torch call (engine/core/gil_handoff.py), and sets it back when
 the last engine of the process shuts down."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 from test_startup_heap import tiny_engine
 
-from loragate.engine.gil_handoff import SWITCH_INTERVAL_S
+from loragate.engine.core.gil_handoff import SWITCH_INTERVAL_S
 
 
 def test_the_interval_is_short_while_an_engine_runs_and_restored_after(tiny_model_dir):

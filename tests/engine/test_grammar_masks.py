@@ -12,8 +12,9 @@ import torch
 from structured_testlib import COLOR, POINT
 
 from loragate import kernels
-from loragate.engine import SamplingParams, grammar_masks
-from loragate.engine.sample_dispatch import SampleDispatcher
+from loragate.engine import SamplingParams
+from loragate.engine.sampling import grammar_masks
+from loragate.engine.sampling.sample_dispatch import SampleDispatcher
 from loragate.plugins import NamedHook, PluginError, PluginManager
 
 VOCAB = 100

@@ -14,8 +14,8 @@ from loragate import kernels
 from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
 from loragate.adapters.vocab_extras import VocabExtras
-from loragate.engine.forward_batch import LoRABatch
 from loragate.engine.models.decoder import _add_head_lora
+from loragate.engine.runner.forward_batch import LoRABatch
 
 HIDDEN, VOCAB, MAX_RANK, SLOTS = 24, 70, 8, 6
 HEADS = {0: (2, 0.5), 2: (8, 2.0), 5: (5, 1.25)}  # slot: (rank, scale)
@@ -85,7 +85,7 @@ def test_rows_of_lm_head_lora_slots_run_eagerly_under_cuda_graphs():
     (and no other vocabulary side) are run eagerly, the others may replay."""
     from types import SimpleNamespace
 
-    from loragate.engine.cuda_graphs import DecodeGraphs
+    from loragate.engine.runner.cuda_graphs import DecodeGraphs
 
     slots, _ = slots_with_heads("cpu")
     graphs = SimpleNamespace(adapter_slots=SimpleNamespace(slot_tensors=slots))

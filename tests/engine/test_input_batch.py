@@ -1,4 +1,4 @@
-"""The persistent batch (engine/input_batch.py) against a batch rebuilt from scratch.
+"""The persistent batch (engine/runner/input_batch.py) against a batch rebuilt from scratch.
 
 Rows are written only where a sequence joins, grows a block, is preempted or leaves; every
 step's inputs cut from them must equal what a rebuild from each sequence's own block table
@@ -14,8 +14,8 @@ import random
 import torch
 
 from loragate.engine import SamplingParams
-from loragate.engine.input_batch import InputBatch
-from loragate.engine.sequence import Request, Sequence
+from loragate.engine.core.sequence import Request, Sequence
+from loragate.engine.runner.input_batch import InputBatch
 
 BLOCK = 8
 

@@ -13,7 +13,7 @@ from tiny_llama import ALL_MODULES
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
 PROMPTS = [[5, 70, 71, 72, 90, 33], list(range(40, 70)), [120] * 9 + [7, 8]]

@@ -1,12 +1,12 @@
 """How many adapter loads run at once beside the steps: one on a small machine, where a
-second loader slowed the steps by a third (engine/adapter_residency.py), two where cores
+second loader slowed the steps by a third (engine/lora/adapter_residency.py), two where cores
 are to spare."""
 
 from __future__ import annotations
 
 import pytest
 
-from loragate.engine.adapter_residency import MAX_LOADER_THREADS, loader_threads, usable_cores
+from loragate.engine.lora.adapter_residency import MAX_LOADER_THREADS, loader_threads, usable_cores
 
 
 @pytest.mark.parametrize(

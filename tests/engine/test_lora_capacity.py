@@ -1,4 +1,4 @@
-"""engine/lora_capacity.py: where the operator names no counts, a GPU keeps 8 slots and 64
+"""engine/lora/lora_capacity.py: where the operator names no counts, a GPU keeps 8 slots and 64
 adapters in the CPU tier, and a CPU, whose slots borrow the tier's rows, as many adapters
 as a quarter of its available memory holds, every one of them batchable; said in the start
 log. Given counts are kept."""
@@ -13,8 +13,8 @@ from tiny_llama import HF_INIT_NAME, hf_init_tiny_model
 
 from loragate.adapters.tier_budget import unit_bytes
 from loragate.engine import LLM
-from loragate.engine.config import EngineConfig
-from loragate.engine.lora_capacity import (
+from loragate.engine.api.config import EngineConfig
+from loragate.engine.lora.lora_capacity import (
     CPU_MAX_ADAPTERS,
     CPU_MIN_ADAPTERS,
     available_memory,
@@ -94,7 +94,7 @@ def _sized_from_memory(tiny_model_dir) -> LLM:
 
 
 def test_the_engine_sizes_its_slots_and_says_so(tiny_model_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="loragate.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="loragate.engine.core.llm_engine"):
         llm = _sized_from_memory(tiny_model_dir)
     engine = llm.llm_engine
     said = [r.getMessage() for r in caplog.records if "sized from memory" in r.getMessage()]
@@ -109,7 +109,7 @@ def test_the_kv_cache_is_sized_once_the_slots_exist(tiny_model_dir, monkeypatch)
     """On a GPU the slots' stacks are allocated with the residency and the KV budget counts
     the memory in use, so the residency comes first (else the KV cache takes the memory the
     slots then need)."""
-    from loragate.engine import llm_engine
+    from loragate.engine.core import llm_engine
 
     seen = []
     sized = llm_engine.sizing.num_kv_blocks

@@ -8,8 +8,8 @@ import pytest
 import transformers
 from tiny_llama import write_tiny_gguf
 
-from loragate.engine.default_model import DEFAULT_MODEL_NAME, default_model_path
-from loragate.engine.model_loader import load_config, resolve_model
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+from loragate.engine.loading.model_loader import load_config, resolve_model
 
 
 def test_gguf_converts_once_then_reads_the_cache(tmp_path, monkeypatch):
@@ -29,9 +29,11 @@ def test_gguf_converts_once_then_reads_the_cache(tmp_path, monkeypatch):
 
 def test_the_first_conversion_logs_a_line_per_stage_and_later_starts_none(tmp_path, caplog):
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", add_bos=True)
-    caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
+    caplog.set_level(logging.INFO, logger="loragate.engine.loading.model_loader")
     resolve_model(str(gguf), cache_dir=str(tmp_path / "cache"))
-    lines = [r.getMessage() for r in caplog.records if r.name == "loragate.engine.model_loader"]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "loragate.engine.loading.model_loader"
+    ]
     assert lines[0].startswith(f"converting {gguf} to an HF directory")
     stages = [line for line in lines if ": stage " in line]
     assert [s.split(": stage ")[1][:3] for s in stages] == ["1/3", "2/3", "3/3"]
@@ -39,7 +41,7 @@ def test_the_first_conversion_logs_a_line_per_stage_and_later_starts_none(tmp_pa
     assert lines[-1].startswith("converted tiny.gguf in ")
     caplog.clear()
     resolve_model(str(gguf), cache_dir=str(tmp_path / "cache"))
-    assert not [r for r in caplog.records if r.name == "loragate.engine.model_loader"]
+    assert not [r for r in caplog.records if r.name == "loragate.engine.loading.model_loader"]
 
 
 def test_non_gguf_file_is_refused(tmp_path):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import pytest
 
 from loragate.engine import EngineConfig, LLMEngine, RequestOutputKind, SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
-from loragate.engine.detokenizer import IncrementalDetokenizer
-from loragate.engine.sampler import SampleResult
-from loragate.engine.sequence import sample_generator
-from loragate.engine.stopping import check_stop, stream_safe_len
+from loragate.engine.api.async_engine import AsyncLLMEngine
+from loragate.engine.core.sequence import sample_generator
+from loragate.engine.outputs.detokenizer import IncrementalDetokenizer
+from loragate.engine.outputs.stopping import check_stop, stream_safe_len
+from loragate.engine.sampling.sampler import SampleResult
 
 MAX_MODEL_LEN = 256
 FILLER = " and then some more words that nobody reads" * 4

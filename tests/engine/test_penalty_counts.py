@@ -1,4 +1,4 @@
-"""Penalty token counts kept per row of the persistent batch (engine/penalty_counts.py)
+"""Penalty token counts kept per row of the persistent batch (engine/sampling/penalty_counts.py)
 against counts rebuilt from scratch.
 
 Sequences with penalties (and without) join and leave rows in random order: finishing or
@@ -18,11 +18,11 @@ import torch
 from sampling_rows_testlib import check_counts, check_rows, copied
 
 from loragate.engine import SamplingParams
-from loragate.engine.input_batch import InputBatch
-from loragate.engine.penalty_counts import NOT_BUILT
-from loragate.engine.sampler import Sampler, SamplingRow
-from loragate.engine.sampling_batch import StepRows
-from loragate.engine.sequence import Request, Sequence, sample_generator
+from loragate.engine.core.sequence import Request, Sequence, sample_generator
+from loragate.engine.runner.input_batch import InputBatch
+from loragate.engine.sampling.penalty_counts import NOT_BUILT
+from loragate.engine.sampling.sampler import Sampler, SamplingRow
+from loragate.engine.sampling.sampling_batch import StepRows
 
 VOCAB = 50
 

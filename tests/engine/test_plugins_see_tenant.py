@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 from loragate.plugins import hookimpl
 from loragate.tools import make_random_adapter
 

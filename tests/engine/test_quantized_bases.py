@@ -22,7 +22,7 @@ from tiny_llama import ALL_MODULES, build_tiny_model, hf_greedy, peft_greedy, pe
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.quantization import CHECKPOINT_METHODS, Quantization
+from loragate.engine.loading.quantization import CHECKPOINT_METHODS, Quantization
 from loragate.kernels import QuantizedWeight, StackedWeights
 from loragate.tools import make_random_adapter
 
@@ -253,7 +253,7 @@ def test_awq_and_gptq_checkpoints_match_hf_with_dequantized_weights(
 ):
     options = dict(CHECKPOINTS[name])
     checkpoint, reference = _checkpoint(tmp_path, tokenizer_dir, **options)
-    caplog.set_level(logging.INFO, logger="loragate.engine.model_loader")
+    caplog.set_level(logging.INFO, logger="loragate.engine.loading.model_loader")
     llm, _ = _served_against_peft(make_llm, tmp_path, checkpoint, reference)
     assert _layer_formats(llm) == {f"I4_G{options['group']}"}
     if options.get("desc_act"):  # q/k/v in one order; gate and up each in its own

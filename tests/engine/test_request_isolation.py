@@ -12,7 +12,7 @@ import pytest
 
 from loragate.adapters import AdapterError, AdapterLoadTimeoutError, LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 from loragate.tools import make_random_adapter
 
 PROMPT = {"prompt_token_ids": [1, 20, 30, 40]}
@@ -192,7 +192,7 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
 
 
 def test_building_one_answer_failing_fails_only_that_request(tiny_dir, make_llm, monkeypatch):
-    from loragate.engine import output_processor
+    from loragate.engine.outputs import output_processor
 
     llm = make_llm(model=tiny_dir, max_model_len=64, num_kv_blocks=64)
     engine = llm.engine

@@ -5,8 +5,8 @@ from collections import Counter
 import pytest
 import torch
 
-from loragate.engine import sampler as sampler_module
-from loragate.engine.sampler import (
+from loragate.engine.sampling import sampler as sampler_module
+from loragate.engine.sampling.sampler import (
     apply_min_p,
     apply_penalties,
     apply_temperature,

@@ -1,4 +1,4 @@
-"""Sampling parameters in the persistent batch (engine/sampling_batch.py) against rows
+"""Sampling parameters in the persistent batch (engine/sampling/sampling_batch.py) against rows
 rebuilt from scratch.
 
 Each sequence's parameters are written into its row once, when it takes the row, and
@@ -8,7 +8,7 @@ swap under a tight KV budget); at every step the sampler samples, each live row 
 exactly what its sequence's SamplingParams say, every free row must be clear, and the
 tokens and logprobs drawn from the persistent rows must equal those drawn from rows rebuilt
 from the sequences, with copies of the same generators. Penalised rows' token counts
-(engine/penalty_counts.py) must equal counts rebuilt from their sequences' histories, and a
+(engine/sampling/penalty_counts.py) must equal counts rebuilt from their sequences' histories, and a
 free row must hold none.
 """
 
@@ -20,10 +20,10 @@ import torch
 from sampling_rows_testlib import check_counts, check_rows, copied
 
 from loragate.engine import SamplingParams
-from loragate.engine.input_batch import InputBatch
-from loragate.engine.sampler import Sampler, SamplingRow
-from loragate.engine.sampling_batch import StepRows
-from loragate.engine.sequence import Request, Sequence
+from loragate.engine.core.sequence import Request, Sequence
+from loragate.engine.runner.input_batch import InputBatch
+from loragate.engine.sampling.sampler import Sampler, SamplingRow
+from loragate.engine.sampling.sampling_batch import StepRows
 
 
 class CheckingSampler:

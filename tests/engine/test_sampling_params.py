@@ -2,7 +2,7 @@
 
 import pytest
 
-from loragate.engine.sampling_params import SamplingParams
+from loragate.engine.sampling.sampling_params import SamplingParams
 
 
 def test_defaults_mirror_vllm():

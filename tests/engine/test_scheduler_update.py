@@ -5,12 +5,12 @@ by hand."""
 
 from __future__ import annotations
 
-from loragate.engine.block_manager import BlockManager
-from loragate.engine.model_runner import ModelRunnerOutput
-from loragate.engine.sampler import SampleResult
-from loragate.engine.sampling_params import SamplingParams
-from loragate.engine.scheduler import Scheduler
-from loragate.engine.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.core.block_manager import BlockManager
+from loragate.engine.core.scheduler import Scheduler
+from loragate.engine.core.sequence import Request, Sequence, SequenceStatus
+from loragate.engine.runner.model_runner import ModelRunnerOutput
+from loragate.engine.sampling.sampler import SampleResult
+from loragate.engine.sampling.sampling_params import SamplingParams
 
 BLOCK = 4
 

@@ -44,7 +44,7 @@ def test_forked_samples_equal_independent_runs(tiny_model_dir, make_llm):
         SamplingParams(n=3, temperature=0.8, seed=11, max_tokens=20, ignore_eos=True),
         use_tqdm=False,
     )[0]
-    from loragate.engine.sequence import sample_generator
+    from loragate.engine.core.sequence import sample_generator
 
     for out in shared.outputs:
         # Reproduce sample i alone with the generator the engine derives for it.

@@ -14,7 +14,7 @@ from tiny_llama import write_tiny_gguf
 from transformers import AutoTokenizer
 
 from loragate.engine import SamplingParams
-from loragate.engine.default_model import default_model_path
+from loragate.engine.loading.default_model import default_model_path
 
 BOS = 1  # <|im_start|>, for the default model and the tiny ones built here
 TEXT = "hello world"
@@ -158,7 +158,7 @@ def test_gguf_without_the_key_keeps_transformers_default(gguf_llm):
 @pytest.mark.parametrize("add_bos", [True, False])
 def test_start_log_names_the_rule_and_its_source(tiny_gguf, gguf_cache, make_llm, caplog, add_bos):
     path = tiny_gguf(add_bos)
-    with caplog.at_level(logging.INFO, logger="loragate.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="loragate.engine.core.llm_engine"):
         make_llm(
             model=str(path), weights_cache_dir=str(gguf_cache), max_model_len=64, num_kv_blocks=8
         )

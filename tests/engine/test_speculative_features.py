@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.structured_outputs import StructuredOutputsParams
+from loragate.engine.sampling.structured_outputs import StructuredOutputsParams
 from loragate.tools import make_random_adapter
 from loragate.tools.base_model import TOKENIZER_FILES
 

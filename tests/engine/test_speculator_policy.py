@@ -10,7 +10,7 @@ import pytest
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
-from loragate.engine.sequence import Request, Sequence
+from loragate.engine.core.sequence import Request, Sequence
 from loragate.engine.speculation import SpeculativeConfig, Speculator, speculative_config_from
 from loragate.engine.speculation.speculator import DRAFT_PROBE_EVERY, PROBE_EVERY
 from loragate.plugins.builtin.ngram_proposer import lookup

@@ -12,7 +12,7 @@ from tiny_llama import hf_greedy
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import EngineConfig, LLMEngine
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 
 N = 20
 

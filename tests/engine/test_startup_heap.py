@@ -1,5 +1,5 @@
 """A running AsyncLLMEngine keeps the process's startup heap out of the cyclic collector's
-walks (engine/startup_heap.py), and gives it back when the last engine shuts down."""
+walks (engine/core/startup_heap.py), and gives it back when the last engine shuts down."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import weakref
 
 from loragate.engine import EngineConfig, LLMEngine
-from loragate.engine.async_engine import AsyncLLMEngine
+from loragate.engine.api.async_engine import AsyncLLMEngine
 
 
 class Marker:
@@ -56,7 +56,7 @@ def test_an_engine_dropped_after_shutdown_is_collected(tiny_model_dir):
 
 HELD_FREED = """
 import ctypes
-from loragate.engine.startup_heap import release_freed_heap
+from loragate.engine.core.startup_heap import release_freed_heap
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from loragate.engine import SamplingParams
-from loragate.engine.prefill_order import prefill_order
-from loragate.engine.sequence import Request, Sequence
-from loragate.engine.step_budget import MAX_MEASURED_BUDGET, StepBudget
+from loragate.engine.core.prefill_order import prefill_order
+from loragate.engine.core.sequence import Request, Sequence
+from loragate.engine.core.step_budget import MAX_MEASURED_BUDGET, StepBudget
 
 
 def line(fixed: float, per_token: float, *sizes: int) -> dict[int, float]:

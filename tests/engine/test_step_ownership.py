@@ -2,13 +2,13 @@
 
 Checked on the source (as tests/engine/test_adapter_ownership.py checks the adapter cache):
 - a sequence's computed-token count (`num_computed_tokens`) is written only in
-  engine/scheduler.py (and set to 0 where engine/sequence.py makes the sequence); it
+  engine/core/scheduler.py (and set to 0 where engine/core/sequence.py makes the sequence); it
   advances only in `Scheduler.update_from_output`, after the runner ran the step;
 - a sequence's tokens (`token_ids`: the prompt, then its output tokens) likewise, except
   output processing's own copy of a sample's text tokens (`SampleText`, not a sequence);
 - the scheduler's running list (`.running`) is changed only by the Scheduler;
-- nothing outside the runner touches the persistent batch: only engine/model_runner.py and
-  the sampling dispatch it builds over its own batch (engine/sample_dispatch.py) import
+- nothing outside the runner touches the persistent batch: only engine/runner/model_runner.py and
+  the sampling dispatch it builds over its own batch (engine/sampling/sample_dispatch.py) import
   `InputBatch` or read an `.input_batch`; only the runner builds a SampleDispatcher; and
   block tables and copy-on-write pairs reach the runner in the SchedulerOutput (only the
   scheduler takes them from the block manager).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("engine", "gateway", "plugins")
-SCHEDULER = "engine/scheduler.py"
+SCHEDULER = "engine/core/scheduler.py"
 MUTATING = {
     "append",
     "appendleft",
@@ -39,21 +39,21 @@ MUTATING = {
 # (module, function) allowed to write each attribute, and why.
 WRITERS = {
     "num_computed_tokens": {
-        ("engine/sequence.py", "Sequence.__init__"),  # a new sequence has computed nothing
+        ("engine/core/sequence.py", "Sequence.__init__"),  # a new sequence has computed nothing
         (SCHEDULER, "Scheduler.update_from_output"),  # what the step computed
         (SCHEDULER, "Scheduler._schedule_waiting"),  # a prefix-cache hit, applied
         (SCHEDULER, "Scheduler.fork"),  # a fork shares its parent's computed tokens
         (SCHEDULER, "Scheduler._preempt"),  # preempted to recompute: nothing kept
     },
     "token_ids": {
-        ("engine/sequence.py", "Sequence.__init__"),  # the prompt
+        ("engine/core/sequence.py", "Sequence.__init__"),  # the prompt
         (SCHEDULER, "Scheduler._take"),  # a sampled token
         (SCHEDULER, "Scheduler.append_token"),  # a beam's token, chosen by its strategy
         (SCHEDULER, "Scheduler.stop"),  # tokens past a stop string, dropped
         (SCHEDULER, "Scheduler.fork"),  # a fork's copy of its parent's tokens
         # Output processing's own copy of a sample's tokens, for its text (not a Sequence).
-        ("engine/output_processor.py", "SampleText.__init__"),
-        ("engine/output_processor.py", "OutputProcessor._take"),
+        ("engine/outputs/output_processor.py", "SampleText.__init__"),
+        ("engine/outputs/output_processor.py", "OutputProcessor._take"),
         # The gateway's cumulative copy of a streamed output, grown from the engine's deltas
         # (a CompletionOutput, not a Sequence).
         ("gateway/serving/generation.py", "_grown"),
@@ -69,7 +69,11 @@ WRITERS = {
     },
 }
 ADVANCERS = {(SCHEDULER, "Scheduler.update_from_output")}
-RUNNER = {"engine/model_runner.py", "engine/sample_dispatch.py", "engine/input_batch.py"}
+RUNNER = {
+    "engine/runner/model_runner.py",
+    "engine/sampling/sample_dispatch.py",
+    "engine/runner/input_batch.py",
+}
 
 
 class Writes(ast.NodeVisitor):
@@ -158,7 +162,7 @@ def batch_users(sources) -> list[str]:
             elif isinstance(node, ast.Attribute) and path not in RUNNER:
                 if node.attr == "input_batch":
                     names = [".input_batch"]
-            elif isinstance(node, ast.Call) and path != "engine/model_runner.py":
+            elif isinstance(node, ast.Call) and path != "engine/runner/model_runner.py":
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if name == "SampleDispatcher":
@@ -166,7 +170,7 @@ def batch_users(sources) -> list[str]:
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr in ("take_changed_tables", "take_copies")
-                and path not in (SCHEDULER, "engine/block_manager.py")
+                and path not in (SCHEDULER, "engine/core/block_manager.py")
             ):
                 names = [f".{node.attr}"]
             bad += [f"{path}:{node.lineno}: {name}" for name in names]
@@ -200,9 +204,9 @@ def test_the_scheduler_is_the_writer_the_rules_name():
         if path != SCHEDULER
     }
     assert outside == {
-        ("engine/sequence.py", "Sequence.__init__"),
-        ("engine/output_processor.py", "SampleText.__init__"),
-        ("engine/output_processor.py", "OutputProcessor._take"),
+        ("engine/core/sequence.py", "Sequence.__init__"),
+        ("engine/outputs/output_processor.py", "SampleText.__init__"),
+        ("engine/outputs/output_processor.py", "OutputProcessor._take"),
         # The gateway's cumulative copy of a streamed output, grown from the engine's deltas
         # (a CompletionOutput, not a Sequence).
         ("gateway/serving/generation.py", "_grown"),
@@ -227,26 +231,26 @@ def test_the_checks_catch_writes_and_touches_elsewhere():
     early = (
         "class Scheduler:\n    def schedule(self, seq, n):\n        seq.num_computed_tokens += n\n"
     )
-    imports = "from loragate.engine.input_batch import InputBatch\n"
+    imports = "from loragate.engine.runner.input_batch import InputBatch\n"
     sources = [
-        ("engine/llm_engine.py", engine),
+        ("engine/core/llm_engine.py", engine),
         ("engine/forks.py", forks),
         (SCHEDULER, early),
-        ("engine/sample_dispatch.py", imports),
+        ("engine/sampling/sample_dispatch.py", imports),
         ("engine/x.py", imports + "d = SampleDispatcher(s, p, b)\n"),
     ]
     assert strays(sources) == [
-        "engine/llm_engine.py:3: num_computed_tokens += in LLMEngine.step",
-        "engine/llm_engine.py:4: token_ids .append() in LLMEngine.step",
-        "engine/llm_engine.py:5: token_ids del in LLMEngine.step",
-        "engine/llm_engine.py:6: running .remove() in LLMEngine.step",
+        "engine/core/llm_engine.py:3: num_computed_tokens += in LLMEngine.step",
+        "engine/core/llm_engine.py:4: token_ids .append() in LLMEngine.step",
+        "engine/core/llm_engine.py:5: token_ids del in LLMEngine.step",
+        "engine/core/llm_engine.py:6: running .remove() in LLMEngine.step",
         "engine/forks.py:2: num_computed_tokens = in fork",
-        "engine/scheduler.py:3: num_computed_tokens += in Scheduler.schedule",
+        "engine/core/scheduler.py:3: num_computed_tokens += in Scheduler.schedule",
     ]
     assert batch_users(sources) == [
-        "engine/llm_engine.py:7: .input_batch",
-        "engine/llm_engine.py:7: .take_changed_tables",
-        "engine/x.py:1: import loragate.engine.input_batch",
+        "engine/core/llm_engine.py:7: .input_batch",
+        "engine/core/llm_engine.py:7: .take_changed_tables",
+        "engine/x.py:1: import loragate.engine.runner.input_batch",
         "engine/x.py:1: InputBatch",
         "engine/x.py:2: SampleDispatcher()",
     ]

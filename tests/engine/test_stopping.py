@@ -2,8 +2,13 @@
 
 import pytest
 
-from loragate.engine.sampling_params import SamplingParams
-from loragate.engine.stopping import StopDecision, check_stop, find_stop_string, stream_safe_len
+from loragate.engine.outputs.stopping import (
+    StopDecision,
+    check_stop,
+    find_stop_string,
+    stream_safe_len,
+)
+from loragate.engine.sampling.sampling_params import SamplingParams
 
 EOS = {2}
 

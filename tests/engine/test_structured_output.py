@@ -18,7 +18,10 @@ from test_multi_lora import ADAPTERS, requests_for
 from tiny_llama import make_adapters
 
 from loragate.engine import SamplingParams
-from loragate.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
+from loragate.engine.sampling.structured_outputs import (
+    GuidedDecodingParams,
+    StructuredOutputsParams,
+)
 from loragate.plugins.builtin.structured_output import grammar_of, token_table
 
 

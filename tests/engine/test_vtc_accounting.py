@@ -15,8 +15,8 @@ from test_fair_share import (
 )
 
 from loragate.engine import EngineConfig
-from loragate.engine.fair_share import FairShare
-from loragate.engine.sequence import Request
+from loragate.engine.core.fair_share import FairShare
+from loragate.engine.core.sequence import Request
 from loragate.plugins.builtin.waiting_order import priority_order
 
 

@@ -1,4 +1,4 @@
-"""Top-p thresholds found by value buckets (engine/wide_nucleus.py) against the sorting
+"""Top-p thresholds found by value buckets (engine/sampling/wide_nucleus.py) against the sorting
 loop they replace for wide nuclei: the same thresholds to the bit, so the same tokens kept
 and, for the same seeds, the same tokens drawn; rows it cannot prove go to the loop."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import loragate.engine.sampler as sampler_module
+import loragate.engine.sampling.sampler as sampler_module
 from loragate.engine import SamplingParams
-from loragate.engine.sampler import Sampler, SamplingRow, top_k_top_p_thresholds
-from loragate.engine.wide_nucleus import EXACT_SUMMAND, wide_nucleus_thresholds
+from loragate.engine.sampling.sampler import Sampler, SamplingRow, top_k_top_p_thresholds
+from loragate.engine.sampling.wide_nucleus import EXACT_SUMMAND, wide_nucleus_thresholds
 
 
 def declined(logits, norm, top_p):

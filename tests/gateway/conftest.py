@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.gateway.assembly.server import BackgroundServer
 from loragate.tools import make_random_adapter
 

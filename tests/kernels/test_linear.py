@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from loragate import kernels
-from loragate.engine.cpu_features import NATIVE_BF16_FLAGS, cpu_flags
+from loragate.engine.loading.cpu_features import NATIVE_BF16_FLAGS, cpu_flags
 from loragate.kernels.linear import DISABLE_ENV, packing_available
 
 needs_onednn = pytest.mark.skipif(

@@ -34,19 +34,19 @@ class Mutant:
     first: str = ""  # the test expected to catch it, run first to keep the check short
 
 
-RUNNER = "loragate.engine.model_runner"
-SWAP = "loragate.engine.swap"
-BLOCKS = "loragate.engine.block_manager"
+RUNNER = "loragate.engine.runner.model_runner"
+SWAP = "loragate.engine.core.swap"
+BLOCKS = "loragate.engine.core.block_manager"
 SWAP_COPY = "self.kv_cache.data[:, :, dst] = self.cpu[:, :, seq.swapped_blocks].to(dst.device)"
-INPUT_BATCH = "loragate.engine.input_batch"
+INPUT_BATCH = "loragate.engine.runner.input_batch"
 SLOT_OFFSET = "return blocks * block_size + positions % block_size"
 BLOCK_INDEX = "blocks = tables[rows, positions // block_size].to(torch.long)"
 ROW_SLOTS = "[item.seq.lora_slot for item in items]"
 RETURN_BATCH = "    return batch, sampled\n"
 MAKE_BATCH = "    batch = ForwardBatch(\n"
 
-OUTPUTS = "loragate.engine.output_processor"
-MASKS = "loragate.engine.grammar_masks"
+OUTPUTS = "loragate.engine.outputs.output_processor"
+MASKS = "loragate.engine.sampling.grammar_masks"
 STREAMED = (
     "tests/engine/test_output_processing.py::test_streamed_text_and_stops_equal_the_step_threads"
 )
@@ -72,11 +72,11 @@ FORKS = "tests/engine/test_sequence_sharing.py"
 ROWS = "tests/engine/test_input_batch.py"
 SAMPLING_ROWS = "tests/engine/test_sampling_batch.py"
 PENALTY_COUNTS = "tests/engine/test_penalty_counts.py"
-SAMPLING_BATCH = "loragate.engine.sampling_batch"
-SCHEDULER = "loragate.engine.scheduler"
+SAMPLING_BATCH = "loragate.engine.sampling.sampling_batch"
+SCHEDULER = "loragate.engine.core.scheduler"
 STEP_RULES = "tests/engine/test_scheduler_update.py"
 PREEMPT_RECOMPUTE = STAGGERED + "test_preemption_under_tight_kv_matches_hf[recompute]"
-COUNTS = "loragate.engine.penalty_counts"
+COUNTS = "loragate.engine.sampling.penalty_counts"
 
 MUTANTS = [
     Mutant(
@@ -327,7 +327,7 @@ MUTANTS = [
         "the machine is lent to adapter loads before a step that brings an adapter into a slot",
         (
             Patch(
-                "loragate.engine.adapter_residency",
+                "loragate.engine.lora.adapter_residency",
                 "AdapterResidency.lend_window",
                 "if self._copied_this_step:",
                 "if False:",

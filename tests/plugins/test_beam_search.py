@@ -149,7 +149,7 @@ def test_matches_hf_with_its_kv_cache(tiny_model):
 def test_matches_hf_on_the_default_model_chat_prompt():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loragate.engine.model_loader import resolve_model
+    from loragate.engine.loading.model_loader import resolve_model
 
     # The converted folder: the GGUF's weights bit-equal, read without transformers
     # dequantizing the file and converting its vocabulary again (seconds to a minute).

@@ -18,10 +18,10 @@ from loragate.plugins import InvalidParam
 ROOT = Path(__file__).resolve().parents[3]
 # The modules that check what a request sends: every refusal there names its field.
 CHECKS = [
-    "engine/sampling_params.py",
-    "engine/structured_outputs.py",
-    "engine/input_processor.py",
-    "engine/beam_search_params.py",
+    "engine/sampling/sampling_params.py",
+    "engine/sampling/structured_outputs.py",
+    "engine/api/input_processor.py",
+    "engine/sampling/beam_search_params.py",
     "plugins/builtin/logit_bias.py",
 ]
 

@@ -28,7 +28,7 @@ from loadgen_testlib import (
 from servers_testlib import ServeProcess
 from tenancy_testlib import ADMIN_KEY, Api
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 CHAT = {"role": "user", "content": "Hi"}
 OUTPUT_TOKENS = 8  # each tool asks for 8 with ignore_eos: the tiny model's EOS cannot cut it

@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from loragate.engine import EngineConfig
-from loragate.engine.default_model import DEFAULT_MODEL_NAME
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
+from loragate.engine.loading.model_loader import resolve_model
 from loragate.gateway.assembly.server import BackgroundServer
 from loragate.gateway.settings import GatewaySettings
 

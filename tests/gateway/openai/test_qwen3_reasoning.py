@@ -15,7 +15,7 @@ from family_models import save_family_model
 from servers_testlib import start_tiny_server
 from tools_testlib import ASK, WEATHER
 
-from loragate.engine.model_loader import resolve_model
+from loragate.engine.loading.model_loader import resolve_model
 
 # A chat template that lays out a conversation as Qwen3's does: ChatML turns, tools in a
 # <tools> block with hermes-style calls, and with thinking off an empty think block opened and
