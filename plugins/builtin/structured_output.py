@@ -14,7 +14,6 @@ import json
 from collections import OrderedDict
 
 import llguidance
-import llguidance.torch
 import torch
 
 from loragate import kernels
@@ -142,7 +141,7 @@ class GrammarProcessor:
         self._start = start
         self._by_prefix: dict[tuple[int, ...], llguidance.LLMatcher] = {(): start.deep_copy()}
         self._vocab_size = vocab_size
-        self._mask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # refilled each step
+        self._mask = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)  # per step
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         self.fill_bitmask(output_token_ids, self._mask, 0)
@@ -155,7 +154,12 @@ class GrammarProcessor:
         bitmask: the engine fills one for all its constrained rows and applies it in one
         call (engine/sampling/grammar_masks.py)."""
         matcher = self._matcher_for(tuple(output_token_ids))
-        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
+        # llguidance.torch's fill_next_token_bitmask does this; importing that module costs
+        # every process 1.7 s (a torch.compile decorator pulls in torch._dynamo).
+        words = bitmask[row]
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or not words.is_contiguous():
+            raise ValueError("a token bitmask is a contiguous int32 CPU tensor")
+        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
 
     def _matcher_for(self, prefix: tuple[int, ...]) -> llguidance.LLMatcher:
         matcher = self._by_prefix.get(prefix)
