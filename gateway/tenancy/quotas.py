@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from loragate.gateway.errors import InvalidRequestError, QuotaExceededError, RegistryDownError
 from loragate.gateway.registry_seam import RegistrySeam
@@ -35,10 +36,16 @@ _WHAT = {
 
 
 class QuotaKeeper:
-    def __init__(self, store: RegistrySeam, lease_seconds: float):
+    def __init__(
+        self,
+        store: RegistrySeam,
+        lease_seconds: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
         self._store = store
         self._health = store.health
         self.refresh_every = lease_seconds / 3
+        self._sleep = sleep  # between refreshes; tests pass one driven by a fake clock
         self._leases: dict[str, str] = {}  # lease -> tenant, while its request runs
         self._stopped = False
 
@@ -86,7 +93,7 @@ class QuotaKeeper:
     async def keep_leases_alive(self) -> None:
         """Runs for the server's life: restart the TTL of every running request's lease."""
         while not self._stopped:
-            await asyncio.sleep(self.refresh_every)
+            await self._sleep(self.refresh_every)
             for lease, tenant in list(self._leases.items()):
                 if self._health.down:
                     break

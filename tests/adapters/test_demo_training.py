@@ -54,8 +54,15 @@ def default_model():
 def trained(default_model, tmp_path_factory):
     model, tokenizer = default_model
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    # 20 steps, not the tool's 30: both adapters already answer as asserted after 15 (an
+    # AVX-512 EPYC: uppercase share 1.0 in every held-out answer, every terse answer marked;
+    # after 8, uppercase was 0.45), and each step is about 1.5 s of the suite's time.
     paths = train_demo_adapters(
-        model, tokenizer, tmp_path_factory.mktemp("demo"), base_model_name=DEFAULT_MODEL_NAME
+        model,
+        tokenizer,
+        tmp_path_factory.mktemp("demo"),
+        steps=20,
+        base_model_name=DEFAULT_MODEL_NAME,
     )
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "training changed the base model"

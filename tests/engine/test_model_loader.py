@@ -12,8 +12,12 @@ from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME, default_mo
 from loragate.engine.loading.model_loader import load_config, resolve_model
 
 
-def test_gguf_converts_once_then_reads_the_cache(tmp_path, monkeypatch):
-    first = resolve_model(str(default_model_path()), cache_dir=str(tmp_path))
+def test_gguf_converts_once_then_reads_the_cache(monkeypatch):
+    """The default model's file named by its path, in the cache every test shares (its
+    conversion, 20-30 s, is done once per machine; the tiny GGUF below shows a first
+    conversion's stages in a fresh cache)."""
+    first = resolve_model(str(default_model_path()))
+    assert first.hf_dir == resolve_model(None).hf_dir
     assert first.name == DEFAULT_MODEL_NAME
     assert (first.hf_dir / "model.safetensors").is_file()
     assert (first.hf_dir / "tokenizer.json").is_file()
@@ -23,7 +27,7 @@ def test_gguf_converts_once_then_reads_the_cache(tmp_path, monkeypatch):
         raise AssertionError("the second start must not convert the GGUF file again")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
-    again = resolve_model(str(default_model_path()), cache_dir=str(tmp_path))
+    again = resolve_model(str(default_model_path()))
     assert again.hf_dir == first.hf_dir
 
 

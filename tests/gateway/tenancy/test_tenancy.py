@@ -376,30 +376,30 @@ def test_a_lease_is_given_back_whichever_way_a_request_ends(pair):
 # on a 2-core Xeon VM (2026-11-28) whose compute loops stall 0.4-0.65 s at times
 # (BENCHMARKS.md, issue 47 on an Intel Xeon), and 1.5 s failed it once on a 2-core EPYC
 # (2026-11-29, one refusal of 25 came back 200). Served leases are 300 s.
-STREAM_LEASE_S = 3.0
-
-
-def test_a_long_stream_keeps_its_concurrency_lease(replicas):
-    (server,) = replicas(1, quota_lease_seconds=STREAM_LEASE_S)
+def test_a_stream_holds_its_tenants_concurrency_place_until_it_ends(replicas):
+    """Over HTTP: while a tenant's one allowed stream runs, its other requests get 429; once
+    it ends, its place is given back. That a lease outlives its TTL while its request runs
+    is shown on a fake clock (test_tenancy_parts.py: ten lease lifetimes), not here."""
+    (server,) = replicas(1)
     admin = Api(server.url, ADMIN_KEY)
     solo = admin.as_key(admin.create_tenant("solo", max_concurrent_requests=1))
     base = admin.base_model()
     body = {
         "model": base,
         "prompt": "Go",
-        "max_tokens": 200,
+        "max_tokens": 64,
         "ignore_eos": True,
         "stream": True,
         "sampler": "slow_greedy",
     }
     refusals, lines = [], []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=solo.headers) as r:
-        for line in r.iter_lines():  # 200 steps of >= 50 ms: over three lease lifetimes
+        for line in r.iter_lines():
             lines.append(line)
             if len(lines) % 16 == 8:
                 refusals.append(solo.complete(base).status_code)
     assert "data: [DONE]" in lines
-    assert len(refusals) >= 5 and set(refusals) == {429}, refusals
+    assert len(refusals) >= 3 and set(refusals) == {429}, refusals
     wait_until(lambda: solo.complete(base).status_code == 200, "place given back", 10)
 
 

@@ -181,6 +181,70 @@ def test_quotas_refuse_with_the_reason_and_fail_open_when_the_store_is_down():
     asyncio.run(scenario())
 
 
+def test_a_running_request_keeps_its_lease_past_many_ttls_and_loses_it_once_unwatched():
+    """keep_leases_alive refreshes every running request's lease each third of the TTL: on
+    a fake clock (the store's and the keeper's sleep alike), a lease held through ten TTLs
+    still counts, a finished one is not refreshed, and one no longer refreshed expires."""
+
+    class Clock:  # the store's time; the keeper's sleep moves it
+        now = 1_700_000_000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+        def advance(self, seconds: float) -> None:
+            self.now += seconds
+
+    async def scenario():
+        clock = Clock()
+        store = MemoryRegistryStore(clock=clock, lease_ttl_s=3)
+        periods: asyncio.Queue[None] = asyncio.Queue()
+        slept: list[float] = []
+
+        async def sleep(seconds: float) -> None:  # one refresh period per item the test puts
+            await periods.get()
+            clock.advance(seconds)
+            slept.append(seconds)
+
+        keeper = QuotaKeeper(RegistrySeam(store, "test"), lease_seconds=3, sleep=sleep)
+        refreshed: list[str] = []
+        refresh = store.refresh_request
+
+        async def counted(tenant: str, lease: str) -> bool:
+            refreshed.append(lease)
+            return await refresh(tenant, lease)
+
+        store.refresh_request = counted
+        quota = TenantQuota(max_concurrent_requests=1)
+        long_stream = await keeper.admit(Principal("acme", quota), NO_COST)
+        short = await keeper.admit(Principal("globex", quota), NO_COST)
+        await keeper.finish(Principal("globex", quota), short, tokens=1)
+        alive = asyncio.create_task(keeper.keep_leases_alive())
+
+        async def one_period() -> None:
+            before = len(slept)
+            periods.put_nowait(None)
+            for _ in range(1000):  # bounded: the loop needs a few turns, no time
+                if len(slept) > before and len(refreshed) >= len(slept):
+                    return
+                await asyncio.sleep(0)
+            raise AssertionError("keep_leases_alive did not refresh after a period")
+
+        for _ in range(30):  # 30 s of the fake clock: ten lease lifetimes
+            await one_period()
+        assert slept == [1.0] * 30 and set(refreshed) == {long_stream}
+        assert await store.in_flight("acme") == 1, "the running request still holds its place"
+        with pytest.raises(QuotaExceededError):
+            await keeper.admit(Principal("acme", quota), NO_COST)
+        keeper.stop()
+        periods.put_nowait(None)
+        await alive
+        clock.advance(3.5)  # no refresh since: the lease outlives its TTL no more
+        assert await store.in_flight("acme") == 0
+
+    asyncio.run(scenario())
+
+
 def test_quotas_reserve_the_worst_case_and_keep_only_what_was_used():
     async def scenario():
         keeper = QuotaKeeper(RegistrySeam(MemoryRegistryStore(), "test"), lease_seconds=30)
