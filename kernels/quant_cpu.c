@@ -23,33 +23,7 @@ static const int BLOCK_BYTES[NUM_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 
 #define MAX_BLOCK 256
 #define ROWS 4 /* activation rows sharing one dequantized block */
 
-#if defined(__F16C__)
-#include <immintrin.h>
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-#else
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        float f = (float)man * 5.9604644775390625e-8f; /* 2^-24: subnormal halves, exactly */
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-#endif
+#include "half_float.h"
 
 static inline float f32_at(const uint8_t *p) {
     float f;

@@ -12,37 +12,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half_float.h"
+
 enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 }; /* kernels/quant_blocks.py's codes for these five */
 #define QK 32
 static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34};
 #define ROWS 4 /* activation rows sharing one unpacked weight block */
 
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            uint32_t m = man;
-            do {
-                ++e;
-                m <<= 1;
-            } while (!(m & 0x400));
-            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000u | man << 13;
-    } else {
-        bits = sign | (exp + 127 - 15) << 23 | man << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* xq [m, k] int8, xd [m, k / 32] scales, xs [m, k / 32] sums of each block's int8 values,
  * from x [m, k] (row stride ldx). */
