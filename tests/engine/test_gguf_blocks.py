@@ -48,7 +48,9 @@ def _adapters(hf_dir, root):
     }
 
 
-def _served_against_peft(make_llm, tmp_path, gguf):
+def _served_against_peft(
+    make_llm, tmp_path, gguf, prompts=PROMPTS, new_tokens=NEW_TOKENS, **engine_kwargs
+):
     """The engine's greedy tokens and PEFT's for every prompt under every adapter and the
     base, all in one batch; and the engine."""
     hf_dir = resolve_model(str(gguf), cache_dir=str(tmp_path / "cache")).hf_dir
@@ -61,10 +63,11 @@ def _served_against_peft(make_llm, tmp_path, gguf):
         enable_lora=True,
         max_lora_rank=8,
         max_loras=4,
+        **engine_kwargs,
     )
     requests = [None, *(LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(paths.items()))]
-    rows = [(prompt, request) for prompt in PROMPTS for request in requests]
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    rows = [(prompt, request) for prompt in prompts for request in requests]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, min_tokens=new_tokens)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p, _ in rows],
         params,
@@ -74,7 +77,7 @@ def _served_against_peft(make_llm, tmp_path, gguf):
     peft = peft_model_with(hf_dir, paths)
     for (prompt, request), out in zip(rows, outs, strict=True):
         name = None if request is None else request.lora_name
-        expected = peft_greedy(peft, name, prompt, NEW_TOKENS)
+        expected = peft_greedy(peft, name, prompt, new_tokens)
         assert out.outputs[0].token_ids == expected, f"adapter {name}, prompt {prompt[:4]}"
     return llm
 
@@ -224,3 +227,35 @@ def test_a_server_refusing_a_bad_file_exits_non_zero_with_the_message(tmp_path):
     )
     assert done.returncode != 0
     assert "cut.gguf is truncated: tensor blk.1.ffn_down.weight" in done.stdout + done.stderr
+
+
+def test_the_triton_product_serves_the_model_as_the_cpu_kernels_do(make_llm, tmp_path, monkeypatch):
+    """Every decoder product with block weights through kernels/quant_triton.py (what CUDA
+    runs), here under Triton's interpreter (slow: two prompts, three tokens, and the tied
+    Q8_0 output layer of 49,152 rows on the CPU kernels): the model's own shapes and a fused
+    projection of two types (Q4_K, Q6_K), with LoRA, DoRA and lm_head adapters in one
+    batch; the same tokens as HF and PEFT."""
+    import importlib
+
+    from loragate.kernels import quant_linear, quant_triton
+
+    linear_module = importlib.import_module("loragate.kernels.linear")
+    calls = []
+
+    def through_triton(x, weight, bias=None):
+        if weight.shape[0] > 4096:  # the 49,152-row output layer: minutes interpreted
+            return quant_linear.quantized_linear(x, weight, bias)
+        parts = weight.parts if isinstance(weight, StackedWeights) else (weight,)
+        calls.extend((p.shape, p.format) for p in parts if isinstance(p, QuantizedWeight))
+        return quant_linear.quantized_linear(x, weight, bias, backend="triton")
+
+    monkeypatch.setattr(linear_module, "quantized_linear", through_triton)
+    # Wide tiles: the interpreter's time is per program (test_quant_linear.py checks the
+    # kernel's own 64-wide tiles); a fixed token budget: no forward passes timed at start.
+    monkeypatch.setattr(quant_triton, "BLOCK_N", 256)
+    types = {**MIXED, "token_embd": "Q8_0"}
+    gguf = write_quantized_gguf(tmp_path / "tiny.gguf", "Q4_K", 4, tied=True, types=types)
+    _served_against_peft(
+        make_llm, tmp_path, gguf, PROMPTS[::2], new_tokens=3, max_num_batched_tokens=256
+    )
+    assert {"Q4_K", "Q6_K"} <= {f for shape, f in calls}, calls
