@@ -552,6 +552,16 @@ AVX512_INLINE void dequant_block_v16(const int fmt, const uint8_t *row, const in
     }
 }
 
+/* Each row's two accumulators summed across their lanes. */
+AVX512_INLINE void row_sums16(v16f acc[ROWS][2], const int rows, float *sums) {
+    for (int r = 0; r < rows; ++r) {
+        const v16f a = acc[r][0] + acc[r][1];
+        float s = 0.0f;
+        for (int i = 0; i < 16; ++i) s += a[i];
+        sums[r] = s;
+    }
+}
+
 /* The k-quants' sums: each sub-block dequantized in registers and used there. */
 AVX512_INLINE void dot_rows_v16_k(const int fmt, const uint8_t *wrow, int64_t k, const float *x,
                                   int64_t ldx, const int rows, float *sums) {
@@ -572,12 +582,7 @@ AVX512_INLINE void dot_rows_v16_k(const int fmt, const uint8_t *wrow, int64_t k,
             }
         }
     }
-    for (int r = 0; r < rows; ++r) {
-        const v16f a = acc[r][0] + acc[r][1];
-        float s = 0.0f;
-        for (int i = 0; i < 16; ++i) s += a[i];
-        sums[r] = s;
-    }
+    row_sums16(acc, rows, sums);
 }
 
 /* The 4-bit formats' sums (Q4_0, Q4_1, I4_G*): a block's (or group's) sixteen possible
@@ -619,12 +624,7 @@ AVX512_INLINE void dot_rows_v16_nibbles(const int fmt, const uint8_t *wrow, int6
             }
         }
     }
-    for (int r = 0; r < rows; ++r) {
-        const v16f a = acc[r][0] + acc[r][1];
-        float s = 0.0f;
-        for (int i = 0; i < 16; ++i) s += a[i];
-        sums[r] = s;
-    }
+    row_sums16(acc, rows, sums);
 }
 
 /* dot_rows_vector's sums in sixteen lanes, two accumulators per row. */
@@ -652,12 +652,7 @@ AVX512_INLINE void dot_rows_v16(const int fmt, const uint8_t *wrow, int64_t k, c
             }
         }
     }
-    for (int r = 0; r < rows; ++r) {
-        const v16f a = acc[r][0] + acc[r][1];
-        float s = 0.0f;
-        for (int i = 0; i < 16; ++i) s += a[i];
-        sums[r] = s;
-    }
+    row_sums16(acc, rows, sums);
 }
 
 #define DEFINE_LINEAR_V16(F)                                                                  \
