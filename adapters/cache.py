@@ -52,13 +52,7 @@ from loragate.adapters.cache_reports import CacheReports
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
 from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
-from loragate.adapters.identity import (
-    SYSTEM_CLOCK,
-    IdentityBook,
-    StampClock,
-    Vouch,
-    WeightsIdentity,
-)
+from loragate.adapters.identity import IdentityBook, Vouch, WeightsIdentity
 from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
 from loragate.adapters.read_buffers import ReadBuffers
@@ -93,6 +87,9 @@ class AdapterCache(CacheReports):
     ``remove`` refuses (ValueError) to drop an adapter whose slot is in the busy_slots it
     is given; the engine passes the slots its running sequences use, as for ``acquire``.
     All methods are thread-safe; ``preload`` reads the disk without holding the lock.
+    ``book`` is the engine's IdentityBook (adapters/identity.py): what this cache's reads
+    hashed, and what the adapter store's checks vouch for, which its reads take the word of;
+    its clock stamps the reads. Without one the cache keeps a book of its own.
     """
 
     def __init__(
@@ -110,7 +107,7 @@ class AdapterCache(CacheReports):
         borrow: bool = True,
         max_lora_bytes: int | None = None,
         max_cpu_lora_bytes: int | None = None,
-        clock: StampClock = SYSTEM_CLOCK,
+        book: IdentityBook | None = None,
     ):
         self.spec = spec
         self.load_pacing = load_pacing  # the engine's: paced only while its steps run
@@ -157,7 +154,7 @@ class AdapterCache(CacheReports):
         )
         self._usage = UsageBook()
         self._holds: Counter[WeightsIdentity] = Counter()
-        self._book = IdentityBook(clock)  # its clock also stamps the reads (_read)
+        self._book = book if book is not None else IdentityBook()  # its clock stamps _read
         self._read_buffers = ReadBuffers()  # weights files' reads reuse their memory
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -210,17 +207,17 @@ class AdapterCache(CacheReports):
             return max(self._device.rank)
 
     # -- admission ----------------------------------------------------------------------
-    def preload(self, request: LoRARequest, vouched: Vouch | None = None) -> LoRAAdapter:
+    def preload(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter ``request``'s files hold now, validated, and kept in the CPU tier
         unless the weights admitted requests hold fill it.
 
         Its ``identity`` is what a request is admitted under. Unchanged files cost one stat
         (no read, no hash); changed files are read, hashed and cached as a new entry, the
-        old one left to age out. ``vouched`` (a trusted stamp of these files and what they
-        hashed to elsewhere: a store object's check) spares the hash of files still so
-        stamped (adapters/loader.py). An AdapterError leaves the cache exactly as it was.
+        old one left to age out. What the book says a store object's check hashed spares the
+        hash of files still stamped as they were then (adapters/loader.py). An AdapterError
+        leaves the cache exactly as it was.
         """
-        identity, fresh, seconds = self._resolve(request, vouched)
+        identity, fresh, seconds = self._resolve(request)
         with self._lock:
             adapter = self._cpu_entry(request, identity, fresh, seconds)
             if adapter.identity in self._cpu:  # not kept where held weights fill the tier
@@ -372,15 +369,13 @@ class AdapterCache(CacheReports):
             raise ValueError(f"choose_victim {exc}") from None
 
     # -- CPU tier ---------------------------------------------------------------------
-    def admission_identity(
-        self, request: LoRARequest, vouched: Vouch | None = None
-    ) -> WeightsIdentity:
+    def admission_identity(self, request: LoRARequest) -> WeightsIdentity:
         """What a request naming ``request`` is admitted under: ``known_identity`` where a
         stat vouches for its files, otherwise read, validated and kept in the CPU tier where
-        it has room beside the weights admitted requests hold (``preload``, with
-        ``vouched``). An AdapterError leaves the cache as it was."""
+        it has room beside the weights admitted requests hold (``preload``). An AdapterError
+        leaves the cache as it was."""
         identity = self.known_identity(request)
-        return identity if identity is not None else self.preload(request, vouched).identity
+        return identity if identity is not None else self.preload(request).identity
 
     def room_to_load(self, loading: int = 0) -> bool:
         """Whether weights may be read into the CPU tier for an admitted request now, with
@@ -402,15 +397,14 @@ class AdapterCache(CacheReports):
                 self._usage.touch(identity, request, used=False)
         return identity
 
-    def _resolve(
-        self, request: LoRARequest, vouched=None
-    ) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
+    def _resolve(self, request: LoRARequest) -> tuple[WeightsIdentity, LoRAAdapter | None, float]:
         """The identity of ``request``'s files now: from a stat when they are unchanged since
-        hashed, otherwise by reading them (the adapter read is returned too). No lock held."""
+        read, otherwise by reading them (the adapter read is returned too; files a store's
+        check vouched for and still so stamped are not hashed again). No lock held."""
         identity = self._book.known(request.lora_path)
         if identity is not None:
             return identity, None, 0.0
-        adapter, seconds = self._read(request, vouched)
+        adapter, seconds = self._read(request, self._book.entry(request.lora_path))
         return adapter.identity, adapter, seconds
 
     def _cpu_entry(
@@ -445,7 +439,9 @@ class AdapterCache(CacheReports):
         self._insert_cpu(identity, request, fresh, seconds, admitted)
         return fresh
 
-    def _read(self, request: LoRARequest, vouched=None) -> tuple[LoRAAdapter, float]:
+    def _read(
+        self, request: LoRARequest, vouched: Vouch | None = None
+    ) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
         with self.load_pacing.loading():
             adapter = load_adapter(

@@ -10,7 +10,10 @@ remembers, per directory, the identity last hashed and the files' ``FilesStamp``
 inode, size, mtime and ctime of both files) taken before they were read. An unchanged stamp
 means unchanged files; any write, replace (a new inode) or ``touch`` changes it. A stamp whose
 times are within ``RACY_NS`` of the moment it was taken is not trusted (as git does with its
-index): a write in the same clock tick could leave every field as it was.
+index): a write in the same clock tick could leave every field as it was. An engine keeps one
+book: its adapter cache records what its reads hashed, and the adapter store's fetcher what
+its check of an object hashed (``vouch``), so the first read of a fetched object does not
+hash the same bytes again.
 
 The time a stamp is taken at comes from a ``StampClock`` handed to whoever stamps
 (``IdentityBook``, the cache's reads, the store's checks): the system's by default, one that
@@ -105,19 +108,23 @@ def stamp_files(directory: str | Path, clock: StampClock = SYSTEM_CLOCK) -> File
 class IdentityBook:
     """Directory -> (stamp, identity) as last hashed; thread-safe.
 
-    ``known`` answers from a stat alone when the files are unchanged since they were hashed.
-    ``record`` stores a fresh hash and logs, once per change, that a directory's files changed.
+    ``known`` answers from a stat alone when the files are unchanged since they were read.
+    ``record`` stores a read's fresh hash and logs, once per change, that a directory's files
+    changed. ``vouch`` stores what a store's check hashed: only ``entry`` answers with it until
+    a read records the directory, since the files were checked against their object's id but
+    never read and validated as an adapter.
     """
 
     def __init__(self, clock: StampClock = SYSTEM_CLOCK) -> None:
         self.clock = clock
         self._entries: dict[str, Vouch] = {}
+        self._unread: set[str] = set()  # entries a store's check wrote, not yet read
         self._lock = threading.Lock()
 
     def known(self, directory: str) -> WeightsIdentity | None:
-        """The identity of ``directory``'s files if they are provably unchanged since hashed."""
+        """The identity of ``directory``'s files if they are provably unchanged since read."""
         with self._lock:
-            entry = self._entries.get(directory)
+            entry = None if directory in self._unread else self._entries.get(directory)
         if entry is None:
             return None
         stamp, identity = entry
@@ -127,28 +134,31 @@ class IdentityBook:
         return identity
 
     def entry(self, directory: str) -> Vouch | None:
-        """The stamp and identity last hashed for ``directory`` (no disk access): what a read
-        compares its own stamps with before trusting that identity."""
+        """The stamp and identity last hashed for ``directory`` (no disk access), by a read or
+        a store's check: what a read compares its own stamps with before trusting that
+        identity (adapters/loader.py ``load_adapter``)."""
         with self._lock:
             return self._entries.get(directory)
 
     def last(self, directory: str) -> WeightsIdentity | None:
-        """The identity last hashed for ``directory`` (no disk access; may be out of date)."""
+        """The identity last read from ``directory`` (no disk access; may be out of date)."""
         with self._lock:
-            entry = self._entries.get(directory)
+            entry = None if directory in self._unread else self._entries.get(directory)
         return None if entry is None else entry[1]
 
     def record(
         self, directory: str, stamp: FilesStamp, identity: WeightsIdentity, name: str
     ) -> None:
-        """Remember what ``directory`` hashed to; ``stamp`` was taken before the files were read.
+        """Remember what a read of ``directory`` hashed to; ``stamp`` was taken before the
+        files were read.
 
         A stamp that was already racy when taken is refreshed once it can be trusted, so
         files that stay unchanged stop being re-hashed.
         """
         with self._lock:
-            previous = self._entries.get(directory)
+            previous = None if directory in self._unread else self._entries.get(directory)
             self._entries[directory] = (stamp, identity)
+            self._unread.discard(directory)
         if previous is not None and previous[1] != identity:
             log.warning(
                 "adapter %s: the files in %s changed (%s -> %s); new requests use the new "
@@ -158,3 +168,18 @@ class IdentityBook:
                 previous[1],
                 identity,
             )
+
+    def vouch(self, directory: str, stamp: FilesStamp, identity: WeightsIdentity) -> None:
+        """A store's check hashed ``directory``'s files to ``identity`` while they were
+        stamped ``stamp`` (adapters/store.py ``AdapterFetcher``): a read of files still so
+        stamped, where that stamp is trusted, need not hash them again."""
+        with self._lock:
+            self._entries[directory] = (stamp, identity)
+            self._unread.add(directory)
+
+    def forget(self, directory: str) -> None:
+        """Drop what ``directory`` hashed to (its files were deleted, or no longer checked):
+        the next read hashes them."""
+        with self._lock:
+            self._entries.pop(directory, None)
+            self._unread.discard(directory)

@@ -16,11 +16,12 @@ Backends, behind one small protocol (``AdapterStore``):
 own cache directory first, else fetched from the store. A fetched file is hashed and
 compared with the id before it is renamed into the cache; a file that does not hash to it
 (corrupt or truncated in the store) is an ``CorruptObjectError`` for the request that asked,
-and nothing is cached. That check vouches for the files it hashed (``vouched``): their
-``FilesStamp`` (adapters/identity.py), taken before they were hashed and unchanged after, and
-the id's identity, so the engine's first read of them (adapters/loader.py) hashes them again
-only if they changed since, or if the stamp is too recent to be trusted (files written within
-``RACY_NS`` of the check, as a download just made is: those are hashed again).
+and nothing is cached. That check vouches for the files it hashed in the engine's one
+``IdentityBook`` (adapters/identity.py): their ``FilesStamp``, taken before they were hashed
+and unchanged after, and the id's identity, so the engine's first read of them
+(adapters/loader.py) hashes them again only if they changed since, or if the stamp is too
+recent to be trusted (files written within ``RACY_NS`` of the check, as a download just made
+is: those are hashed again).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from loragate.adapters.identity import (
     SYSTEM_CLOCK,
     WEIGHTS_FILE,
     FilesStamp,
+    IdentityBook,
     StampClock,
-    Vouch,
     WeightsIdentity,
     stamp_files,
 )
@@ -326,21 +327,21 @@ class AdapterFetcher:
 
     With a LocalStore the store is the cache (nothing is copied); objects are still
     verified once per process before first use. ``fetches`` counts objects brought from a
-    remote store (what a replica had to download). ``vouched`` says what a check vouches
-    for, so the engine's read does not hash the same bytes twice; ``clock`` is the time its
-    stamps are taken at (adapters/identity.py).
+    remote store (what a replica had to download). What a check hashed is vouched for in
+    ``book``, the IdentityBook the engine's adapter cache reads with, so the engine's read
+    does not hash the same bytes twice; its clock is the time the check's stamps are taken at
+    (adapters/identity.py). Without one the fetcher starts a book of its own, which an engine
+    given this fetcher then reads with (engine/lora/adapter_residency.py).
     """
 
     def __init__(
-        self, store: AdapterStore, cache_dir: str | Path, clock: StampClock = SYSTEM_CLOCK
+        self, store: AdapterStore, cache_dir: str | Path, book: IdentityBook | None = None
     ):
         self.store = store
-        self.clock = clock
+        self.book = book if book is not None else IdentityBook()
         self.local = store if isinstance(store, LocalStore) else LocalStore(cache_dir)
         self.fetches = 0
         self._verified: set[str] = set()
-        # local directory -> the stamp its files had while they hashed to its id, and that id
-        self._vouches: dict[str, Vouch] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -360,7 +361,7 @@ class AdapterFetcher:
         with lock:  # one fetch of an object at a time, however many requests want it
             if self.local.has(oid):
                 if oid not in self._verified:
-                    self._vouch(oid, verify_stamped(self.local.path(oid), oid, self.clock))
+                    self._vouch(oid, verify_stamped(self.local.path(oid), oid, self.book.clock))
                     self._verified.add(oid)
                 return self.local.path(oid)
             if self.local is self.store:
@@ -371,7 +372,7 @@ class AdapterFetcher:
             staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.local.root))
             try:
                 self.store.fetch(oid, staging)
-                stamp = verify_stamped(staging, oid, self.clock)
+                stamp = verify_stamped(staging, oid, self.book.clock)
                 # the files keep their inodes and times through the rename; another's copy
                 # that won it was not checked here, and is vouched for by nothing
                 if not _publish(staging, self.local.path(oid)):
@@ -383,19 +384,15 @@ class AdapterFetcher:
             self._verified.add(oid)
             return self.local.path(oid)
 
-    def vouched(self, directory: str | Path) -> Vouch | None:
-        """What this fetcher's check of the object in ``directory`` (its ``ensure`` answer)
-        vouches for: the stamp its files had while they hashed to the object's id, and that
-        identity. A read whose own stamps are that stamp, where it is trusted, need not hash
-        them again (adapters/loader.py ``load_adapter``); None for any other directory."""
-        return self._vouches.get(str(directory))
-
     def _vouch(self, oid: str, stamp: FilesStamp | None) -> None:
-        key = str(self.local.path(oid))
+        """Write in the book what the check of ``oid``'s local directory vouches for: the
+        stamp its files had while they hashed to the object's id, and that identity (nothing,
+        and nothing left from before, where the files changed meanwhile)."""
+        directory = str(self.local.path(oid))
         if stamp is None:
-            self._vouches.pop(key, None)
+            self.book.forget(directory)
         else:
-            self._vouches[key] = (stamp, parse_object_id(oid))
+            self.book.vouch(directory, stamp, parse_object_id(oid))
 
     def adopt(self, oid: str, directory: Path) -> None:
         """Cache files this process just wrote to the store (an upload), so its engine does
@@ -416,6 +413,6 @@ class AdapterFetcher:
     def forget(self, oid: str) -> None:
         """Drop the cached copy (the store deleted the object)."""
         self._verified.discard(oid)
-        self._vouches.pop(str(self.local.path(oid)), None)
+        self.book.forget(str(self.local.path(oid)))
         if self.local is not self.store:
             self.local.delete(oid)

@@ -60,7 +60,7 @@ from loragate.adapters import (
     LoRARequest,
     WeightsIdentity,
 )
-from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
+from loragate.adapters.identity import SYSTEM_CLOCK, IdentityBook, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.thread_bridge import drop_result
@@ -194,8 +194,7 @@ class AdapterResidency:
         when unchanged since read; a fetched store object's, not hashed again when unchanged
         since its fetch checked them): its LoRAAdapter. AdapterLoadTimeoutError past
         ``timeout`` seconds (the read goes on, and its result is kept)."""
-        vouched = self._stored.vouched(lora)
-        work = asyncio.wrap_future(self._pool.submit(self.cache.preload, lora, vouched))
+        work = asyncio.wrap_future(self._pool.submit(self.cache.preload, lora))
         try:
             return await asyncio.wait_for(asyncio.shield(work), timeout)
         except TimeoutError as exc:
@@ -216,7 +215,7 @@ class AdapterResidency:
         if identity is not None:
             return lora_request, identity
         local = self._stored.fetch(lora_request)
-        identity = self.cache.admission_identity(local, self._stored.vouched(local))
+        identity = self.cache.admission_identity(local)
         self._stored.check(lora_request, identity)
         return local, identity
 
@@ -321,7 +320,7 @@ class AdapterResidency:
         """Read and validate ``lora``'s files into the CPU tier now, on this thread (the
         offline engine's way; one stat when unchanged since read)."""
         local = self._stored.fetch(lora)
-        return self.cache.preload(local, self._stored.vouched(local))
+        return self.cache.preload(local)
 
     def remove(self, lora: LoRARequest, busy_slots) -> bool:
         """Drop ``lora``'s weights from every tier; True if any were cached. ValueError,
@@ -374,14 +373,33 @@ def make_adapter_residency(
 ) -> AdapterResidency:
     """The engine's adapter residency over a cache with slots on the model's device and
     dtype, eviction by plugin, and loads paced only while `steps_running()`
-    (adapters/pacing.py); adapter store objects fetched with ``fetcher``; the adapter files'
-    stamps taken at ``stamp_clock``'s time (adapters/identity.py)."""
+    (adapters/pacing.py); adapter store objects fetched with ``fetcher``. The engine keeps
+    one IdentityBook (adapters/identity.py): the fetcher's, where its checks vouch for what
+    they hashed, which the cache reads with; else one of its own. The adapter files' stamps
+    are taken at its clock: ``stamp_clock``, which must then be the fetcher book's."""
     return AdapterResidency(
-        _adapter_cache(spec, config, plugins, model, steps_running, stamp_clock), fetcher=fetcher
+        _adapter_cache(
+            spec, config, plugins, model, steps_running, identity_book(fetcher, stamp_clock)
+        ),
+        fetcher=fetcher,
     )
 
 
-def _adapter_cache(spec, config, plugins, model, steps_running, stamp_clock) -> AdapterCache:
+def identity_book(fetcher: AdapterFetcher | None, stamp_clock: StampClock) -> IdentityBook:
+    """The engine's one IdentityBook: ``fetcher``'s (its checks write there), else a new one
+    stamping at ``stamp_clock``. ValueError for a fetcher whose book stamps at another clock
+    than a ``stamp_clock`` given."""
+    if fetcher is None:
+        return IdentityBook(stamp_clock)
+    if stamp_clock is not SYSTEM_CLOCK and stamp_clock is not fetcher.book.clock:
+        raise ValueError(
+            "stamp_clock: an engine given an adapter fetcher stamps adapter files at the "
+            "clock of the fetcher's IdentityBook; give the fetcher a book with this clock"
+        )
+    return fetcher.book
+
+
+def _adapter_cache(spec, config, plugins, model, steps_running, book) -> AdapterCache:
     return AdapterCache(
         spec,
         max_loras=config.max_loras,
@@ -396,5 +414,5 @@ def _adapter_cache(spec, config, plugins, model, steps_running, stamp_clock) -> 
         load_pacing=LoadPacing(
             busy=steps_running, windows=LoadWindows(share=config.adapter_load_window_share)
         ),
-        clock=stamp_clock,
+        book=book,
     )

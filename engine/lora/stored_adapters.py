@@ -7,8 +7,9 @@ turns that path into the object's verified local directory before anything reads
 engine's own cache directory first, else fetched from the store and checked against the
 hash (`AdapterFetcher`). So an in-process engine and every Ray Serve replica fetch for
 themselves, and nothing is shared between an ingress and its replicas but the store. That
-check vouches for the files it hashed (`vouched`), so the engine's first read of a fetched
-object does not hash them again unless they changed since (adapters/loader.py).
+check vouches for the files it hashed in the IdentityBook the engine's adapter cache reads
+with (the fetcher's `book`), so the engine's first read of a fetched object does not hash
+them again unless they changed since (adapters/loader.py).
 
 A fetch that fails (the store unreachable, the object missing, or its bytes not hashing to
 its id) is an `AdapterStoreError` for that request alone. As a last check, the weights a
@@ -21,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from loragate.adapters import LoRARequest, WeightsIdentity
-from loragate.adapters.identity import Vouch
 from loragate.adapters.store import (
     AdapterFetcher,
     AdapterStoreError,
@@ -78,14 +78,6 @@ class StoredAdapters:
         if oid is None or self.fetcher is None:
             return lora
         return _at(lora, self.fetcher.local.path(oid))
-
-    def vouched(self, local: LoRARequest) -> Vouch | None:
-        """What the fetch that checked ``local``'s directory (a store object's, as `fetch`
-        gives it) vouches for: the stamp of its files when they hashed to the object's id,
-        and that identity (the cache's ``vouched`` read); None for a folder's path."""
-        if self.fetcher is None:
-            return None
-        return self.fetcher.vouched(local.lora_path)
 
     def check(self, lora: LoRARequest, identity: WeightsIdentity) -> None:
         """CorruptObjectError (and the cached copy dropped) unless ``identity``, the weights

@@ -8,6 +8,7 @@ import shutil
 import time
 
 import pytest
+from stamp_clock_testlib import AheadClock
 
 from loragate.adapters import AdapterCache, AdapterChangedError, LoRARequest
 from loragate.adapters import identity as identity_module
@@ -143,3 +144,26 @@ def test_admitted_weights_stay_in_memory_until_released(spec, two, make_adapter,
     assert [r.lora_name for r in cache.cpu_resident()] == ["d"]
     with pytest.raises(AdapterChangedError, match="changed after this request was admitted"):
         cache.acquire(request, set(), admitted)
+
+
+def test_a_store_check_vouches_without_standing_for_a_read(two, tmp_path, caplog):
+    """What a store's check hashed (``vouch``) is an entry a read may take the word of, not
+    a read: no stat admits the files on it, no slot is looked up by it, and a read that
+    hashes other weights is no change to warn of. A read records over it; ``forget`` drops
+    either."""
+    a, _ = two
+    live = tmp_path / "live"
+    copy_files(a, live)
+    clock = AheadClock()
+    clock.settle()
+    book, stamp = IdentityBook(clock), stamp_files(live, clock)
+    checked = identity_module.WeightsIdentity("a" * 64, "c" * 64)
+    read = identity_module.WeightsIdentity("b" * 64, "c" * 64)
+    book.vouch(str(live), stamp, checked)
+    assert stamp.trusted and book.entry(str(live)) == (stamp, checked)
+    assert book.known(str(live)) is None and book.last(str(live)) is None
+    book.record(str(live), stamp, read, "live")
+    assert not [r for r in caplog.records if "changed" in r.message]
+    assert book.known(str(live)) == read == book.last(str(live))
+    book.forget(str(live))
+    assert book.entry(str(live)) is None and book.known(str(live)) is None

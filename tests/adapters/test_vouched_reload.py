@@ -9,11 +9,19 @@ import time
 
 import pytest
 import torch
+from stamp_clock_testlib import AheadClock
 
 from loragate.adapters import AdapterCache, AdapterChangedError, LoRARequest
 from loragate.adapters import identity as identity_module
 from loragate.adapters import loader as loader_module
-from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE
+from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE, IdentityBook
+from loragate.adapters.store import (
+    AdapterFetcher,
+    LocalStore,
+    identity_of,
+    object_id,
+    parse_object_id,
+)
 
 RACY_NS = 50_000_000
 
@@ -100,3 +108,31 @@ def test_fresh_files_are_hashed_even_when_unchanged(spec, make_adapter, hashes):
     cache.load(request, identity)
     assert hashes == [CONFIG_FILE, WEIGHTS_FILE]
     assert cache.stats()["vouched_reads"] == 0
+
+
+def test_a_store_check_vouches_in_the_book_the_cache_reads_with(
+    spec, make_adapter, hashes, tmp_path
+):
+    """The adapter store's check of an object writes what it hashed in the IdentityBook the
+    cache is given (issue 58: one book): the cache's first read of the object takes its word
+    and hashes nothing; once the fetcher forgets the object, the book holds nothing of it
+    and the next read hashes the files."""
+    path = make_adapter("A", rank=4, seed=1)
+    oid = object_id(identity_of(path))
+    store = LocalStore(tmp_path / "store")
+    store.put(oid, path)
+    clock = AheadClock()
+    clock.settle()  # the object was put longer ago than the racy window
+    book = IdentityBook(clock)
+    fetcher = AdapterFetcher(store, tmp_path / "cache", book)
+    request = LoRARequest("A", 1, str(fetcher.ensure(oid)))
+    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1, book=book)
+    adapter = cache.preload(request)
+    assert hashes == [], "files the store's check vouched for were hashed again"
+    assert adapter.identity == parse_object_id(oid)
+    assert cache.stats()["file_reads"] == cache.stats()["vouched_reads"] == 1
+    assert book.known(request.lora_path) == adapter.identity  # the read, in the same book
+    fetcher.forget(oid)
+    assert book.entry(request.lora_path) is None
+    cache.preload(request)
+    assert hashes == [CONFIG_FILE, WEIGHTS_FILE]

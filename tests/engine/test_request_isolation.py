@@ -166,10 +166,10 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
     preload = cache.preload
     release, ended = threading.Event(), threading.Event()
 
-    def slow_preload(request, vouched=None):
+    def slow_preload(request):
         try:  # held as a huge or hostile file would hold it, until the test lets it go
             assert release.wait(120), "the test never released the held load"
-            return preload(request, vouched)
+            return preload(request)
         finally:
             ended.set()
 

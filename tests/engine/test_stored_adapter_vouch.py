@@ -1,9 +1,9 @@
 """A store object's files are hashed once (issue 47): the fetch that checks them against the
-object's id vouches for them (their stamp then, and the id's identity), so the engine's first
-read of them does not hash them again. Files changed in the cache directory after that check
-have another stamp and are hashed as before, then refused unless they are still the object's;
-files written too recently for their stamp to be trusted (adapters/identity.py, RACY_NS) are
-hashed again too."""
+object's id vouches for them (their stamp then, and the id's identity) in the engine's one
+IdentityBook (issue 58), so the engine's first read of them does not hash them again. Files
+changed in the cache directory after that check have another stamp and are hashed as before,
+then refused unless they are still the object's; files written too recently for their stamp
+to be trusted (adapters/identity.py, RACY_NS) are hashed again too."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from test_stored_adapter_fetch import PARAMS, PROMPT, drain, start
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.identity import WEIGHTS_FILE
+from loragate.adapters.identity import WEIGHTS_FILE, IdentityBook
 from loragate.adapters.store import (
     AdapterFetcher,
     CorruptObjectError,
@@ -91,12 +91,12 @@ def ask(engine, lora: LoRARequest) -> list:
 def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
     model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache", clock)
+    fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache", IdentityBook(clock))
     with running(model_dir, fetcher) as engine:
         outs = ask(engine, LoRARequest("kept", 1, store_path(oid)))
         stats = engine.engine.residency.cache.stats()
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
-    stamp, identity = fetcher.vouched(root / "served" / oid)
+    stamp, identity = fetcher.book.entry(str(root / "served" / oid))
     assert stamp.trusted and identity == parse_object_id(oid)
     assert digests.count(identity.sha256) == 1  # the fetch's check; the read took its word
     assert digests.count(identity.config_sha256) == 1
@@ -106,7 +106,7 @@ def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
 def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests):
     model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "rewritten"), root / "cache", clock)
+    fetcher = AdapterFetcher(LocalStore(root / "rewritten"), root / "cache", IdentityBook(clock))
     checked = fetcher.ensure(oid)  # the fetch checks it and vouches for it...
     other = (paths["B"] / WEIGHTS_FILE).read_bytes()
     assert len(other) == (checked / WEIGHTS_FILE).stat().st_size
@@ -117,13 +117,13 @@ def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests
         stats = engine.engine.residency.cache.stats()
     assert digests.count(identities["B"].sha256) == 1  # the read hashed them
     assert stats["file_reads"] == 1 and stats["vouched_reads"] == 0
-    assert fetcher.vouched(checked) is None  # the cached copy was dropped with its word
+    assert fetcher.book.entry(str(checked)) is None  # the cached copy was dropped with its word
 
 
 def test_an_object_rewritten_with_the_same_bytes_is_hashed_and_served(aged, digests):
     model_dir, paths, identities, root, clock = aged
     oid = object_id(identities["A"])
-    fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache", clock)
+    fetcher = AdapterFetcher(LocalStore(root / "same_bytes"), root / "cache", IdentityBook(clock))
     checked = fetcher.ensure(oid)
     (checked / WEIGHTS_FILE).write_bytes((checked / WEIGHTS_FILE).read_bytes())
     with running(model_dir, fetcher) as engine:
@@ -141,5 +141,32 @@ def test_an_object_written_too_recently_to_trust_its_stamp_is_hashed_again(aged,
     with running(model_dir, fetcher) as engine:
         outs = ask(engine, LoRARequest("fresh", 1, store_path(oid)))
     assert outs[-1].finished
-    assert not fetcher.vouched(store.path(oid))[0].trusted
+    assert not fetcher.book.entry(str(store.path(oid)))[0].trusted
     assert digests.count(parse_object_id(oid).sha256) == 2  # the fetch's check and the read
+
+
+def test_the_check_and_the_engine_read_write_one_book(aged, digests, tmp_path):
+    """The fetcher's check lands in the IdentityBook it was given, which the engine's cache
+    reads with: after the check (one hash of each file) the engine's load hashes nothing,
+    and what it read is recorded in the same book, so the next admission is a stat."""
+    model_dir, paths, identities, _, clock = aged
+    oid = object_id(identities["A"])
+    store = LocalStore(tmp_path / "store")
+    store.put(oid, paths["A"])
+    clock.settle()  # the object was put longer ago than the racy window
+    book = IdentityBook(clock)
+    fetcher = AdapterFetcher(store, tmp_path / "cache", book)
+    before = len(digests)
+    directory = str(fetcher.ensure(oid))
+    stamp, identity = book.entry(directory)
+    assert stamp.trusted and identity == parse_object_id(oid)
+    assert book.known(directory) is None  # checked against its id, not yet read as an adapter
+    assert digests[before:] == [identity.sha256, identity.config_sha256]  # the check's
+    with running(model_dir, fetcher) as engine:
+        for _ in range(2):  # the second is admitted by a stat
+            outs = ask(engine, LoRARequest("one", 1, store_path(oid)))
+            assert outs[-1].finished and outs[-1].lora_sha256 == identity.sha256
+        stats = engine.engine.residency.cache.stats()
+    assert len(digests) == before + 2  # the engine's load hashed nothing
+    assert stats["file_reads"] == stats["vouched_reads"] == 1
+    assert book.known(directory) == identity  # the engine's read, in the same book
