@@ -12,17 +12,25 @@ the first step cancel out), best of ``--rounds``. Name the CPU and load with the
 
     .venv/bin/python benchmarks/decode_bandwidth.py                       # the default Q4_1
     .venv/bin/python benchmarks/decode_bandwidth.py --model /tmp/llama-1b --quantization int4
+
+`--llama-bench` also runs llama.cpp's `llama-bench` (tg, the same token count, the same
+threads, OpenMP waiting passively; ../shared/peers/setup_llamacpp.sh builds it) on the same
+GGUF file, after loragate's runs, and prints its tokens/s beside loragate's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 
 from loragate.engine import LLM, SamplingParams
+from loragate.engine.loading.default_model import default_model_path
 from loragate.kernels.cpu_isa import this_cpu_flags
 
 GIB = 1 << 30
@@ -68,6 +76,20 @@ def seconds_per_token(llm: LLM, prompt, tokens: int, rounds: int) -> float:
     return best
 
 
+def llama_bench(model: Path, tokens: int, rounds: int, threads: int) -> float:
+    """llama-bench's tg tokens/s on ``model`` (mean of ``rounds`` repetitions)."""
+    peers = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
+    binary = peers / "llamacpp" / "bin" / "llama-bench"
+    if not binary.is_file():
+        raise SystemExit(f"{binary} is missing: run ../shared/peers/setup_llamacpp.sh")
+    command = [str(binary), "-m", str(model), "-p", "0", "-n", str(tokens)]
+    command += ["-t", str(threads), "-r", str(rounds), "-o", "json"]
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    runs = [r for r in json.loads(done.stdout) if r["n_gen"] == tokens]
+    return runs[0]["avg_ts"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="HF directory or GGUF file (default model)")
@@ -75,6 +97,7 @@ def main() -> None:
     ap.add_argument("--gguf-dequantize", action="store_true")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-bench", action="store_true", help="also llama.cpp on the file")
     args = ap.parse_args()
     flags = sorted(f for f in this_cpu_flags() if f.startswith(("avx", "amx", "f16c", "fma")))
     print(f"# flags {' '.join(flags)}; threads {torch.get_num_threads()}")
@@ -105,6 +128,14 @@ def main() -> None:
         f"| {moved / read_bw:.0%} | {moved / copy_bw:.0%} |"
     )
     print(f"# load average after {os.getloadavg()[0]:.2f}")
+    if args.llama_bench:
+        model = Path(args.model) if args.model else default_model_path()
+        del llm  # its weights out of memory before llama.cpp maps the file
+        theirs = llama_bench(model, args.tokens, args.rounds, torch.get_num_threads())
+        print(
+            f"# llama-bench tg{args.tokens}, {torch.get_num_threads()} threads: {theirs:.1f} tok/s"
+        )
+        print(f"# loragate / llama.cpp: {rate / theirs:.2f}x")
 
 
 if __name__ == "__main__":

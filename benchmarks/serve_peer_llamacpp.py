@@ -1,0 +1,131 @@
+"""llama.cpp's `llama-server` as the peer of `loragate serve` (issue 59's W2 goal): the same
+GGUF file, the same adapters (converted to GGUF LoRA by llama.cpp's own converter), the same
+requests through the same client.
+
+The build is ../shared/peers/setup_llamacpp.sh's, under $LORAGATE_PEERS/llamacpp (default
+~/.cache/loragate-peers/llamacpp). What the peers' README says of the server is followed:
+`--lora-init-without-apply` leaves every adapter's global scale at 1.0, so after start the
+scales are set to 0 (a request without `lora` gets the base), and each adapter request
+names its adapter with `"lora": [{"id": i, "scale": 1.0}]` on `/v1/completions`. OpenMP
+waits passively: with its default spinning on 2 shared cores llama.cpp runs 2-3x slower.
+Requests with different adapters are never batched together by llama-server (its README).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+PEERS = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
+LLAMACPP = PEERS / "llamacpp"
+
+
+def llamacpp_ready() -> bool:
+    """Whether setup_llamacpp.sh has built the server and the converters' venv."""
+    return (LLAMACPP / "bin" / "llama-server").is_file() and (
+        LLAMACPP / "venv" / "bin" / "python"
+    ).is_file()
+
+
+def gguf_lora(adapter_dir: Path, base_hf_dir: Path, out_dir: Path) -> Path:
+    """The PEFT adapter in ``adapter_dir`` as a GGUF LoRA (llama.cpp's converter), made once."""
+    out = out_dir / f"{adapter_dir.name}.gguf"
+    if not out.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                str(LLAMACPP / "venv" / "bin" / "python"),
+                str(LLAMACPP / "src" / "llama.cpp" / "convert_lora_to_gguf.py"),
+                str(adapter_dir),
+                "--base",
+                str(base_hf_dir),
+                "--outtype",
+                "f32",
+                "--outfile",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaCppServer:
+    """`llama-server` in a subprocess on ``model`` (a .gguf file), continuous batching on,
+    ``slots`` parallel sequences of ``slot_len`` tokens each, on ``threads`` threads."""
+
+    def __init__(
+        self,
+        model: Path,
+        loras: list[Path],
+        *,
+        slots: int,
+        slot_len: int,
+        threads: int,
+        log_path: Path,
+    ):
+        port = _free_port()
+        env = dict(os.environ, OMP_WAIT_POLICY="passive")
+        args = [
+            str(LLAMACPP / "bin" / "llama-server"),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-np",
+            str(slots),
+            "-c",
+            str(slots * slot_len),
+            "--cont-batching",
+        ]
+        for lora in loras:
+            args += ["--lora", str(lora)]
+        if loras:
+            args.append("--lora-init-without-apply")
+        self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llama-server did not start; see {log_path}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        if loras:  # every adapter's global scale to 0: only a request's own `lora` applies
+            off = [{"id": i, "scale": 0.0} for i in range(len(loras))]
+            httpx.post(f"{self.url}/lora-adapters", json=off, timeout=60).raise_for_status()
+            scales = httpx.get(f"{self.url}/lora-adapters", timeout=60).json()
+            if any(entry["scale"] != 0.0 for entry in scales):
+                self.stop()
+                raise RuntimeError(f"llama-server kept a global adapter scale: {scales}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
