@@ -7,8 +7,9 @@ against the dequantized weight). This mode (``EngineConfig.activation_quantizati
 formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in decode-sized products; other formats and
 prefill-sized products keep the float32 path. Its outputs differ from the float32 ones by
 the activations' rounding: held to top-5-closeness, never the default.
-(quant_int8_cpu.c; built per machine like the other kernels, with the CPU's int8 dot-product
-instructions where it has them.)
+(quant_int8_cpu.c; built per machine like the other kernels. Three paths: AVX512-VNNI's
+vpdpbusd, AVX2's vpmaddubsw and vpmaddwd, and portable loops; the best the CPU runs is
+chosen from its flags.)
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ BLOCK = 32
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QUANTIZE = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
 _LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
-PORTABLE, VNNI = 0, 1  # the paths, as the library's ``vnni`` argument takes them
-VNNI_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni")
+PORTABLE, VNNI, AVX2 = 0, 1, 2  # the paths, as the library's ``path`` argument takes them
+AVX2_FLAGS = ("avx2", "fma", "f16c")
+VNNI_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512vl", "avx512_vnni")
 
 
 class Int8Rows:
@@ -48,7 +50,7 @@ class NativeInt8:
         self._quantize.argtypes, self._quantize.restype = _QUANTIZE, None
         self._linear = library.q8_linear
         self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
-        self.has_vnni_path = bool(library.q8_has_vnni_path())
+        self.has_simd_paths = bool(library.q8_has_simd_paths())
 
     def quantize_rows(self, x: torch.Tensor) -> Int8Rows:
         """x [m, k] float32 (rows contiguous, k a multiple of 32) as int8 rows."""
@@ -67,8 +69,8 @@ class NativeInt8:
         out: torch.Tensor,
         path: int | None = None,
     ) -> None:
-        """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: VNNI or
-        PORTABLE (default: the best this CPU runs)."""
+        """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: VNNI, AVX2
+        or PORTABLE (default: the best this CPU runs)."""
         status = self._linear(
             block_format(weight.format).code,
             rows.q.data_ptr(),
@@ -98,12 +100,19 @@ def native_int8() -> NativeInt8 | None:
 
 
 def int8_paths(flags: frozenset[str] | None = None) -> list[int]:
-    """Every path this CPU runs, best last: VNNI (Q4_0, Q4_1, Q8_0) where the CPU has
-    AVX512-VNNI with VL (and the build has the path), the portable loops everywhere."""
+    """Every path this CPU runs, best last: the portable loops everywhere; AVX2 where the
+    CPU has AVX2, FMA and F16C; AVX512-VNNI where it also has AVX-512 F and VL and VNNI
+    (the SIMD paths where the build has them: x86 with GCC)."""
     flags = this_cpu_flags() if flags is None else flags
     kernels = native_int8()
-    vnni = kernels is not None and kernels.has_vnni_path
-    return [PORTABLE, VNNI] if vnni and all(f in flags for f in VNNI_FLAGS) else [PORTABLE]
+    paths = [PORTABLE]
+    if kernels is None or not kernels.has_simd_paths:
+        return paths
+    if all(f in flags for f in AVX2_FLAGS):
+        paths.append(AVX2)
+    if all(f in flags for f in VNNI_FLAGS):
+        paths.append(VNNI)
+    return paths
 
 
 @functools.cache

@@ -72,100 +72,155 @@ static inline int32_t idot(const int16_t *q, const int8_t *xq) {
     return s;
 }
 
-/* ---- AVX512-VNNI (256-bit lanes): a 32-weight block is one register ----------------------
- * vpdpbusd multiplies unsigned by signed bytes: Q4 weights are unsigned nibbles already;
- * Q8_0's signed weights go in as |w| with the activations' signs flipped where w < 0. Eight
- * int32 lanes of partial dot products per block, scaled into eight float lanes, summed once
- * per output. Compiled whatever -march says, run only where the CPU has it (quant_int8.py
- * reads the flags). */
+/* ---- AVX2 and AVX512-VNNI (256-bit lanes): a 32-weight block is one register -------------
+ * The weights go in as unsigned bytes: Q4/Q5 weights are unsigned nibbles (with the fifth
+ * bit spread from its 32-bit word to one byte each); Q8_0's signed weights go in as |w| with
+ * the activations' signs flipped where w < 0. AVX512-VNNI's vpdpbusd multiplies the unsigned
+ * by the signed bytes and sums each four into an int32 lane; AVX2 does the same in two steps
+ * (vpmaddubsw into int16 pairs, which cannot saturate here: |w| <= 128 and |x| <= 127, so a
+ * pair is at most 32,512; then vpmaddwd by ones into int32). Eight int32 lanes of partial
+ * dot products per block, scaled into eight float lanes, summed once per output. Compiled
+ * whatever -march says, each run only where the CPU has it (quant_int8.py reads the flags). */
 #if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_VNNI_PATH 1
+#define HAVE_SIMD_PATHS 1
 #include <immintrin.h>
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-VNNI_FN static inline float half_f16c(const uint8_t *p) {
+AVX2_FN static inline float half_f16c(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-VNNI_FN static inline __m256i block_u8(int fmt, const uint8_t *b, const __m256i x, __m256i *xs) {
+/* 0x10 in byte i where bit i of the 32-bit word at qh is set, 0 elsewhere. */
+AVX2_FN static inline __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)h),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* The block's weights as unsigned bytes (weight i in byte i), and in *xs the activations
+ * x as they must meet them (signs flipped where a Q8_0 weight is negative). */
+AVX2_FN static inline __m256i block_u8(int fmt, const uint8_t *b, const __m256i x, __m256i *xs) {
     if (fmt == Q8_0) {
         const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
         *xs = _mm256_sign_epi8(x, w);
         return _mm256_sign_epi8(w, w);
     }
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + (fmt == Q4_1 ? 4 : 2)));
+    const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
+    const uint8_t *qh = b + (has_min ? 4 : 2);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(qh + (five ? 4 : 0)));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    __m256i u = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    if (five) u = _mm256_or_si256(u, fifth_bits(qh));
     *xs = x;
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    return u;
 }
 
-VNNI_FN static inline float hsum8(__m256 v) {
+/* The block's min-or-offset term as unpack gives it. */
+AVX2_FN static inline float block_mn(int fmt, const uint8_t *b, float d) {
+    switch (fmt) {
+    case Q4_1:
+    case Q5_1:
+        return half_f16c(b + 2);
+    case Q4_0:
+        return -8.0f * d;
+    case Q5_0:
+        return -16.0f * d;
+    default:
+        return 0.0f;
+    }
+}
+
+AVX2_FN static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-VNNI_FN static void linear_vnni(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,
-                                int64_t m, int64_t k, const uint8_t *w, int64_t row_stride,
-                                int64_t n, const float *bias, float *y, int64_t ldy,
-                                int threads) {
-    const int64_t nb = k / QK;
-    const int bytes = BLOCK_BYTES[fmt];
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t *row = w + j * row_stride;
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
-            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
-            __m256 acc[ROWS];
-            float extra[ROWS];
-            for (int r = 0; r < ROWS; ++r) {
-                acc[r] = _mm256_setzero_ps();
-                extra[r] = 0.0f;
-            }
-            for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t *blk = row + b * bytes;
-                const float d = half_f16c(blk);
-                const float mn = fmt == Q4_1 ? half_f16c(blk + 2) : (fmt == Q4_0 ? -8.0f * d : 0.0f);
-                for (int r = 0; r < rows; ++r) {
-                    const int64_t at = (r0 + r) * nb + b;
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * k + b * QK));
-                    __m256i xsig;
-                    const __m256i u = block_u8(fmt, blk, x, &xsig);
-                    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xsig);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xd[at]), acc[r]);
-                    extra[r] += mn * xd[at] * (float)xs[at];
-                }
-            }
-            for (int r = 0; r < rows; ++r) {
-                const float sum = hsum8(acc[r]) + extra[r];
-                y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;
-            }
-        }
-    }
+AVX2_FN static inline __m256i dot_avx2(__m256i u, __m256i xs) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), _mm256_set1_epi16(1));
 }
+
+VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xs);
+}
+
+/* One function per path, the same loops around its DOT. */
+#define DEFINE_LINEAR_SIMD(NAME, FN, DOT)                                                      \
+    FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
+                        int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
+                        const float *bias, float *y, int64_t ldy, int threads) {               \
+        const int64_t nb = k / QK;                                                             \
+        const int bytes = BLOCK_BYTES[fmt];                                                    \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j) {                                                      \
+            const uint8_t *row = w + j * row_stride;                                           \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
+                __m256 acc[ROWS];                                                              \
+                float extra[ROWS];                                                             \
+                for (int r = 0; r < ROWS; ++r) {                                               \
+                    acc[r] = _mm256_setzero_ps();                                              \
+                    extra[r] = 0.0f;                                                           \
+                }                                                                              \
+                for (int64_t b = 0; b < nb; ++b) {                                             \
+                    const uint8_t *blk = row + b * bytes;                                      \
+                    const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                \
+                    for (int r = 0; r < rows; ++r) {                                           \
+                        const int64_t at = (r0 + r) * nb + b;                                  \
+                        const __m256i x =                                                      \
+                            _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * k + b * QK)); \
+                        __m256i xsig;                                                          \
+                        const __m256i u = block_u8(fmt, blk, x, &xsig);                        \
+                        const __m256i dot = DOT(u, xsig);                                      \
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                      \
+                                                 _mm256_set1_ps(d * xd[at]), acc[r]);          \
+                        extra[r] += mn * xd[at] * (float)xs[at];                               \
+                    }                                                                          \
+                }                                                                              \
+                for (int r = 0; r < rows; ++r) {                                               \
+                    const float sum = hsum8(acc[r]) + extra[r];                                \
+                    y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;                        \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+DEFINE_LINEAR_SIMD(linear_avx2, AVX2_FN, dot_avx2)
+DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN, dot_vnni)
 #else
-#define HAVE_VNNI_PATH 0
+#define HAVE_SIMD_PATHS 0
 #endif
 
-/* Whether this build has the AVX512-VNNI path (x86 with GCC's target attributes). */
-int q8_has_vnni_path(void) { return HAVE_VNNI_PATH; }
+/* Whether this build has the AVX2 and AVX512-VNNI paths (x86 with GCC's target attributes). */
+int q8_has_simd_paths(void) { return HAVE_SIMD_PATHS; }
 
 /* y [m, n] (row stride ldy) = dequant(w) [n, k] times the int8 rows; bias [n] or NULL.
- * vnni: 1 for the AVX512-VNNI path (Q4_0, Q4_1 and Q8_0, where the build has it; the
- * portable loops otherwise), 0 for the portable loops. Returns 0, or -1 for a format
- * outside the five or k not whole blocks. */
+ * path: 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (the last two where the build has
+ * them; the caller asks only for what the CPU runs). Returns 0, or -1 for a format outside
+ * the five, k not whole blocks or an unknown path. */
 int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
               int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
-              float *y, int64_t ldy, int vnni, int threads) {
-    if (fmt < Q4_0 || fmt > Q8_0 || k % QK) return -1;
-#if HAVE_VNNI_PATH
-    if (vnni && (fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0)) {
+              float *y, int64_t ldy, int path, int threads) {
+    if (fmt < Q4_0 || fmt > Q8_0 || k % QK || path < 0 || path > 2) return -1;
+#if HAVE_SIMD_PATHS
+    if (path == 1) {
         linear_vnni(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
         return 0;
     }
+    if (path == 2) {
+        linear_avx2(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
+        return 0;
+    }
+#else
+    if (path) return -1;
 #endif
     const int64_t nb = k / QK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)

@@ -13,7 +13,15 @@ import torch
 from quant_testlib import random_weight
 
 from loragate.kernels.quant_dequant import dequantize
-from loragate.kernels.quant_int8 import FORMATS, VNNI, int8_paths, native_int8, takes_int8
+from loragate.kernels.quant_int8 import (
+    AVX2,
+    FORMATS,
+    PORTABLE,
+    VNNI,
+    int8_paths,
+    native_int8,
+    takes_int8,
+)
 from loragate.kernels.quant_linear import quantized_linear
 
 SHAPES = [(1, 37, 96), (5, 40, 256), (12, 3, 64)]
@@ -64,11 +72,20 @@ def test_int8_rows_times_blocks_equal_the_float64_reference(kernels, name, m, n,
     assert np.all(np.abs(out.double().numpy() - exact.double().numpy()) <= allowed + 1e-5 * bound)
 
 
-def test_the_vnni_path_runs_where_the_cpu_has_it(kernels):
-    """Each path this CPU runs is tested above; AVX512-VNNI is chosen from the flags."""
+def test_each_simd_path_runs_where_the_cpu_has_it(kernels):
+    """Each path this CPU runs is tested above; the paths are chosen from the flags."""
+    assert kernels.has_simd_paths  # x86 with GCC: both SIMD paths are built
     vnni = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni"})
-    assert int8_paths(vnni)[-1] == (VNNI if kernels.has_vnni_path else 0)
-    assert int8_paths(frozenset({"avx2", "fma"})) == [0]
+    assert int8_paths(vnni) == [PORTABLE, AVX2, VNNI]
+    assert int8_paths(frozenset({"avx2", "fma", "f16c", "avx512f"})) == [PORTABLE, AVX2]
+    assert int8_paths(frozenset({"avx2", "fma"})) == [PORTABLE]
+
+
+def test_an_unknown_path_is_refused(kernels):
+    weight = random_weight("Q4_0", 3, 64)
+    rows = kernels.quantize_rows(torch.randn(1, 64))
+    with pytest.raises(ValueError, match="refused"):
+        kernels.linear(rows, weight, None, torch.empty(1, 3), path=3)
 
 
 def test_other_formats_are_not_taken():
