@@ -24,6 +24,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from loragate.adapters import LoRARequest, WeightsIdentity
@@ -292,6 +293,26 @@ class AsyncLLMEngine:
         if self.engine.residency is None:
             return lambda: None
         return self.engine.residency.subscribe(listener)
+
+    async def adopt_adapter_object(self, oid: str, directory: Path) -> None:
+        """Cache ``directory``'s files, just written to the adapter store as ``oid``, where
+        this engine fetches store objects (engine/lora/stored_adapters.py): its first
+        request for them downloads nothing. On a worker thread (a copy)."""
+        if self.engine.residency is not None:
+            await asyncio.to_thread(self.engine.residency.adopt_object, oid, directory)
+
+    async def forget_adapter_object(self, oid: str) -> None:
+        """Drop this engine's cached copy of ``oid`` (the store deleted it) and what its
+        check vouched for. On a worker thread (a delete)."""
+        if self.engine.residency is not None:
+            await asyncio.to_thread(self.engine.residency.forget_object, oid)
+
+    async def prune_adapter_objects(self) -> list[str]:
+        """Drop this engine's cached copies of objects the store no longer holds; their ids.
+        On a worker thread (one existence check per object)."""
+        if self.engine.residency is None:
+            return []
+        return await asyncio.to_thread(self.engine.residency.prune_objects)
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the

@@ -10,6 +10,7 @@ the same signature (vLLM has a protocol of the same name and purpose).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Hashable
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from loragate.adapters import LoRARequest
@@ -88,6 +89,22 @@ class EngineClient(Protocol):
         Calling what this returns stops it."""
         ...
 
+    async def adopt_adapter_object(self, oid: str, directory: Path) -> None:
+        """``directory``'s files were just written to the adapter store as object ``oid``:
+        an engine that fetches from the store into a cache here keeps them there, so it does
+        not download them again (replicas, which fetch for themselves, do nothing)."""
+        ...
+
+    async def forget_adapter_object(self, oid: str) -> None:
+        """The adapter store deleted object ``oid``: an engine with a cache here drops its
+        copy and what its check of it vouched for (replicas prune their own caches)."""
+        ...
+
+    async def prune_adapter_objects(self) -> list[str]:
+        """Drop the cached copies of objects the adapter store no longer holds (deleted by
+        another replica): their ids; [] where the engine keeps no cache here."""
+        ...
+
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids, with the model's special-token rule."""
         ...
@@ -107,7 +124,8 @@ class EngineClient(Protocol):
         ...
 
     async def stats(self) -> EngineStats:
-        """One snapshot of queues, KV blocks and adapter residency (all replicas summed)."""
+        """One snapshot of queues, KV blocks, adapter residency and adapter store fetches
+        (all replicas summed)."""
         ...
 
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -35,6 +35,8 @@ class EngineStats:
     # Speculative decoding's counts per (adapter, method) (engine/speculation/speculator.py):
     # drafts, draft tokens, accepted tokens and accepted tokens by position.
     spec_decode: dict = field(default_factory=dict)
+    # Adapter store objects downloaded into the engine's cache (engine/lora/stored_adapters.py).
+    adapter_store_fetches: int = 0
 
 
 def memory_stats(scheduler, swapper, block_size: int) -> dict:
@@ -93,6 +95,7 @@ def snapshot(engine) -> EngineStats:
         tenant_virtual_service={k: t["service"] for k, t in engine.fair_share.tenants().items()},
         tenant_preemptions=dict(engine.fair_share.preempted),
         spec_decode=spec_decode_counts(scheduler.speculator),
+        adapter_store_fetches=residency.store_fetches if residency is not None else 0,
     )
 
 

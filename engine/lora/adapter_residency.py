@@ -331,6 +331,25 @@ class AdapterResidency:
         """Evict ``lora`` last (or, unpinned, as any other)."""
         self.cache.pin(self._stored.as_fetched(lora), pinned)
 
+    # ---- adapter store objects, as the gateway tells of them (blocking: a worker thread) --
+    def adopt_object(self, oid: str, directory) -> None:
+        """``directory``'s files were just written to the adapter store as ``oid``: cache
+        them, so this engine does not download them again."""
+        self._stored.adopt(oid, directory)
+
+    def forget_object(self, oid: str) -> None:
+        """The adapter store deleted ``oid``: drop its cached copy and what was checked of it."""
+        self._stored.forget(oid)
+
+    def prune_objects(self) -> list[str]:
+        """Drop cached copies of objects the adapter store no longer holds; their ids."""
+        return self._stored.prune()
+
+    @property
+    def store_fetches(self) -> int:
+        """Adapter store objects downloaded into this engine's cache."""
+        return self._stored.fetches
+
     # ---- what the runner and the CUDA graphs read: the device slots ---------------------
     @property
     def slot_tensors(self):

@@ -11,6 +11,11 @@ check vouches for the files it hashed in the IdentityBook the engine's adapter c
 with (the fetcher's `book`), so the engine's first read of a fetched object does not hash
 them again unless they changed since (adapters/loader.py).
 
+The gateway writes and deletes objects in the store; it tells the engine (through its
+EngineClient) of an object it just wrote (`adopt`: cached here, not downloaded again) and of
+objects deleted (`forget`, `prune`: the cached copies dropped), and reads how many objects
+the engine downloaded (`fetches`), so no gateway code holds the fetcher.
+
 A fetch that fails (the store unreachable, the object missing, or its bytes not hashing to
 its id) is an `AdapterStoreError` for that request alone. As a last check, the weights a
 request is admitted under must be the object's: anything else is refused the same way
@@ -85,12 +90,32 @@ class StoredAdapters:
         oid = object_of(lora)
         if oid is None or identity.sha256 == parse_object_id(oid).sha256:
             return
-        if self.fetcher is not None:
-            self.fetcher.forget(oid)
+        self.forget(oid)
         raise CorruptObjectError(
             f"adapter object {oid[:16]}: the cached weights changed after they were checked "
             f"(sha256 {identity.sha256[:16]}); the request is refused"
         )
+
+    # ---- what the gateway tells of the store's objects (blocking: a worker thread) --------
+    def adopt(self, oid: str, directory: Path) -> None:
+        """Cache ``directory``'s files, just written to the store as ``oid``, so they are not
+        downloaded again (still checked on first use); nothing without a fetcher."""
+        if self.fetcher is not None:
+            self.fetcher.adopt(oid, directory)
+
+    def forget(self, oid: str) -> None:
+        """Drop the cached copy of ``oid`` and what was checked of it (the store deleted it)."""
+        if self.fetcher is not None:
+            self.fetcher.forget(oid)
+
+    def prune(self) -> list[str]:
+        """Drop the cached copies of objects the store no longer holds; their ids."""
+        return self.fetcher.prune() if self.fetcher is not None else []
+
+    @property
+    def fetches(self) -> int:
+        """Objects downloaded from a remote store into the cache (0 without a fetcher)."""
+        return self.fetcher.fetches if self.fetcher is not None else 0
 
 
 def _at(lora: LoRARequest, directory: Path) -> LoRARequest:

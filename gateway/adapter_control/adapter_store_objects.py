@@ -5,6 +5,8 @@ holding a pin in the registry (adapter_objects.py), so no replica deletes the ob
 between the write and the registration that references it. `collect` deletes an object
 once no adapter record references it and no upload holds it: the registry hands one
 replica the claim, that replica deletes the bytes (in the store, and its own cached copy).
+What the engine caches of the store it is told through its EngineClient (an object written
+here, objects deleted), never by the gateway holding its fetcher.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from pathlib import Path
 
 from loragate.adapters.store import (
     FILES,
-    AdapterFetcher,
     AdapterStore,
     AdapterStoreError,
     CorruptObjectError,
     identity_of,
     object_id,
 )
+from loragate.engine import EngineClient
 from loragate.gateway.errors import APIError, EngineUnavailableError, RegistryDownError
 from loragate.gateway.registry_seam import RegistrySeam
 
@@ -58,14 +60,14 @@ class AdapterObjects:
         self,
         store: RegistrySeam,
         objects: AdapterStore,
-        fetcher: AdapterFetcher | None,
+        engine: EngineClient,
         staging_root: Path,
         import_folders: bool = False,
         sweep_every_s: float | None = None,
     ):
         self.registry = store
         self.objects = objects
-        self.fetcher = fetcher  # this process's engine cache, when the engine runs here
+        self.engine = engine  # told of objects written and deleted, for its own cache
         self.staging_root = staging_root
         # Folders registered from --adapter-root are also kept in the store (by hash), so
         # replicas without the folder fetch them (on when --adapter-store is given).
@@ -130,8 +132,7 @@ class AdapterObjects:
         try:
             try:
                 await asyncio.to_thread(self.objects.put, oid, directory)
-                if self.fetcher is not None:  # this engine loads it next: no download
-                    await asyncio.to_thread(self.fetcher.adopt, oid, directory)
+                await self.engine.adopt_adapter_object(oid, directory)  # no download next
             except AdapterStoreError as exc:
                 raise AdapterStoreUnavailableError(str(exc), code="adapter_store_error") from exc
             yield
@@ -168,8 +169,7 @@ class AdapterObjects:
             deleted += await self.collect(oid)
         if deleted:
             log.info("adapter store sweep: %d unused objects deleted", deleted)
-        if self.fetcher is not None:  # copies of what other replicas deleted
-            await asyncio.to_thread(self.fetcher.prune)
+        await self.engine.prune_adapter_objects()  # copies of what other replicas deleted
         return deleted
 
     async def sweep_every(self, seconds: float) -> None:
@@ -190,8 +190,7 @@ class AdapterObjects:
             return False
         try:
             await asyncio.to_thread(self.objects.delete, oid)
-            if self.fetcher is not None:
-                await asyncio.to_thread(self.fetcher.forget, oid)
+            await self.engine.forget_adapter_object(oid)
             self.deleted += 1
             log.info("adapter object %s deleted: no adapter uses it any more", oid[:16])
             return True

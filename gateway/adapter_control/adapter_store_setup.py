@@ -5,9 +5,11 @@ with, and the uploads.
 In one process the engine fetches by hash from the store into `--adapter-cache-dir` (with
 the default local store the two are one directory and nothing is copied): the app hands the
 fetcher to the engine it starts (its adapter residency fetches, engine/lora/stored_adapters.py)
-and the same fetcher to AdapterObjects, which tells it of uploads and deletions. With Ray
-Serve replicas the ingress only writes and deletes objects; each replica gives its own
-engine a fetcher of its own cache (gateway/replicas/engine_replica.py).
+and from then on talks to the engine alone: AdapterObjects tells it of uploads and
+deletions through its EngineClient. With Ray Serve replicas the ingress only writes and
+deletes objects; each replica gives its own engine a fetcher of its own cache
+(gateway/replicas/engine_replica.py). This is the one gateway module that names the fetcher
+(tests/gateway/adapter_control/test_fetcher_owner.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loragate.adapters.store import AdapterFetcher, open_store
+from loragate.engine import EngineClient
 from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
 from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.adapter_control.uploads import AdapterUploads, default_max_adapter_bytes
@@ -37,18 +40,16 @@ def adapter_fetcher(adapter_store: str | None, cache_dir, replica: str = "local"
     return AdapterFetcher(open_store(adapter_store, cache), cache)
 
 
-def adapter_objects(
-    settings, registry: RegistrySeam, fetcher: AdapterFetcher | None
-) -> AdapterObjects:
-    """The store's objects as this gateway keeps them; ``fetcher``: the in-process engine's
-    (None when replicas serve)."""
+def adapter_objects(settings, registry: RegistrySeam, engine: EngineClient) -> AdapterObjects:
+    """The store's objects as this gateway keeps them, telling ``engine`` of those it writes
+    and deletes (the in-process engine caches them; replicas fetch for themselves)."""
     cache = cache_dir_of(settings.adapter_cache_dir)
-    store = fetcher.store if fetcher is not None else open_store(settings.adapter_store, cache)
+    store = open_store(settings.adapter_store, cache)
     owned = settings.adapter_store is not None  # a store chosen for this deployment
     return AdapterObjects(
         registry,
         store,
-        fetcher,
+        engine,
         cache / "staging",
         import_folders=owned,
         sweep_every_s=SWEEP_EVERY_S if owned else None,

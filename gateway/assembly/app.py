@@ -60,10 +60,6 @@ def create_app(
         owned = engine is None
         running = engine
         replicas = None
-        # The in-process engine's way to adapter store objects (replicas have their own).
-        fetcher = None
-        if not settings.replicated:
-            fetcher = adapter_fetcher(settings.adapter_store, settings.adapter_cache_dir)
         if running is None and settings.replicated:
             from loragate.gateway.replicas.cluster import RayReplicas
 
@@ -75,10 +71,11 @@ def create_app(
                 AsyncLLMEngine.from_config,
                 settings.engine,
                 settings.adapter_load_timeout_seconds,
-                fetcher,
+                # its way to adapter store objects (replicas have their own)
+                adapter_fetcher(settings.adapter_store, settings.adapter_cache_dir),
             )
         reports = replicas.engine.replica_reports if replicas is not None else None
-        services, lifecycle = build_services(settings, running, store, reports, fetcher)
+        services, lifecycle = build_services(settings, running, store, reports)
         log_startup(running.model_info, registry_description(lifecycle.store.health.where))
         app.state.services = services
         try:

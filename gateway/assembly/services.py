@@ -16,7 +16,6 @@ from dataclasses import dataclass, fields
 from litestar.datastructures import State
 from litestar.di import Provide
 
-from loragate.adapters.store import AdapterFetcher
 from loragate.engine import EngineClient
 from loragate.gateway.adapter_control.adapter_store_setup import adapter_objects, adapter_uploads
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
@@ -79,18 +78,16 @@ def build_services(
     engine: EngineClient,
     store: RegistryStore | None = None,
     replica_reports: Callable[[], Awaitable[list[ReplicaReport]]] | None = None,
-    fetcher: AdapterFetcher | None = None,
 ) -> tuple[Services, Lifecycle]:
     """Every service the routes use, and the lifecycle that starts and stops them (and
     holds the registry seam). `replica_reports`: the replicas' own reports (Ray Serve);
-    None: this process's engine is the one. `fetcher`: the in-process engine's way to
-    adapter store objects (its residency fetches with it)."""
+    None: this process's engine is the one."""
     model = engine.model_info
     seam = RegistrySeam(store if store is not None else build_store(settings))
     admission = Admission(model.max_num_seqs, settings.max_queue, settings.retry_after_seconds)
     metrics = GatewayMetrics(model.served_name, settings.metrics_label_limit)
     metrics.describe_base(model.quantization, model.weight_bytes)
-    objects = adapter_objects(settings, seam, fetcher if replica_reports is None else None)
+    objects = adapter_objects(settings, seam, engine)
     adapters = AdapterManager(
         engine,
         seam,
@@ -124,9 +121,7 @@ def build_services(
         settings, model, seam, care, sync, adapters, quotas, usage_meter, accounting
     )
     auto_tool_parser = settings.tool_call_parser if settings.enable_auto_tool_choice else None
-    replicas = ReplicaReports(
-        engine, adapters.catalog, objects, settings.replicated, replica_reports
-    )
+    replicas = ReplicaReports(engine, adapters.catalog, settings.replicated, replica_reports)
     services = Services(
         engine=engine,
         served_model=ServedModel(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from loragate.engine import EngineStats
 
 _SUMMED = ("unfinished_requests", "running", "waiting", "prompt_tokens", "generation_tokens")
-_SUMMED += ("preemptions",)
+_SUMMED += ("preemptions", "adapter_store_fetches")
 # Memory counts that add up across replicas; the ratios are recomputed from them.
 _BLOCK_COUNTS = ("allocated_blocks", "free_blocks", "total_blocks", "cached_blocks")
 _BLOCK_COUNTS += ("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "swapped_blocks")

@@ -86,11 +86,12 @@ class EngineReplica:
         torch.set_num_threads(
             torch_threads(ray.get_runtime_context().get_assigned_resources().get("CPU"))
         )
-        # Adapters uploaded to the store are fetched by hash into this replica's own cache.
-        self.fetcher = None
+        # Adapters uploaded to the store are fetched by hash into this replica's own cache;
+        # from here on the replica talks to its engine alone.
+        fetcher = None
         if adapter_cache_dir is not None:
-            self.fetcher = adapter_fetcher(adapter_store, adapter_cache_dir, self.replica_id)
-        self.engine = AsyncLLMEngine.from_config(config, adapter_load_timeout, self.fetcher)
+            fetcher = adapter_fetcher(adapter_store, adapter_cache_dir, self.replica_id)
+        self.engine = AsyncLLMEngine.from_config(config, adapter_load_timeout, fetcher)
         self.actor_name = ray.get_runtime_context().get_actor_name() or ""
         self.node = ray.get_runtime_context().get_node_id()
         self.board = ray.get_actor(board_name, namespace=board_namespace)
@@ -109,7 +110,7 @@ class EngineReplica:
         self._resident = serve.multiplexed(max_num_models_per_replica=in_memory)(load)
         self._reporter = self._loop.create_task(self._report_loop(report_every_s))
         self._pruner = None
-        if self.fetcher is not None:
+        if fetcher is not None:
             self._pruner = self._loop.create_task(self._prune_loop(PRUNE_EVERY_S))
 
     # ---- what the ingress calls ----------------------------------------------------------
@@ -189,12 +190,13 @@ class EngineReplica:
             await asyncio.sleep(every_s)
 
     async def _report_once(self) -> None:
+        stats = await self.engine.stats()
         report = ReplicaReport(
             replica=self.replica_id,
             actor_name=self.actor_name,
-            stats=await self.engine.stats(),
+            stats=stats,
             multiplexed=tuple(sorted(self.held)),
-            store_fetches=self.fetcher.fetches if self.fetcher is not None else 0,
+            store_fetches=stats.adapter_store_fetches,
             node=self.node,
             torch_threads=torch.get_num_threads(),
         )
@@ -206,7 +208,7 @@ class EngineReplica:
         while True:
             await asyncio.sleep(every_s)
             try:
-                gone = await asyncio.to_thread(self.fetcher.prune)
+                gone = await self.engine.prune_adapter_objects()
                 if gone:
                     log.info("dropped %d cached adapters the store no longer holds", len(gone))
             except Exception:  # noqa: BLE001 - the store may be unreachable; try later

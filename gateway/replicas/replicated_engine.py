@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Hashable
+from pathlib import Path
 
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
@@ -155,6 +156,17 @@ class ReplicatedEngine:
 
     def on_adapter_weights_changed(self, listener: WeightsListener) -> Callable[[], None]:
         return self._events.subscribe(listener)
+
+    async def adopt_adapter_object(self, oid: str, directory: Path) -> None:
+        """Nothing: each replica fetches the objects it is routed from the store itself."""
+
+    async def forget_adapter_object(self, oid: str) -> None:
+        """Nothing: each replica drops its copies of deleted objects when it prunes
+        (gateway/replicas/engine_replica.py)."""
+
+    async def prune_adapter_objects(self) -> list[str]:
+        """Nothing here: each replica prunes its own cache (gateway/replicas/engine_replica.py)."""
+        return []
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         return self._prompts.encode(text, add_special_tokens)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from loragate.engine import EngineClient, EngineDeadError
-from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
 from loragate.gateway.adapter_control.catalog import AdapterCatalog
 from loragate.gateway.replicas.wire import ReplicaReport
 from loragate.gateway.tenancy.principal import OPERATOR
@@ -17,7 +16,6 @@ class ReplicaReports:
         self,
         engine: EngineClient,
         catalog: AdapterCatalog,
-        objects: AdapterObjects,
         replicated: bool,
         remote: Callable[[], Awaitable[list[ReplicaReport]]] | None = None,
     ):
@@ -25,7 +23,6 @@ class ReplicaReports:
         reports (Ray Serve); None: this process's engine is the one."""
         self.engine = engine
         self.catalog = catalog
-        self.objects = objects
         self.replicated = replicated
         self.remote = remote
 
@@ -39,10 +36,8 @@ class ReplicaReports:
         if not self.engine.is_running:
             return []
         try:
-            fetcher = self.objects.fetcher
-            fetches = fetcher.fetches if fetcher is not None else 0
             stats = await self.engine.stats()
-            return [ReplicaReport("local", "", stats, store_fetches=fetches)]
+            return [ReplicaReport("local", "", stats, store_fetches=stats.adapter_store_fetches)]
         except EngineDeadError:
             return []
 

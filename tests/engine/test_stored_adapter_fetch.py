@@ -181,3 +181,35 @@ def test_cached_files_changed_after_the_check_are_refused_and_dropped(model_and_
         asyncio.run(scenario())
     finally:
         engine.shutdown()
+
+
+def test_what_the_gateway_tells_of_the_store_reaches_the_engines_cache(model_and_adapter, tmp_path):
+    """Through its EngineClient alone (issue 58: no gateway code holds the fetcher): an
+    object just written to the store is adopted into the engine's cache, so its request
+    downloads nothing; the stats count the objects downloaded; a deleted object is
+    forgotten; pruning drops the copies of objects the store no longer holds."""
+    model_dir, folder, other = model_and_adapter
+    oids = [object_id(identity_of(path)) for path in (folder, other)]
+    store = RemoteStore(tmp_path / "store")
+    store.put(oids[0], folder)
+    store.put(oids[1], other)
+    cache = tmp_path / "cache"
+    engine = start(model_dir, AdapterFetcher(store, cache))
+
+    async def scenario():
+        await engine.adopt_adapter_object(oids[0], folder)  # an upload written here
+        assert (cache / oids[0]).is_dir() and not (cache / oids[1]).exists()
+        for i, oid in enumerate(oids):
+            lora = LoRARequest(f"n{i}", i + 1, store_path(oid))
+            assert (await drain(engine.generate(PROMPT, PARAMS, f"r{i}", lora)))[-1].finished
+        assert (await engine.stats()).adapter_store_fetches == 1  # the one not adopted
+        await engine.forget_adapter_object(oids[0])
+        assert not (cache / oids[0]).exists()
+        store.delete(oids[1])
+        assert await engine.prune_adapter_objects() == [oids[1]]
+        assert not (cache / oids[1]).exists()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()

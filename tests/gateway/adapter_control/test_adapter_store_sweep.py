@@ -1,18 +1,36 @@
 """The sweep of a deployment's adapter store (gateway/adapter_control/adapter_store_objects.py):
 objects that no registration names and no upload pins are deleted; referenced and pinned ones
-stay."""
+stay. The engine hears of each deletion, and is asked to prune its cache, through its
+EngineClient alone (issue 58)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loragate.adapters.store import AdapterFetcher, LocalStore
+from loragate.adapters.store import LocalStore
 from loragate.gateway.adapter_control.adapter_store_objects import AdapterObjects
 from loragate.gateway.registry_seam import RegistrySeam
 from loragate.registry import AdapterSpec
 from loragate.registry.memory import MemoryRegistryStore
 
 IDS = {name: c * 64 + "-" + c * 64 for name, c in (("named", "a"), ("pinned", "b"), ("lost", "c"))}
+
+
+class StoreTold:
+    """The adapter store members of an EngineClient, noting what the gateway tells it."""
+
+    def __init__(self):
+        self.told: list[tuple] = []
+
+    async def adopt_adapter_object(self, oid: str, directory: Path) -> None:
+        self.told.append(("adopt", oid))
+
+    async def forget_adapter_object(self, oid: str) -> None:
+        self.told.append(("forget", oid))
+
+    async def prune_adapter_objects(self) -> list[str]:
+        self.told.append(("prune",))
+        return []
 
 
 def put(store: LocalStore, oid: str) -> None:
@@ -40,7 +58,10 @@ async def test_the_sweep_deletes_only_what_nothing_uses(tmp_path: Path):
     )
     await registry.register_adapter(named)
     await registry.pin_object(IDS["pinned"])
-    objects = AdapterObjects(registry, store, AdapterFetcher(store, tmp_path), tmp_path / "s")
+    engine = StoreTold()
+    objects = AdapterObjects(registry, store, engine, tmp_path / "s")
     assert await objects.sweep() == 1
     assert store.list() == sorted([IDS["named"], IDS["pinned"]])
+    assert engine.told == [("forget", IDS["lost"]), ("prune",)]
     assert await objects.sweep() == 0
+    assert engine.told[2:] == [("prune",)]

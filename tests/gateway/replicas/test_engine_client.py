@@ -17,7 +17,6 @@ from gateway_testlib import ENGINE
 
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine import AsyncLLMEngine, EngineClient, EngineConfig
-from loragate.gateway.adapter_control.adapter_store_setup import adapter_fetcher
 from loragate.gateway.assembly.services import build_services
 from loragate.gateway.replicas.replicated_engine import ReplicatedEngine
 from loragate.gateway.settings import GatewaySettings
@@ -114,14 +113,22 @@ def test_no_engine_forwards_by_getattr():
 def engines_held(services) -> list:
     """Every object among the services (and what they hold, through gateway objects,
     containers and bound methods) that passes for an EngineClient."""
+    return held(services, EngineClient)
+
+
+def held(services, kind) -> list:
+    """Every object of ``kind`` among the services and what they hold, through gateway
+    objects, containers and bound methods (never into an engine: its insides are not the
+    gateway's)."""
     seen, found, todo = set(), [], list(vars(services).values())
     while todo:
         obj = todo.pop()
         if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, type)):
             continue
         seen.add(id(obj))
-        if isinstance(obj, EngineClient):
+        if isinstance(obj, kind):
             found.append(obj)
+        if isinstance(obj, (kind, EngineClient)):
             continue  # the engine's own insides are not the gateway's
         if inspect.ismethod(obj):
             todo.append(obj.__self__)
@@ -149,7 +156,9 @@ def tiny_engine(tiny_dir):
 @pytest.mark.parametrize("mode", ["one process", "adapter store", "replicas"])
 def test_the_gateway_holds_one_checked_engine_in_every_mode(mode, tiny_engine, tmp_path):
     """What the app assembles holds exactly the engine it was given, of a class checked
-    above: no wrapper in front of it (StoreBackedEngine was one, before issue 44)."""
+    above: no wrapper in front of it (StoreBackedEngine was one, before issue 44), and no
+    adapter store fetcher beside it (issue 58: the gateway tells the engine of the store's
+    objects through its EngineClient)."""
     config, local = tiny_engine
     options = {"adapter_cache_dir": tmp_path / "cache"}
     if mode == "adapter store":
@@ -157,7 +166,6 @@ def test_the_gateway_holds_one_checked_engine_in_every_mode(mode, tiny_engine, t
     if mode == "replicas":
         options["replicas"] = 2
     settings = GatewaySettings(engine=config, port=0, **options)
-    fetcher = None
     reports = None
     engine = local
     if mode == "replicas":
@@ -165,11 +173,10 @@ def test_the_gateway_holds_one_checked_engine_in_every_mode(mode, tiny_engine, t
 
         async def reports():
             return []
-    else:
-        fetcher = adapter_fetcher(settings.adapter_store, settings.adapter_cache_dir)
-        assert isinstance(fetcher, AdapterFetcher)
-    services, _ = build_services(settings, engine, None, reports, fetcher)
-    held = engines_held(services)
-    assert held and all(found is engine for found in held), held
+
+    services, _ = build_services(settings, engine, None, reports)
+    engines = engines_held(services)
+    assert engines and all(found is engine for found in engines), engines
+    assert held(services, AdapterFetcher) == []
     assert type(engine) in IMPLEMENTATIONS
-    assert not any(hasattr(type(found), "__getattr__") for found in held)
+    assert not any(hasattr(type(found), "__getattr__") for found in engines)
