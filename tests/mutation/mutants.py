@@ -310,6 +310,36 @@ MUTANTS = [
         first="tests/adapters/test_vouched_reload.py",
     ),
     Mutant(
+        "store_check_in_a_book_of_its_own",
+        "the fetcher's check vouches in a book the engine's cache never reads: fetched files "
+        "are hashed twice",
+        (
+            Patch(
+                "loragate.engine.lora.adapter_residency",
+                "identity_book",
+                "return fetcher.book",
+                "return IdentityBook(stamp_clock)",
+            ),
+        ),
+        first="tests/engine/test_stored_adapter_vouch.py::"
+        "test_the_check_and_the_engine_read_write_one_book",
+    ),
+    Mutant(
+        "store_check_stands_for_a_read",
+        "a stat admits files on a store's check alone, though they were never read and "
+        "validated as an adapter",
+        (
+            Patch(
+                "loragate.adapters.identity",
+                "IdentityBook.known",
+                "entry = None if directory in self._unread else self._entries.get(directory)",
+                "entry = self._entries.get(directory)",
+            ),
+        ),
+        first="tests/adapters/test_adapter_identity.py::"
+        "test_a_store_check_vouches_without_standing_for_a_read",
+    ),
+    Mutant(
         "read_into_viewed_memory",
         "a read's mapping is kept for the next read though an adapter's rows still view it",
         (
