@@ -17,7 +17,7 @@ from test_stored_adapter_fetch import PARAMS, PROMPT, drain, start
 from tiny_llama import ALL_MODULES, make_adapters
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.identity import WEIGHTS_FILE, IdentityBook
+from loragate.adapters.identity import SYSTEM_CLOCK, WEIGHTS_FILE, IdentityBook
 from loragate.adapters.store import (
     AdapterFetcher,
     CorruptObjectError,
@@ -27,6 +27,7 @@ from loragate.adapters.store import (
     parse_object_id,
 )
 from loragate.engine import store_path
+from loragate.engine.lora.adapter_residency import identity_book
 
 STORES = ("served", "rewritten", "same_bytes")
 
@@ -171,3 +172,18 @@ def test_the_check_and_the_engine_read_write_one_book(aged, digests, tmp_path):
     assert digests.count(identity.sha256) == digests.count(identity.config_sha256) == 1
     assert stats["file_reads"] == stats["vouched_reads"] == 1
     assert book.known(directory) == identity  # the engine's read, in the same book
+
+
+def test_the_engine_keeps_the_fetchers_book_or_one_of_its_own(tmp_path):
+    """The engine's one IdentityBook: its fetcher's (whose clock then stamps every read), or,
+    without a fetcher, a new one at the engine's stamp clock; a stamp clock other than the
+    fetcher book's is refused rather than silently ignored."""
+    clock = AheadClock()
+    assert identity_book(None, clock).clock is clock
+    fetcher = AdapterFetcher(
+        LocalStore(tmp_path / "store"), tmp_path / "cache", IdentityBook(clock)
+    )
+    assert identity_book(fetcher, SYSTEM_CLOCK) is fetcher.book
+    assert identity_book(fetcher, clock) is fetcher.book
+    with pytest.raises(ValueError, match="stamp_clock"):
+        identity_book(fetcher, AheadClock())
