@@ -132,12 +132,14 @@ def write_streamed(config, out: Path, dtype: torch.dtype) -> int:
     from safetensors.torch import save_file
 
     with torch.device("meta"):
-        shapes = {
-            name: (tuple(p.shape), name.endswith("norm.weight"))
-            for name, p in AutoModelForCausalLM.from_config(config).named_parameters()
-        }
+        model = AutoModelForCausalLM.from_config(config)
+    shapes = {
+        name: (tuple(p.shape), name.endswith("norm.weight")) for name, p in model.named_parameters()
+    }
+    architecture = type(model).__name__  # what converters read the model's kind from
     out.mkdir(parents=True, exist_ok=True)
     config.dtype = dtype
+    config.architectures = [architecture]
     config.save_pretrained(out)
     generator = torch.Generator().manual_seed(0)
     index, shard, shard_bytes, count = {}, {}, 0, 0
