@@ -75,14 +75,29 @@ SIZES = {
         tie_word_embeddings=True,
     ),
 }
-# Other families' published shapes (Qwen3-0.6B's and Gemma-3-1B's config.json), with the
-# default model's vocabulary in place of their own (151,936 and 262,144 tokens).
+# Other families' published shapes (Qwen3-0.6B's, Qwen3-1.7B's and Gemma-3-1B's config.json),
+# with the default model's vocabulary in place of their own (151,936 and 262,144 tokens).
 FAMILY_SIZES = {
     "qwen3-0.6b": (
         Qwen3Config,
         dict(
             hidden_size=1024,
             intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+        ),
+    ),
+    # Qwen3-1.7B's layers.
+    "qwen3-1.7b": (
+        Qwen3Config,
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
             num_hidden_layers=28,
             num_attention_heads=16,
             num_key_value_heads=8,
