@@ -19,29 +19,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from adapter_join import random_adapters
+from harness import (
+    STREAMS,
+    add_dtype,
+    add_window_share,
+    load_average,
+    lora_engine,
+    machine_line,
+    print_table,
+    random_adapters,
+    stream_prompt,
+    token_gaps,
+)
 
 from loragate.adapters import LoRARequest
 from loragate.adapters.pacing import WINDOW_SHARE
-from loragate.engine import LLM, SamplingParams
+from loragate.engine import SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine
 
-STREAMS = 8
 COLD = 4
 STREAM_TOKENS = 900
 COLD_TOKENS = 32
 BURST_AFTER = 8
-
-
-def gaps(stamps: list[list[float]]) -> list[float]:
-    """Gaps between two tokens of each stream, its first token (its own prefill) left out."""
-    return [b - a for times in stamps for a, b in zip(times[1:], times[2:], strict=False)]
 
 
 async def beside_cold(engine, base_prompts, cold_prompts, loras) -> list[list[float]]:
@@ -90,22 +94,17 @@ async def alone(engine, base_prompts, tokens: int) -> list[list[float]]:
 
 
 def one_run(dtype: str, paths: list[Path], run: int, share: float = WINDOW_SHARE) -> dict:
-    llm = LLM(
-        dtype=dtype,
+    llm = lora_engine(
+        dtype,
+        64,
+        COLD,
+        COLD,
         max_model_len=STREAM_TOKENS + 64,
-        max_num_seqs=16,
         kv_cache_memory_gb=0.75,
-        enable_lora=True,
-        max_loras=COLD,
-        max_cpu_loras=COLD,
-        max_lora_rank=64,
         adapter_load_window_share=share,
     )
     inner = llm.llm_engine
-    base_prompts = [
-        inner.encode(f"Tell me a short story about a lighthouse keeper. ({run} {i})")
-        for i in range(STREAMS)
-    ]
+    base_prompts = [stream_prompt(inner, str(run), i) for i in range(STREAMS)]
     cold_prompts = [inner.encode(f"Name a color. ({run} {i})") for i in range(COLD)]
     loras = [LoRARequest(f"cold{run}-{i}", i + 1, str(p)) for i, p in enumerate(paths)]
     engine = AsyncLLMEngine(inner)
@@ -121,7 +120,7 @@ def one_run(dtype: str, paths: list[Path], run: int, share: float = WINDOW_SHARE
     cold_seqs = {seq for r in records for seq, _ in r.prefill_chunks if r.decode_seq_ids}
     joins = [r for r in records if r.prefill_tokens and r.decode_seq_ids]
     longest = max(records, key=lambda r: r.ms)
-    g, q = gaps(stamps), gaps(quiet)
+    g, q = token_gaps(stamps), token_gaps(quiet)
     return {
         "median": statistics.median(g) * 1e3,
         "worst": max(g) * 1e3,
@@ -142,35 +141,30 @@ def one_run(dtype: str, paths: list[Path], run: int, share: float = WINDOW_SHARE
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    ap.add_argument(
-        "--window-share",
-        type=float,
-        default=WINDOW_SHARE,
-        help="--adapter-load-window-share: the share of the median step a load gets",
-    )
+    add_dtype(ap, "bfloat16")
+    add_window_share(ap)
     args = ap.parse_args()
+    print(machine_line() + f"; dtype {args.dtype}", flush=True)
     with tempfile.TemporaryDirectory() as root:
         paths = random_adapters(Path(root), COLD * args.runs)
         results = []
         for run in range(args.runs):
-            load = os.getloadavg()[0]
+            load = load_average()
             chosen = paths[run * COLD : (run + 1) * COLD]
             result = one_run(args.dtype, chosen, run, args.window_share)
             results.append(result)
             print(f"run {run} (load average {load:.2f} before): {result}", flush=True)
     print(
         f"\n# dtype {args.dtype}; {COLD} cold rank-64 adapters beside {STREAMS} streams; "
-        f"window share {args.window_share}"
+        f"window share {args.window_share}; load average after {load_average():.2f}"
     )
-    print("| run | worst gap ms | median gap ms | worst / median | alone: worst / median |")
-    print("|---|---|---|---|---|")
+    rows = []
     for run, r in enumerate(results):
         ratio, quiet = r["worst"] / r["median"], r["alone_worst"] / r["alone_median"]
-        print(
-            f"| {run} | {r['worst']:.0f} | {r['median']:.0f} | {ratio:.2f}x | "
-            f"{r['alone_worst']:.0f} / {r['alone_median']:.0f} = {quiet:.2f}x |"
-        )
+        alone = f"{r['alone_worst']:.0f} / {r['alone_median']:.0f} = {quiet:.2f}x"
+        rows.append([run, f"{r['worst']:.0f}", f"{r['median']:.0f}", f"{ratio:.2f}x", alone])
+    header = ["run", "worst gap ms", "median gap ms", "worst / median", "alone: worst / median"]
+    print_table(header, rows)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,20 @@ loop's), and the prompt's chunks (rows per step) from the step records.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from adapter_join import random_adapters
+from harness import (
+    add_dtype,
+    lora_engine,
+    machine_line,
+    print_table,
+    random_adapters,
+    start_streams,
+    stop_streams,
+)
 
 from loragate import kernels
 from loragate.adapters import LoRARequest
@@ -42,7 +49,6 @@ from loragate.adapters.store import AdapterFetcher, identity_of, object_id, open
 from loragate.engine import LLM, SamplingParams, store_path
 from loragate.kernels import lora_modules
 
-STREAMS = 8
 PROMPT_TOKENS = 256
 KINDS = {"base": "base", "warm": "warm", "cold": "cold", "store": "cold from the store"}
 
@@ -97,7 +103,7 @@ def first_token(llm: LLM, prompt: list[int], tag: str, lora: LoRARequest | None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add_dtype(ap, "float32")
     ap.add_argument("--rank", type=int, default=64, help="the adapters' rank")
     args = ap.parse_args()
 
@@ -109,17 +115,8 @@ def main() -> None:
         for oid, path in zip(oids, paths[1 + args.rounds :], strict=True):
             store.put(oid, path)
         put_at = time.monotonic()
-        llm = LLM(
-            dtype=args.dtype,
-            max_model_len=2048,
-            max_num_seqs=16,
-            kv_cache_memory_gb=1.0,
-            enable_lora=True,
-            max_loras=4,
-            max_cpu_loras=8,
-            max_lora_rank=args.rank,
-            adapter_fetcher=AdapterFetcher(store, cache_dir),
-        )
+        fetcher = AdapterFetcher(store, cache_dir)
+        llm = lora_engine(args.dtype, args.rank, 4, 8, adapter_fetcher=fetcher)
         time.sleep(max(0.0, RACY_NS / 1e9 - (time.monotonic() - put_at)))  # objects put earlier
         engine = llm.llm_engine
         timer = LoRATimer()
@@ -127,11 +124,8 @@ def main() -> None:
         engine.residency.cache.preload(warm)
         words = engine.encode(" ".join(["lighthouse"] * (2 * PROMPT_TOKENS)))
         results: dict[str, list] = {name: [] for name in KINDS}
-        stream = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
         for r in range(args.rounds):
-            for i in range(STREAMS):
-                prompt = engine.encode(f"Tell me a story about a lighthouse keeper. ({r} {i})")
-                engine.add_request(f"s{r}-{i}", {"prompt_token_ids": prompt}, stream)
+            streams = start_streams(engine, f"s{r}", max_tokens=1000)
             for _ in range(4):
                 engine.step_tokens()
             cold = LoRARequest(f"cold{r}", 2 + r, str(paths[1 + r]))
@@ -141,20 +135,13 @@ def main() -> None:
                 results[name].append(first_token(llm, prompt, f"{name}{r}", lora, timer))
                 for _ in range(3):
                     engine.step_tokens()
-            for i in range(STREAMS):
-                engine.abort_request(f"s{r}-{i}")
-            while engine.has_unfinished_requests():
-                engine.step_tokens()
+            stop_streams(engine, streams)
         unhashed = engine.residency.cache.stats()["vouched_reads"]  # the store's objects
 
-    print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    print(machine_line() + f"; dtype {args.dtype}")
     shape = f"rank {args.rank} on all projections, {PROMPT_TOKENS}-token prompt"
     print(f"# {args.rounds} rounds; {shape}; store objects read unhashed: {unhashed}")
-    print(
-        "| request | first token ms (median) | its step ms | step phases (ms) | LoRA ms | chunks |"
-    )
-    print("|---|---|---|---|---|---|")
-    medians = {}
+    medians, rows = {}, []
     for name, runs in results.items():
         medians[name] = statistics.median(s for s, _, _, _, _ in runs) * 1e3
         step = statistics.median(ms for _, _, ms, _, _ in runs)
@@ -163,9 +150,9 @@ def main() -> None:
         lora = {k: statistics.median(t[k] for _, _, _, t, _ in runs) for k in runs[0][3]}
         spent = f"{lora['lora']:.1f} (products {lora['products']:.1f})"
         chunks = runs[len(runs) // 2][4]  # one round's prompt chunks (rows per step)
-        print(
-            f"| {KINDS[name]} | {medians[name]:.1f} | {step:.1f} | {shown} | {spent} | {chunks} |"
-        )
+        rows.append([KINDS[name], f"{medians[name]:.1f}", f"{step:.1f}", shown, spent, chunks])
+    header = ["request", "first token ms (median)", "its step ms", "step phases (ms)"]
+    print_table([*header, "LoRA ms", "chunks"], rows)
     print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
     print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5); ", end="")
     print(f"store / cold {medians['store'] / medians['cold']:.2f}")

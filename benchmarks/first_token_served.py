@@ -17,18 +17,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from adapter_join import random_adapters
-from first_token import PROMPT_TOKENS, STREAMS
+from first_token import PROMPT_TOKENS
+from harness import (
+    STREAMS,
+    add_dtype,
+    add_window_share,
+    lora_engine,
+    machine_line,
+    print_table,
+    random_adapters,
+    stream_prompt,
+)
 
 from loragate.adapters import LoRARequest
-from loragate.adapters.pacing import WINDOW_SHARE
-from loragate.engine import LLM, SamplingParams
+from loragate.engine import SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine
 
 KINDS = ("base", "warm", "cold")  # first_token.py's shapes; no store row here
@@ -43,7 +50,7 @@ async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple
     stream = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
 
     async def base(i: int):
-        prompt = {"prompt_token_ids": inner.encode(f"Tell me a story. ({r} {i})")}
+        prompt = {"prompt_token_ids": stream_prompt(inner, f"s{r}", i)}
         async for _ in engine.generate(prompt, stream, f"s{r}-{i}"):
             stamps[i].append(time.monotonic())
             if done.is_set():
@@ -84,7 +91,7 @@ async def one_round(engine, inner, words, warm, cold, r: int) -> dict[str, tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add_dtype(ap, "float32")
     ap.add_argument("--rank", type=int, default=64, help="the adapters' rank")
     ap.add_argument(
         "--cpu-tier",
@@ -93,25 +100,18 @@ def main() -> None:
         help="adapters the CPU tier holds (below rounds + 1: cold loads evict, as on a server "
         "whose tier is full, and a load's memory may be an evicted adapter's)",
     )
-    ap.add_argument(
-        "--window-share",
-        type=float,
-        default=WINDOW_SHARE,
-        help="--adapter-load-window-share: the share of the median step a load gets",
-    )
+    add_window_share(ap)
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as root:
         paths = random_adapters(Path(root), 1 + args.rounds, args.rank)
-        llm = LLM(
-            dtype=args.dtype,
+        llm = lora_engine(
+            args.dtype,
+            args.rank,
+            min(4, args.cpu_tier),
+            args.cpu_tier,
             max_model_len=4400,
-            max_num_seqs=16,
             kv_cache_memory_gb=1.5,
-            enable_lora=True,
-            max_loras=min(4, args.cpu_tier),
-            max_cpu_loras=args.cpu_tier,
-            max_lora_rank=args.rank,
             adapter_load_window_share=args.window_share,
         )
         inner = llm.llm_engine
@@ -127,25 +127,23 @@ def main() -> None:
         finally:
             engine.shutdown()
 
-    print(f"# {os.uname().nodename}; load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    print(machine_line() + f"; dtype {args.dtype}")
     print(
         f"# {args.rounds} rounds; rank {args.rank} on all projections, {PROMPT_TOKENS}-token"
         f" prompt, a CPU tier of {args.cpu_tier} adapters"
     )
-    print("# 8 streams decoding; through the async engine (cold: read on a loader thread)")
+    print(f"# {STREAMS} streams decoding; through the async engine (cold: read on a loader thread)")
     print("# windows: those the engine lent adapter loads between steps while it waited")
-    print(
-        "| request | first token ms (median) | streams' median gap while it waited / before "
-        "| windows (median) | windows' ms (median) |"
-    )
-    print("|---|---|---|---|---|")
-    medians = {}
+    medians, rows = {}, []
     for kind in KINDS:
         medians[kind] = statistics.median(found[kind][0] for found in rounds) * 1e3
         slowed = statistics.median(found[kind][1] for found in rounds)
         count = statistics.median(found[kind][2] for found in rounds)
         ms = statistics.median(found[kind][3] for found in rounds) * 1e3
-        print(f"| {kind} | {medians[kind]:.1f} | {slowed:.2f}x | {count:g} | {ms:.0f} |")
+        rows.append([kind, f"{medians[kind]:.1f}", f"{slowed:.2f}x", f"{count:g}", f"{ms:.0f}"])
+    header = ["request", "first token ms (median)"]
+    header += ["streams' median gap while it waited / before", "windows (median)"]
+    print_table([*header, "windows' ms (median)"], rows)
     print(f"warm / base {medians['warm'] / medians['base']:.2f} (goal <= 1.2); ", end="")
     print(f"cold / warm {medians['cold'] / medians['warm']:.2f} (goal <= 1.5)")
 
