@@ -2,16 +2,15 @@
 
 The shared truth lives in the registry store (`loragate.registry`: in memory,
 or Redis for many replicas). Each replica keeps its own copy as `AdapterRecord`s in an
-`AdapterRegistry` (`InMemoryAdapterRegistry`), so serving a known adapter never waits on,
-or fails with, the store; `AdapterCatalog` keeps that copy in step with the store.
+`InMemoryAdapterRegistry`, so serving a known adapter never waits on, or fails with, the
+store (lora_int_ids come from the store, so that every replica agrees on them);
+`AdapterCatalog` keeps that copy in step with the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from itertools import count
-from typing import Protocol
 
 from loragate.adapters import LoRARequest
 from loragate.registry import AdapterMetadata
@@ -51,38 +50,15 @@ class AdapterRecord:
         return int(self.meta.created_at)
 
 
-class AdapterRegistry(Protocol):
-    async def new_id(self) -> int:
-        """A lora_int_id never handed out before by this registry (the gateway itself takes
-        ids from the registry store, so that every replica agrees on them)."""
-
-    async def get(self, key: str) -> AdapterRecord | None: ...
-
-    async def public(self, name: str) -> AdapterRecord | None:
-        """The public adapter every tenant may call `name`, if any."""
-
-    async def list(self) -> list[AdapterRecord]: ...
-
-    async def put(self, record: AdapterRecord) -> AdapterRecord | None:
-        """Store `record` under its key; returns the record it replaced, if any."""
-
-    async def remove(self, key: str) -> AdapterRecord | None:
-        """Forget `key`; returns its record, or None if there was none."""
-
-
 class InMemoryAdapterRegistry:
-    """The default store: a dict in this process, guarded for concurrent coroutines."""
+    """This replica's copy: a dict in this process, guarded for concurrent coroutines."""
 
     def __init__(self) -> None:
         self._records: dict[str, AdapterRecord] = {}
         # name -> keys of the public adapters of that name (the store keeps it to one; a
         # copy between two events may briefly hold two).
         self._public: dict[str, set[str]] = {}
-        self._ids = count(1)
         self._lock = asyncio.Lock()
-
-    async def new_id(self) -> int:
-        return next(self._ids)
 
     async def get(self, key: str) -> AdapterRecord | None:
         return self._records.get(key)
