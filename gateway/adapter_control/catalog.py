@@ -181,15 +181,6 @@ class AdapterCatalog:
         elif key not in self.orphans:
             await self._drop(key)
 
-    async def reconcile(self, metas: list[AdapterMetadata]) -> None:
-        """Make the copy match the store's full list (orphans excepted)."""
-        keys = {m.key for m in metas}
-        for record in await self._local.list():
-            if record.key not in keys and record.key not in self.orphans:
-                await self._drop(record.key)
-        for meta in metas:
-            await self.apply(meta)
-
     async def remove(self, key: str) -> AdapterRecord | None:
         """Stop serving `key` here; the caller retires the record it gets back."""
         self.orphans.discard(key)
