@@ -15,23 +15,28 @@ PEFT runs as references.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import time
 from pathlib import Path
 
 import torch
+from harness import (
+    TARGETS,
+    generate_seconds,
+    load_average,
+    machine_line,
+    print_table,
+    static_batch_seconds,
+)
 from peft import PeftModel
 from plots import plot_throughput_vs_adapters
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
-from loragate.engine import LLM, SamplingParams
+from loragate.engine import LLM
 from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools import make_random_adapter
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ROOT = Path(__file__).resolve().parent / "results" / "adapters"
 
 
@@ -71,36 +76,17 @@ def workload(
 
 
 def run_engine(llm, prompts, lengths, loras) -> float:
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    start = time.perf_counter()
-    llm.generate(
-        [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras, use_tqdm=False
-    )
-    return sum(lengths) / (time.perf_counter() - start)
+    """Output tokens per second of `llm.generate` on the workload."""
+    return sum(lengths) / generate_seconds(llm, prompts, lengths, loras)
 
 
 def run_peft(hf_dir, paths, prompts, lengths, names, batch: int, device, dtype) -> float:
+    """PEFT's mixed-adapter static batches: output tokens per second."""
     base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(device).eval()
     model = PeftModel.from_pretrained(base, paths[0], adapter_name="a0")
     for i, p in enumerate(paths[1:], start=1):
         model.load_adapter(p, adapter_name=f"a{i}")
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk, want = prompts[i : i + batch], lengths[i : i + batch]
-        width = max(map(len, chunk))
-        ids = torch.tensor([[2] * (width - len(p)) + p for p in chunk], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-        with torch.inference_mode():
-            model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                adapter_names=names[i : i + batch],
-                do_sample=False,
-                max_new_tokens=max(want),
-                min_new_tokens=max(want),
-                pad_token_id=2,
-            )
-    return sum(lengths) / (time.perf_counter() - start)
+    return sum(lengths) / static_batch_seconds(model, prompts, lengths, batch, 2, names)
 
 
 def main() -> None:
@@ -150,8 +136,9 @@ def main() -> None:
     prompts, lengths = workload(llm, args.num_requests, args.seed, args.max_output_len)
     choice = [power_law_choice(rng, args.adapters, args.alpha) for _ in prompts]
     loras = [LoRARequest(f"r8-{i:03d}", i + 1, str(paths[i])) for i in range(len(paths))]
+    print(machine_line(device))
     print(
-        f"requests {len(prompts)}, output tokens {sum(lengths)}, max_num_seqs "
+        f"# requests {len(prompts)}, output tokens {sum(lengths)}, max_num_seqs "
         f"{args.max_num_seqs}, {len(set(choice))} of {args.adapters} adapters drawn; "
         f"{source.name} on {device} in {str(dtype).split('.')[-1]}",
         flush=True,
@@ -189,17 +176,23 @@ def main() -> None:
         record("PEFT, mixed-adapter static batch 16", peft_tps)
 
     base_tps = rows[0][1]
-    print("| system | tokens/s | vs PEFT | vs base-only |")
-    print("|---|---|---|---|")
-    for label, tps in rows:
-        vs_peft = f"{tps / peft_tps:.2f}x" if peft_tps else "-"
-        print(f"| {label} | {tps:.1f} | {vs_peft} | {tps / base_tps:.0%} |")
+    table = [
+        [
+            label,
+            f"{tps:.1f}",
+            f"{tps / peft_tps:.2f}x" if peft_tps else "-",
+            f"{tps / base_tps:.0%}",
+        ]
+        for label, tps in rows
+    ]
+    print_table(["system", "tokens/s", "vs PEFT", "vs base-only"], table)
+    print(f"# load average at end {load_average():.2f}")
     references = {"engine, base model only": base_tps}
     if peft_tps:
         references["PEFT, mixed-adapter static batch 16"] = peft_tps
     note = (
-        f"{source.name} on {device} in {str(dtype).split('.')[-1]}, {len(prompts)} requests, "
-        f"{os.cpu_count()} CPUs, load average at end {os.getloadavg()[0]:.1f}"
+        f"{source.name} on {device} in {str(dtype).split('.')[-1]}, {len(prompts)} requests\n"
+        + machine_line(device).removeprefix("# ")  # the load average at the end
     )
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot_throughput_vs_adapters(swept, references, Path(args.plot), note)

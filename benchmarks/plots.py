@@ -28,7 +28,8 @@ def _legend(ax, **kw) -> None:
 def _save(fig, path: Path, note: str | None) -> None:
     if note:
         fig.text(0.01, 0.01, note, fontsize=8, color="0.4")
-    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+    lines = note.count("\n") + 1 if note else 0
+    fig.tight_layout(rect=(0, 0.03 * lines, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

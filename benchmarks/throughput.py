@@ -10,14 +10,15 @@ which is how static batching spends compute; only the requested tokens count as 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import time
 
 import torch
+from harness import generate_seconds, machine_line, print_table, static_batch_seconds
 from transformers import AutoModelForCausalLM
 
-from loragate.engine import LLM, SamplingParams
+from loragate.engine import LLM
+from loragate.engine.loading.model_loader import resolve_model
 
 TOPICS = [
     "the history of tea",
@@ -75,36 +76,6 @@ def flops_per_token(model) -> float:
     return 2 * (c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size)
 
 
-def run_engine(llm: LLM, prompts: list[list[int]], lengths: list[int]) -> float:
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(lengths)
-    return elapsed
-
-
-def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int, pad_id: int) -> float:
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk, want = prompts[i : i + batch], lengths[i : i + batch]
-        width = max(map(len, chunk))
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk], device=model.device)
-        mask = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device
-        )
-        with torch.inference_mode():
-            model.generate(
-                ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=max(want),
-                min_new_tokens=max(want),
-                pad_token_id=pad_id,
-            )
-    return time.perf_counter() - start
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
@@ -135,46 +106,38 @@ def main() -> None:
     prompts = [llm.apply_chat_template(messages) for messages, _ in requests]
     lengths = [n for _, n in requests]
     total = sum(lengths)
-    run_engine(llm, prompts[:4], [8] * 4)  # warm-up
-    engine_s = run_engine(llm, prompts, lengths)
+    generate_seconds(llm, prompts[:4], [8] * 4)  # warm-up
+    engine_s = generate_seconds(llm, prompts, lengths)
     engine_tps = total / engine_s
 
     # Steady decode: max_num_seqs sequences, short prompts, long outputs.
     decode_n = args.max_num_seqs
-    decode_s = run_engine(llm, [prompts[0][:16]] * decode_n, [128] * decode_n)
+    decode_s = generate_seconds(llm, [prompts[0][:16]] * decode_n, [128] * decode_n)
     decode_tps = decode_n * 128 / decode_s
 
     peak = matmul_gflops(device, dtype)
-    hf_model = AutoModelForCausalLM.from_pretrained(llm.engine.hf_dir, dtype=dtype)
+    hf_dir = resolve_model(args.model).hf_dir  # HF weights (the engine's may be GGUF blocks)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
     hf_model = hf_model.to(device).eval()
     per_token = flops_per_token(hf_model)
     hf_tps = None
     if not args.skip_hf:
-        hf_s = run_hf(hf_model, prompts, lengths, args.hf_batch, pad_id=2)
+        hf_s = static_batch_seconds(hf_model, prompts, lengths, args.hf_batch, pad_id=2)
         hf_tps = total / hf_s
 
-    where = (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    )
-    print(f"machine: {where}, torch {torch.__version__}, dtype {str(dtype).split('.')[-1]}")
+    print(machine_line(device) + f"; dtype {str(dtype).split('.')[-1]}")
     print(
-        f"requests: {args.num_requests}, output tokens: {total}, "
+        f"# requests: {args.num_requests}, output tokens: {total}, "
         f"prompt tokens: {sum(map(len, prompts))}, max_num_seqs: {args.max_num_seqs}"
     )
-    print("| system | tokens/s | vs HF |")
-    print("|---|---|---|")
+    rows = []
     if hf_tps:
-        print(f"| HF transformers, static batch {args.hf_batch} | {hf_tps:.1f} | 1.00x |")
+        rows.append([f"HF transformers, static batch {args.hf_batch}", f"{hf_tps:.1f}", "1.00x"])
     ratio = f"{engine_tps / hf_tps:.2f}x" if hf_tps else "-"
-    print(f"| loragate engine, mixed workload | {engine_tps:.1f} | {ratio} |")
-    print(
-        f"| loragate engine, steady decode x{decode_n} | {decode_tps:.1f} | "
-        f"{decode_tps / hf_tps:.2f}x |"
-        if hf_tps
-        else ""
-    )
+    rows.append(["loragate engine, mixed workload", f"{engine_tps:.1f}", ratio])
+    ratio = f"{decode_tps / hf_tps:.2f}x" if hf_tps else "-"
+    rows.append([f"loragate engine, steady decode x{decode_n}", f"{decode_tps:.1f}", ratio])
+    print_table(["system", "tokens/s", "vs HF"], rows)
     print(f"matmul peak: {peak:.1f} GFLOP/s; decode FLOPs/token: {per_token / 1e6:.1f} M")
     print(
         f"decode roofline share: {decode_tps * per_token / 1e9 / peak:.1%} "
