@@ -27,29 +27,6 @@ class StopDecision:
     truncate_to: int | None = None
 
 
-def check_stop(
-    params: SamplingParams,
-    output_token_ids: Sequence[int],
-    new_token_id: int,
-    text: str,
-    num_new_chars: int,
-    eos_token_ids: Collection[int],
-) -> StopDecision | None:
-    """Decide whether the sequence stops after ``new_token_id``: `stop_by_token` (the
-    step's part) and then `stop_by_text` (output processing's part), as one call.
-
-    ``output_token_ids`` are all generated ids *including* ``new_token_id`` (the last);
-    ``text`` is the output text so far, whose last ``num_new_chars`` came with this step.
-    """
-    if not output_token_ids or output_token_ids[-1] != new_token_id:
-        raise ValueError("output_token_ids must end with new_token_id (the token just added)")
-    if not 0 <= num_new_chars <= len(text):
-        raise ValueError(f"num_new_chars must be in [0, {len(text)}], got {num_new_chars}")
-    n = len(output_token_ids)
-    by_token = stop_by_token(params, n, new_token_id, eos_token_ids)
-    return stop_by_text(params, n, text, num_new_chars, by_token)
-
-
 def stop_by_token(
     params: SamplingParams,
     num_output_tokens: int,

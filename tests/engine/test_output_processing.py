@@ -19,7 +19,7 @@ from loragate.engine import EngineConfig, LLMEngine, RequestOutputKind, Sampling
 from loragate.engine.api.async_engine import AsyncLLMEngine
 from loragate.engine.core.sequence import sample_generator
 from loragate.engine.outputs.detokenizer import IncrementalDetokenizer
-from loragate.engine.outputs.stopping import check_stop, stream_safe_len
+from loragate.engine.outputs.stopping import stop_by_text, stop_by_token, stream_safe_len
 from loragate.engine.sampling.sampler import SampleResult
 
 MAX_MODEL_LEN = 256
@@ -131,7 +131,8 @@ def expected_stream(tokenizer, case: Case, eos_ids) -> list[list[tuple]]:
                 s["cum"] += -(index + 1) / 10
             delta = s["detok"].step([token])
             s["text"] += delta
-            decision = check_stop(params, s["ids"], token, s["text"], len(delta), eos_ids)
+            by_token = stop_by_token(params, len(s["ids"]), token, eos_ids)
+            decision = stop_by_text(params, len(s["ids"]), s["text"], len(delta), by_token)
             if decision is not None:
                 s["text"] += s["detok"].flush()
                 if decision.truncate_to is not None:

@@ -4,8 +4,9 @@ import pytest
 
 from loragate.engine.outputs.stopping import (
     StopDecision,
-    check_stop,
     find_stop_string,
+    stop_by_text,
+    stop_by_token,
     stream_safe_len,
 )
 from loragate.engine.sampling.sampling_params import SamplingParams
@@ -14,7 +15,11 @@ EOS = {2}
 
 
 def stop_after(params, outputs, text, num_new_chars, eos=EOS):
-    return check_stop(params, outputs, outputs[-1], text, num_new_chars, eos)
+    """The decision after the last of ``outputs``, made as the engine makes it: the step's
+    from token ids (`stop_by_token`), then output processing's from the text, whose last
+    ``num_new_chars`` came with that token (`stop_by_text`)."""
+    by_token = stop_by_token(params, len(outputs), outputs[-1], eos)
+    return stop_by_text(params, len(outputs), text, num_new_chars, by_token)
 
 
 def test_nothing_to_stop_for():
@@ -107,15 +112,6 @@ def test_earliest_stop_string_wins():
 def test_eos_wins_over_a_stop_string_in_the_same_step():
     params = SamplingParams(stop=["x"], skip_special_tokens=False)
     assert stop_after(params, [5, 2], "ax", 1).stop_reason is None
-
-
-def test_check_stop_arguments_are_checked():
-    with pytest.raises(ValueError, match="new_token_id"):
-        check_stop(SamplingParams(), [5, 6], 7, "ab", 1, EOS)
-    with pytest.raises(ValueError, match="new_token_id"):
-        check_stop(SamplingParams(), [], 7, "", 0, EOS)
-    with pytest.raises(ValueError, match="num_new_chars"):
-        check_stop(SamplingParams(), [5], 5, "ab", 3, EOS)
 
 
 def test_find_stop_string():
