@@ -163,20 +163,6 @@ class AdapterCache(CacheReports):
         self._seconds = {"load_seconds": 0.0, "slot_load_seconds": 0.0}
 
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
-    def lora_a(self, layer: int, module: str) -> torch.Tensor:
-        """``[max_loras, max_lora_rank, d_in]``: a view whose storage never moves."""
-        return self._slots.module_a(layer, module)
-
-    def lora_b(self, layer: int, module: str) -> torch.Tensor:
-        """``[max_loras, d_out, max_lora_rank]``: a view whose storage never moves."""
-        return self._slots.module_b(layer, module)
-
-    def slot_weights(self, layer: int, module: str, slot: int):
-        """What ``slot`` reads for one module of one layer: A ``[r, d_in]`` and B
-        ``[d_out, r]`` (its own rows at max_lora_rank, or the CPU tier's it borrows), or None
-        where it adds nothing (adapters/slots.py)."""
-        return self._slots.slot_weights(layer, module, slot)
-
     @property
     def groups(self) -> dict[str, tuple[str, ...]]:
         """Module groups sharing one stack: the spec's fused groups, other modules alone."""

@@ -191,16 +191,6 @@ class DeviceSlots:
             self._module_groups[key] = prepared
         return prepared
 
-    def slot_weights(self, layer: int, module: str, slot: int):
-        """What ``slot`` reads for one module of one layer, wherever it is (its own rows or
-        borrowed ones): A ``[r, d_in]`` and B ``[d_out, r]``, or None where it adds
-        nothing. Its own rows come at max_rank, zero past the adapter's rank."""
-        borrowed = self._borrowed.get(slot, {}).get(module)
-        if borrowed is None:
-            return self.module_a(layer, module)[slot], self.module_b(layer, module)[slot]
-        rows = _layer_rows(borrowed, layer)
-        return None if rows is None else (rows[0], rows[1].T)
-
     def module_a(self, layer: int, module: str) -> torch.Tensor:
         """``[max_loras, max_rank, d_in]``: one module's A, a view."""
         return self.a[module][layer]

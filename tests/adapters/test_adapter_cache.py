@@ -55,17 +55,30 @@ def make_cache(spec, **kwargs) -> AdapterCache:
     return AdapterCache(spec, **kwargs)
 
 
+def slot_reads(cache, layer, module, slot):
+    """What ``slot`` reads for one module of one layer, as the LoRA kernels read it (its
+    group's prepared rows at max_lora_rank: its own rows, or the CPU tier's it borrows):
+    A ``[r, d_in]`` and B ``[d_out, r]``, or None where it adds nothing."""
+    slots = cache.slot_tensors
+    group = next(g for g, members in slots.groups.items() if module in members)
+    read = slots.module_group(layer, group, cache.max_lora_rank).rows_of(slot)
+    rows = read[slots.groups[group].index(module)]
+    return None if rows is None else (rows[0], rows[1].T)
+
+
+def adds_nothing(rows) -> bool:
+    return rows is None or not (rows[0].any() or rows[1].any())
+
+
 def assert_slot_holds(cache, slot, request, spec):
     """What the slot reads (its own rows or the CPU tier's it borrows) is the adapter."""
     adapter = load_adapter(request.lora_path, spec, cache.max_lora_rank)
     assert cache.scales[slot].item() == pytest.approx(adapter.scale)
     for layer in range(spec.num_layers):
         for module in spec.modules:
-            rows = cache.slot_weights(layer, module, slot)
+            rows = slot_reads(cache, layer, module, slot)
             if (layer, module) not in adapter.weights:
-                assert rows is None or not (rows[0].any() or rows[1].any()), (
-                    f"{module} not targeted but non-zero"
-                )
+                assert adds_nothing(rows), f"{module} not targeted but non-zero"
                 continue
             a, b = rows
             ref_a, ref_b = adapter.weights[(layer, module)]
@@ -78,9 +91,9 @@ def test_slots_are_allocated_once_as_zeros(spec):
     cache = make_cache(spec, max_loras=3, max_lora_rank=8)
     for layer in range(spec.num_layers):
         for module, (d_in, d_out) in spec.modules.items():
-            assert cache.lora_a(layer, module).shape == (3, 8, d_in)
-            assert cache.lora_b(layer, module).shape == (3, d_out, 8)
-            assert not cache.lora_a(layer, module).any()
+            assert cache.slot_tensors.module_a(layer, module).shape == (3, 8, d_in)
+            assert cache.slot_tensors.module_b(layer, module).shape == (3, d_out, 8)
+            assert not cache.slot_tensors.module_a(layer, module).any()
     assert cache.scales.shape == (3,) and not cache.scales.any()
     assert cache.effective_rank == 0
     assert cache.stats()["resident_adapters"] == 0
@@ -113,7 +126,7 @@ def test_slot_reproduces_the_peft_layer(base_model, spec, adapters, borrow):
         layer, proj = int(name.split(".")[-3]), name.split(".")[-1]
         d_in = spec.modules[proj][0]
         xs = x[:, :d_in]
-        a, b = cache.slot_weights(layer, proj, slot)
+        a, b = slot_reads(cache, layer, proj, slot)
         ours = module.base_layer(xs) + cache.scales[slot] * (xs @ a.T) @ b.T
         torch.testing.assert_close(ours, module(xs), rtol=1e-5, atol=1e-6)
         checked += 1
@@ -157,8 +170,8 @@ def test_loads_copy_in_place_never_reallocate(spec, adapters):
     cache = make_cache(spec, max_loras=2)
     pointers = {
         (layer, module): (
-            cache.lora_a(layer, module).data_ptr(),
-            cache.lora_b(layer, module).data_ptr(),
+            cache.slot_tensors.module_a(layer, module).data_ptr(),
+            cache.slot_tensors.module_b(layer, module).data_ptr(),
         )
         for layer in range(spec.num_layers)
         for module in spec.modules
@@ -170,8 +183,8 @@ def test_loads_copy_in_place_never_reallocate(spec, adapters):
     assert cache.stats()["device_evictions"] == 5
     assert cache.scales.data_ptr() == scales_ptr
     for (layer, module), (a_ptr, b_ptr) in pointers.items():
-        assert cache.lora_a(layer, module).data_ptr() == a_ptr
-        assert cache.lora_b(layer, module).data_ptr() == b_ptr
+        assert cache.slot_tensors.module_a(layer, module).data_ptr() == a_ptr
+        assert cache.slot_tensors.module_b(layer, module).data_ptr() == b_ptr
 
 
 def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters, borrow):
@@ -180,8 +193,8 @@ def test_smaller_rank_replacing_larger_leaves_zero_padding(spec, adapters, borro
     assert cache.effective_rank == 8
     assert cache.acquire(adapters["c"], set()) == 0  # rank 2 on down_proj only
     assert_slot_holds(cache, 0, adapters["c"], spec)
-    assert not cache.slot_weights(1, "down_proj", 0)[0][2:].any()
-    assert not cache.slot_weights(0, "q_proj", 0)[0].any()
+    assert not slot_reads(cache, 1, "down_proj", 0)[0][2:].any()
+    assert adds_nothing(slot_reads(cache, 0, "q_proj", 0))
     assert cache.effective_rank == 2
 
 
@@ -261,8 +274,10 @@ def test_remove_clears_every_tier(spec, adapters, borrow):
     assert cache.remove(adapters["b"]) is True
     assert cache.slot_of(adapters["b"]) is None and adapters["b"] not in cache.cpu_resident()
     assert cache.scales[0] == 0
-    assert all(not cache.slot_weights(layer, m, 0)[0].any() for layer in range(2) for m in ALL)
-    assert all(not cache.lora_a(layer, m)[0].any() for layer in range(2) for m in ALL)
+    assert all(adds_nothing(slot_reads(cache, layer, m, 0)) for layer in range(2) for m in ALL)
+    assert all(
+        not cache.slot_tensors.module_a(layer, m)[0].any() for layer in range(2) for m in ALL
+    )
     assert cache.effective_rank == 2
     assert cache.remove(adapters["b"]) is False
     assert cache.acquire(adapters["d"], set()) == 0  # the freed slot is reused
@@ -318,8 +333,8 @@ def test_half_precision_slots(spec, adapters, borrow):
     slot = cache.acquire(adapters["b"], set())
     adapter = load_adapter(adapters["b"].lora_path, spec, 8)
     a, _ = adapter.weights[(1, "o_proj")]
-    assert cache.lora_a(1, "o_proj").dtype == torch.bfloat16
-    read, _ = cache.slot_weights(1, "o_proj", slot)
+    assert cache.slot_tensors.module_a(1, "o_proj").dtype == torch.bfloat16
+    read, _ = slot_reads(cache, 1, "o_proj", slot)
     assert read.dtype == torch.bfloat16 and torch.equal(read, a.to(torch.bfloat16))
 
 
@@ -391,11 +406,14 @@ def test_borrowing_slots_take_memory_only_for_rows_written(spec, adapters):
             stack
             for layer in range(wide.num_layers)
             for m in wide.modules
-            for stack in (cache.lora_a(layer, m), cache.lora_b(layer, m))
+            for stack in (
+                cache.slot_tensors.module_a(layer, m),
+                cache.slot_tensors.module_b(layer, m),
+            )
         ]
         stack_bytes = sum(stack.numel() * stack.element_size() for stack in stacks)
         held[borrow] = resident_bytes(stacks)
-        assert not cache.lora_a(3, "down_proj").any()
+        assert not cache.slot_tensors.module_a(3, "down_proj").any()
         del cache, stacks
     assert stack_bytes > 150e6
     assert held[False] > 0.9 * stack_bytes, held

@@ -54,7 +54,7 @@ def test_borrowed_slots_apply_every_module_to_its_own_columns(spec, make_adapter
     and module past them) adds what the adapters' own weights give."""
     cache, adapters = _three_adapters(spec, make_adapter, borrow=True, dtype=dtype)
     for module in spec.modules:
-        assert not cache.lora_a(0, module).any(), "a borrowed slot copies nothing in"
+        assert not cache.slot_tensors.module_a(0, module).any(), "a borrowed slot copies nothing in"
     pattern = torch.tensor([0, 0, 1, 2, 2, 1, -1, 0, -1])
     slots = pattern.repeat((tokens + 8) // 9)[:tokens]
     index = kernels.lora_index(slots, 3)
@@ -119,7 +119,7 @@ def test_borrowing_slots_read_the_rows_their_loader_checked(spec, make_adapter, 
             if (layer, group) in checked:
                 assert read is checked[(layer, group)].cut, (slot, layer, group)
             else:
-                own = cache.lora_a(layer, "q_proj")[slot]
+                own = cache.slot_tensors.module_a(layer, "q_proj")[slot]
                 assert read[0][0].data_ptr() == own.data_ptr(), "copied: the slot's own rows"
     slots = torch.tensor([0, 1, -1, 1, 0, 0, 1])
     index = kernels.lora_index(slots, 2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_adapter_cache import ALL
+from test_adapter_cache import ALL, adds_nothing, slot_reads
 
 from loragate.adapters import AdapterCache, AdapterTooLargeError, LoRARequest, load_adapter
 from loragate.adapters.tier_budget import cpu_bytes, largest_bytes, slot_bytes, unit_bytes
@@ -117,8 +117,7 @@ def test_a_saved_modules_adapter_takes_several_slots_room(spec, made):
         assert other not in cache.slot_tensors.vocab_extras
         for layer in range(spec.num_layers):
             for module in spec.modules:
-                rows = cache.slot_weights(layer, module, other)
-                assert rows is None or not (rows[0].any() or rows[1].any())
+                assert adds_nothing(slot_reads(cache, layer, module, other))
     assert set(cache.slot_tensors.vocab_extras) == {slot}
     # A plain adapter after it goes beside it only once the bytes allow: here they do not.
     assert cache.acquire(made["p4"], busy_slots={slot}) is None
