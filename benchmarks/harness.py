@@ -89,11 +89,11 @@ def add_window_share(ap: argparse.ArgumentParser) -> None:
 
 
 def random_adapters(
-    root: Path, count: int, rank: int = 64, targets: Sequence[str] = TARGETS, model=None
+    root: Path, count: int, rank: int = 64, targets: Sequence[str] = TARGETS, source=None
 ) -> list[Path]:
-    """`count` random adapters of `rank` on `targets` (all seven projections) of `model`
-    (an HF dir or GGUF; None: the default model), seeded by their index."""
-    source = resolve_base_model(model)
+    """`count` random adapters of `rank` on `targets` (all seven projections) of the model
+    `source` (`resolve_base_model`'s; None: the default model), seeded by their index."""
+    source = source or resolve_base_model(None)
     base = load_hf_model(source.hf_dir)
     return [
         make_random_adapter(

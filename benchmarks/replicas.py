@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import ray
+from harness import machine_line, percentile, print_table, random_adapters
 from ray import serve
 from replicas_round_robin import RoundRobinRouter
 
@@ -29,8 +33,7 @@ from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.gateway.replicas.cluster import RayReplicas
 from loragate.gateway.settings import GatewaySettings
-from loragate.tools import make_random_adapter
-from loragate.tools.base_model import load_hf_model, resolve_base_model
+from loragate.tools.base_model import resolve_base_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -51,30 +54,84 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_adapters(source, root: Path, n: int) -> list[LoRARequest]:
-    base = load_hf_model(source.hf_dir)
-    loras = []
-    for i in range(n):
-        path = make_random_adapter(
-            base,
-            root / f"a{i:02d}",
-            rank=8,
-            targets=TARGETS,
-            seed=i,
-            base_model_name=source.name,
+    """`n` rank-8 adapters on the attention projections, named a00, a01, ..."""
+    paths = random_adapters(root, n, rank=8, targets=TARGETS, source=source)
+    return [LoRARequest(f"a{i:02d}", i + 1, str(path)) for i, path in enumerate(paths)]
+
+
+def engine_config(args) -> EngineConfig:
+    """Each replica's engine: `--slots` device slots, twice as many in the CPU tier."""
+    return EngineConfig(
+        model=args.model,
+        enable_lora=True,
+        max_loras=args.slots,
+        max_cpu_loras=args.slots * 2,
+        max_lora_rank=8,
+        num_kv_blocks=1024,
+        max_model_len=512,
+    )
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes: int = 0):
+    """Ray joined for the run: (the head's address, an S3 adapter store's URI). With
+    `nodes` 0, one local Ray of its own and no store; else a multi-node Ray cluster on this
+    machine (a head with no CPUs, `nodes` workers of one CPU each) and moto's S3 server."""
+    if not nodes:
+        ray.init(
+            address="local",  # a Ray of its own, never another session's running one
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=128 * 1024 * 1024,
+            namespace="loragate",
         )
-        loras.append(LoRARequest(f"a{i:02d}", i + 1, str(path)))
-    return loras
+        try:
+            yield None, None
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from ray.cluster_utils import Cluster
+    from s3_testlib import environment, s3_server
+
+    store = 96 * 1024 * 1024
+    # Ray starts workers at nice 15: on a machine shared with other work the replicas would
+    # get almost no CPU. At 0 they take their share, as the driver does.
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    with s3_server() as s3, environment(s3.env):  # the env reaches every raylet
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store}
+        )
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1, object_store_memory=store)
+        cluster.wait_for_nodes()
+        try:
+            ray.init(address=cluster.address, namespace="loragate", log_to_driver=False)
+            yield cluster.address, f"s3://{s3.new_bucket()}/adapters"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+            cluster.shutdown()
 
 
-def make_workload(args, loras: list[LoRARequest]) -> list[tuple[float, list[int], LoRARequest]]:
+def arrivals(args, pick) -> list[tuple[float, list[int], LoRARequest]]:
+    """(arrival, prompt, adapter) triples: Poisson arrivals at `--rate`, `--input-len` random
+    tokens, the adapter `pick(rng)` draws, from `--seed`."""
     rng = random.Random(args.seed)
-    weights = [1 / (i + 1) ** args.alpha for i in range(len(loras))]
     at, work = 0.0, []
     for _ in range(args.num_requests):
         at += rng.expovariate(args.rate)
         prompt = [rng.randrange(100, 40000) for _ in range(args.input_len)]
-        work.append((at, prompt, rng.choices(loras, weights)[0]))
+        work.append((at, prompt, pick(rng)))
     return work
+
+
+def make_workload(args, loras: list[LoRARequest]) -> list[tuple[float, list[int], LoRARequest]]:
+    """Adapter i drawn with weight 1/(i+1)^alpha."""
+    weights = [1 / (i + 1) ** args.alpha for i in range(len(loras))]
+    return arrivals(args, lambda rng: rng.choices(loras, weights)[0])
 
 
 async def run_workload(engine, work, output_len: int) -> dict:
@@ -96,16 +153,12 @@ async def run_workload(engine, work, output_len: int) -> dict:
     ttfts = sorted(r[0] for r in results)
     e2es = sorted(r[1] for r in results)
     return {
-        "ttft_p50_s": _pct(ttfts, 50),
-        "ttft_p99_s": _pct(ttfts, 99),
-        "e2e_p50_s": _pct(e2es, 50),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "e2e_p50_s": percentile(e2es, 50),
         "output_tok_per_s": sum(r[2] for r in results) / elapsed,
         "elapsed_s": elapsed,
     }
-
-
-def _pct(values: list[float], p: float) -> float:
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 async def loads(engine) -> tuple[int, int, int]:
@@ -143,29 +196,31 @@ def measure(name: str, settings: GatewaySettings, router, work, args) -> dict:
         replicas.stop()
 
 
+def report(args, results: list[dict], columns: dict[str, str], **extra) -> None:
+    """Write the run's record to `args.out` and print the machine line and a table of
+    `columns` (a result's key: its header)."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"args": vars(args) | {"out": str(args.out)} | extra, "results": results}
+    args.out.write_text(json.dumps(record, indent=2))
+    shown = {
+        "ttft_p50_s": "{:.3f} s",
+        "ttft_p99_s": "{:.3f} s",
+        "e2e_p50_s": "{:.3f} s",
+        "output_tok_per_s": "{:.1f}",
+    }
+    print(machine_line())
+    rows = [[shown.get(k, "{}").format(r[k]) for k in columns] for r in results]
+    print_table(list(columns.values()), rows)
+
+
 def main() -> None:
     args = parse_args()
     source = resolve_base_model(args.model)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=128 * 1024 * 1024,
-        namespace="loragate",
-    )
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ray_cluster():
         loras = make_adapters(source, Path(tmp), args.num_adapters)
         work = make_workload(args, loras)
-        engine = EngineConfig(
-            model=args.model,
-            enable_lora=True,
-            max_loras=args.slots,
-            max_cpu_loras=args.slots * 2,
-            max_lora_rank=8,
-            num_kv_blocks=1024,
-            max_model_len=512,
-        )
+        engine = engine_config(args)
 
         def settings(n: int) -> GatewaySettings:
             return GatewaySettings(engine=engine, replicas=n, replica_cpus=0.5)
@@ -177,24 +232,10 @@ def main() -> None:
         ]:
             results.append(measure(name, settings(n), router, work, args))
             print(json.dumps(results[-1]), flush=True)
-    serve.shutdown()
-    ray.shutdown()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": results}, indent=2)
-    )
-    print(
-        "| config | disk loads | slot loads | adapters on >1 replica at the end | TTFT p50 "
-        "| TTFT p99 | e2e p50 | out tok/s |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r['config']} | {r['disk_loads']} | {r['slot_loads']} | "
-            f"{r['adapters_on_both']} | "
-            f"{r['ttft_p50_s']:.3f} s | {r['ttft_p99_s']:.3f} s | {r['e2e_p50_s']:.3f} s | "
-            f"{r['output_tok_per_s']:.1f} |"
-        )
+    columns = {"config": "config", "disk_loads": "disk loads", "slot_loads": "slot loads"}
+    columns |= {"adapters_on_both": "adapters on >1 replica at the end"}
+    columns |= {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "e2e_p50_s": "e2e p50"}
+    report(args, results, columns | {"output_tok_per_s": "out tok/s"})
 
 
 if __name__ == "__main__":

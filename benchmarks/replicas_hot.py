@@ -21,22 +21,24 @@ the adapter store: the adapters are uploaded to a bucket on moto's S3 server
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import random
 import sys
 import tempfile
 from pathlib import Path
 
-import ray
-from ray import serve
-from replicas import make_adapters, measure, parse_args
+from replicas import (
+    arrivals,
+    engine_config,
+    make_adapters,
+    measure,
+    parse_args,
+    ray_cluster,
+    report,
+)
 from replicas_round_robin import RoundRobinRouter
 
 from loragate.adapters import LoRARequest
 from loragate.adapters.store import S3Store, identity_of, object_id
-from loragate.engine import EngineConfig
 from loragate.gateway.settings import GatewaySettings
 from loragate.tools.base_model import resolve_base_model
 
@@ -44,14 +46,8 @@ from loragate.tools.base_model import resolve_base_model
 def workload(args, loras, hot: float) -> list:
     """(arrival, prompt, adapter) triples: `hot` of them name loras[0], the rest the others
     uniformly (hot=0: every adapter uniformly)."""
-    rng = random.Random(args.seed)
-    at, work = 0.0, []
-    for _ in range(args.num_requests):
-        at += rng.expovariate(args.rate)
-        prompt = [rng.randrange(100, 40000) for _ in range(args.input_len)]
-        pick = loras[0] if rng.random() < hot else rng.choice(loras[1:] if hot else loras)
-        work.append((at, prompt, pick))
-    return work
+    others = loras[1:] if hot else loras
+    return arrivals(args, lambda rng: loras[0] if rng.random() < hot else rng.choice(others))
 
 
 def nodes_arg() -> int:
@@ -62,44 +58,6 @@ def nodes_arg() -> int:
     known, rest = p.parse_known_args()
     sys.argv[1:] = rest
     return known.nodes
-
-
-@contextlib.contextmanager
-def ray_nodes(nodes: int):
-    """A multi-node Ray cluster on this machine and an S3 adapter store for it: (the head's
-    address, the store's URI), and Ray joined; with `nodes` 0, one local Ray and no store."""
-    if not nodes:
-        ray.init(
-            address="local",  # a Ray of its own, never another session's running one
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=128 * 1024 * 1024,
-            namespace="loragate",
-        )
-        yield None, None
-        return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from ray.cluster_utils import Cluster
-    from s3_testlib import environment, s3_server
-
-    store = 96 * 1024 * 1024
-    # Ray starts workers at nice 15: on a machine shared with other work the replicas would
-    # get almost no CPU. At 0 they take their share, as the driver does.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    with s3_server() as s3, environment(s3.env):  # the env reaches every raylet
-        cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store}
-        )
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=1, object_store_memory=store)
-        cluster.wait_for_nodes()
-        try:
-            ray.init(address=cluster.address, namespace="loragate", log_to_driver=False)
-            yield cluster.address, f"s3://{s3.new_bucket()}/adapters"
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
 
 
 def uploaded(loras: list[LoRARequest], uri: str) -> list[LoRARequest]:
@@ -120,19 +78,11 @@ def main() -> None:
     hot, spill_at = 0.5, 2
     source = resolve_base_model(args.model)
     results = []
-    with tempfile.TemporaryDirectory() as tmp, ray_nodes(nodes) as (address, store):
+    with tempfile.TemporaryDirectory() as tmp, ray_cluster(nodes) as (address, store):
         loras = make_adapters(source, Path(tmp), args.num_adapters)
         if store is not None:
             loras = uploaded(loras, store)
-        engine = EngineConfig(
-            model=args.model,
-            enable_lora=True,
-            max_loras=args.slots,
-            max_cpu_loras=args.slots * 2,
-            max_lora_rank=8,
-            num_kv_blocks=1024,
-            max_model_len=512,
-        )
+        engine = engine_config(args)
 
         def settings(**extra) -> GatewaySettings:
             if nodes:  # one replica a node; each caches the store's objects on its own
@@ -153,20 +103,10 @@ def main() -> None:
         ]:
             results.append(measure(name, config, router, work, args))
             print(json.dumps(results[-1]), flush=True)
-        serve.shutdown()
-    if not nodes:
-        ray.shutdown()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    extra = {"out": str(args.out), "hot": hot, "nodes": nodes}
-    record = {"args": vars(args) | extra, "results": results}
-    args.out.write_text(json.dumps(record, indent=2))
-    print("| config | disk loads | adapters on both | TTFT p50 | TTFT p99 | out tok/s |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r['config']} | {r['disk_loads']} | {r['adapters_on_both']} | "
-            f"{r['ttft_p50_s']:.3f} s | {r['ttft_p99_s']:.3f} s | {r['output_tok_per_s']:.1f} |"
-        )
+    columns = {"config": "config", "disk_loads": "disk loads"}
+    columns |= {"adapters_on_both": "adapters on both"}
+    columns |= {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "output_tok_per_s": "out tok/s"}
+    report(args, results, columns, hot=hot, nodes=nodes)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import ray
 import torch
+from harness import percentile
 from ray import serve
-from replicas import _pct, loads, make_adapters
+from replicas import loads, make_adapters
 from replicas_round_robin import RoundRobinRouter
 from safetensors.torch import load_file, save_file
 
@@ -131,9 +132,9 @@ async def run_workload(engine, work, output_len: int) -> dict:
     ttfts = sorted(r["first"] - r["sent"] for r in rows)
     e2es = sorted(r["done"] - r["sent"] for r in rows)
     return {
-        "ttft_p50_s": _pct(ttfts, 50),
-        "ttft_p99_s": _pct(ttfts, 99),
-        "e2e_p50_s": _pct(e2es, 50),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "e2e_p50_s": percentile(e2es, 50),
         "output_tok_per_s": sum(r["tokens"] for r in rows) / elapsed,
         "elapsed_s": elapsed,
         "requests": rows,
