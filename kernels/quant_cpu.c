@@ -20,8 +20,6 @@ static const int BLOCK_BYTES[NUM_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 
 /* I8_CH rows start with their float32 scale; every other format's rows are blocks alone. */
 #define ROW_HEADER(fmt) ((fmt) == I8_CH ? 4 : 0)
 #define IS_K_QUANT(fmt) ((fmt) >= Q4_K && (fmt) <= Q6_K)
-/* The formats whose one-row product takes each block in registers (block32_registers). */
-#define IN_REGISTERS(fmt) ((fmt) <= Q8_0 || (fmt) == I8_CH)
 #define MAX_BLOCK 256
 #define ROWS 4 /* activation rows sharing one dequantized block */
 
@@ -268,36 +266,6 @@ ALWAYS_INLINE void dequant_block_vector(const int fmt, const uint8_t *row, const
     }
 }
 
-/* Block ``blk`` of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, I8_CH) into four
- * registers, for a product that uses it there: the same values as dequant_block_vector's,
- * without the round trip through a buffer. */
-ALWAYS_INLINE void block32_registers(const int fmt, const uint8_t *row, const int64_t blk,
-                                     f8 w[4]) {
-    const f8 zero = {0};
-    const uint8_t *b = row + ROW_HEADER(fmt) + blk * BLOCK_BYTES[fmt];
-    if (fmt == Q8_0 || fmt == I8_CH) {
-        const f8 d = zero + (fmt == Q8_0 ? half_to_float(b) : f32_at(row));
-        const uint8_t *q = b + (fmt == Q8_0 ? 2 : 0);
-        for (int g = 0; g < 4; ++g) w[g] = d * to_f8(widen_signed(q + 8 * g));
-        return;
-    }
-    const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
-    const uint8_t *qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
-    uint32_t high = 0;
-    if (five) memcpy(&high, b + (has_min ? 4 : 2), 4);
-    const f8 d = zero + half_to_float(b), m = zero + (has_min ? half_to_float(b + 2) : 0.0f);
-    const int offset = has_min ? 0 : (five ? 16 : 8);
-    for (int g = 0; g < 4; ++g) {
-        i8 q = widen(qs + (g % 2) * 8);
-        q = g < 2 ? q & 0x0F : q >> 4;
-        if (five) {
-            const u8v bits = ((u8v){0} + high) >> (u8v)(LANE + 8 * g);
-            q |= (i8)((bits & 1u) << 4);
-        }
-        w[g] = d * to_f8(q - offset) + m;
-    }
-}
-
 /* Sub-block j (weights 32 j .. 32 j + 31) of a k-quant block, into four registers: ds / dm
  * hold the block's scales (d times each 6-bit scale, dmin times each min; Q6_K: d times each
  * of its sixteen int8 scales), decoded once per block. The same values as
@@ -366,18 +334,7 @@ ALWAYS_INLINE void dot_rows_vector(const int fmt, const uint8_t *wrow, int64_t k
             }
         }
     }
-    if (IN_REGISTERS(fmt)) { /* the 32-weight formats: each block in registers, used there */
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-            f8 v[4];
-            block32_registers(fmt, wrow, blk, v);
-            for (int r = 0; r < rows; ++r) {
-                const float *xr = x + r * ldx + blk * 32;
-                acc[r][0] += v[0] * get8(xr) + v[2] * get8(xr + 16);
-                acc[r][1] += v[1] * get8(xr + 8) + v[3] * get8(xr + 24);
-            }
-        }
-    }
-    for (int64_t blk = 0; !IS_K_QUANT(fmt) && !IN_REGISTERS(fmt) && blk < blocks; ++blk) {
+    for (int64_t blk = 0; !IS_K_QUANT(fmt) && blk < blocks; ++blk) {
         dequant_block_vector(fmt, wrow, blk, w);
         for (int r = 0; r < rows; ++r) {
             const float *xr = x + r * ldx + blk * bs;
