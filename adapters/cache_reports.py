@@ -39,16 +39,6 @@ class CacheReports:
         row[column] += 1
         row[column + 1] += seconds
 
-    def resident(self) -> dict[int, LoRARequest]:
-        """Slot -> the request that last used the weights in it, for every occupied slot."""
-        with self._lock:
-            return {s: self._usage.request_of(i) for s, i in self._device.occupied().items()}
-
-    def resident_identities(self) -> dict[int, WeightsIdentity]:
-        """Slot -> the weights in it, for every occupied slot."""
-        with self._lock:
-            return self._device.occupied()
-
     def cpu_resident(self) -> list[LoRARequest]:
         """The request that last used each CPU-tier entry, least recently used first."""
         with self._lock:

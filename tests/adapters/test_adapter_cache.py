@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 from peft import PeftModel
+from tiers_testlib import names_in_slots
 from tiny_llama import ALL_MODULES, HF_INIT_NAME, hf_init_tiny_model, tiny_config
 
 from loragate.adapters import (
@@ -140,7 +141,7 @@ def test_hits_and_least_recently_used_eviction(spec, adapters, borrow):
     assert cache.acquire(b, set()) == 1
     assert cache.acquire(a, set()) == 0  # hit: b is now least recently used
     assert cache.acquire(c, set()) == 1
-    assert cache.resident() == {0: a, 1: c}
+    assert names_in_slots(cache, [a, b, c]) == {"a", "c"}
     assert_slot_holds(cache, 1, c, spec)
     stats = cache.stats()
     assert stats["device_hits"] == 1 and stats["slot_loads"] == 3
@@ -155,9 +156,9 @@ def test_busy_slots_are_never_evicted(spec, adapters, borrow):
     cache.acquire(adapters["b"], set())
     # a (slot 0) is least recently used but busy: b's slot goes instead.
     assert cache.acquire(adapters["c"], {0}) == 1
-    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    assert names_in_slots(cache, adapters.values()) == {"a", "c"}
     assert cache.acquire(adapters["d"], {0, 1}) is None
-    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    assert names_in_slots(cache, adapters.values()) == {"a", "c"}
     assert_slot_holds(cache, 0, adapters["a"], spec)
     assert_slot_holds(cache, 1, adapters["c"], spec)
     stats = cache.stats()
@@ -248,10 +249,10 @@ def test_preload_failure_leaves_the_cache_unchanged(spec, adapters, make_adapter
     cache = make_cache(spec, max_loras=1, max_cpu_loras=2)
     cache.preload(adapters["a"])
     cache.acquire(adapters["b"], set())
-    before = (cache.stats(), cache.cpu_resident(), cache.resident())
+    before = (cache.stats(), cache.cpu_resident(), cache.tiers())
     with pytest.raises(AdapterError, match="invalid JSON"):
         cache.preload(_corrupt(make_adapter))
-    assert (cache.stats(), cache.cpu_resident(), cache.resident()) == before
+    assert (cache.stats(), cache.cpu_resident(), cache.tiers()) == before
 
 
 def test_acquire_failure_leaves_slots_unchanged(spec, adapters, make_adapter):
@@ -260,7 +261,7 @@ def test_acquire_failure_leaves_slots_unchanged(spec, adapters, make_adapter):
     before = cache.stats()
     with pytest.raises(AdapterError):
         cache.acquire(_corrupt(make_adapter), set())
-    assert cache.stats() == before and cache.resident() == {0: adapters["a"]}
+    assert cache.stats() == before and names_in_slots(cache, adapters.values()) == {"a"}
     assert_slot_holds(cache, 0, adapters["a"], spec)
 
 
@@ -295,7 +296,7 @@ def test_choose_victim_gets_plain_data(spec, adapters):
     cache.acquire(adapters["a"], set())
     cache.acquire(adapters["b"], set())
     cache.acquire(adapters["c"], set())  # device: evicts b (most recent); cpu: evicts b too
-    assert cache.resident() == {0: adapters["a"], 1: adapters["c"]}
+    assert names_in_slots(cache, adapters.values()) == {"a", "c"}
     tiers = [tier for tier, _ in seen]
     assert tiers == ["device", "cpu"]
     device_candidates = seen[0][1]
@@ -315,7 +316,7 @@ def test_choose_victim_bad_answer_is_a_clear_error(spec, adapters):
     cache.acquire(adapters["a"], set())
     with pytest.raises(ValueError, match="not a candidate for the device tier"):
         cache.acquire(adapters["b"], set())
-    assert cache.resident() == {0: adapters["a"]}
+    assert names_in_slots(cache, adapters.values()) == {"a"}
 
 
 def test_choose_victim_ambiguous_name(spec, make_adapter):

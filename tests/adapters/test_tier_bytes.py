@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_adapter_cache import ALL, adds_nothing, slot_reads
+from tiers_testlib import in_slots, names_in_slots
 
 from loragate.adapters import AdapterCache, AdapterTooLargeError, LoRARequest, load_adapter
 from loragate.adapters.tier_budget import cpu_bytes, largest_bytes, slot_bytes, unit_bytes
@@ -103,10 +104,10 @@ def test_a_saved_modules_adapter_takes_several_slots_room(spec, made):
     # A running sequence uses p1's slot: there is no room without it, so it waits and
     # nothing is evicted.
     assert cache.acquire(made["s1"], busy_slots={slots[0]}) is None
-    assert len(cache.resident()) == 3 and cache.stats()["device_evictions"] == 0
+    assert len(in_slots(cache)) == 3 and cache.stats()["device_evictions"] == 0
     slot = cache.acquire(made["s1"])
     assert slot is not None
-    assert {s: r.lora_name for s, r in cache.resident().items()} == {slot: "s1"}
+    assert names_in_slots(cache, made.values()) == {"s1"} and cache.slot_of(made["s1"]) == slot
     stats = cache.stats()
     assert stats["device_evictions"] == 3
     saved = load_adapter(made["s1"].lora_path, spec, RANK)
@@ -122,7 +123,7 @@ def test_a_saved_modules_adapter_takes_several_slots_room(spec, made):
     # A plain adapter after it goes beside it only once the bytes allow: here they do not.
     assert cache.acquire(made["p4"], busy_slots={slot}) is None
     assert cache.acquire(made["p4"]) is not None
-    assert [r.lora_name for r in cache.resident().values()] == ["p4"]
+    assert names_in_slots(cache, made.values()) == {"p4"} and len(in_slots(cache)) == 1
     assert cache.stats()["resident_bytes"] == slot_bytes(
         load_adapter(made["p4"].lora_path, spec, RANK), torch.float32
     )

@@ -15,6 +15,7 @@ import pytest
 import torch
 from files_change_testlib import engine, put
 from stamp_clock_testlib import AheadClock
+from tiers_testlib import in_slots, weights_sha256
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
@@ -87,14 +88,14 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(setup, make_
     # Registering two other adapters (the gateway preloads them) pushes A out of the CPU tier.
     for name in ("C", "D"):
         cache.preload(LoRARequest(name, 10 + len(name), str(paths[name])))
-    assert a_identity in cache.resident_identities().values()
+    assert a_identity.sha256 in in_slots(cache)
     assert "y" not in [r.lora_name for r in cache.cpu_resident()]
     put(paths, "B", y)
     assert run(llm, lora_y) == expected["B"]
     # Case 4: y's weights leave the device; the prompt's cached KV is reused.
     for name in ("C", "D"):
         assert run(llm, LoRARequest(name, 10 + len(name), str(paths[name]))) == expected[name]
-    assert all(r.lora_name != "y" for r in cache.resident().values())
+    assert {a_identity.sha256, weights_sha256(y)}.isdisjoint(in_slots(cache))
     hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
     assert run(llm, lora_y) == expected["B"]
     assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512, "KV not reused"

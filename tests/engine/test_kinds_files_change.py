@@ -12,6 +12,7 @@ import pytest
 import torch
 from adapter_kinds_testlib import kind_specs, make_kind
 from files_change_testlib import engine, put
+from tiers_testlib import in_slots, weights_sha256
 from tiny_llama import peft_greedy, peft_model_with
 from transformers import AutoModelForCausalLM
 
@@ -98,13 +99,13 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(
     churn = [LoRARequest(n, 10 + i, str(paths[n])) for i, n in enumerate(("plain", "other"))]
     for lora in churn:  # registering two others pushes the old version out of the CPU tier
         cache.preload(lora)
-    assert old in cache.resident_identities().values()
+    assert old.sha256 in in_slots(cache)
     assert "y" not in [r.lora_name for r in cache.cpu_resident()]
     put(paths, f"{kind}2", y)
     assert run(llm, lora_y) == expected[f"{kind}2"]
     for lora in churn:
         assert run(llm, lora) == expected[lora.lora_name]
-    assert all(r.lora_name != "y" for r in cache.resident().values())
+    assert {old.sha256, weights_sha256(y)}.isdisjoint(in_slots(cache))
     hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
     assert run(llm, lora_y) == expected[f"{kind}2"]
     assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512, "KV not reused"

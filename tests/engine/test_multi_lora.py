@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tiers_testlib import in_slots
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
 from loragate.adapters import LoRARequest
@@ -111,7 +112,7 @@ def test_two_slots_six_adapters_all_complete_with_evictions(tiny_model_dir, tmp_
         assert out.outputs[0].token_ids == peft_greedy(peft_model, name, prompt, 12), name
     stats = llm.engine.residency.cache.stats()
     assert stats["device_evictions"] >= 4
-    assert len(llm.engine.residency.cache.resident()) <= 2
+    assert len(in_slots(llm.engine.residency.cache)) <= 2
 
 
 def test_same_name_new_path_is_a_new_adapter(tiny_model_dir, tmp_path, make_llm):

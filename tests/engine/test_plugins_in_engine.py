@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiers_testlib import names_in_slots
 
 from loragate.adapters import LoRARequest
 from loragate.engine import SamplingParams
@@ -212,7 +213,7 @@ def test_adapter_eviction_policy_plugin_changes_the_victim(tiny_model_dir, tmp_p
             llm.generate(
                 PROMPT, SamplingParams(max_tokens=2), lora_request=loras[name], use_tqdm=False
             )
-        return {r.lora_name for r in llm.engine.residency.cache.resident().values()}
+        return names_in_slots(llm.engine.residency.cache, loras.values())
 
     # "small" is least recently used; LRU evicts it, the plugin evicts the largest instead.
     assert resident_after_order(["small", "big", "mid"], []) == {"big", "mid"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from test_plugins_in_engine import PROMPT, Recorder
+from tiers_testlib import names_in_slots
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
@@ -86,7 +87,7 @@ def test_eviction_candidates_carry_tenant_and_pinned(tiny_model_dir, tmp_path, m
     cpu = [c for tier, cs in recorder.calls if tier == "cpu" for c in cs]
     assert cpu and all(c["pinned"] == (c["name"] == "sql") for c in cpu)
     # The built-in LRU evicts pinned adapters last: "tone" left the device, "sql" stayed.
-    assert {r.lora_name for r in engine.residency.cache.resident().values()} == {"sql", "house"}
+    assert names_in_slots(engine.residency.cache, loras.values()) == {"sql", "house"}
     engine.pin_adapter(loras["sql"], pinned=False)
     recorder.calls.clear()
     engine.add_request("3", PROMPT, params, loras["tone"], tenant="globex")
