@@ -226,18 +226,6 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """Log-softmax over the vocabulary, in float32 at least."""
-    return torch.log_softmax(logits.float(), dim=-1)
-
-
-def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """The per-request generator for ``SamplingParams.seed``."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
-
-
 def _rows_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     if logits.device.type != "cpu" or logits.shape[0] <= CPU_ROW_CHUNK:
         return torch.logsumexp(logits, dim=-1)

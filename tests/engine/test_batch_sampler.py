@@ -4,7 +4,8 @@ import pytest
 import torch
 from test_sampler import random_logits, reference_top_k_top_p
 
-from loragate.engine.sampling.sampler import Sampler, SampleResult, SamplingRow, seeded_generator
+from loragate.engine.core.sequence import sample_generator
+from loragate.engine.sampling.sampler import Sampler, SampleResult, SamplingRow
 from loragate.engine.sampling.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
@@ -122,14 +123,14 @@ def seeded_run(batch_of, steps=40, seed=1234, position=0, sampler_seed=0):
     """Tokens the seeded request draws at each step, sitting among `batch_of` others."""
     sampler = make_sampler(sampler_seed)
     params = SamplingParams(temperature=0.9, top_p=0.95, min_p=0.02, seed=seed)
-    mine = seeded_generator(seed)
+    mine = sample_generator(seed, 0)
     others = [
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=1.2, seed=7),
         SamplingParams(temperature=0.8, top_k=5),
         SamplingParams(temperature=1.0, repetition_penalty=1.2),
     ]
-    other_gens = [seeded_generator(99 + i) if p.seed else None for i, p in enumerate(others)]
+    other_gens = [sample_generator(99 + i, 0) if p.seed else None for i, p in enumerate(others)]
     tokens = []
     for step in range(steps):
         logits = random_logits(batch_of + 1, VOCAB, seed=1000 + step)

@@ -5,16 +5,15 @@ from collections import Counter
 import pytest
 import torch
 
+from loragate.engine.core.sequence import sample_generator
 from loragate.engine.sampling import sampler as sampler_module
 from loragate.engine.sampling.sampler import (
     apply_min_p,
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p,
-    compute_logprobs,
     draw_uniforms,
     sample,
-    seeded_generator,
     token_counts,
 )
 
@@ -201,10 +200,10 @@ def test_sample_follows_the_distribution():
 
 def test_sample_uses_each_rows_generator():
     probs = torch.softmax(random_logits(3, 1000), dim=-1)
-    first = sample(probs, [seeded_generator(s) for s in (1, 2, 3)])
-    again = sample(probs, [seeded_generator(s) for s in (1, 2, 3)])
+    first = sample(probs, [sample_generator(s, 0) for s in (1, 2, 3)])
+    again = sample(probs, [sample_generator(s, 0) for s in (1, 2, 3)])
     assert torch.equal(first, again)
-    alone = sample(probs[1:2], [seeded_generator(2)])
+    alone = sample(probs[1:2], [sample_generator(2, 0)])
     assert alone.item() == first[1].item()
 
 
@@ -220,10 +219,3 @@ def test_rows_sharing_a_generator_draw_in_row_order():
     want_shared = torch.rand(2, generator=torch.Generator().manual_seed(5))
     want_own = torch.rand(1, generator=torch.Generator().manual_seed(9))
     assert got.tolist() == [want_shared[0].item(), want_own[0].item(), want_shared[1].item()]
-
-
-def test_compute_logprobs_is_log_softmax():
-    logits = random_logits(2, 30).to(torch.bfloat16)
-    got = compute_logprobs(logits)
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(got, torch.log_softmax(logits.float(), dim=-1))
