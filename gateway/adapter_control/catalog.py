@@ -124,10 +124,6 @@ class AdapterCatalog:
         """The keys this replica holds a record of."""
         return [r.key for r in await self._local.list()]
 
-    async def owned_by(self, tenant: str) -> list[AdapterRecord]:
-        """The adapters `tenant` owns, as this replica knows them."""
-        return [r for r in await self._local.list() if r.tenant == tenant]
-
     async def list(self, caller: Principal) -> list[AdapterRecord]:
         """What `caller` may name: everything for the operator; a tenant's own adapters,
         then the public ones its own names do not hide."""
