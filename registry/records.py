@@ -181,10 +181,6 @@ class AdapterMetadata(AdapterSpec, frozen=True, kw_only=True):
     def key(self) -> str:
         return adapter_key(self.tenant, self.name)
 
-    def visible_to(self, tenant: str | None) -> bool:
-        """The admin (None) sees every adapter; a tenant sees its own and public ones."""
-        return tenant is None or self.public or self.tenant == tenant
-
 
 class Registration(msgspec.Struct, frozen=True):
     """What register_adapter did: the new record and the one it replaced, if any."""

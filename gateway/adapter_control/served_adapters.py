@@ -28,7 +28,7 @@ class AdapterRecord:
 
     The metadata's fields read through (`name` in its owner's namespace, `tenant` owning it
     or None for the operator, `public`, `rank`, `alpha`, `target_modules`, `sha256`,
-    `size_bytes`, `kind`, `key`, `visible_to`), so no field is declared twice.
+    `size_bytes`, `kind`, `key`), so no field is declared twice.
     """
 
     meta: AdapterMetadata

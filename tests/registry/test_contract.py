@@ -194,12 +194,11 @@ async def test_update_weights_of_a_registration(store, peer):
 async def test_update_and_delete_guarded_by_lora_int_id(store, peer):
     await store.create_tenant("acme")
     adapter = (await store.register_adapter(spec("sql", "acme"))).adapter
-    assert not adapter.public and adapter.visible_to("acme") and adapter.visible_to(None)
-    assert not adapter.visible_to("globex")
+    assert (adapter.tenant, adapter.public, adapter.key) == ("acme", False, "acme/sql")
 
     key = "acme/sql"
     public = await peer.update_adapter(key, public=True)
-    assert public.public and public.visible_to("globex")
+    assert (public.tenant, public.public, public.key) == ("acme", True, "acme/sql")
     assert public.lora_int_id == adapter.lora_int_id and public.created_at == adapter.created_at
     deleting = await store.update_adapter(key, status="deleting", lora_int_id=adapter.lora_int_id)
     assert deleting.status == "deleting" and deleting.public
