@@ -19,15 +19,13 @@ is the native one.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import torch
+from harness import machine_line
 
 from loragate import kernels
-from loragate.kernels.cpu_isa import AMX_FLAGS, AVX512_BF16_FLAG, AVX512F_FLAG, this_cpu_flags
 
 SHAPES = {
     "qkv": (576, (576, 192, 192)),
@@ -35,13 +33,6 @@ SHAPES = {
     "gate_up": (576, (1536, 1536)),
     "down": (1536, (576,)),
 }
-
-
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def weights(d_in: int, d_outs: tuple, slots: int, rank: int, dtype) -> list:
@@ -65,11 +56,7 @@ def main() -> None:
     p.add_argument("--tiles", action="store_true", help="time the tiles too (bf16)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
-    flags = this_cpu_flags()
-    print(f"# {cpu_name()}; amx: {all(f in flags for f in AMX_FLAGS)}; ", end="")
-    print(f"avx512f: {AVX512F_FLAG in flags}; avx512_bf16: {AVX512_BF16_FLAG in flags}; ", end="")
-    print(f"avx2: {'avx2' in flags}; threads {torch.get_num_threads()}")
-    print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    print(machine_line() + f"; dtype {args.dtype}")
     names = ["native", "split", *(["tiles"] if args.tiles else [])]
     print(f"| rank | chunk rows | {' | '.join(f'{n} ms' for n in names)} | ", end="")
     print(" | ".join(f"{n} / native" for n in names[1:]), "|")

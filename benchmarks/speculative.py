@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import torch
+from harness import machine_line
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.loading.model_loader import resolve_model
-from loragate.kernels.cpu_isa import this_cpu_flags
 from loragate.tools import make_random_adapter
 
 PARAGRAPH = (
@@ -58,13 +58,6 @@ FREE = [
     "What makes a good teacher? Answer briefly.",
 ]
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
-
-
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def adapters(count: int, root: Path) -> list[LoRARequest]:
@@ -115,9 +108,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="copy-1,copy-8,free-8,free-1")
     ap.add_argument("--draft", help="random:N or layers:N: the draft-model method")
     args = ap.parse_args()
-    flags = sorted(f for f in this_cpu_flags() if f.startswith(("avx", "amx")))
-    print(f"# {cpu_name()}; flags {' '.join(flags)}; threads {torch.get_num_threads()}")
-    print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}")
+    print(machine_line() + f"; dtype {args.dtype}")
     options = dict(dtype=args.dtype, max_model_len=1024, enable_lora=True, max_loras=8)
     with tempfile.TemporaryDirectory() as tmp:
         spec_config = SPEC
