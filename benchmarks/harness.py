@@ -85,6 +85,33 @@ def add_window_share(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """The offline throughput runs' workload size and engine flags (`engine_options`)."""
+    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
+    ap.add_argument("--num-requests", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
+    ap.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (vLLM's flag)"
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """`LLM`'s keywords from `add_engine_args`' flags, 1024 tokens a sequence at most."""
+    return dict(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        enforce_eager=args.enforce_eager,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=1024,
+    )
+
+
 # --- the engine and its adapters ---
 
 

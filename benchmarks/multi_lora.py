@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from harness import (
     TARGETS,
+    add_engine_args,
+    engine_options,
     generate_seconds,
     load_average,
     machine_line,
@@ -91,8 +93,7 @@ def run_peft(hf_dir, paths, prompts, lengths, names, batch: int, device, dtype) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-requests", type=int, default=128)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
+    add_engine_args(ap)
     ap.add_argument("--adapters", type=int, default=16)
     ap.add_argument(
         "--max-output-len", type=int, default=128, help="output lengths: uniform in min(32, N)..N"
@@ -100,14 +101,6 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--sweep", default="1,16,64,256", help="distinct adapter counts to sweep")
     ap.add_argument("--skip-peft", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
-    ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
-    ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
-    ap.add_argument("--kv-cache-memory-gb", type=float, default=None)
-    ap.add_argument(
-        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (vLLM's flag)"
-    )
     ap.add_argument("--plot", default=str(ROOT.parent / "multi_lora.png"), help="PNG path")
     args = ap.parse_args()
 
@@ -118,13 +111,7 @@ def main() -> None:
 
     def engine_for(distinct: int) -> LLM:
         return LLM(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            kv_cache_memory_gb=args.kv_cache_memory_gb,
-            enforce_eager=args.enforce_eager,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=1024,
+            **engine_options(args),
             enable_lora=True,
             max_loras=min(distinct, args.max_num_seqs),
             max_lora_rank=8,

@@ -14,7 +14,14 @@ import random
 import time
 
 import torch
-from harness import generate_seconds, machine_line, print_table, static_batch_seconds
+from harness import (
+    add_engine_args,
+    engine_options,
+    generate_seconds,
+    machine_line,
+    print_table,
+    static_batch_seconds,
+)
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import LLM
@@ -78,29 +85,12 @@ def flops_per_token(model) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="HF dir or GGUF file (default: SmolLM2-135M)")
-    ap.add_argument("--num-requests", type=int, default=128)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
+    add_engine_args(ap)
     ap.add_argument("--hf-batch", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
-    ap.add_argument("--dtype", default="auto", help="'auto', 'float32' or 'bfloat16'")
-    ap.add_argument("--kv-cache-memory-gb", type=float, default=None)
-    ap.add_argument(
-        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (vLLM's flag)"
-    )
     args = ap.parse_args()
 
-    llm = LLM(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        kv_cache_memory_gb=args.kv_cache_memory_gb,
-        enforce_eager=args.enforce_eager,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=1024,
-    )
+    llm = LLM(**engine_options(args))
     device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
     requests = make_requests(args.num_requests, args.seed)
     prompts = [llm.apply_chat_template(messages) for messages, _ in requests]
