@@ -164,17 +164,6 @@ class AdapterCache(CacheReports):
 
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
     @property
-    def groups(self) -> dict[str, tuple[str, ...]]:
-        """Module groups sharing one stack: the spec's fused groups, other modules alone."""
-        return self._slots.groups
-
-    def module_weights(self, layer: int, group: str, rank: int):
-        """Per module of a group, cut to ``rank``: (A ``[max_loras, rank, d_in]``, B
-        ``[max_loras, d_out, rank]``, its columns of the fused output). Views; see
-        adapters/slots.py for the layout."""
-        return self._slots.module_weights(layer, group, rank)
-
-    @property
     def slot_tensors(self) -> DeviceSlots:
         """The device slots' stacked tensors alone (no lock, no tiers): what a forward pass
         reads. Their storage never moves; a slot is written only while no running sequence

@@ -32,9 +32,9 @@ def test_module_weights_apply_every_module_to_its_own_columns(spec, make_adapter
     index = kernels.lora_index(slots, 3)
     rank = cache.effective_rank
     for layer in range(spec.num_layers):
-        for group, members in cache.groups.items():
+        for group, members in cache.slot_tensors.groups.items():
             d_in = spec.modules[members[0]][0]
-            views = cache.module_weights(layer, group, rank)
+            views = cache.slot_tensors.module_weights(layer, group, rank)
             assert [a.shape for a, _, _ in views] == [(3, rank, d_in)] * len(members)
             width = sum(spec.modules[module][1] for module in members)
             assert views[-1][2].stop == width
@@ -60,7 +60,7 @@ def test_borrowed_slots_apply_every_module_to_its_own_columns(spec, make_adapter
     index = kernels.lora_index(slots, 3)
     rank = cache.effective_rank
     for layer in range(spec.num_layers):
-        for group, members in cache.groups.items():
+        for group, members in cache.slot_tensors.groups.items():
             d_in = spec.modules[members[0]][0]
             width = sum(spec.modules[module][1] for module in members)
             x = torch.randn(slots.shape[0], d_in).to(dtype)
@@ -86,7 +86,9 @@ def test_borrowing_slots_read_the_rows_their_loader_checked(spec, make_adapter, 
     adapter's output either way."""
     cache = AdapterCache(spec, max_loras=2, max_lora_rank=16, max_cpu_loras=2, borrow=True)
     rank = cache.effective_rank
-    groups = [(layer, group) for layer in range(spec.num_layers) for group in cache.groups]
+    groups = [
+        (layer, group) for layer in range(spec.num_layers) for group in cache.slot_tensors.groups
+    ]
     if groups_first:
         for layer, group in groups:
             cache.slot_tensors.module_group(layer, group, rank)
@@ -124,7 +126,7 @@ def test_borrowing_slots_read_the_rows_their_loader_checked(spec, make_adapter, 
     slots = torch.tensor([0, 1, -1, 1, 0, 0, 1])
     index = kernels.lora_index(slots, 2)
     for layer, group in groups:
-        members = cache.groups[group]
+        members = cache.slot_tensors.groups[group]
         x = torch.randn(slots.shape[0], spec.modules[members[0]][0])
         out = torch.zeros(slots.shape[0], sum(spec.modules[m][1] for m in members))
         prepared = cache.slot_tensors.module_group(layer, group, rank)
@@ -150,15 +152,15 @@ def _three_adapters(spec, make_adapter, borrow, dtype=torch.float32):
     for request in requests:
         slot = cache.acquire(request, set())
         adapters[slot] = load_adapter(request.lora_path, spec, 16)
-    assert cache.groups["qkv_proj"] == ("q_proj", "k_proj", "v_proj")
-    assert cache.groups["gate_up_proj"] == ("gate_proj", "up_proj")
-    assert cache.groups["o_proj"] == ("o_proj",)
+    assert cache.slot_tensors.groups["qkv_proj"] == ("q_proj", "k_proj", "v_proj")
+    assert cache.slot_tensors.groups["gate_up_proj"] == ("gate_proj", "up_proj")
+    assert cache.slot_tensors.groups["o_proj"] == ("o_proj",)
     return cache, adapters
 
 
 def test_module_weights_are_views_of_the_slot_stacks(spec, make_adapter):
     cache = AdapterCache(spec, max_loras=2, max_lora_rank=8, max_cpu_loras=2, borrow=False)
-    views = cache.module_weights(0, "qkv_proj", 4)
+    views = cache.slot_tensors.module_weights(0, "qkv_proj", 4)
     cache.acquire(LoRARequest("x", 1, str(make_adapter("x", rank=4, targets=["k_proj"]))), set())
     (q_a, q_b, q_cols), (k_a, k_b, k_cols), (v_a, v_b, _) = views
     q_out, k_out = spec.modules["q_proj"][1], spec.modules["k_proj"][1]
@@ -167,7 +169,7 @@ def test_module_weights_are_views_of_the_slot_stacks(spec, make_adapter):
     assert k_a[0].any() and k_b[0].any()
     assert not (q_a.any() or q_b.any() or v_a.any() or v_b.any()), "only k's weights were given"
     assert not k_a[1].any(), "slot 1 is empty"
-    assert cache.module_weights(0, "qkv_proj", 4) is views, "views are made once"
+    assert cache.slot_tensors.module_weights(0, "qkv_proj", 4) is views, "views are made once"
 
 
 @pytest.mark.parametrize(
