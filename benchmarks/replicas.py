@@ -135,29 +135,36 @@ def make_workload(args, loras: list[LoRARequest]) -> list[tuple[float, list[int]
 
 
 async def run_workload(engine, work, output_len: int) -> dict:
+    """Send `work` on its arrival times; the summary (TTFT p50/p99, end-to-end p50, output
+    tokens a second) and each request's wall-clock times under "requests" (sent, first
+    token, done: `time.time()`, the replicas' trace clock)."""
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
+    rows: list[dict] = []
 
-    async def one(i: int, at: float, prompt: list[int], lora: LoRARequest) -> tuple:
+    async def one(i: int, at: float, prompt: list[int], lora) -> None:
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        sent, first = time.perf_counter(), None
+        row = {"id": f"r{i}", "adapter": lora.lora_name if lora else None, "sent": time.time()}
         tokens = 0
         async for out in engine.generate({"prompt_token_ids": prompt}, params, f"r{i}", lora):
             tokens = len(out.outputs[0].token_ids)
-            if first is None and tokens:
-                first = time.perf_counter()
-        return first - sent, time.perf_counter() - sent, tokens
+            if "first" not in row and tokens:
+                row["first"] = time.time()
+        row["done"], row["tokens"] = time.time(), tokens
+        rows.append(row)
 
-    results = await asyncio.gather(*(one(i, *w) for i, w in enumerate(work)))
+    await asyncio.gather(*(one(i, *w) for i, w in enumerate(work)))
     elapsed = time.perf_counter() - start
-    ttfts = sorted(r[0] for r in results)
-    e2es = sorted(r[1] for r in results)
+    rows.sort(key=lambda r: r["sent"])
+    ttfts = sorted(r["first"] - r["sent"] for r in rows)
+    e2es = sorted(r["done"] - r["sent"] for r in rows)
     return {
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p99_s": percentile(ttfts, 99),
         "e2e_p50_s": percentile(e2es, 50),
-        "output_tok_per_s": sum(r[2] for r in results) / elapsed,
+        "output_tok_per_s": sum(r["tokens"] for r in rows) / elapsed,
         "elapsed_s": elapsed,
+        "requests": rows,
     }
 
 
@@ -181,6 +188,7 @@ def measure(name: str, settings: GatewaySettings, router, work, args) -> dict:
             await asyncio.sleep(1.0)  # every replica has reported to the board
             disk0, device0, _ = await loads(engine)
             result = await run_workload(engine, work, args.output_len)
+            del result["requests"]
             await asyncio.sleep(0.6)  # the last reports are in
             disk1, device1, shared = await loads(engine)
             return {

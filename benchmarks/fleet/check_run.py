@@ -27,14 +27,13 @@ from pathlib import Path
 
 import ray
 import torch
-from harness import percentile
 from ray import serve
-from replicas import loads, make_adapters
+from replicas import loads, make_adapters, run_workload
 from replicas_round_robin import RoundRobinRouter
 from safetensors.torch import load_file, save_file
 
 from loragate.adapters import LoRARequest
-from loragate.engine import EngineConfig, SamplingParams
+from loragate.engine import EngineConfig
 from loragate.gateway.replicas.cluster import RayReplicas
 from loragate.gateway.settings import GatewaySettings
 from loragate.tools.base_model import resolve_base_model
@@ -106,39 +105,6 @@ async def load_seconds(engine) -> tuple[tuple[int, float], tuple[int, float]]:
     rows = [row for r in await engine.replica_reports() for row in r.stats.adapter_loads.values()]
     disk = (sum(row[0] for row in rows), sum(row[1] for row in rows))
     return disk, (sum(row[2] for row in rows), sum(row[3] for row in rows))
-
-
-async def run_workload(engine, work, output_len: int) -> dict:
-    """benchmarks/replicas.py's runner, keeping each request's wall-clock times (sent,
-    first token, done: `time.time()`, the replicas' trace clock) beside the summary."""
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    start = time.perf_counter()
-    rows: list[dict] = []
-
-    async def one(i: int, at: float, prompt: list[int], lora) -> None:
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        row = {"id": f"r{i}", "adapter": lora.lora_name if lora else None, "sent": time.time()}
-        tokens = 0
-        async for out in engine.generate({"prompt_token_ids": prompt}, params, f"r{i}", lora):
-            tokens = len(out.outputs[0].token_ids)
-            if "first" not in row and tokens:
-                row["first"] = time.time()
-        row["done"], row["tokens"] = time.time(), tokens
-        rows.append(row)
-
-    await asyncio.gather(*(one(i, *w) for i, w in enumerate(work)))
-    elapsed = time.perf_counter() - start
-    rows.sort(key=lambda r: r["sent"])
-    ttfts = sorted(r["first"] - r["sent"] for r in rows)
-    e2es = sorted(r["done"] - r["sent"] for r in rows)
-    return {
-        "ttft_p50_s": percentile(ttfts, 50),
-        "ttft_p99_s": percentile(ttfts, 99),
-        "e2e_p50_s": percentile(e2es, 50),
-        "output_tok_per_s": sum(r["tokens"] for r in rows) / elapsed,
-        "elapsed_s": elapsed,
-        "requests": rows,
-    }
 
 
 def deploy_and_run(settings, router, work, probe, output_len) -> dict:
