@@ -74,10 +74,6 @@ class SlotCopies:
         return cls(num_layers, streams)
 
     @property
-    def pipelined(self) -> bool:
-        return self.streams is not None
-
-    @property
     def pending(self) -> list[int]:
         """The layers whose last copy the step has not waited for yet."""
         return [layer for layer, event in enumerate(self._pending) if event is not None]

@@ -49,7 +49,7 @@ def test_a_write_goes_a_layer_at_a_time_and_ends_as_a_write_at_once(spec, make_a
         spec, 2, MAX_RANK, "cpu", torch.float32, copies=SlotCopies(layers, streams)
     )
     at_once = DeviceSlots(spec, 2, MAX_RANK, "cpu", torch.float32)
-    assert pipelined.copies.pipelined and not at_once.copies.pipelined
+    assert pipelined.copies.streams is not None and at_once.copies.streams is None
     checked = []
     for adapter in three_adapters(spec, make_adapter):
         before = snapshot(pipelined)
@@ -116,7 +116,7 @@ def test_without_streams_a_write_runs_at_once_and_nothing_waits():
     written = []
     copies.run(written.append)
     assert written == [range(0, 4)]
-    assert not copies.pipelined and copies.pending == []
+    assert copies.streams is None and copies.pending == []
     copies.ready(2)
     copies.wait_all()
     assert SlotCopies.for_device(4, torch.device("cpu")).streams is None
@@ -129,7 +129,7 @@ def test_on_cuda_a_write_runs_on_the_side_stream_from_pinned_stacks(spec, make_a
     adapter = load_adapter(path, spec, MAX_RANK, pin_memory=True)
     assert all(a.is_pinned() and bt.is_pinned() for _, a, bt in adapter.stacked.values())
     slots = DeviceSlots(spec, 2, MAX_RANK, "cuda", torch.float32)
-    assert slots.copies.pipelined, "a CUDA device's slots copy beside the step"
+    assert slots.copies.streams is not None, "a CUDA device's slots copy beside the step"
     at_once = DeviceSlots(spec, 2, MAX_RANK, "cpu", torch.float32)
     at_once.write(SLOT, adapter)
     slots.write(SLOT, adapter)
