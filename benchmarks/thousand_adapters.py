@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -41,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from harness import cpu_name
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -123,13 +123,6 @@ def rss_bytes() -> int:
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def count_slots(engine) -> list[int]:
