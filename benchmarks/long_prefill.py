@@ -14,13 +14,12 @@ tiles off, for the path before them.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from adapter_join import random_adapters
+from harness import add_dtype, in_turns, machine_line, random_adapters
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
@@ -29,7 +28,7 @@ from loragate.engine import LLM, SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rank", type=int, default=64)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    add_dtype(ap, "bfloat16")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -50,14 +49,18 @@ def main() -> None:
         llm.llm_engine.residency.preload(lora)
         prompt = [{"prompt_token_ids": [1 + (7 * j) % 40000 for j in range(args.tokens)]}]
         params = SamplingParams(temperature=0, max_tokens=1)
-        times: dict[str, list[float]] = {"base": [], "adapter": []}
-        for _ in range(args.rounds):
-            for name, request in (("base", None), ("adapter", lora)):
+
+        def prefill(request):
+            def one(_round: int) -> float:
                 began = time.perf_counter()
                 llm.generate(prompt, params, lora_request=request, use_tqdm=False)
-                times[name].append(time.perf_counter() - began)
+                return time.perf_counter() - began
+
+            return one
+
+        times = in_turns(args.rounds, {"base": prefill(None), "adapter": prefill(lora)})
     base, adapter = (statistics.median(t[1:]) * 1e3 for t in times.values())
-    print(f"# load average {os.getloadavg()[0]:.2f}; dtype {args.dtype}; rank {args.rank}")
+    print(machine_line() + f"; dtype {args.dtype}; rank {args.rank}")
     print(
         f"{args.tokens}-token prefill: base {base:.0f} ms, adapter {adapter:.0f} ms, "
         f"adapter / base {adapter / base:.2f}"
