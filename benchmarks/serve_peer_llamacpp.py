@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,20 +27,20 @@ LLAMACPP = PEERS / "llamacpp"
 
 
 def llamacpp_ready() -> bool:
-    """Whether setup_llamacpp.sh has built the server and the converters' venv."""
-    return (LLAMACPP / "bin" / "llama-server").is_file() and (
-        LLAMACPP / "venv" / "bin" / "python"
-    ).is_file()
+    """Whether setup_llamacpp.sh has built the server (its tree holds the converters)."""
+    return (LLAMACPP / "bin" / "llama-server").is_file()
 
 
 def gguf_lora(adapter_dir: Path, base_hf_dir: Path, out_dir: Path) -> Path:
-    """The PEFT adapter in ``adapter_dir`` as a GGUF LoRA (llama.cpp's converter), made once."""
+    """The PEFT adapter in ``adapter_dir`` as a GGUF LoRA (llama.cpp's converter), made once.
+    The project's interpreter runs the converter (it has torch, transformers and PEFT; the
+    converter brings its own gguf-py), so the converters' venv is not needed."""
     out = out_dir / f"{adapter_dir.name}.gguf"
     if not out.is_file():
         out_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [
-                str(LLAMACPP / "venv" / "bin" / "python"),
+                sys.executable,
                 str(LLAMACPP / "src" / "llama.cpp" / "convert_lora_to_gguf.py"),
                 str(adapter_dir),
                 "--base",
