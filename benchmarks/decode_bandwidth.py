@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF directory or GGUF file (default model)")
     ap.add_argument("--quantization", default=None, choices=[None, "int8", "int4"])
     ap.add_argument("--gguf-dequantize", action="store_true")
+    ap.add_argument("--activation-quantization", choices=["int8"], help="the optional mode")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-bench", action="store_true", help="also llama.cpp on the file")
@@ -108,6 +109,7 @@ def main() -> None:
         model=args.model,
         quantization=args.quantization,
         gguf_dequantize=args.gguf_dequantize,
+        activation_quantization=args.activation_quantization,
         dtype="float32",
         max_model_len=512,
         kv_cache_memory_gb=0.25,
@@ -123,6 +125,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     name = args.model or "default (SmolLM2-135M Q4_1 GGUF)"
     how = args.quantization or ("float32" if args.gguf_dequantize else "as held")
+    if args.activation_quantization:
+        how += f", {args.activation_quantization} activations"
     print(
         f"| {name} | {how} | {per_token / 1e6:.1f} | {rate:.1f} | {moved:.1f} "
         f"| {moved / read_bw:.0%} | {moved / copy_bw:.0%} |"

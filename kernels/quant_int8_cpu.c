@@ -165,11 +165,11 @@ VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
             const uint8_t *row = w + j * row_stride;                                           \
             for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
                 const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
-                __m256 acc[ROWS];                                                              \
-                float extra[ROWS];                                                             \
+                __m256 acc[ROWS][2]; /* two per row: even and odd blocks add independently */ \
+                float extra[ROWS][2];                                                          \
                 for (int r = 0; r < ROWS; ++r) {                                               \
-                    acc[r] = _mm256_setzero_ps();                                              \
-                    extra[r] = 0.0f;                                                           \
+                    acc[r][0] = acc[r][1] = _mm256_setzero_ps();                               \
+                    extra[r][0] = extra[r][1] = 0.0f;                                          \
                 }                                                                              \
                 for (int64_t b = 0; b < nb; ++b) {                                             \
                     const uint8_t *blk = row + b * bytes;                                      \
@@ -181,13 +181,15 @@ VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
                         __m256i xsig;                                                          \
                         const __m256i u = block_u8(fmt, blk, x, &xsig);                        \
                         const __m256i dot = DOT(u, xsig);                                      \
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                      \
-                                                 _mm256_set1_ps(d * xd[at]), acc[r]);          \
-                        extra[r] += mn * xd[at] * (float)xs[at];                               \
+                        acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),               \
+                                                        _mm256_set1_ps(d * xd[at]),            \
+                                                        acc[r][b & 1]);                        \
+                        extra[r][b & 1] += mn * xd[at] * (float)xs[at];                        \
                     }                                                                          \
                 }                                                                              \
                 for (int r = 0; r < rows; ++r) {                                               \
-                    const float sum = hsum8(acc[r]) + extra[r];                                \
+                    const float sum = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) +             \
+                                      (extra[r][0] + extra[r][1]);                             \
                     y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;                        \
                 }                                                                              \
             }                                                                                  \
