@@ -96,10 +96,8 @@ class LlamaCppServer:
             str(slots * slot_len),
             "--cont-batching",
         ]
-        for lora in loras:
-            args += ["--lora", str(lora)]
-        if loras:
-            args.append("--lora-init-without-apply")
+        if loras:  # one comma-separated list: this build keeps only the last repeated --lora
+            args += ["--lora", ",".join(str(lora) for lora in loras), "--lora-init-without-apply"]
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"
@@ -118,6 +116,9 @@ class LlamaCppServer:
             off = [{"id": i, "scale": 0.0} for i in range(len(loras))]
             httpx.post(f"{self.url}/lora-adapters", json=off, timeout=60).raise_for_status()
             scales = httpx.get(f"{self.url}/lora-adapters", timeout=60).json()
+            if len(scales) != len(loras):
+                self.stop()
+                raise RuntimeError(f"llama-server loaded {len(scales)} of {len(loras)} adapters")
             if any(entry["scale"] != 0.0 for entry in scales):
                 self.stop()
                 raise RuntimeError(f"llama-server kept a global adapter scale: {scales}")
