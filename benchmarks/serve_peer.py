@@ -33,6 +33,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(server, ready_url: str, name: str, log_path: Path, timeout_s: float):
+    """Poll ``ready_url`` until it answers 200; stop ``server`` (a peer with ``proc`` and
+    ``stop``) and raise if its process exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"{name} did not start; see {log_path}")
+        try:
+            if httpx.get(ready_url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
 class VLLMServer:
     """`python -m vllm.entrypoints.openai.api_server` in a subprocess, float32, LoRA on."""
 
@@ -91,17 +107,7 @@ class VLLMServer:
             args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir()
         )
         self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 900
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vLLM's api_server did not start; see {log_path}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
+        wait_until_serving(self, f"{self.url}/v1/models", "vLLM's api_server", log_path, 900)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -17,10 +17,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+from serve_peer import wait_until_serving
 
 PEERS = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
 LLAMACPP = PEERS / "llamacpp"
@@ -101,17 +101,7 @@ class LlamaCppServer:
         self.log = open(log_path, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server did not start; see {log_path}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_serving(self, f"{self.url}/health", "llama-server", log_path, 600)
         if loras:  # every adapter's global scale to 0: only a request's own `lora` applies
             off = [{"id": i, "scale": 0.0} for i in range(len(loras))]
             httpx.post(f"{self.url}/lora-adapters", json=off, timeout=60).raise_for_status()
