@@ -5,9 +5,10 @@ AdapterError naming the problem, never a RecursionError, OverflowError or a hang
 from __future__ import annotations
 
 import json
-import time
+import re
 
 import pytest
+from regex_watch_testlib import patterns_seen_by_python_re
 
 from loragate.adapters import AdapterConfigError, AdapterError, load_adapter
 from loragate.adapters.json_depth import MAX_JSON_DEPTH, json_depth, too_deep
@@ -24,13 +25,25 @@ def _write_config(path, **changes) -> None:
     config_file.write_text(json.dumps(config))
 
 
+def test_the_watch_sees_a_pattern_python_re_runs():
+    """The proof below rests on the watch: a pattern `re` compiles (directly or through its
+    cache) is seen, from another thread too."""
+    with patterns_seen_by_python_re(BACKTRACKING) as seen:
+        re.fullmatch(BACKTRACKING, "a.b")
+        re.compile(BACKTRACKING)
+    assert seen == [BACKTRACKING, BACKTRACKING]
+
+
 def test_look_around_is_refused_and_backtracking_bombs_match_in_linear_time():
+    """Linear time without a clock: the bomb is matched, and Python's backtracking `re` never
+    sees it (RE2's matching is linear in the name by construction)."""
     with pytest.raises(PatternError, match="RE2"):
         compile_pattern(CRAFTED, anchored_suffix=True)
     name = "model.layers.29.self_attn.q_proj" * 30
-    started = time.perf_counter()
-    assert first_suffix_match({BACKTRACKING: 4}, name) is None
-    assert time.perf_counter() - started < 0.1
+    with patterns_seen_by_python_re(BACKTRACKING) as seen:
+        assert first_suffix_match({BACKTRACKING: 4}, name) is None
+        assert first_suffix_match({BACKTRACKING: 4}, "model.layers.3.q_projZ") == BACKTRACKING
+    assert seen == []
     assert first_suffix_match(
         {r"layers\.\d+\.self_attn\.q_proj": 2}, "model.layers.3.self_attn.q_proj"
     )
@@ -40,12 +53,12 @@ def test_look_around_is_refused_and_backtracking_bombs_match_in_linear_time():
         compile_pattern("a" * 5000)
 
 
-def test_an_adapter_with_a_backtracking_pattern_loads_quickly(spec, make_adapter):
+def test_an_adapter_with_a_backtracking_pattern_never_reaches_python_re(spec, make_adapter):
     path = make_adapter()
     _write_config(path, rank_pattern={BACKTRACKING: 2}, alpha_pattern={BACKTRACKING: 3})
-    started = time.perf_counter()
-    adapter = load_adapter(path, spec, max_lora_rank=64)
-    assert time.perf_counter() - started < 2.0
+    with patterns_seen_by_python_re(BACKTRACKING) as seen:
+        adapter = load_adapter(path, spec, max_lora_rank=64)
+    assert seen == []  # matched by RE2 against every module name, never by `re`
     assert adapter.rank == 4  # the pattern matches no module: the adapter's own r holds
 
 

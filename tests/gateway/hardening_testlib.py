@@ -1,5 +1,5 @@
 """Helpers of the hardening tests (test_hardening.py): checks that the other tenants are
-still served, adapter copies with a changed config, timed requests, and raw sockets for
+still served, adapter copies with a changed config, and raw sockets for
 the slow-client tests. Imported by bare name (tests/gateway is on sys.path)."""
 
 from __future__ import annotations
@@ -43,13 +43,6 @@ def adapter_copy(root: Path, tenant: str, name: str, **config_changes) -> str:
     config.update(config_changes)
     config_file.write_text(json.dumps(config))
     return name
-
-
-def timed_request(api: Api, model: str) -> float:
-    started = time.perf_counter()
-    got = api.complete(model, max_tokens=12, ignore_eos=True)
-    assert got.status_code == 200, got.text
-    return time.perf_counter() - started
 
 
 def connect(url: str) -> socket.socket:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import threading
 import time
 import uuid
@@ -24,8 +23,8 @@ from hardening_testlib import (
     connect,
     is_closed,
     others_still_served,
-    timed_request,
 )
+from regex_watch_testlib import patterns_seen_by_python_re
 from servers_testlib import tiny_settings
 from services_testlib import flush_namespace
 from tenancy_testlib import ADMIN_KEY, Api
@@ -184,47 +183,44 @@ def test_a_plugin_that_raises_on_one_request_fails_only_that_request(tenants, ad
 
 
 def test_crafted_patterns_cannot_stall_another_tenant(tenants, admin, root):
+    """A backtracking bomb stalls every thread only if Python's `re` runs it (it holds the
+    GIL). Proved without a clock: while acme registers adapters whose patterns are bombs,
+    globex is served and /health answers, every bomb is matched (201) or refused by RE2
+    (400), and Python's `re` is never given one."""
     acme, globex = tenants["acme"], tenants["globex"]
     crafted = adapter_copy(root, "acme", "crafted", rank_pattern={CRAFTED: 4})
     bomb = adapter_copy(root, "acme", "bomb", rank_pattern={BACKTRACKING: 4})
     alpha_bomb = adapter_copy(root, "acme", "alpha-bomb", alpha_pattern={BACKTRACKING: 16})
-    timed_request(globex, "globex-good")  # warm
-    baseline = statistics.median(timed_request(globex, "globex-good") for _ in range(5))
 
     stop = threading.Event()
-    outcomes: list[tuple[int, float]] = []
+    outcomes: list[int] = []
 
     def attack():
-        for i in range(1000):
-            if stop.is_set():
-                return
-            path = (crafted, bomb, alpha_bomb)[i % 3]
-            started = time.perf_counter()
-            got = acme.register(f"attack-{i}", path)
-            outcomes.append((got.status_code, time.perf_counter() - started))
+        i = 0
+        while not stop.is_set():
+            got = acme.register(f"attack-{i}", (crafted, bomb, alpha_bomb)[i % 3])
+            outcomes.append(got.status_code)
             error_bodies.append(got.text)
             if got.status_code == 201:
                 acme.delete(f"/v1/adapters/attack-{i}")
+            i += 1
 
     attacker = threading.Thread(target=attack)
-    attacker.start()
-    try:
-        wait_until(lambda: len(outcomes) >= 3, "the attack is under way", 30)
-        attacked = statistics.median(timed_request(globex, "globex-good") for _ in range(5))
-        started = time.perf_counter()
-        assert httpx.get(f"{admin.url}/health", timeout=30).status_code == 200
-        health_s = time.perf_counter() - started
-    finally:
-        stop.set()
-        attacker.join()
-    assert attacked <= 3 * baseline + 0.2, (attacked, baseline)
-    assert health_s < 1.0
-    by_path = {}
-    for i, (status, seconds) in enumerate(outcomes):
-        by_path.setdefault(i % 3, []).append((status, seconds))
-    assert {s for s, _ in by_path[0]} == {400}  # look-ahead: RE2 refuses it
-    assert {s for s, _ in by_path[1]} == {201} and {s for s, _ in by_path[2]} == {201}
-    assert max(seconds for _, seconds in outcomes) < 5.0
+    with patterns_seen_by_python_re(BACKTRACKING) as seen:
+        attacker.start()
+        try:
+            wait_until(lambda: len(outcomes) >= 3, "the attack is under way", 60)
+            for _ in range(3):
+                got = globex.complete("globex-good", max_tokens=12, ignore_eos=True)
+                assert got.status_code == 200, got.text
+            assert httpx.get(f"{admin.url}/health", timeout=30).status_code == 200
+            assert attacker.is_alive()  # globex was served while the attack went on
+        finally:
+            stop.set()
+            attacker.join()
+    assert seen == [], "a tenant's pattern reached Python's backtracking re"
+    assert {s for s in outcomes[0::3]} == {400}  # look-ahead: RE2 refuses it
+    assert set(outcomes[1::3]) == {201} and set(outcomes[2::3]) == {201}
     got = acme.register("crafted", crafted)
     refused(got, "rank_pattern", "RE2")
 
