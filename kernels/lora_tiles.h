@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "cpu_simd.h"
+#include "tile_state.h"
 
 #define TILE_M 16     /* rows of a tile */
 #define TILE_N 16     /* float32 sums in a row of the result tile */
@@ -46,8 +47,6 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && !defined(LORA_TILES_EMULATED)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define TILES_NATIVE 1
 #define tile_zero(t) _tile_zero(t)
@@ -56,12 +55,6 @@
 #define tile_dot(c, a, b) _tile_dpbf16ps(c, a, b)
 
 /* Palette 1, tiles 0-7 each 16 rows of 64 bytes. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static inline void tiles_begin(void) {
     tile_config config;
     memset(&config, 0, sizeof config);
@@ -72,13 +65,8 @@ static inline void tiles_begin(void) {
 
 static inline void tiles_end(void) { _tile_release(); }
 
-/* Linux lends a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
- * XTILEDATA); 1 once granted (oneDNN may have asked already), 0 where refused. */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-int lora_tiles_ready(void) {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : 0;
-}
+/* 1 once Linux lends the tile state (tile_state.h), 0 where it refused. */
+int lora_tiles_ready(void) { return request_tile_state(); }
 #else
 #define TILES_NATIVE 0
 /* Eight tiles of 16 rows by 64 bytes in memory, one file a thread. */
