@@ -13,6 +13,7 @@ from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 AMX_FLAGS = ("amx_tile", "amx_bf16")  # both: tile registers and their bf16 products
+AMX_INT8_FLAGS = ("amx_tile", "amx_int8")  # tile registers and their int8 products
 AVX512_BF16_FLAG = "avx512_bf16"
 AVX2_FLAGS = ("avx2", "fma")  # 256-bit vectors with fused multiply-add
 AVX512F_FLAG = "avx512f"
@@ -39,6 +40,10 @@ def this_cpu_flags() -> frozenset[str]:
 
 def has_amx(flags: frozenset[str]) -> bool:
     return all(flag in flags for flag in AMX_FLAGS)
+
+
+def has_amx_int8(flags: frozenset[str]) -> bool:
+    return all(flag in flags for flag in AMX_INT8_FLAGS)
 
 
 def avx2_without_avx512(flags: frozenset[str]) -> bool:

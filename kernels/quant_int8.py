@@ -4,12 +4,15 @@ llama.cpp's CPU dot products quantize each activation row to int8 per 32 values 
 in integers; loragate's default keeps activations in float32 (exact up to summation order
 against the dequantized weight). This mode (``EngineConfig.activation_quantization="int8"``,
 ``loragate serve --activation-quantization int8``) does what llama.cpp does for the 32-weight
-formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in decode-sized products; other formats and
-prefill-sized products keep the float32 path. Its outputs differ from the float32 ones by
-the activations' rounding: held to top-5-closeness, never the default.
-(quant_int8_cpu.c; built per machine like the other kernels. Three paths: AVX512-VNNI's
-vpdpbusd, AVX2's vpmaddubsw and vpmaddwd, and portable loops; the best the CPU runs is
-chosen from its flags.)
+formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in decode-sized products, and in products of any
+size where the CPU has AMX-INT8 tiles; other formats, and elsewhere prefill-sized products,
+keep the float32 path. Its outputs differ from the float32 ones by the activations'
+rounding: held to top-5-closeness, never the default.
+(quant_int8_cpu.c; built per machine like the other kernels. Four paths: AMX-INT8's tdpbssd
+on tiles of 16 rows by 16 outputs (int8_tiles.h) for products of ``AMX_ROWS`` rows or more,
+AVX512-VNNI's vpdpbusd, AVX2's vpmaddubsw and vpmaddwd, and portable loops; the best the CPU
+runs is chosen from its flags, the tiles only once Linux has lent the process their state.
+Where the build has no AMX the tiles are emulated in plain C, for the tests alone.)
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 import torch
 
 from . import _native
-from .cpu_isa import this_cpu_flags
+from .cpu_isa import has_amx_int8, this_cpu_flags
+from .lora_cpu import TILES_NATIVE  # the tiles' states, as lora_tiles_ready gives them too
 from .quant_blocks import QuantizedWeight, block_format
 
 ACTIVATION_QUANTIZATIONS = ("int8",)
@@ -31,7 +35,9 @@ BLOCK = 32
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QUANTIZE = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
 _LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
-PORTABLE, VNNI, AVX2 = 0, 1, 2  # the paths, as the library's ``path`` argument takes them
+# the paths, as the library's ``path`` argument takes them
+PORTABLE, VNNI, AVX2, AMX_INT8 = 0, 1, 2, 3
+AMX_ROWS = 16  # from one tile of rows on, products go to the tiles (where the CPU has them)
 AVX2_FLAGS = ("avx2", "fma", "f16c")
 VNNI_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512vl", "avx512_vnni")
 
@@ -45,12 +51,18 @@ class Int8Rows:
 
 
 class NativeInt8:
+    """The loaded library. ``tiles``: whether its AMX_INT8 path runs AMX tiles in this
+    process (lora_cpu.TILES_NATIVE), only their emulation (TILES_EMULATED: a build without
+    AMX) or nothing (TILES_REFUSED: Linux refused the tile state); asked once, on loading."""
+
     def __init__(self, library: ctypes.CDLL):
         self._quantize = library.q8_quantize_rows
         self._quantize.argtypes, self._quantize.restype = _QUANTIZE, None
         self._linear = library.q8_linear
         self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
         self.has_simd_paths = bool(library.q8_has_simd_paths())
+        library.q8_tiles_ready.restype = ctypes.c_int
+        self.tiles = library.q8_tiles_ready()
 
     def quantize_rows(self, x: torch.Tensor) -> Int8Rows:
         """x [m, k] float32 (rows contiguous, k a multiple of 32) as int8 rows."""
@@ -69,14 +81,15 @@ class NativeInt8:
         out: torch.Tensor,
         path: int | None = None,
     ) -> None:
-        """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: VNNI, AVX2
-        or PORTABLE (default: the best this CPU runs)."""
+        """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: AMX_INT8,
+        VNNI, AVX2 or PORTABLE (default: the best this CPU runs for m rows)."""
+        m = rows.q.shape[0]
         status = self._linear(
             block_format(weight.format).code,
             rows.q.data_ptr(),
             rows.d.data_ptr(),
             rows.s.data_ptr(),
-            rows.q.shape[0],
+            m,
             weight.in_features,
             weight.blocks.data_ptr(),
             weight.blocks.stride(0),
@@ -84,7 +97,7 @@ class NativeInt8:
             bias.data_ptr() if bias is not None else None,
             out.data_ptr(),
             out.stride(0),
-            int8_path() if path is None else path,
+            int8_path(m) if path is None else path,
             torch.get_num_threads(),
         )
         if status:
@@ -99,10 +112,12 @@ def native_int8() -> NativeInt8 | None:
     return _library.get()
 
 
-def int8_paths(flags: frozenset[str] | None = None) -> list[int]:
+def int8_paths(flags: frozenset[str] | None = None, tiles: int | None = None) -> list[int]:
     """Every path this CPU runs, best last: the portable loops everywhere; AVX2 where the
     CPU has AVX2, FMA and F16C; AVX512-VNNI where it also has AVX-512 F and VL and VNNI
-    (the SIMD paths where the build has them: x86 with GCC)."""
+    (the SIMD paths where the build has them: x86 with GCC); AMX-INT8 where it has AMX's
+    tiles and their int8 products and the library's tiles are AMX with the tile state lent
+    (``tiles``: as ``NativeInt8.tiles`` says; default the library's)."""
     flags = this_cpu_flags() if flags is None else flags
     kernels = native_int8()
     paths = [PORTABLE]
@@ -112,13 +127,30 @@ def int8_paths(flags: frozenset[str] | None = None) -> list[int]:
         paths.append(AVX2)
     if all(f in flags for f in VNNI_FLAGS):
         paths.append(VNNI)
+    tiles = kernels.tiles if tiles is None else tiles
+    if has_amx_int8(flags) and tiles == TILES_NATIVE:
+        paths.append(AMX_INT8)
     return paths
 
 
 @functools.cache
-def int8_path() -> int:
-    """The best path here (read once: every decode-sized product asks)."""
-    return int8_paths()[-1]
+def _paths_here() -> tuple[int, ...]:
+    return tuple(int8_paths())  # read once: every product in the mode asks
+
+
+def int8_path(rows: int = 1) -> int:
+    """The best path here for a product of ``rows`` rows: the tiles from AMX_ROWS rows on
+    (fewer rows would fill a tile's rows with zeros), the best other path below."""
+    paths = _paths_here()
+    if paths[-1] == AMX_INT8 and rows < AMX_ROWS:
+        return paths[-2]
+    return paths[-1]
+
+
+def takes_all_rows() -> bool:
+    """Whether the mode takes products of any number of rows here (where the AMX tiles
+    run), not only decode-sized ones."""
+    return int8_path(AMX_ROWS) == AMX_INT8
 
 
 def takes_int8(weight: QuantizedWeight) -> bool:

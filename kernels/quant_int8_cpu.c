@@ -6,13 +6,17 @@
  * integer sums; the float rounding is a block's scale product and the sum over blocks (a
  * float64 reference over the same integers checks them). Built -O3 -march=native: the
  * integer loops compile to the CPU's dot-product instructions (AVX512-VNNI's vpdpbusd,
- * AVX2's vpmaddubsw/vpmaddwd) where it has them.
+ * AVX2's vpmaddubsw/vpmaddwd) where it has them, and where it has AMX-INT8 whole tiles of
+ * 16 rows by 16 outputs go through tdpbssd (int8_tiles.h; emulated elsewhere, for tests).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "half_float.h"
+#include "int8_tiles.h"
 
 enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 }; /* kernels/quant_blocks.py's codes for these five */
 #define QK 32
@@ -204,14 +208,177 @@ DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN, dot_vnni)
 /* Whether this build has the AVX2 and AVX512-VNNI paths (x86 with GCC's target attributes). */
 int q8_has_simd_paths(void) { return HAVE_SIMD_PATHS; }
 
+/* ---- AMX-INT8: tiles of 16 rows by 16 outputs (int8_tiles.h) ------------------------------
+ * Each thread takes 16 outputs at a time: it unpacks their weight blocks once into its
+ * scratch, as tdpbssd's right operand (weight i of an output at group i / 4, byte i % 4 of
+ * the output's word; Q4/Q5 integers are 0..31, so signed bytes hold them and Q8_0's as they
+ * are: no sign flips), with each block's scale and min-or-offset term per output (zero past
+ * the last output). Then for every 16 rows (the last, fewer, from a copy padded with zero
+ * rows) and every block, one product of the rows' int8 block by the packed block gives
+ * 16 x 16 exact int32 dot products, and each is scaled into float32 sums as the portable
+ * loops scale theirs (xd * (d * dot + mn * xs), blocks in order); two sets of tiles take
+ * the blocks in turn, so that one block's product runs while the last one's sums are
+ * scaled. The tiles' configuration and the tile state are per thread and per process: each
+ * thread loads the configuration, and the process asks for the tile state once
+ * (q8_tiles_ready) before a native tile path may run. */
+
+/* A block's 32 integers as signed bytes (unpack's values), its scale and min-or-offset. */
+static inline void block_i8(int fmt, const uint8_t *b, int8_t q[QK], float *d, float *mn) {
+#if HAVE_SIMD_PATHS && defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    *d = half_f16c(b);
+    *mn = block_mn(fmt, b, *d);
+    if (fmt == Q8_0) {
+        memcpy(q, b + 2, QK);
+        return;
+    }
+    __m256i unused;
+    _mm256_storeu_si256((__m256i *)q, block_u8(fmt, b, _mm256_setzero_si256(), &unused));
+#else
+    int16_t wide[QK];
+    unpack(fmt, b, wide, d, mn);
+    for (int i = 0; i < QK; ++i) q[i] = (int8_t)wide[i];
+#endif
+}
+
+#define PACKED_BLOCK (QK * Q8_TILE) /* bytes of one block of 16 outputs, packed */
+
+static inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* Bytes of one thread's scratch: the packed blocks, then their scales and terms. */
+static size_t tile_scratch_bytes(int64_t nb) {
+    return (size_t)round_up(nb * (PACKED_BLOCK + 2 * Q8_TILE * (int64_t)sizeof(float)), 64);
+}
+
+/* `cols` (at most 16) weight rows from `row` (row_stride apart) packed into `packed`, with
+ * their scales wd and terms wmn ([nb][16] each), all zero past `cols`. */
+static void pack_outputs(int fmt, const uint8_t *row, int64_t row_stride, int cols, int64_t nb,
+                         int8_t *packed, float *wd, float *wmn) {
+    memset(packed, 0, (size_t)(nb * PACKED_BLOCK));
+    memset(wd, 0, (size_t)nb * Q8_TILE * sizeof(float));
+    memset(wmn, 0, (size_t)nb * Q8_TILE * sizeof(float));
+    const int bytes = BLOCK_BYTES[fmt];
+    for (int c = 0; c < cols; ++c) {
+        const uint8_t *blocks = row + c * row_stride;
+        for (int64_t b = 0; b < nb; ++b) {
+            int8_t q[QK];
+            block_i8(fmt, blocks + b * bytes, q, wd + b * Q8_TILE + c, wmn + b * Q8_TILE + c);
+            uint32_t words[QK / 4], *dst = (uint32_t *)(packed + b * PACKED_BLOCK);
+            memcpy(words, q, sizeof words);
+            for (int g = 0; g < QK / 4; ++g) dst[g * Q8_TILE + c] = words[g];
+        }
+    }
+}
+
+/* sums[r][c] += xd * (wd[c] * dots[r][c] + wmn[c] * xs) for the block's first `rows` rows. */
+static inline void scale_block(const int32_t dots[Q8_TILE][Q8_TILE], const float *wd,
+                               const float *wmn, const float *xd, const int32_t *xs, int64_t nb,
+                               int rows, float sums[Q8_TILE][Q8_TILE]) {
+    for (int r = 0; r < rows; ++r) {
+        const float d = xd[r * nb], s = (float)xs[r * nb];
+        for (int c = 0; c < Q8_TILE; ++c)
+            sums[r][c] += d * (wd[c] * (float)dots[r][c] + wmn[c] * s);
+    }
+}
+
+/* One block's product on one set of tiles (int8_tiles.h): sums, rows and weights tiles. */
+#define BLOCK_PRODUCT(SUMS, LEFT, RIGHT, left, stride, right) \
+    do {                                                       \
+        q8_tile_zero(SUMS);                                    \
+        q8_tile_load(LEFT, left, stride);                      \
+        q8_tile_load(RIGHT, right, Q8_TILE_BYTES);             \
+        q8_tile_dot(SUMS, LEFT, RIGHT);                        \
+    } while (0)
+
+/* 16 rows (`left`, rows `stride` apart; `rows` of them real) by the packed outputs, every
+ * block, into sums. */
+static void tile_rows(const int8_t *left, int64_t stride, const int8_t *packed, const float *wd,
+                      const float *wmn, const float *xd, const int32_t *xs, int64_t nb, int rows,
+                      float sums[Q8_TILE][Q8_TILE]) {
+    _Alignas(64) int32_t dots[Q8_TILE][Q8_TILE];
+    memset(sums, 0, sizeof(float) * Q8_TILE * Q8_TILE);
+    BLOCK_PRODUCT(0, 1, 2, left, stride, packed);
+    for (int64_t b = 0; b < nb; ++b) {
+        const int64_t next = b + 1;
+        const int8_t *next_left = left + next * QK, *next_right = packed + next * PACKED_BLOCK;
+        if (b & 1) {
+            if (next < nb) BLOCK_PRODUCT(0, 1, 2, next_left, stride, next_right);
+            q8_tile_store(3, dots, Q8_TILE_BYTES);
+        } else {
+            if (next < nb) BLOCK_PRODUCT(3, 4, 5, next_left, stride, next_right);
+            q8_tile_store(0, dots, Q8_TILE_BYTES);
+        }
+        scale_block((const int32_t(*)[Q8_TILE])dots, wd + b * Q8_TILE, wmn + b * Q8_TILE,
+                    xd + b, xs + b, nb, rows, sums);
+    }
+}
+
+/* Whether this process may run the native tiles (set by q8_tiles_ready). */
+static int tiles_granted;
+
+/* 1 where the tiles are AMX-INT8 and Linux lent the tile state, 0 where it refused, 2 where
+ * the tiles are emulated (for tests: slow). */
+int q8_tiles_ready(void) {
+#if Q8_TILES_NATIVE
+    tiles_granted = request_tile_state();
+    return tiles_granted;
+#else
+    tiles_granted = 1;
+    return 2;
+#endif
+}
+
+/* q8_linear on the tiles; -1 where memory ran out or the tiles are not granted. */
+static int linear_tiles(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,
+                        int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n,
+                        const float *bias, float *y, int64_t ldy, int threads) {
+    if (!tiles_granted) return -1;
+    const int64_t nb = k / QK, groups = (n + Q8_TILE - 1) / Q8_TILE, whole = m / Q8_TILE * Q8_TILE;
+    const int workers = threads > 1 && m * n * k > 65536 ? threads : 1;
+    const size_t each = tile_scratch_bytes(nb);
+    const size_t tail_bytes = (size_t)round_up(Q8_TILE * k, 64);
+    char *scratch = aligned_alloc(64, tail_bytes + each * (size_t)workers);
+    if (!scratch) return -1;
+    int8_t *tail = (int8_t *)scratch; /* the last rows short of a tile, padded with zero rows */
+    memset(tail, 0, tail_bytes);
+    memcpy(tail, xq + whole * k, (size_t)((m - whole) * k));
+#pragma omp parallel num_threads(workers) if (workers > 1)
+    {
+        char *mine = scratch + tail_bytes + each * (size_t)omp_get_thread_num();
+        int8_t *packed = (int8_t *)mine;
+        float *wd = (float *)(mine + nb * PACKED_BLOCK), *wmn = wd + nb * Q8_TILE;
+        q8_tiles_begin();
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            const int64_t j0 = g * Q8_TILE;
+            const int cols = n - j0 < Q8_TILE ? (int)(n - j0) : Q8_TILE;
+            pack_outputs(fmt, w + j0 * row_stride, row_stride, cols, nb, packed, wd, wmn);
+            for (int64_t r0 = 0; r0 < m; r0 += Q8_TILE) {
+                const int rows = m - r0 < Q8_TILE ? (int)(m - r0) : Q8_TILE;
+                float sums[Q8_TILE][Q8_TILE];
+                tile_rows(r0 < whole ? xq + r0 * k : tail, k, packed, wd, wmn, xd + r0 * nb,
+                          xs + r0 * nb, nb, rows, sums);
+                for (int r = 0; r < rows; ++r)
+                    for (int c = 0; c < cols; ++c)
+                        y[(r0 + r) * ldy + j0 + c] = bias ? sums[r][c] + bias[j0 + c] : sums[r][c];
+            }
+        }
+        q8_tiles_end();
+    }
+    free(scratch);
+    return 0;
+}
+
 /* y [m, n] (row stride ldy) = dequant(w) [n, k] times the int8 rows; bias [n] or NULL.
- * path: 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (the last two where the build has
- * them; the caller asks only for what the CPU runs). Returns 0, or -1 for a format outside
- * the five, k not whole blocks or an unknown path. */
+ * path: 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (these two where the build has them),
+ * 3 the AMX-INT8 tiles (AMX or their emulation: after q8_tiles_ready); the caller asks only
+ * for what the CPU runs. Returns 0, or -1 for a format outside the five, k not whole
+ * blocks, an unknown path, tiles not granted or memory short for them. */
 int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
               int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
               float *y, int64_t ldy, int path, int threads) {
-    if (fmt < Q4_0 || fmt > Q8_0 || k % QK || path < 0 || path > 2) return -1;
+    if (fmt < Q4_0 || fmt > Q8_0 || k % QK || path < 0 || path > 3) return -1;
+    if (path == 3)
+        return linear_tiles(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
 #if HAVE_SIMD_PATHS
     if (path == 1) {
         linear_vnni(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);

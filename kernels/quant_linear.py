@@ -32,7 +32,7 @@ from . import _backend
 from .quant_blocks import QuantizedWeight, StackedWeights
 from .quant_cpu import native_quant, vector_path
 from .quant_dequant import dequantize
-from .quant_int8 import native_int8, takes_int8
+from .quant_int8 import native_int8, takes_all_rows, takes_int8
 from .quant_triton import quantized_matmul
 
 PANEL_ROWS = 12  # from this many rows on, products run over dequantized panels (measured)
@@ -71,7 +71,7 @@ def quantized_linear(
     if m == 0:
         return out.to(x.dtype)
     vector = vector_path()
-    if m < PANEL_ROWS and weight.activations == "int8" and takes_int8(weight):
+    if weight.activations == "int8" and takes_int8(weight) and (m < PANEL_ROWS or takes_all_rows()):
         int8 = native_int8()
         if int8 is not None:
             int8.linear(int8.quantize_rows(x32), weight, b32, out)
