@@ -10,6 +10,9 @@ than the activations' rounding allows."""
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -88,7 +91,7 @@ def test_int8_rows_times_blocks_equal_the_float64_reference(
     assert np.array_equal(rows.q.numpy(), q)
     assert np.array_equal(rows.d.numpy(), d)
     assert np.array_equal(rows.s.numpy(), s)
-    out = torch.empty(m, n)
+    out = torch.full((m, n), float("nan"))  # an output left unwritten shows
     if path == EMULATED_TILES:
         emulated.linear(rows, weight, bias, out, AMX_INT8)
     else:
@@ -169,6 +172,35 @@ def test_the_tiles_take_products_of_a_tile_of_rows_or_more(monkeypatch):
     tiles = torch.empty(len(x), 45)
     kernels.linear(rows, weight, None, tiles, AMX_INT8)
     assert torch.equal(quantized_linear(x, weight), tiles)
+
+
+def test_the_amx_build_runs_its_tiles_only_with_the_tile_state(emulated, tmp_path):
+    """The library as a compiler targeting AMX-INT8 builds it (the tiles the instructions,
+    by -mamx-tile -mamx-int8 on top of this CPU's flags): on a CPU without AMX Linux lends
+    no tile state, so the tiles are refused and the path with them; on one with AMX they
+    give what the emulation gives."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    source = quant_int8._library.source
+    built = tmp_path / "quant_int8_amx.so"
+    command = [compiler, *_native.FLAGS, "-mamx-tile", "-mamx-int8", str(source), "-o", str(built)]
+    result = subprocess.run([*command, "-lm"], capture_output=True, text=True, timeout=120)
+    if result.returncode and "amx" in result.stderr:
+        pytest.skip(f"{compiler} does not target AMX: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    amx = NativeInt8(ctypes.CDLL(str(built)))
+    assert amx.tiles == (TILES_NATIVE if has_amx_int8(this_cpu_flags()) else TILES_REFUSED)
+    weight = random_weight("Q8_0", 21, 96, seed=8)
+    rows = amx.quantize_rows(torch.randn(18, 96, generator=torch.Generator().manual_seed(3)))
+    want = torch.empty(18, 21)
+    emulated.linear(rows, weight, None, want, AMX_INT8)
+    out = torch.full((18, 21), float("nan"))
+    if amx.tiles != TILES_NATIVE:
+        with pytest.raises(ValueError, match="refused"):
+            amx.linear(rows, weight, None, out, AMX_INT8)
+        amx.linear(rows, weight, None, out, PORTABLE)
+    else:
+        amx.linear(rows, weight, None, out, AMX_INT8)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 def test_an_unknown_path_is_refused(kernels):
