@@ -104,8 +104,9 @@ class QuantizedWeight:
     out_features: int
     in_features: int
     input_order: torch.Tensor | None = None
-    # "int8": decode-sized products quantize the activations to int8 where the format allows
-    # (kernels/quant_int8.py, the optional fast mode); None: float32 activations.
+    # "int8": decode-sized products (and, where AMX-INT8 tiles run, prefill-sized ones too)
+    # quantize the activations to int8 where the format allows (kernels/quant_int8.py, the
+    # optional fast mode); None: float32 activations.
     activations: str | None = None
 
     def __post_init__(self):
