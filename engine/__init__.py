@@ -17,6 +17,7 @@ from loragate.engine.api.async_engine import AsyncLLMEngine, EngineDeadError
 from loragate.engine.api.config import SCHEDULING_POLICIES, EngineConfig
 from loragate.engine.api.engine_args import AsyncEngineArgs, EngineArgs
 from loragate.engine.api.engine_client import EngineClient
+from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.llm import LLM
 from loragate.engine.api.model_info import ModelInfo
@@ -59,6 +60,7 @@ __all__ = [
     "EngineClient",
     "EngineConfig",
     "EngineDeadError",
+    "EngineRequest",
     "InvalidParam",
     "EngineStats",
     "GuidedDecodingParams",

@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,11 @@ from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api import engine_stats
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.engine_args import engine_config_from
+from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.input_processor import InputProcessor
 from loragate.engine.api.model_info import ModelInfo, runtime_info
-from loragate.engine.api.thread_bridge import check_request_id, deliver, resolve
+from loragate.engine.api.thread_bridge import deliver, resolve
 from loragate.engine.core import gil_handoff, startup_heap
 from loragate.engine.core.llm_engine import LLMEngine, PromptInput
 from loragate.engine.core.step_output import SeqStop
@@ -53,15 +55,8 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _Add:
-    request_id: Hashable
-    prompt: PromptInput
-    params: SamplingParams
-    lora_request: LoRARequest | None
-    cache_salt: str | None
-    tenant: str | None
+    request: EngineRequest  # naming the adapter's local copy (a store object's, fetched)
     adapter_identity: WeightsIdentity | None
-    priority: int
-    tenant_weight: float
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
     outputs: asyncio.Queue
@@ -188,50 +183,51 @@ class AsyncLLMEngine:
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
+        """vLLM's call shape: `generate_request` of the EngineRequest these values make
+        (engine/api/engine_request.py says what each is); a bad value raises as the first
+        output is awaited. `request_id` may be any hashable value (the seed passes 1)."""
+        request = EngineRequest(
+            prompt,
+            sampling_params,
+            request_id,
+            lora_request,
+            cache_salt,
+            tenant,
+            priority,
+            tenant_weight,
+        )
+        async with aclosing(self.generate_request(request)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def generate_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Yield outputs until the request finishes (each cumulative, or only what is new
         under `RequestOutputKind.DELTA`, as vLLM's). Leaving early aborts it.
 
-        vLLM's call shape: `request_id` may be any hashable value (the seed passes 1); it
-        comes back as each output's `request_id`. `cache_salt` (set by the server) keeps
-        prefix-cache sharing in-tenant; `tenant` is the tenant's name, which plugins see,
-        and `tenant_weight` its share under the `fair` policy. `priority` is vLLM's (lower
-        first, under the `priority` policy). A request for an adapter is in flight
+        Each output's `request_id` is the request's. A request for an adapter is in flight
         (`adapter_in_flight`) from this call's first step, before anything is awaited, until
-        it ends, whichever way. Its outputs name ``lora_request`` as given (an adapter store
+        it ends, whichever way. Its outputs name its `lora_request` as given (an adapter store
         object's path included, whose local copy the engine runs).
         """
-        check_request_id(request_id)
         self._check_alive()
+        lora_request = request.lora_request
         residency = self.engine.residency
         counted = lora_request is not None and residency is not None
         if counted:  # in flight from here, before anything is awaited, until it ends
             residency.started(lora_request)
         streaming = finished = False
         try:
-            identity, local = None, lora_request
+            identity, local = None, request
             if counted:  # its weights: one stat, or fetched and read on a loader thread
-                local, identity = await residency.admit_request(
+                fetched, identity = await residency.admit_request(
                     lora_request, self.adapter_load_timeout
                 )
+                if fetched is not lora_request:
+                    local = dataclasses.replace(request, lora_request=fetched)
             loop = asyncio.get_running_loop()
             outputs: asyncio.Queue = asyncio.Queue()
             accepted = loop.create_future()
-            self._inbox.put(
-                _Add(
-                    request_id,
-                    prompt,
-                    sampling_params,
-                    local,
-                    cache_salt,
-                    tenant,
-                    identity,
-                    priority,
-                    tenant_weight,
-                    loop,
-                    accepted,
-                    outputs,
-                )
-            )
+            self._inbox.put(_Add(local, identity, loop, accepted, outputs))
             await accepted  # raises the engine's ValueError for bad input
             streaming = first = True
             while not finished:
@@ -242,12 +238,12 @@ class AsyncLLMEngine:
                     await residency.settled(lora_request)
                 first = False
                 finished = item.finished
-                if local is not lora_request:
+                if local is not request:
                     item = dataclasses.replace(item, lora_request=lora_request)
                 yield item
         finally:
             if streaming and not finished:
-                self._inbox.put(_Abort(request_id))
+                self._inbox.put(_Abort(request.request_id))
             if counted:
                 residency.ended(lora_request)
 
@@ -423,23 +419,14 @@ class AsyncLLMEngine:
     def _handle(self, item) -> None:
         if isinstance(item, _Add):
             try:
-                request = self.engine.add_request(
-                    item.request_id,
-                    item.prompt,
-                    item.params,
-                    item.lora_request,
-                    item.cache_salt,
-                    tenant=item.tenant,
-                    adapter_identity=item.adapter_identity,
-                    priority=item.priority,
-                    tenant_weight=item.tenant_weight,
-                )
+                request = self.engine.add(item.request, item.adapter_identity)
             except Exception as exc:  # bad input: that request alone fails
                 resolve(item.loop, item.accepted, error=exc)
                 return
-            self._streams[item.request_id] = (item.loop, item.outputs, request)
+            request_id = item.request.request_id
+            self._streams[request_id] = (item.loop, item.outputs, request)
             if not resolve(item.loop, item.accepted, result=None):
-                self._caller_gone(item.request_id)
+                self._caller_gone(request_id)
         elif isinstance(item, _Abort):
             # Its stream stays until its last output (finished by the abort, or by the step
             # before it) reaches the caller, who may still be waiting on it.

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from loragate.adapters import LoRARequest
+from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.input_processor import PromptInput
 from loragate.engine.api.model_info import ModelInfo
@@ -57,7 +58,13 @@ class EngineClient(Protocol):
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs until the request finishes; leaving early aborts it."""
+        """vLLM's call shape: `generate_request` of the EngineRequest these values make."""
+        ...
+
+    def generate_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Outputs until the request finishes (cumulative, or deltas as its sampling params'
+        `output_kind` asks); leaving early aborts it. The one way the gateway starts one: the
+        request travels whole, over the replica wire too."""
         ...
 
     async def abort(self, request_id: Hashable) -> None:

@@ -13,6 +13,7 @@ from loragate.adapters import LoRARequest
 from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api.config import EngineConfig
+from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.core.llm_engine import LLMEngine, PromptInput
 from loragate.engine.outputs.request_output import RequestOutput
 from loragate.engine.sampling.beam_search_params import (
@@ -87,9 +88,9 @@ class LLM:
         ids = []
         try:
             for prompt, p, lora, rank in zip(prompts, params, loras, priorities, strict=True):
-                request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, prompt, p, lora, priority=rank)
-                ids.append(request_id)
+                request = EngineRequest(prompt, p, f"llm-{next(self._ids)}", lora, priority=rank)
+                self.engine.add(request)
+                ids.append(request.request_id)
         except Exception:
             for request_id in ids:
                 self.engine.abort_request(request_id)

@@ -4,8 +4,8 @@
 the runner's `execute()` runs and samples it (a ModelRunnerOutput), and the scheduler's
 `update_from_output()`, the one writer of every sequence's computed tokens, output tokens,
 stops and frees, takes the result; the engine hands the touched requests' tokens on to
-output processing. Everything a request can get wrong is checked in
-`add_request`, before any KV block is touched. Adapter weights not in memory are read on
+output processing. Everything a request can get wrong is checked where its EngineRequest is
+built or in `add`, before any KV block is touched. Adapter weights not in memory are read on
 loader threads (engine/lora/adapter_residency.py) while the step goes on without their requests.
 """
 
@@ -26,6 +26,7 @@ from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api import engine_stats
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.engine_args import engine_config_from
+from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.input_processor import InputProcessor, PromptInput, check_request
 from loragate.engine.api.plugin_data import (
     model_info,
@@ -36,7 +37,7 @@ from loragate.engine.api.plugin_data import (
 from loragate.engine.core import beam_search
 from loragate.engine.core.admission_order import AdmissionOrder
 from loragate.engine.core.block_manager import BlockManager
-from loragate.engine.core.fair_share import FairShare, check_tenant_weight
+from loragate.engine.core.fair_share import FairShare
 from loragate.engine.core.scheduler import PROTECT_STEPS, Scheduler
 from loragate.engine.core.sequence import Request, Sequence, sample_generator
 from loragate.engine.core.startup_heap import release_freed_heap
@@ -66,7 +67,7 @@ from loragate.engine.sampling.sampler import Sampler
 from loragate.engine.sampling.sampling_params import SamplingParams
 from loragate.engine.speculation import Speculator
 from loragate.engine.speculation.draft_model import DraftModel
-from loragate.plugins import InvalidParam, PluginManager
+from loragate.plugins import PluginManager
 
 log = logging.getLogger(__name__)
 
@@ -255,29 +256,43 @@ class LLMEngine:
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> Request:
-        """Queue a request. `cache_salt` (set by the server) scopes prefix caching; `tenant`
-        is the tenant's name, for plugins and fair shares, and `tenant_weight` its share
-        under the `fair` policy. `priority` is vLLM's (lower first, `priority` policy).
-        `adapter_identity` admits it under weights a loader thread already read
-        (AsyncLLMEngine's); without it the adapter's files are checked here (one stat when
-        unchanged since read), an adapter store object's fetched first (the request then
-        runs, and its outputs name, the object's verified local directory)."""
-        params = params or SamplingParams()
+        """vLLM's call shape: `add` of the EngineRequest these values make
+        (engine/api/engine_request.py says what each is)."""
+        request = EngineRequest(
+            prompt, params, request_id, lora_request, cache_salt, tenant, priority, tenant_weight
+        )
+        return self.add(request, adapter_identity)
+
+    def add(
+        self, engine_request: EngineRequest, adapter_identity: WeightsIdentity | None = None
+    ) -> Request:
+        """Queue a request (checked where it was built; what depends on this engine is checked
+        here, before any KV block is touched). `adapter_identity` admits it under weights a
+        loader thread already read (AsyncLLMEngine's); without it the adapter's files are
+        checked here (one stat when unchanged since read), an adapter store object's fetched
+        first (the request then runs, and its outputs name, the object's verified local
+        directory)."""
+        request_id, prompt = engine_request.request_id, engine_request.prompt
+        params = engine_request.sampling_params
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidParam("priority", f"priority must be an integer, got {priority!r}")
-        tenant_weight = check_tenant_weight(tenant_weight)
         text, token_ids = self.inputs.tokenize(prompt)
         lora_request, adapter_identity = self._validate(
-            token_ids, params, lora_request, adapter_identity
+            token_ids, params, engine_request.lora_request, adapter_identity
         )
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         request = Request(
-            request_id, text, token_ids, params, lora_request, adapter_identity, cache_salt, tenant
+            request_id,
+            text,
+            token_ids,
+            params,
+            lora_request,
+            adapter_identity,
+            engine_request.cache_salt,
+            engine_request.tenant,
         )
-        request.priority = priority
+        request.priority = engine_request.priority
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
         request.logits_processors = self.plugins.logits_processors(asdict(params), self._model_info)
@@ -292,7 +307,7 @@ class LLMEngine:
         request.pending_forks = request.seqs[1:]
         self.requests[request_id] = request
         self._events.append((True, request))
-        self.fair_share.arrive(request, tenant_weight)
+        self.fair_share.arrive(request, engine_request.tenant_weight)
         if adapter_identity is not None:  # its weights stay loadable until it ends
             self.residency.hold(request)
         self.num_prompt_tokens += len(token_ids)

@@ -35,9 +35,9 @@ import torch
 from ray import serve
 
 from loragate.adapters import LoRARequest
-from loragate.engine import AsyncLLMEngine, EngineConfig
+from loragate.engine import AsyncLLMEngine, EngineConfig, EngineRequest
 from loragate.gateway.adapter_control.adapter_store_setup import adapter_fetcher
-from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
+from loragate.gateway.replicas.wire import AdapterSummary, Failure, ReplicaReport
 
 log = logging.getLogger(__name__)
 
@@ -114,21 +114,12 @@ class EngineReplica:
             self._pruner = self._loop.create_task(self._prune_loop(PRUNE_EVERY_S))
 
     # ---- what the ingress calls ----------------------------------------------------------
-    async def generate(self, call: GenerateCall):
+    async def generate(self, request: EngineRequest):
         """Stream the request's outputs; a cancelled stream (client gone) aborts it."""
         try:
-            if call.lora_request is not None:
-                await self._make_resident(call.lora_request)
-            async for out in self.engine.generate(
-                call.prompt,
-                call.params,
-                call.request_id,
-                lora_request=call.lora_request,
-                cache_salt=call.cache_salt,
-                tenant=call.tenant,
-                priority=call.priority,
-                tenant_weight=call.tenant_weight,
-            ):
+            if request.lora_request is not None:
+                await self._make_resident(request.lora_request)
+            async for out in self.engine.generate_request(request):
                 yield out
         except Exception as exc:  # noqa: BLE001 - every failure goes back as itself
             yield Failure(exc)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import aclosing
 from pathlib import Path
 
 from ray.exceptions import RayError
@@ -35,6 +36,7 @@ from loragate.adapters import LoRARequest
 from loragate.engine import (
     AdapterEvents,
     EngineDeadError,
+    EngineRequest,
     EngineStats,
     InFlightRequests,
     ModelInfo,
@@ -44,7 +46,7 @@ from loragate.engine import (
     WeightsListener,
 )
 from loragate.gateway.replicas.aggregate import combined_stats
-from loragate.gateway.replicas.wire import AdapterSummary, Failure, GenerateCall, ReplicaReport
+from loragate.gateway.replicas.wire import AdapterSummary, Failure, ReplicaReport
 
 # Errors that mean "the replica (or Ray) went away", not "the request was bad".
 _GONE = (RayError, RayServeException)
@@ -90,24 +92,31 @@ class ReplicatedEngine:
         priority: int = 0,
         tenant_weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
+        request = EngineRequest(
+            prompt,
+            sampling_params,
+            request_id,
+            lora_request,
+            cache_salt,
+            tenant,
+            priority,
+            tenant_weight,
+        )
+        async with aclosing(self.generate_request(request)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def generate_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """The request, sent whole to a replica (its adapter's, by Ray Serve's multiplexing)."""
+        lora_request = request.lora_request
         if lora_request is not None:  # in flight from here, before anything is awaited
             self._in_flight.started(lora_request)
         finished = False
         try:
-            call = GenerateCall(
-                prompt,
-                sampling_params,
-                request_id,
-                lora_request,
-                cache_salt,
-                tenant,
-                priority,
-                tenant_weight,
-            )
             options = {"stream": True}
             if lora_request is not None:
                 options["multiplexed_model_id"] = lora_request.lora_name
-            items = await self._send(call, options)
+            items = await self._send(request, options)
             first = True
             async for item in items:
                 if isinstance(item, Failure):
@@ -121,8 +130,8 @@ class ReplicatedEngine:
             if not finished:
                 raise EngineDeadError("the replica ended the request without finishing it")
         finally:
-            self._aborted.discard(request_id)
-            stream = self._streams.pop(request_id, None)
+            self._aborted.discard(request.request_id)
+            stream = self._streams.pop(request.request_id, None)
             if stream is not None and not finished:
                 stream.cancel()  # the replica's generator is cancelled and aborts it
             if lora_request is not None:
@@ -203,12 +212,12 @@ class ReplicatedEngine:
         self._stopped = True
 
     # ---- inside -------------------------------------------------------------------------
-    async def _send(self, call: GenerateCall, options: dict):
+    async def _send(self, request: EngineRequest, options: dict):
         """Open the request's stream on a replica and wait for its first item: its items,
         the first one included. Sent again while no replica answered."""
         for attempt in range(RETRIES + 1):
-            stream = self._handle.options(**options).generate.remote(call)
-            self._streams[call.request_id] = stream
+            stream = self._handle.options(**options).generate.remote(request)
+            self._streams[request.request_id] = stream
             items = _replica_stream(stream)
             try:
                 first = await anext(items)
@@ -219,7 +228,7 @@ class ReplicatedEngine:
                 # ended before its first item (a replica always sends one: an output or a
                 # Failure), or the replica's own engine had stopped. Nothing was sent.
                 stream.cancel()
-                if attempt == RETRIES or self._stopped or call.request_id in self._aborted:
+                if attempt == RETRIES or self._stopped or request.request_id in self._aborted:
                     why = str(exc) or "its stream ended before any output"
                     raise EngineDeadError(
                         f"no replica answered the request in {attempt + 1} tries: {why}"

@@ -1,26 +1,14 @@
-"""What crosses between the ingress and a replica: plain, picklable data (never tensors)."""
+"""What crosses between the ingress and a replica: plain, picklable data (never tensors).
+
+A request crosses as the engine's own EngineRequest (loragate.engine), whole; what comes
+back is its RequestOutputs, or a Failure; these are the rest."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from loragate.adapters import LoRARequest
-from loragate.engine import EngineStats, SamplingParams
-
-
-@dataclass(frozen=True)
-class GenerateCall:
-    """One engine request, as AsyncLLMEngine.generate takes it."""
-
-    prompt: object
-    params: SamplingParams
-    request_id: str
-    lora_request: LoRARequest | None = None
-    cache_salt: str | None = None
-    tenant: str | None = None
-    priority: int = 0
-    tenant_weight: float = 1.0
+from loragate.engine import EngineStats
 
 
 @dataclass(frozen=True)

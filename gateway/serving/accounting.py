@@ -39,7 +39,7 @@ from typing import Protocol
 from uuid import uuid4
 
 from loragate.adapters import LoRARequest
-from loragate.engine import EngineClient, SamplingParams
+from loragate.engine import EngineClient, EngineRequest, SamplingParams
 from loragate.gateway.adapter_control.paths import hide_root
 from loragate.gateway.errors import EngineUnavailableError, QuotaExceededError
 from loragate.gateway.serving.admission import Admission
@@ -134,19 +134,18 @@ class AccountRecords:
 
 @dataclass(frozen=True)
 class _Started:
-    """What one engine request was started with, to send it again as it was."""
+    """One engine request as it was sent (to send it again as it was), and the names its
+    errors give the client's fields."""
 
-    prompt: object
-    params: SamplingParams
-    request_id: str
+    request: EngineRequest
     field_names: dict[str, str]
     adapter_param: str
-    priority: int
 
     @property
     def num_seqs(self) -> int:
         """The sequences it takes in the queue."""
-        return max(self.params.n, self.params.best_of or 1)
+        params = self.request.sampling_params
+        return max(params.n, params.best_of or 1)
 
 
 class RequestAccount:
@@ -178,12 +177,24 @@ class RequestAccount:
         priority: int = 0,
     ) -> Generation:
         """Admit one engine request to the queue (429 if it is full) and hand it to the
-        engine; call its `prime()` next."""
+        engine; call its `prime()` next. The request is built here, once, with the caller's
+        tenancy (cache salt, name, weight) and adapter, and goes to the engine whole."""
         accounting = self._accounting
         engine = accounting.engine
         if not engine.is_running:
             raise EngineUnavailableError(f"the engine is not running: {engine.dead_error}")
-        started = _Started(prompt, params, request_id, field_names, adapter_param, priority)
+        caller = self.caller
+        request = EngineRequest(
+            prompt,
+            deltas_of(params),
+            request_id,
+            lora_request=self.lora,
+            cache_salt=caller.cache_salt,
+            tenant=caller.tenant,
+            priority=priority,
+            tenant_weight=caller.weight,
+        )
+        started = _Started(request, field_names, adapter_param)
         num_seqs = started.num_seqs
         try:
             accounting.admission.admit(num_seqs)
@@ -218,20 +229,11 @@ class RequestAccount:
         return again
 
     def _launch(self, started: _Started) -> Generation:
-        caller, root = self.caller, self._accounting.adapter_root
-        outputs = self._accounting.engine.generate(
-            started.prompt,
-            deltas_of(started.params),
-            started.request_id,
-            lora_request=self.lora,
-            cache_salt=caller.cache_salt,
-            tenant=caller.tenant,
-            tenant_weight=caller.weight,
-            priority=started.priority,
-        )
+        root = self._accounting.adapter_root
+        outputs = self._accounting.engine.generate_request(started.request)
         return Generation(
             outputs,
-            started.request_id,
+            started.request.request_id,
             field_names=started.field_names,
             adapter_param=started.adapter_param,
             scrub=lambda text: hide_root(text, root),

@@ -37,7 +37,7 @@ def protocol_members() -> dict[str, object]:
 
 
 def test_the_protocol_names_what_the_gateway_calls():
-    assert {"generate", "abort", "apply_chat_template", "encode", "stats"} <= set(
+    assert {"generate_request", "abort", "apply_chat_template", "encode", "stats"} <= set(
         protocol_members()
     )
 
@@ -65,8 +65,8 @@ def test_every_member_has_the_protocols_signature(impl, name):
     kinds = (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
     if inspect.iscoroutinefunction(member):
         assert inspect.iscoroutinefunction(own), f"{impl.__name__}.{name} must be async"
-    elif name == "generate":
-        assert inspect.isasyncgenfunction(own), f"{impl.__name__}.generate must stream"
+    elif name in ("generate", "generate_request"):
+        assert inspect.isasyncgenfunction(own), f"{impl.__name__}.{name} must stream"
     else:
         assert not any(kind(own) for kind in kinds), f"{impl.__name__}.{name} must be sync"
 

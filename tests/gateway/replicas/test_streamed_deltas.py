@@ -21,13 +21,13 @@ import pytest
 from loragate.engine import (
     AsyncLLMEngine,
     EngineConfig,
+    EngineRequest,
     LLMEngine,
     RequestOutput,
     RequestOutputKind,
     SamplingParams,
 )
 from loragate.gateway.replicas.engine_replica import EngineReplica
-from loragate.gateway.replicas.wire import GenerateCall
 from loragate.gateway.serving.generation import grown
 
 TOKENS = 2000
@@ -58,7 +58,7 @@ async def in_process(engine, kind: RequestOutputKind, request_id: str) -> list[R
 async def through_replica(engine, request_id: str) -> list[RequestOutput]:
     """What a replica yields for the ingress, each item through pickle as the wire takes it."""
     replica = SimpleNamespace(engine=engine)  # what `generate` uses of the deployment
-    call = GenerateCall(PROMPT, params(RequestOutputKind.DELTA), request_id)
+    call = EngineRequest(PROMPT, params(RequestOutputKind.DELTA), request_id)
     return [
         pickle.loads(pickle.dumps(item)) async for item in EngineReplica.generate(replica, call)
     ]

@@ -20,6 +20,7 @@ from loragate.adapters import LoRARequest
 from loragate.engine import (
     CompletionOutput,
     EngineDeadError,
+    EngineRequest,
     RequestOutput,
     RequestOutputKind,
     SamplingParams,
@@ -54,10 +55,18 @@ class ScriptedEngine:
         self.allowed = asyncio.Semaphore(0)
         self.handed: list[str] = []
         self.aborted: list[str] = []
+        self.requests: list[EngineRequest] = []  # each generate_request's, as it came
 
     def release(self, n: int) -> None:
         for _ in range(n):
             self.allowed.release()
+
+    def generate_request(self, request):
+        """What the account calls: the request whole (EngineRequest)."""
+        self.requests.append(request)
+        return self.generate(
+            request.prompt, request.sampling_params, request.request_id, request.lora_request
+        )
 
     async def generate(self, prompt, params, request_id, lora_request=None, **options):
         self.handed.append(request_id)
@@ -311,6 +320,12 @@ def test_a_whole_answer_lost_mid_request_is_sent_again_and_counted_once():
         await settled(accounting)
         assert final.finished and final.outputs[0].token_ids == list(range(TOKENS))
         assert engine.handed == ["r-0", "r-0"] and run.account.records.resent == 1
+        # Built once by the account, with the caller's tenancy, and sent again as it was.
+        first, again = engine.requests
+        assert again is first
+        assert (first.prompt, first.request_id, first.lora_request) == (PROMPT, "r-0", LORA)
+        assert (first.tenant, first.cache_salt, first.tenant_weight) == ("acme", "acme", 1.0)
+        assert first.sampling_params.output_kind == RequestOutputKind.DELTA
         # The lost request's two tokens reached no client: only the answer is counted.
         check(run.account, TOKENS, quotas, usage, metrics, accounting.admission)
 
