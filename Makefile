@@ -8,8 +8,13 @@ STAMP := .venv/.installed
 serve: $(STAMP)
 	.venv/bin/loragate serve
 
+# Two pytest-xdist workers, a test file each at a time (its module fixtures stay on one worker):
+# the suite waits on servers, Ray and subprocesses for much of its time, so the 2-core machine
+# runs it in about two thirds of the serial time (TESTING.md, "The suite's time").
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 install: $(STAMP)
 
