@@ -29,7 +29,7 @@ from loragate.gateway.openai.tool_stream import ToolCallStreamer
 from loragate.gateway.openai.tools import ToolPlan, tool_calls, tool_plan
 from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.route_start import start_route
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
 from loragate.gateway.tenancy.principal import Caller
@@ -54,32 +54,20 @@ class ChatController(Controller):
             served_model.chat_template_text,
             served_model.auto_tool_parser,
         )
-        params = chat_params(data, served_model.max_num_seqs, plan.schema if plan else None)
-        lora = await served_model.resolve_model(data.model, caller=caller)
-        prompt_ids = served_model.apply_chat_template(
-            chat_messages(data.messages),
-            data.add_generation_prompt,
-            data.add_special_tokens,
-            tools=plan.tools if plan is not None else None,
-            chat_template_kwargs=data.chat_template_kwargs,
-        )
-        splitter = _reasoning_splitter(served_model, data, prompt_ids)
-        fields = chat_fields(data)
-        (prompt,), cost = await served_model.measure(
-            caller, [{"prompt_token_ids": prompt_ids}], params, fields
-        )
-        request_id = accounting.new_request_id("chatcmpl")
-        run = await run_generations(
+        started = await start_route(
+            served_model,
             accounting,
             request,
             caller,
-            lora,
-            cost,
-            [(prompt, request_id)],
-            params,
-            field_names=fields,
+            model=data.model,
+            prompts=lambda: [{"prompt_token_ids": _prompt_ids(served_model, data, plan)}],
+            params=chat_params(data, served_model.max_num_seqs, plan.schema if plan else None),
+            field_names=chat_fields(data),
+            id_prefix="chatcmpl",
             priority=data.priority,
         )
+        run, request_id = started.run, started.request_id
+        splitter = _reasoning_splitter(served_model, data, started.prompts[0]["prompt_token_ids"])
         created = int(time.time())
         if data.stream:
             return run.stream(
@@ -112,6 +100,19 @@ class ChatController(Controller):
             choices=choices,
             usage=usage_of([final]),
         )
+
+
+def _prompt_ids(
+    served_model: ServedModel, data: ChatCompletionRequest, plan: ToolPlan | None
+) -> list[int]:
+    """The conversation's prompt token ids, by the chat template, with the tools laid out."""
+    return served_model.apply_chat_template(
+        chat_messages(data.messages),
+        data.add_generation_prompt,
+        data.add_special_tokens,
+        tools=plan.tools if plan is not None else None,
+        chat_template_kwargs=data.chat_template_kwargs,
+    )
 
 
 def _reasoning_splitter(

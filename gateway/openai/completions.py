@@ -28,7 +28,7 @@ from loragate.gateway.openai.schemas import (
 )
 from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.run import run_generations
+from loragate.gateway.serving.route_start import start_route
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import DONE, sse_event
 from loragate.gateway.tenancy.principal import Caller
@@ -47,26 +47,20 @@ class CompletionsController(Controller):
         served_model: ServedModel,
         accounting: Accounting,
     ) -> CompletionResponse | Stream:
-        params = completion_params(data, served_model.max_num_seqs)
-        lora = await served_model.resolve_model(data.model, caller=caller)
-        prompts, cost = await served_model.measure(
-            caller,
-            completion_prompts(data.prompt, data.add_special_tokens),
-            params,
-            completion_fields(data),
-        )
-        request_id = accounting.new_request_id("cmpl")
-        run = await run_generations(
+        started = await start_route(
+            served_model,
             accounting,
             request,
             caller,
-            lora,
-            cost,
-            [(prompt, f"{request_id}-{i}") for i, prompt in enumerate(prompts)],
-            params,
+            model=data.model,
+            prompts=lambda: completion_prompts(data.prompt, data.add_special_tokens),
+            params=completion_params(data, served_model.max_num_seqs),
             field_names=completion_fields(data),
+            id_prefix="cmpl",
             priority=data.priority,
+            numbered_ids=True,
         )
+        run, request_id = started.run, started.request_id
         created = int(time.time())
         if data.stream:
             return run.stream(_stream(served_model, data, run.generations, request_id, created))

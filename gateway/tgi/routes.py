@@ -23,7 +23,8 @@ from loragate.gateway.errors import (
 from loragate.gateway.openai.format import token_text
 from loragate.gateway.serving.accounting import Accounting
 from loragate.gateway.serving.generation import Generation, outputs_of
-from loragate.gateway.serving.run import Run, run_generations
+from loragate.gateway.serving.route_start import start_route
+from loragate.gateway.serving.run import Run
 from loragate.gateway.serving.served_model import ServedModel
 from loragate.gateway.serving.sse import sse_event
 from loragate.gateway.tenancy.principal import Caller, Principal
@@ -99,29 +100,29 @@ async def _run(
     accounting: Accounting,
 ) -> tuple[Run, TGIParameters]:
     p = data.parameters or TGIParameters()
-    params = tgi_params(p, served_model.max_num_seqs)
-    lora = await served_model.resolve_model(
-        p.adapter_id, param="parameters.adapter_id", caller=caller
-    )
-    prompt: str | dict = data.inputs
-    if p.truncate is not None:
-        if p.truncate < 1:
-            raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
-        ids = await served_model.encode(data.inputs)
-        prompt = {"prompt_token_ids": ids[-p.truncate :]}
-    (prompt,), cost = await served_model.measure(caller, [prompt], params, tgi_fields(p))
-    run = await run_generations(
+    started = await start_route(
+        served_model,
         accounting,
         request,
         caller,
-        lora,
-        cost,
-        [(prompt, accounting.new_request_id("tgi"))],
-        params,
+        model=p.adapter_id,
+        model_param="parameters.adapter_id",
+        prompts=lambda: _prompts(served_model, data.inputs, p.truncate),
+        params=tgi_params(p, served_model.max_num_seqs),
         field_names=tgi_fields(p),
-        adapter_param="parameters.adapter_id",
+        id_prefix="tgi",
     )
-    return run, p
+    return started.run, p
+
+
+async def _prompts(served_model: ServedModel, inputs: str, truncate: int | None) -> list:
+    """The one prompt: the inputs, or their last `truncate` tokens."""
+    if truncate is None:
+        return [inputs]
+    if truncate < 1:
+        raise InvalidRequestError("truncate must be >= 1", param="parameters.truncate")
+    ids = await served_model.encode(inputs)
+    return [{"prompt_token_ids": ids[-truncate:]}]
 
 
 async def _generate(
