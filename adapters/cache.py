@@ -19,60 +19,29 @@ Old weights age out by LRU. Weights an admitted request still needs and that its
 longer hold are never dropped from the CPU tier (``hold``/``release``), even past
 max_cpu_loras, until those requests end; slots running sequences use are never evicted.
 
-Counters (``stats()``):
-  device_hits      acquire found the adapter already in a slot
-  slot_loads       adapters put in a device slot (copied; on a CPU, borrowed in place)
-  device_evictions resident adapters replaced to free a slot
-  acquire_waits    acquire calls that returned None (every slot busy)
-  cpu_hits         the CPU tier had the adapter (acquire miss or preload)
-  disk_loads       adapters read and validated from disk into the CPU tier (misses)
-  file_reads       adapter directories read (hashed, unless a stat vouched for them)
-  vouched_reads    of those, read without hashing them again because a stat vouched
-                   for the files: weights read back for requests admitted under them, or
-                   a store object's files as the fetch that checked them left them
-  cpu_evictions    adapters dropped from the CPU tier to respect max_cpu_loras
-  load_seconds     time spent in disk loads
-  slot_load_seconds time spent putting adapters in device slots
-  resident_adapters adapters in device slots now
-  cpu_adapters     adapters in the CPU tier now
-  resident_bytes   bytes the adapters in device slots take (tier_budget.slot_bytes)
-  cpu_bytes        bytes the adapters in the CPU tier take (tier_budget.cpu_bytes)
-  held_weights     weight sets that admitted, unfinished requests were admitted under
+The tiers are plain objects (adapters/cpu_tier.py, adapters/device_tier.py); ``stats()``
+names their counters (adapters/tier_reports.py).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 
 import torch
 
-from loragate.adapters.cache_reports import CacheReports
+from loragate.adapters import tier_reports
+from loragate.adapters.cpu_tier import CpuTier
 from loragate.adapters.device_tier import DeviceTier
 from loragate.adapters.errors import AdapterChangedError, AdapterNotInMemory
-from loragate.adapters.eviction import ChooseVictim, lru_victim, victim_key
+from loragate.adapters.eviction import ChooseVictim, lru_victim
 from loragate.adapters.identity import IdentityBook, Vouch, WeightsIdentity
-from loragate.adapters.loader import LoRAAdapter, load_adapter, vouched_identity
+from loragate.adapters.loader import LoRAAdapter, vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED, LoadPacing
-from loragate.adapters.read_buffers import ReadBuffers
 from loragate.adapters.request import LoRARequest
 from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.spec import LoRAModelSpec
-from loragate.adapters.tier_budget import (
-    TierBudget,
-    cpu_bytes,
-    largest_bytes,
-    slot_bytes,
-    unit_bytes,
-)
 from loragate.adapters.usage import UsageBook
-
-_COUNTERS = (
-    "device_hits slot_loads device_evictions acquire_waits cpu_hits disk_loads file_reads "
-    "vouched_reads "
-    "cpu_evictions"
-).split()
 
 
 def _positive_int(name: str, value) -> int:
@@ -81,7 +50,7 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-class AdapterCache(CacheReports):
+class AdapterCache:
     """All known adapters on disk, recent ones in CPU memory, up to max_loras on the device.
 
     ``remove`` refuses (ValueError) to drop an adapter whose slot is in the busy_slots it
@@ -121,46 +90,34 @@ class AdapterCache(CacheReports):
             )
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
-        self.strict_base_model = strict_base_model
-        self._choose_victim = choose_victim or lru_victim
+        choose_victim = choose_victim or lru_victim
         # borrow: on a CPU, slots read the CPU tier's rows in place (adapters/slots.py).
-        self._device = DeviceTier(spec, max_loras, max_lora_rank, device, dtype, borrow)
-        self._slots = self._device.tensors
-        self._slot_of = self._device.slot_of  # the same dict: identity -> slot
-        self._cpu: dict[WeightsIdentity, LoRAAdapter] = {}
-        self._cpu_bytes: dict[WeightsIdentity, int] = {}
-        # Each tier's count and bytes (adapters/tier_budget.py); the CPU tier holds stacks
-        # in the slots' dtype where slots borrow them or copy them beside the step (a GPU),
-        # float32 otherwise (DeviceSlots.stack_dtype).
-        cpu_dtype = self._slots.stack_dtype
-        self.slot_budget = TierBudget.make(
-            "device slots",
+        self._device = DeviceTier(
+            spec,
             max_loras,
-            "max_loras",
-            unit_bytes(spec, max_lora_rank, dtype),
-            largest_bytes(spec, max_lora_rank, dtype, dtype),
-            max_lora_bytes,
-            "max_lora_bytes",
+            max_lora_rank,
+            device,
+            dtype,
+            borrow,
+            choose_victim=choose_victim,
+            max_lora_bytes=max_lora_bytes,
         )
-        self.cpu_budget = TierBudget.make(
-            "CPU tier",
-            max_cpu_loras,
-            "max_cpu_loras",
-            unit_bytes(spec, max_lora_rank, cpu_dtype),
-            # the vocabulary side is read into float32 (adapters/vocab_extras.py)
-            largest_bytes(spec, max_lora_rank, cpu_dtype, torch.float32),
-            max_cpu_lora_bytes,
-            "max_cpu_lora_bytes",
+        slots = self._device.tensors
+        self._cpu = CpuTier(
+            spec,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=max_lora_rank,
+            stack_dtype=slots.stack_dtype,
+            pin_memory=slots.device.type == "cuda",
+            book=book if book is not None else IdentityBook(),
+            choose_victim=choose_victim,
+            strict_base_model=strict_base_model,
+            max_cpu_lora_bytes=max_cpu_lora_bytes,
         )
+        self.slot_budget = self._device.budget
+        self.cpu_budget = self._cpu.budget
         self._usage = UsageBook()
-        self._holds: Counter[WeightsIdentity] = Counter()
-        self._book = book if book is not None else IdentityBook()  # its clock stamps _read
-        self._read_buffers = ReadBuffers()  # weights files' reads reuse their memory
         self._lock = threading.RLock()
-        self._counters = dict.fromkeys(_COUNTERS, 0)
-        # sha256 -> [disk loads, their seconds, slot loads, their seconds] (for metrics)
-        self._loads_of: dict[str, list] = {}
-        self._seconds = {"load_seconds": 0.0, "slot_load_seconds": 0.0}
 
     # -- device slot tensors, for the engine's LoRA layers ------------------------------
     @property
@@ -168,18 +125,18 @@ class AdapterCache(CacheReports):
         """The device slots' stacked tensors alone (no lock, no tiers): what a forward pass
         reads. Their storage never moves; a slot is written only while no running sequence
         uses it."""
-        return self._slots
+        return self._device.tensors
 
     @property
     def scales(self) -> torch.Tensor:
         """``[max_loras]`` scale per slot (0 for an empty slot)."""
-        return self._slots.scales
+        return self._device.tensors.scales
 
     @property
     def effective_rank(self) -> int:
         """Largest rank among resident adapters; columns past it are zero in every slot."""
         with self._lock:
-            return max(self._device.rank)
+            return self._device.effective_rank
 
     # -- admission ----------------------------------------------------------------------
     def preload(self, request: LoRARequest) -> LoRAAdapter:
@@ -208,7 +165,7 @@ class AdapterCache(CacheReports):
                 return adapter
         # No lock held while reading. Files a stat still vouches for since they hashed to
         # ``identity`` are read without hashing them again (adapters/loader.py).
-        vouched = self._book.entry(request.lora_path)
+        vouched = self._cpu.book.entry(request.lora_path)
         vouched = vouched if vouched is not None and vouched[1] == identity else None
         fresh, seconds = self._read(request, vouched)
         with self._lock:
@@ -216,40 +173,35 @@ class AdapterCache(CacheReports):
 
     def in_slot(self, identity: WeightsIdentity) -> bool:
         with self._lock:
-            return identity in self._slot_of
+            return identity in self._device.slot_of
 
     def in_memory(self, identity: WeightsIdentity) -> bool:
         """Whether ``identity``'s weights are in the CPU tier or a device slot, so that
         ``acquire`` needs no file."""
         with self._lock:
-            return identity in self._cpu or identity in self._slot_of
+            return identity in self._cpu or identity in self._device.slot_of
 
     def hold(self, identity: WeightsIdentity) -> None:
         """A request was admitted under ``identity``: keep weights no file gives any more."""
         with self._lock:
-            self._holds[identity] += 1
+            self._cpu.hold(identity)
 
     def release(self, identity: WeightsIdentity) -> None:
         """A request admitted under ``identity`` ended."""
         with self._lock:
-            self._holds[identity] -= 1
-            if self._holds[identity] <= 0:
-                del self._holds[identity]
+            self._cpu.release(identity)
 
     def pin(self, request: LoRARequest, pinned: bool = True) -> None:
         """Mark ``request``'s adapter directory pinned (or not): eviction candidates say so,
         and the built-in policy evicts pinned adapters last."""
         with self._lock:
-            if pinned:
-                self._usage.pinned_paths.add(request.lora_path)
-            else:
-                self._usage.pinned_paths.discard(request.lora_path)
+            self._usage.pin(request.lora_path, pinned)
 
     # -- device tier ------------------------------------------------------------------
     def slot_of(self, request: LoRARequest) -> int | None:
         """The slot holding the weights ``request``'s files had when last hashed, if any."""
         with self._lock:
-            return self._slot_of.get(self._book.last(request.lora_path))
+            return self._device.slot_of.get(self._cpu.book.last(request.lora_path))
 
     def acquire(
         self,
@@ -275,9 +227,10 @@ class AdapterCache(CacheReports):
         if identity is None:
             identity, fresh, seconds = self._resolve(request)
         with self._lock:
-            slot = self._slot_of.get(identity)
+            device = self._device
+            slot = device.slot_of.get(identity)
             if slot is not None:
-                self._counters["device_hits"] += 1
+                device.hit()
                 self._usage.touch(identity, request, used=True, tenant=tenant)
                 return slot
             if not read_files and identity not in self._cpu:
@@ -287,61 +240,22 @@ class AdapterCache(CacheReports):
                 adapter = fresh
             read = adapter is None
             if read:  # read (or refused) only once a slot could be had
-                if self._device.free_slot() is None and set(self._device.occupied()) <= set(
-                    busy_slots
-                ):
-                    self._counters["acquire_waits"] += 1
+                if device.all_busy(busy_slots):
+                    device.wait()
                     return None
                 adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
-            size = slot_bytes(adapter, self._slots.dtype)
-            victims = self._device_victims(busy_slots, size)
+            size = device.size_of(adapter)
+            victims = device.victims(busy_slots, size, self._usage)
             if victims is None:
-                self._counters["acquire_waits"] += 1
+                device.wait()
                 return None
             if not read:
                 adapter = self._cpu_entry(request, identity, fresh, seconds, admitted=True)
-            for victim in victims[1:]:  # their slots are zeroed and left free
-                self._device.clear(victim)
-            slot = self._slot_of[victims[0]] if victims else self._device.free_slot()
-            put_seconds = self._device.put(slot, identity, adapter, size)
-            self._seconds["slot_load_seconds"] += put_seconds
-            self._counters["slot_loads"] += 1
-            self._count_load(identity, 2, put_seconds)
+            slot = device.replace(victims, identity, adapter, size)
             for victim in victims:
                 self._forget_usage_if_gone(victim)
-                self._counters["device_evictions"] += 1
             self._usage.touch(identity, request, used=True, tenant=tenant)
             return slot
-
-    def _device_victims(self, busy_slots, size: int) -> list[WeightsIdentity] | None:
-        """The resident weights to evict, in the policy's order, so that an adapter of
-        ``size`` bytes fits (a slot and its bytes): [] when it fits already, None when
-        evicting every slot no running sequence uses would not make room."""
-        device, budget = self._device, self.slot_budget
-        occupied = device.occupied()
-        adapters, used = len(occupied), device.used_bytes
-        victims: list[WeightsIdentity] = []
-        while not budget.fits(adapters, used, size):
-            candidates = [
-                self._usage.candidate(owner, slot)
-                for slot, owner in occupied.items()
-                if slot not in busy_slots and owner not in victims
-            ]
-            if not candidates:
-                return None
-            key = self._victim(candidates, "device")
-            victim = next(owner for owner in self._slot_of if self._usage.key(owner) == key)
-            victims.append(victim)
-            adapters -= 1
-            used -= device.bytes[self._slot_of[victim]]
-        return victims
-
-    def _victim(self, candidates: list[dict], tier: str) -> tuple:
-        """The key of the candidate the eviction policy names (a ValueError if none)."""
-        try:
-            return victim_key(self._choose_victim(candidates, tier), candidates, tier)
-        except ValueError as exc:
-            raise ValueError(f"choose_victim {exc}") from None
 
     # -- CPU tier ---------------------------------------------------------------------
     def admission_identity(self, request: LoRARequest) -> WeightsIdentity:
@@ -357,16 +271,14 @@ class AdapterCache(CacheReports):
         ``loading`` reads already under way: the tier has a place and bytes left beside the
         weights admitted requests hold, which never leave it for another load."""
         with self._lock:
-            held = [identity for identity in self._cpu if self._holds.get(identity)]
-            used = sum(self._cpu_bytes[identity] for identity in held)
-            return len(held) + loading < self.cpu_budget.count and used < self.cpu_budget.limit
+            return self._cpu.room_to_load(loading)
 
     def known_identity(self, request: LoRARequest) -> WeightsIdentity | None:
         """The identity of ``request``'s files when a stat vouches for them (unchanged since
         read), whether or not their weights are still in memory: admitting a request under it
         reads no file, and where the weights left memory the request's own load reads them
         once the tier has room (``room_to_load``)."""
-        identity = self._book.known(request.lora_path)
+        identity = self._cpu.book.known(request.lora_path)
         with self._lock:
             if identity is not None and identity in self._cpu:
                 self._usage.touch(identity, request, used=False)
@@ -376,10 +288,10 @@ class AdapterCache(CacheReports):
         """The identity of ``request``'s files now: from a stat when they are unchanged since
         read, otherwise by reading them (the adapter read is returned too; files a store's
         check vouched for and still so stamped are not hashed again). No lock held."""
-        identity = self._book.known(request.lora_path)
+        identity = self._cpu.book.known(request.lora_path)
         if identity is not None:
             return identity, None, 0.0
-        adapter, seconds = self._read(request, self._book.entry(request.lora_path))
+        adapter, seconds = self._read(request, self._cpu.book.entry(request.lora_path))
         return adapter.identity, adapter, seconds
 
     def _cpu_entry(
@@ -393,9 +305,8 @@ class AdapterCache(CacheReports):
         """The CPU tier's copy of ``identity``, read from disk (or taken from ``fresh``, just
         read) on a miss. With ``admitted``, ``identity`` is fixed: files that now hold other
         weights raise AdapterChangedError instead of being served."""
-        adapter = self._cpu.get(identity)
+        adapter = self._cpu.hit(identity)
         if adapter is not None:
-            self._counters["cpu_hits"] += 1
             return adapter
         if fresh is None:
             fresh, seconds = self._read(request)
@@ -408,10 +319,14 @@ class AdapterCache(CacheReports):
                     path=request.lora_path,
                 )
             identity = fresh.identity
-            if identity in self._cpu:
-                self._counters["cpu_hits"] += 1
-                return self._cpu[identity]
-        self._insert_cpu(identity, request, fresh, seconds, admitted)
+            adapter = self._cpu.hit(identity)
+            if adapter is not None:
+                return adapter
+        evicted = self._cpu.insert(
+            identity, request, fresh, seconds, self._usage, self._device.slot_of, admitted
+        )
+        for victim in evicted:
+            self._forget_usage_if_gone(victim)
         return fresh
 
     def _read(
@@ -419,69 +334,13 @@ class AdapterCache(CacheReports):
     ) -> tuple[LoRAAdapter, float]:
         started = time.perf_counter()
         with self.load_pacing.loading():
-            adapter = load_adapter(
-                request.lora_path,
-                self.spec,
-                self.max_lora_rank,
-                self.strict_base_model,
-                self.load_pacing,
-                # On a CPU the slots read the stacks in place, on a GPU copy them as they are.
-                self._slots.stack_dtype,
-                vouched,
-                self._read_buffers,
-                # A GPU copies them into slots beside the step: from page-locked memory.
-                pin_memory=self._slots.device.type == "cuda",
-                clock=self._book.clock,
-            )
+            adapter = self._cpu.read(request, vouched, self.load_pacing)
             # Larger than a whole tier: refused before anything remembers it.
-            self.cpu_budget.check(request.lora_name, cpu_bytes(adapter), adapter.path)
-            self.slot_budget.check(
-                request.lora_name, slot_bytes(adapter, self._slots.dtype), adapter.path
-            )
-            self._slots.prepare(adapter, self.load_pacing)  # off the step that admits it
-        self._book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
+            self._device.take_in(request.lora_name, adapter, self.load_pacing)
+        self._cpu.book.record(request.lora_path, adapter.stamp, adapter.identity, request.lora_name)
         with self._lock:
-            self._counters["file_reads"] += 1
-            self._counters["vouched_reads"] += vouched_identity(adapter.stamp, vouched) is not None
+            self._cpu.count_read(vouched_identity(adapter.stamp, vouched) is not None)
         return adapter, time.perf_counter() - started
-
-    def _insert_cpu(
-        self,
-        identity: WeightsIdentity,
-        request: LoRARequest,
-        adapter: LoRAAdapter,
-        seconds: float,
-        admitted: bool = False,
-    ) -> None:
-        """Keep ``adapter`` in the CPU tier, evicting weights no admitted request holds. Where
-        only held weights are left, an admitted request's load is kept past the bound (loads
-        start only while there is room, so only loads already under way get here) and a
-        read for admission is not kept: its request's own load reads it when there is room.
-        Held weights never leave for another request's weights: they would be read again at
-        their turn, and a burst over more adapters than the tier holds then read each many
-        times over (the fleet check run: 1542 disk loads for 240 requests)."""
-        self._counters["disk_loads"] += 1
-        self._seconds["load_seconds"] += seconds
-        self._count_load(identity, 0, seconds)
-        size = cpu_bytes(adapter)
-        while not self.cpu_budget.fits(len(self._cpu), sum(self._cpu_bytes.values()), size):
-            droppable = [held for held in self._cpu if not self._holds.get(held)]
-            if not droppable and not admitted:
-                return
-            if not droppable:
-                break
-            candidates = [
-                self._usage.candidate(held, self._slot_of.get(held)) for held in droppable
-            ]
-            key = self._victim(candidates, "cpu")
-            victim = next(held for held in droppable if self._usage.key(held) == key)
-            del self._cpu[victim]
-            del self._cpu_bytes[victim]
-            self._forget_usage_if_gone(victim)
-            self._counters["cpu_evictions"] += 1
-        self._cpu[identity] = adapter
-        self._cpu_bytes[identity] = size
-        self._usage.sized(identity, request, adapter.size_bytes)
 
     # -- both tiers -------------------------------------------------------------------
     def remove(self, request: LoRARequest, busy_slots=frozenset()) -> bool:
@@ -491,12 +350,12 @@ class AdapterCache(CacheReports):
         Raises ValueError, changing nothing, if one of their slots is in ``busy_slots``.
         """
         with self._lock:
-            current = self._book.last(request.lora_path)
+            current = self._cpu.book.last(request.lora_path)
             identities = {i for i, u in self._usage.entries.items() if u.request == request}
-            if current is not None and (current in self._cpu or current in self._slot_of):
+            if current is not None and (current in self._cpu or current in self._device.slot_of):
                 identities.add(current)
             for identity in identities:
-                slot = self._slot_of.get(identity)
+                slot = self._device.slot_of.get(identity)
                 if slot is not None and slot in busy_slots:
                     raise ValueError(
                         f"adapter {request.lora_name!r} is in slot {slot}, which running "
@@ -504,13 +363,31 @@ class AdapterCache(CacheReports):
                     )
             found = False
             for identity in identities:
-                if not self._holds.get(identity):
-                    found |= self._cpu.pop(identity, None) is not None
-                    self._cpu_bytes.pop(identity, None)
+                found |= self._cpu.drop(identity)
                 found |= self._device.clear(identity) is not None
                 self._forget_usage_if_gone(identity)
             return found
 
     def _forget_usage_if_gone(self, identity: WeightsIdentity) -> None:
-        if identity not in self._cpu and identity not in self._slot_of:
-            self._usage.entries.pop(identity, None)
+        kept = identity in self._cpu or identity in self._device.slot_of
+        self._usage.forget_unless(identity, kept)
+
+    # -- what it reports ----------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return tier_reports.tier_stats(self._cpu, self._device)
+
+    def tiers(self) -> dict[str, str]:
+        """Each weights sha256 in memory: "device" (in a slot) or "cpu"."""
+        with self._lock:
+            return tier_reports.tier_of_weights(self._cpu, self._device)
+
+    def loads(self) -> dict[str, tuple]:
+        """Each weights sha256 ever loaded: (disk loads, seconds, slot loads, seconds)."""
+        with self._lock:
+            return tier_reports.tier_loads(self._cpu, self._device)
+
+    def cpu_resident(self) -> list[LoRARequest]:
+        """The request that last used each CPU-tier entry, least recently used first."""
+        with self._lock:
+            return tier_reports.cpu_resident(self._cpu, self._usage)

@@ -16,6 +16,14 @@ from collections.abc import Callable
 
 from loragate.plugins.builtin.eviction import lru_victim, victim_key
 
-__all__ = ["ChooseVictim", "lru_victim", "victim_key"]
+__all__ = ["ChooseVictim", "chosen_victim", "lru_victim", "victim_key"]
 
 ChooseVictim = Callable[[list[dict], str], object]
+
+
+def chosen_victim(choose_victim: ChooseVictim, candidates: list[dict], tier: str) -> tuple:
+    """The key of the candidate ``choose_victim`` names (a ValueError if none)."""
+    try:
+        return victim_key(choose_victim(candidates, tier), candidates, tier)
+    except ValueError as exc:
+        raise ValueError(f"choose_victim {exc}") from None

@@ -28,7 +28,8 @@ class Usage:
 class UsageBook:
     """Usage per set of weights, a logical clock, and the pinned adapter directories.
 
-    Not locked: the cache calls it under its own lock.
+    Not locked: the engine's AdapterResidency, which owns it, calls it under its lock;
+    the tiers read it to describe eviction candidates.
     """
 
     def __init__(self) -> None:
@@ -50,6 +51,18 @@ class UsageBook:
     def sized(self, identity: WeightsIdentity, request: LoRARequest, size_bytes: int) -> None:
         usage = self.entries.setdefault(identity, Usage(last_used=0, request=request))
         usage.size_bytes = size_bytes
+
+    def pin(self, path: str, pinned: bool = True) -> None:
+        """Mark the adapter directory ``path`` pinned (or not)."""
+        if pinned:
+            self.pinned_paths.add(path)
+        else:
+            self.pinned_paths.discard(path)
+
+    def forget_unless(self, identity: WeightsIdentity, kept: bool) -> None:
+        """Drop ``identity``'s usage unless ``kept`` (a tier still holds its weights)."""
+        if not kept:
+            self.entries.pop(identity, None)
 
     def request_of(self, identity: WeightsIdentity) -> LoRARequest:
         return self.entries[identity].request

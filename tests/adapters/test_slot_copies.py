@@ -151,8 +151,10 @@ def test_on_cuda_the_cpu_tier_stacks_in_the_slots_dtype_pinned(spec, make_adapte
     cache = AdapterCache(
         spec, max_loras=2, max_lora_rank=MAX_RANK, device="cuda", dtype=torch.bfloat16
     )
-    slot = cache.acquire(LoRARequest("all", 1, str(path)), set())
-    stacked = [s for adapter in cache._cpu.values() for s in adapter.stacked.values()]
+    request = LoRARequest("all", 1, str(path))
+    in_cpu_tier = cache.preload(request)  # the CPU tier's own copy
+    slot = cache.acquire(request, set())
+    stacked = list(in_cpu_tier.stacked.values())
     assert stacked and all(
         a.dtype == torch.bfloat16 and a.is_pinned() and bt.is_pinned() for _, a, bt in stacked
     )

@@ -25,8 +25,7 @@ import threading
 
 from tiny_llama import ALL_MODULES, make_adapters, peft_greedy, peft_model_with
 
-from loragate.adapters import LoRARequest
-from loragate.adapters import cache as cache_module
+from loragate.adapters import LoRARequest, cpu_tier
 from loragate.engine import SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine
 
@@ -40,7 +39,7 @@ WAIT_S = 120.0  # a bound on any wait below, never a timing assertion
 
 
 class HeldReads:
-    """Wraps the cache's adapter read: notes the thread of each read and holds every read
+    """Wraps the CPU tier's adapter read: notes the thread of each read and holds every read
     until `release()`."""
 
     def __init__(self, read):
@@ -73,8 +72,8 @@ def test_cold_adapters_load_off_the_step_while_streams_decode(
 ):
     model_dir = tiny_model_dir("llama")
     adapters = make_adapters(model_dir, tmp_path, COLD)
-    held = HeldReads(cache_module.load_adapter)
-    monkeypatch.setattr(cache_module, "load_adapter", held)
+    held = HeldReads(cpu_tier.load_adapter)
+    monkeypatch.setattr(cpu_tier, "load_adapter", held)
     llm = make_llm(
         model=str(model_dir),
         dtype="float32",  # the cold requests' greedy output is compared with PEFT's

@@ -196,16 +196,16 @@ def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
 
 def _reads_by_thread(monkeypatch) -> list[str]:
     """The thread of every adapter file read from now on."""
-    from loragate.adapters import cache as cache_module
+    from loragate.adapters import cpu_tier
 
     threads: list[str] = []
-    real = cache_module.load_adapter
+    real = cpu_tier.load_adapter
 
     def load(*args, **kwargs):
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cache_module, "load_adapter", load)
+    monkeypatch.setattr(cpu_tier, "load_adapter", load)
     return threads
 
 

@@ -70,7 +70,7 @@ def test_a_burst_over_more_adapters_than_the_tier_holds(
         reads[str(path)] += 1
         return read(path, *args, **kwargs)
 
-    monkeypatch.setattr("loragate.adapters.cache.load_adapter", counted)
+    monkeypatch.setattr("loragate.adapters.cpu_tier.load_adapter", counted)
 
     prompts = [[1] + [(3000 + 17 * i + 5 * j) % 40000 for j in range(6)] for i in range(COUNT)]
     params = SamplingParams(temperature=0, max_tokens=N, min_tokens=N, ignore_eos=True)

@@ -288,10 +288,10 @@ MUTANTS = [
         "weights an admitted request holds leave the CPU tier for another request's weights",
         (
             Patch(
-                "loragate.adapters.cache",
-                "AdapterCache._insert_cpu",
-                "droppable = [held for held in self._cpu if not self._holds.get(held)]",
-                "droppable = list(self._cpu)",
+                "loragate.adapters.cpu_tier",
+                "CpuTier.insert",
+                "droppable = [held for held in self._weights if not self._holds.get(held)]",
+                "droppable = list(self._weights)",
             ),
         ),
         first="tests/adapters/test_held_weights_stay.py",
