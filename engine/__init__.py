@@ -14,6 +14,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 
 from loragate.adapters import LoRARequest
 from loragate.engine.api.async_engine import AsyncLLMEngine, EngineDeadError
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.api.config import SCHEDULING_POLICIES, EngineConfig
 from loragate.engine.api.engine_args import AsyncEngineArgs, EngineArgs
 from loragate.engine.api.engine_client import EngineClient
@@ -55,6 +56,7 @@ __all__ = [
     "BeamSearchOutput",
     "BeamSearchParams",
     "BeamSearchSequence",
+    "ChatPrompt",
     "EngineArgs",
     "CompletionOutput",
     "EngineClient",

@@ -31,6 +31,7 @@ from typing import Any
 from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api import engine_stats
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.engine_args import engine_config_from
 from loragate.engine.api.engine_request import EngineRequest
@@ -315,25 +316,9 @@ class AsyncLLMEngine:
         engine thread, which is the tokenizer's only user."""
         return await self._on_engine_thread(lambda engine: engine.encode(text, add_special_tokens))
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt: bool,
-        add_special_tokens: bool = False,
-        *,
-        tools: list[dict] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict | None = None,
-    ) -> list[int]:
-        """The chat's prompt token ids, by the model's chat template (or `chat_template`)."""
-        return self.engine.apply_chat_template(
-            messages,
-            add_generation_prompt,
-            add_special_tokens,
-            tools=tools,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-        )
+    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+        """The chat's prompt token ids, by its chat template."""
+        return self.engine.apply_chat_template(chat)
 
     async def stats(self) -> EngineStats:
         """One snapshot of queues, KV blocks and adapter residency, copied between steps."""

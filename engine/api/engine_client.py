@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from loragate.adapters import LoRARequest
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.input_processor import PromptInput
@@ -116,18 +117,9 @@ class EngineClient(Protocol):
         """A text prompt's token ids, with the model's special-token rule."""
         ...
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt: bool,
-        add_special_tokens: bool = False,
-        *,
-        tools: list[dict] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict | None = None,
-    ) -> list[int]:
-        """A conversation's prompt token ids, by the model's chat template (or
-        `chat_template`), with `tools` laid out where the template knows them."""
+    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+        """A conversation's prompt token ids, by the model's chat template (or the one
+        `chat` names), with its tools laid out where the template knows them."""
         ...
 
     async def stats(self) -> EngineStats:

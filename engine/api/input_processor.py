@@ -8,28 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.loading.special_tokens import SpecialTokenRule
 from loragate.engine.sampling.sampling_params import SamplingParams
 from loragate.plugins import InvalidParam
 
 PromptInput = str | dict[str, Any]
-
-
-# apply_chat_template's own arguments: chat_template_kwargs (vLLM's) may not set them.
-RESERVED_TEMPLATE_NAMES = frozenset(
-    {
-        "add_generation_prompt",
-        "chat_template",
-        "continue_final_message",
-        "conversation",
-        "documents",
-        "messages",
-        "return_dict",
-        "return_tensors",
-        "tokenize",
-        "tools",
-    }
-)
 
 
 class InputProcessor:
@@ -93,50 +77,19 @@ class InputProcessor:
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
             )
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt=True,
-        add_special_tokens=False,
-        *,
-        tools: list[dict] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict | None = None,
-    ) -> list[int]:
-        """Prompt token ids for a conversation, through the model's chat template (or
-        `chat_template`, vLLM's override). The template writes its own special tokens, so
-        the rule's are added only if asked; `tools` are laid out by templates that know
-        them (OpenAI's function definitions); `chat_template_kwargs` are more variables for
-        the template (vLLM's: Qwen3's `enable_thinking`, say)."""
-        if not isinstance(messages, list) or not messages:
-            raise InvalidParam("messages", "messages must be a non-empty list")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise InvalidParam(
-                    "messages", f"messages[{i}] must be an object with 'role' and 'content'"
-                )
-        add = _flag(add_special_tokens, False)
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise InvalidParam("tools", "tools must be a list of objects")
-        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-            raise InvalidParam("chat_template_kwargs", "chat_template_kwargs must be an object")
-        reserved = sorted(set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_NAMES)
-        if reserved:
-            raise InvalidParam(
-                "chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)}"
-            )
+    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+        """Prompt token ids for a conversation, through its chat template (ChatPrompt says
+        what each of its values does; it was checked as it was built)."""
         ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
+            chat.messages,
+            add_generation_prompt=chat.add_generation_prompt,
             tokenize=True,
-            tools=tools or None,
-            chat_template=chat_template,
-            **(chat_template_kwargs or {}),
+            tools=chat.tools or None,
+            chat_template=chat.chat_template,
+            **(chat.chat_template_kwargs or {}),
         )
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        return self.rule.apply(ids) if add else ids
+        return self.rule.apply(ids) if chat.add_special_tokens else ids
 
 
 def _flag(value, default: bool) -> bool:

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from loragate.adapters import LoRARequest
 from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.core.llm_engine import LLMEngine, PromptInput
@@ -152,13 +153,14 @@ class LLM:
         chat_template: str | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[int]:
-        return self.engine.apply_chat_template(
+        chat = ChatPrompt(
             messages,
             add_generation_prompt,
             tools=tools,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
         )
+        return self.engine.apply_chat_template(chat)
 
     def get_memory_stats(self) -> dict:
         return self.engine.get_memory_stats()

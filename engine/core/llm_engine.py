@@ -24,6 +24,7 @@ from loragate.adapters import LoRARequest, WeightsIdentity
 from loragate.adapters.identity import SYSTEM_CLOCK, StampClock
 from loragate.adapters.store import AdapterFetcher
 from loragate.engine.api import engine_stats
+from loragate.engine.api.chat_prompt import ChatPrompt
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.engine_args import engine_config_from
 from loragate.engine.api.engine_request import EngineRequest
@@ -450,24 +451,8 @@ class LLMEngine:
             [(list(t), score) for t, score in beam.results] if beam is not None else None,
         )
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt=True,
-        add_special_tokens=False,
-        *,
-        tools: list[dict] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict | None = None,
-    ) -> list[int]:
-        return self.inputs.apply_chat_template(
-            messages,
-            add_generation_prompt,
-            add_special_tokens,
-            tools=tools,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-        )
+    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+        return self.inputs.apply_chat_template(chat)
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text's prompt token ids, with the model's special tokens unless told not to."""

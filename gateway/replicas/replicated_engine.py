@@ -35,6 +35,7 @@ from ray.serve.exceptions import RayServeException
 from loragate.adapters import LoRARequest
 from loragate.engine import (
     AdapterEvents,
+    ChatPrompt,
     EngineDeadError,
     EngineRequest,
     EngineStats,
@@ -180,25 +181,9 @@ class ReplicatedEngine:
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         return self._prompts.encode(text, add_special_tokens)
 
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt: bool,
-        add_special_tokens: bool = False,
-        *,
-        tools: list[dict] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: dict | None = None,
-    ) -> list[int]:
+    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
         """By a replica's own prompt processor, so the ingress templates exactly as it."""
-        return self._prompts.apply_chat_template(
-            messages,
-            add_generation_prompt,
-            add_special_tokens,
-            tools=tools,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-        )
+        return self._prompts.apply_chat_template(chat)
 
     async def stats(self) -> EngineStats:
         """The whole deployment as one engine: every live replica's counts added up."""

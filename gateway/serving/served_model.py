@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from loragate.adapters import LoRARequest
-from loragate.engine import EngineClient, ModelInfo, SamplingParams
+from loragate.engine import ChatPrompt, EngineClient, ModelInfo, SamplingParams
 from loragate.gateway.adapter_control.manager import AdapterManager
 from loragate.gateway.errors import InvalidRequestError
 from loragate.gateway.tenancy.principal import OPERATOR, Principal
@@ -78,8 +78,11 @@ class ServedModel:
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[int]:
+        """The conversation's prompt token ids, by --chat-template's template or the
+        model's; any refusal (a value of the wrong shape, the template's own error) is the
+        client's 400 on `messages`."""
         try:
-            return self.engine.apply_chat_template(
+            chat = ChatPrompt(
                 messages,
                 add_generation_prompt,
                 add_special_tokens,
@@ -87,6 +90,7 @@ class ServedModel:
                 chat_template=self.chat_template,
                 chat_template_kwargs=chat_template_kwargs,
             )
+            return self.engine.apply_chat_template(chat)
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 

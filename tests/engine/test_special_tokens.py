@@ -13,7 +13,7 @@ from gguf import GGUFReader
 from tiny_llama import write_tiny_gguf
 from transformers import AutoTokenizer
 
-from loragate.engine import SamplingParams
+from loragate.engine import ChatPrompt, SamplingParams
 from loragate.engine.loading.default_model import default_model_path
 
 BOS = 1  # <|im_start|>, for the default model and the tiny ones built here
@@ -143,8 +143,9 @@ def test_add_special_tokens_forces_either_way(gguf_llm):
     assert prompt_ids(llm, TEXT, add_special_tokens=True) == [BOS] + plain
     assert prompt_ids(llm, [{"prompt_token_ids": plain}], add_special_tokens=True) == plain
     chat = llm.apply_chat_template(CHAT)
-    assert llm.engine.apply_chat_template(CHAT, add_special_tokens=True) == chat  # has BOS
-    assert llm.engine.apply_chat_template(CHAT, add_special_tokens=False) == chat
+    with_bos = ChatPrompt(CHAT, add_special_tokens=True)  # the template writes its BOS
+    assert llm.engine.apply_chat_template(with_bos) == chat
+    assert llm.engine.apply_chat_template(ChatPrompt(CHAT, add_special_tokens=False)) == chat
     no_bos = gguf_llm(False)
     assert prompt_ids(no_bos, TEXT, add_special_tokens=True) == body(no_bos, TEXT)
 
