@@ -98,7 +98,10 @@ class EngineConfig:
     preemption_mode: str = "auto"
     swap_space: float = 4.0
     seed: int = 0
-    enable_lora: bool = False
+    # On by default, at the CLI (`--enable-lora/--disable-lora`) as here: loragate is a LoRA
+    # gateway. vLLM's `enable_lora=True` keeps working; False serves the base alone (no
+    # residency, no loader threads) and refuses a request naming an adapter.
+    enable_lora: bool = True
     # None: sized from the device (engine/lora/lora_capacity.py): 8 slots and 64 in the CPU tier
     # on a GPU; on a CPU, where slots borrow the tier's rows, as many as a quarter of the
     # memory holds (said in the start log).

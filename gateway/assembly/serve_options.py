@@ -82,7 +82,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "activation_quantization": {"type": click.Choice(list(ACTIVATION_QUANTIZATION_CHOICES))},
     "preemption_mode": {"type": click.Choice(["auto", "recompute", "swap"])},
     "scheduling_policy": {"type": click.Choice(list(SCHEDULING_POLICIES))},
-    "enable_lora": {"flag": "--enable-lora/--disable-lora", "default": True},
+    "enable_lora": {"flag": "--enable-lora/--disable-lora"},
     "enable_chunked_prefill": {
         "flag": "--enable-chunked-prefill/--disable-chunked-prefill",
     },

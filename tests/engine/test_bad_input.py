@@ -60,11 +60,26 @@ def test_one_bad_prompt_in_a_list_fails_the_call_and_leaves_nothing_behind(tiny)
     _still_serves(tiny)
 
 
-def test_lora_request_without_enable_lora(tiny):
+def test_lora_request_without_enable_lora(tiny_model_dir, make_llm):
     from loragate.adapters import LoRARequest
 
+    base_only = make_llm(
+        model=str(tiny_model_dir("llama")), max_model_len=64, num_kv_blocks=32, enable_lora=False
+    )
+    assert base_only.engine.residency is None  # no adapter machinery at all
     with pytest.raises(ValueError, match="enable_lora=True"):
-        tiny.generate("hi", lora_request=LoRARequest("x", 1, "/nowhere"), use_tqdm=False)
+        base_only.generate("hi", lora_request=LoRARequest("x", 1, "/nowhere"), use_tqdm=False)
+    _still_serves(base_only)
+
+
+def test_lora_is_on_by_default_as_at_the_cli(tiny):
+    """One default for `enable_lora`: on, in EngineConfig (LLM, AsyncLLMEngine) and at the CLI."""
+    from loragate.gateway.assembly.serve_command import serve
+
+    assert EngineConfig.__dataclass_fields__["enable_lora"].default is True
+    assert tiny.engine.residency is not None
+    (flag,) = [p for p in serve.params if p.name == "enable_lora"]
+    assert flag.default is True and "--disable-lora" in flag.secondary_opts
 
 
 def test_unknown_model_path():
