@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 from click.testing import CliRunner
 from gateway_testlib import metrics, wait_until
 from servers_testlib import CLI_MODULE, ServeProcess, start_tiny_server
@@ -346,14 +347,23 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
 
         wait_until(between_two_steps, "a quiet moment between two steps", every=0.005)
         doomed.proc.kill()  # SIGKILL
-        killed_at = time.monotonic()
+        # The dead gateway's leases end within the lease time: each one's expiry (the score
+        # of its entry in the tenant's lease set, on the gateways' clock) is at most the lease
+        # time away, read from Redis rather than timed; and until they end they hold acme's
+        # reservations.
+        leases = redis.Redis.from_url(redis_url).zrange(
+            f"{redis_namespace}:leases:acme", 0, -1, withscores=True
+        )
+        now = time.time()
+        assert leases and all(expiry <= now + LEASE_S for _, expiry in leases), (leases, now)
+        held = acme.complete(base)  # the dead gateway's reservations still hold the quota
+        assert held.status_code == 429 and held.json()["error"]["code"] == "tokens_per_minute"
         for thread in threads:
             thread.join(30)
         assert all(got.status == 200 and got.cut for got in received), received
 
-        # Another gateway serves at once, and the dead one's leases expire with it.
+        # Another gateway serves the other tenants, the dead one's leases notwithstanding.
         assert globex.complete(base).status_code == 200
-        assert time.monotonic() - killed_at < 5
         usage = admin.usage().get("acme", {"total": {"completion_tokens": 0}})["total"]
         tokens = sum(got.tokens for got in received)
         print(
@@ -362,14 +372,11 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
         )
         assert usage["completion_tokens"] == tokens
         assert usage["requests"] == 16 and usage["prompt_tokens"] == 16 * prompt_tokens
-        held = acme.complete(base)  # the dead gateway's reservations still hold the quota
-        assert held.status_code == 429 and held.json()["error"]["code"] == "tokens_per_minute"
         wait_until(
             lambda: acme.complete(base).status_code == 200,
             "the dead gateway's leases to expire",
-            timeout=LEASE_S + 5,
+            timeout=LEASE_S + 30,
         )
-        assert time.monotonic() - killed_at <= LEASE_S + 2
     finally:
         if doomed is not None:
             doomed.stop()
