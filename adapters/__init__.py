@@ -1,6 +1,5 @@
-"""loragate.adapters: PEFT LoRA adapters, validated, cached on CPU and in device slots."""
+"""loragate.adapters: PEFT LoRA adapters, validated, kept in a CPU tier and device slots."""
 
-from loragate.adapters.cache import AdapterCache
 from loragate.adapters.errors import (
     AdapterChangedError,
     AdapterConfigError,
@@ -26,7 +25,6 @@ from loragate.adapters.request import LoRARequest
 from loragate.adapters.spec import LoRAModelSpec
 
 __all__ = [
-    "AdapterCache",
     "AdapterChangedError",
     "AdapterConfigError",
     "AdapterError",

@@ -1,7 +1,7 @@
 """Choosing which adapter leaves a full tier.
 
 The choice is a plain function of plain data, ``choose_victim(candidates, tier)``, so a
-plugin (issue 7) can replace least-recently-used without knowing the cache's internals.
+plugin (issue 7) can replace least-recently-used without knowing the tiers' internals.
 Each candidate is one set of weights (the tiers are keyed by content): key (name, int id,
 path of the request that used it last, then its weights identity), name, lora_int_id,
 path, sha256, tenant, last_used (a logical clock: larger is more recent), uses,

@@ -1,6 +1,6 @@
 """An adapter is its weights: the content hash of its files, and a cheap way to trust it again.
 
-Every tier of the adapter cache and the engine's prefix cache are keyed by a
+Both adapter tiers (CPU memory, device slots) and the engine's prefix cache are keyed by a
 ``WeightsIdentity``: the sha256 of ``adapter_model.safetensors`` and of
 ``adapter_config.json`` (its alpha and patterns change what the weights compute). Files
 that change are a new identity everywhere, so no tier can hand back stale weights or KV.
@@ -11,12 +11,12 @@ inode, size, mtime and ctime of both files) taken before they were read. An unch
 means unchanged files; any write, replace (a new inode) or ``touch`` changes it. A stamp whose
 times are within ``RACY_NS`` of the moment it was taken is not trusted (as git does with its
 index): a write in the same clock tick could leave every field as it was. An engine keeps one
-book: its adapter cache records what its reads hashed, and the adapter store's fetcher what
+book: its adapter tiers' reads record what they hashed, and the adapter store's fetcher what
 its check of an object hashed (``vouch``), so the first read of a fetched object does not
 hash the same bytes again.
 
 The time a stamp is taken at comes from a ``StampClock`` handed to whoever stamps
-(``IdentityBook``, the cache's reads, the store's checks): the system's by default, one that
+(``IdentityBook``, the CPU tier's reads, the store's checks): the system's by default, one that
 tests move forward instead of sleeping out the racy window.
 """
 

@@ -328,7 +328,7 @@ class AdapterFetcher:
     With a LocalStore the store is the cache (nothing is copied); objects are still
     verified once per process before first use. ``fetches`` counts objects brought from a
     remote store (what a replica had to download). What a check hashed is vouched for in
-    ``book``, the IdentityBook the engine's adapter cache reads with, so the engine's read
+    ``book``, the IdentityBook the engine's adapter tiers read with, so the engine's read
     does not hash the same bytes twice; its clock is the time the check's stamps are taken at
     (adapters/identity.py). Without one the fetcher starts a book of its own, which an engine
     given this fetcher then reads with (engine/lora/adapter_residency.py).

@@ -56,7 +56,7 @@ def one_round(llm: LLM, loras: list[LoRARequest], tag: str) -> list[tuple[float,
     for _ in range(6):
         engine.step_tokens()
     for lora in loras:
-        engine.residency.cache.preload(lora)
+        engine.residency.preload(lora)
     joins = []
     for i, lora in enumerate(loras):
         prompt = engine.encode(f"Name a color. ({tag} {i})")
@@ -73,7 +73,7 @@ def one_round(llm: LLM, loras: list[LoRARequest], tag: str) -> list[tuple[float,
         joins.append((join.ms, phases.get("schedule", 0.0), statistics.median(after)))
     stop_streams(engine, streams)
     for lora in loras:
-        engine.residency.cache.remove(lora)
+        engine.residency.remove(lora)
     return joins
 
 

@@ -115,7 +115,7 @@ def one_run(dtype: str, paths: list[Path], run: int, share: float = WINDOW_SHARE
         quiet = asyncio.run(alone(engine, base_prompts, max(len(s) for s in stamps)))
     finally:
         engine.shutdown()
-    stats = inner.residency.cache.stats()
+    stats = inner.residency.counts()
     assert stats["disk_loads"] == COLD, stats
     cold_seqs = {seq for r in records for seq, _ in r.prefill_chunks if r.decode_seq_ids}
     joins = [r for r in records if r.prefill_tokens and r.decode_seq_ids]

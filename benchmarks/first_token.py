@@ -121,7 +121,7 @@ def main() -> None:
         engine = llm.llm_engine
         timer = LoRATimer()
         warm = LoRARequest("warm", 1, str(paths[0]))
-        engine.residency.cache.preload(warm)
+        engine.residency.preload(warm)
         words = engine.encode(" ".join(["lighthouse"] * (2 * PROMPT_TOKENS)))
         results: dict[str, list] = {name: [] for name in KINDS}
         for r in range(args.rounds):
@@ -136,7 +136,7 @@ def main() -> None:
                 for _ in range(3):
                     engine.step_tokens()
             stop_streams(engine, streams)
-        unhashed = engine.residency.cache.stats()["vouched_reads"]  # the store's objects
+        unhashed = engine.residency.counts()["vouched_reads"]  # the store's objects
 
     print(machine_line() + f"; dtype {args.dtype}")
     shape = f"rank {args.rank} on all projections, {PROMPT_TOKENS}-token prompt"

@@ -1,5 +1,6 @@
-"""Which weights the adapter cache's tiers hold, as it reports them (`AdapterCache.tiers()`:
-the engine's `adapter_tiers`, in its stats and /metrics), read by the adapters' files."""
+"""Which weights the adapter tiers hold, as the residency reports them
+(`AdapterResidency.tiers()`: the engine's `adapter_tiers`, in its stats and /metrics), read
+by the adapters' files."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ def weights_sha256(adapter_dir) -> str:
     return hashlib.sha256((Path(adapter_dir) / WEIGHTS_FILE).read_bytes()).hexdigest()
 
 
-def in_slots(cache) -> set[str]:
+def in_slots(residency) -> set[str]:
     """The sha256 of every weights set in a device slot now."""
-    return {sha for sha, tier in cache.tiers().items() if tier == "device"}
+    return {sha for sha, tier in residency.tiers().items() if tier == "device"}
 
 
-def names_in_slots(cache, loras) -> set[str]:
+def names_in_slots(residency, loras) -> set[str]:
     """The names of those of ``loras`` whose files' weights are in a device slot now."""
-    device = in_slots(cache)
+    device = in_slots(residency)
     return {lora.lora_name for lora in loras if weights_sha256(lora.lora_path) in device}

@@ -7,7 +7,7 @@ turns that path into the object's verified local directory before anything reads
 engine's own cache directory first, else fetched from the store and checked against the
 hash (`AdapterFetcher`). So an in-process engine and every Ray Serve replica fetch for
 themselves, and nothing is shared between an ingress and its replicas but the store. That
-check vouches for the files it hashed in the IdentityBook the engine's adapter cache reads
+check vouches for the files it hashed in the IdentityBook the engine's adapter tiers read
 with (the fetcher's `book`), so the engine's first read of a fetched object does not hash
 them again unless they changed since (adapters/loader.py).
 

@@ -11,9 +11,10 @@ import pytest
 from stamp_clock_testlib import AheadClock
 from tiers_testlib import in_slots
 
-from loragate.adapters import AdapterCache, AdapterChangedError, LoRARequest
+from loragate.adapters import AdapterChangedError, LoRARequest
 from loragate.adapters import identity as identity_module
 from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE, IdentityBook, stamp_files
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 RACY_NS = 50_000_000  # a short racy window keeps these tests quick
 
@@ -43,21 +44,21 @@ def two(make_adapter):
 
 def cache_for(spec, **kw):
     kw = {"max_loras": 1, "max_lora_rank": 8, "max_cpu_loras": 2, **kw}
-    return AdapterCache(spec, **kw)
+    return AdapterResidency(spec, **kw)
 
 
 def test_unchanged_files_are_vouched_for_by_a_stat(spec, two, tmp_path):
     a, _ = two
-    cache = cache_for(spec)
+    residency = cache_for(spec)
     request = LoRARequest("a", 1, str(a))
-    first = cache.preload(request).identity
+    first = residency.preload(request).identity
     settle()
-    cache.preload(request)  # the first stamp was racy: hashed once more, then trusted
-    reads = cache.stats()["file_reads"]
+    residency.preload(request)  # the first stamp was racy: hashed once more, then trusted
+    reads = residency.counts()["file_reads"]
     for _ in range(20):
-        assert cache.preload(request).identity == first
-        assert cache.acquire(request, set(), first) == 0
-    assert cache.stats()["file_reads"] == reads
+        assert residency.preload(request).identity == first
+        assert residency.acquire_slot(request, set(), first) == 0
+    assert residency.counts()["file_reads"] == reads
 
 
 @pytest.mark.parametrize("how", ["in place", "renamed into place"])
@@ -65,9 +66,9 @@ def test_changed_files_are_a_new_identity(spec, two, tmp_path, how, caplog):
     a, b = two
     live = tmp_path / "live"
     copy_files(a, live)
-    cache = cache_for(spec)
+    residency = cache_for(spec)
     request = LoRARequest("live", 1, str(live))
-    old = cache.preload(request).identity
+    old = residency.preload(request).identity
     settle()
     if how == "in place":
         copy_files(b, live)
@@ -76,10 +77,10 @@ def test_changed_files_are_a_new_identity(spec, two, tmp_path, how, caplog):
         shutil.copytree(b, staged)
         shutil.rmtree(live)
         os.rename(staged, live)
-    new = cache.preload(request).identity
-    assert new != old and new.sha256 == cache.preload(LoRARequest("b", 2, str(b))).sha256
+    new = residency.preload(request).identity
+    assert new != old and new.sha256 == residency.preload(LoRARequest("b", 2, str(b))).sha256
     assert sum("changed" in r.message for r in caplog.records) == 1  # logged once
-    cache.preload(request)
+    residency.preload(request)
     assert sum("changed" in r.message for r in caplog.records) == 1
 
 
@@ -109,16 +110,18 @@ def test_one_int_id_with_two_weight_sets_is_two_entries(spec, two, tmp_path):
     a, b = two
     live = tmp_path / "live"
     copy_files(a, live)
-    cache = cache_for(spec, max_loras=2, max_cpu_loras=2)
+    residency = cache_for(spec, max_loras=2, max_cpu_loras=2)
     request = LoRARequest("x", 3, str(live))
-    old = cache.preload(request).identity
-    old_slot = cache.acquire(request, set(), old)
+    old = residency.preload(request).identity
+    old_slot = residency.acquire_slot(request, set(), old)
     copy_files(b, live)
-    new = cache.preload(request).identity
-    new_slot = cache.acquire(request, set(), new)
+    new = residency.preload(request).identity
+    new_slot = residency.acquire_slot(request, set(), new)
     assert new != old and new_slot != old_slot
-    assert in_slots(cache) == {old.sha256, new.sha256}
-    assert cache.acquire(request, set(), old) == old_slot  # each weight set keeps its own slot
+    assert in_slots(residency) == {old.sha256, new.sha256}
+    assert (
+        residency.acquire_slot(request, set(), old) == old_slot
+    )  # each weight set keeps its own slot
 
 
 def test_admitted_weights_stay_in_memory_until_released(spec, two, make_adapter, tmp_path):
@@ -129,22 +132,22 @@ def test_admitted_weights_stay_in_memory_until_released(spec, two, make_adapter,
     a, b = two
     live = tmp_path / "live"
     copy_files(a, live)
-    cache = cache_for(spec, max_loras=1, max_cpu_loras=1)
+    residency = cache_for(spec, max_loras=1, max_cpu_loras=1)
     request = LoRARequest("live", 1, str(live))
-    admitted = cache.preload(request).identity
-    cache.hold(admitted)
+    admitted = residency.preload(request).identity
+    residency.hold_weights(admitted)
     copy_files(b, live)
     other = LoRARequest("c", 2, str(make_adapter("C", seed=3)))
-    cache.preload(other)  # A is needed, gone from disk, and fills the tier: C is not kept
-    assert cache.stats()["cpu_adapters"] == 1 and cache.in_memory(admitted)
-    assert cache.acquire(request, set(), admitted) is not None
-    assert in_slots(cache) == {admitted.sha256}
-    cache.release(admitted)
-    cache.acquire(other, set())  # the slot moves on; A may now leave the CPU tier
-    cache.preload(LoRARequest("d", 4, str(make_adapter("D", seed=4))))
-    assert [r.lora_name for r in cache.cpu_resident()] == ["d"]
+    residency.preload(other)  # A is needed, gone from disk, and fills the tier: C is not kept
+    assert residency.counts()["cpu_adapters"] == 1 and residency.in_memory(admitted)
+    assert residency.acquire_slot(request, set(), admitted) is not None
+    assert in_slots(residency) == {admitted.sha256}
+    residency.release_weights(admitted)
+    residency.acquire_slot(other, set())  # the slot moves on; A may now leave the CPU tier
+    residency.preload(LoRARequest("d", 4, str(make_adapter("D", seed=4))))
+    assert [r.lora_name for r in residency.cpu_resident()] == ["d"]
     with pytest.raises(AdapterChangedError, match="changed after this request was admitted"):
-        cache.acquire(request, set(), admitted)
+        residency.acquire_slot(request, set(), admitted)
 
 
 def test_a_store_check_vouches_without_standing_for_a_read(two, tmp_path, caplog):

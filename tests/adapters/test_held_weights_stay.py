@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from loragate.adapters import AdapterCache, LoRARequest
+from loragate.adapters import LoRARequest
 from loragate.adapters import identity as identity_module
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 RACY_NS = 50_000_000
 
@@ -30,40 +31,44 @@ def requests(make_adapter):
     return [LoRARequest(f"h{i}", i + 1, str(path)) for i, path in enumerate(made)]
 
 
-def admitted(cache: AdapterCache, request: LoRARequest):
-    identity = cache.admission_identity(request)
-    cache.hold(identity)
+def admitted(residency: AdapterResidency, request: LoRARequest):
+    identity = residency.admission_identity(request)
+    residency.hold_weights(identity)
     return identity
 
 
 def test_held_weights_never_leave_for_another_requests_weights(spec, requests):
-    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=2)
-    first, second = (admitted(cache, r) for r in requests[:2])
-    assert cache.known_identity(requests[0]) == first  # a stat vouches for the files
+    residency = AdapterResidency(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=2)
+    first, second = (admitted(residency, r) for r in requests[:2])
+    assert residency.known_identity(requests[0]) == first  # a stat vouches for the files
 
     # A third admitted request's weights are read (to validate them) but not kept.
-    third = admitted(cache, requests[2])
-    assert cache.in_memory(first) and cache.in_memory(second)
-    assert not cache.in_memory(third)
-    assert cache.stats()["cpu_adapters"] == 2 and cache.stats()["cpu_evictions"] == 0
+    third = admitted(residency, requests[2])
+    assert residency.in_memory(first) and residency.in_memory(second)
+    assert not residency.in_memory(third)
+    assert residency.counts()["cpu_adapters"] == 2 and residency.counts()["cpu_evictions"] == 0
     # ... and its load waits for room: none while both held weights are needed.
-    assert not cache.room_to_load()
-    cache.load(requests[1], second)  # in memory: no read
-    assert cache.stats()["file_reads"] == 3
+    assert not residency.room_to_load()
+    residency.load(requests[1], second)  # in memory: no read
+    assert residency.counts()["file_reads"] == 3
 
     # The first request ends: its weights may leave, and the third's load has room.
-    cache.release(first)
-    assert cache.room_to_load() and not cache.room_to_load(loading=1)
-    cache.load(requests[2], third)
-    assert cache.in_memory(third) and cache.in_memory(second) and not cache.in_memory(first)
-    assert cache.stats()["file_reads"] == 4 and cache.stats()["cpu_evictions"] == 1
+    residency.release_weights(first)
+    assert residency.room_to_load() and not residency.room_to_load(loading=1)
+    residency.load(requests[2], third)
+    assert (
+        residency.in_memory(third)
+        and residency.in_memory(second)
+        and not residency.in_memory(first)
+    )
+    assert residency.counts()["file_reads"] == 4 and residency.counts()["cpu_evictions"] == 1
 
 
 def test_a_request_for_weights_no_longer_in_memory_is_admitted_by_a_stat(spec, requests):
-    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
-    first = cache.admission_identity(requests[0])
-    cache.admission_identity(requests[1])  # evicts the first: nothing holds it
-    assert not cache.in_memory(first)
-    reads = cache.stats()["file_reads"]
-    assert cache.admission_identity(requests[0]) == first
-    assert cache.stats()["file_reads"] == reads  # admitted without a read: its load reads it
+    residency = AdapterResidency(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    first = residency.admission_identity(requests[0])
+    residency.admission_identity(requests[1])  # evicts the first: nothing holds it
+    assert not residency.in_memory(first)
+    reads = residency.counts()["file_reads"]
+    assert residency.admission_identity(requests[0]) == first
+    assert residency.counts()["file_reads"] == reads  # admitted without a read: its load reads it

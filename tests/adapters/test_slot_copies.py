@@ -11,9 +11,10 @@ import pytest
 import torch
 from recorded_streams import RecordedStreams
 
-from loragate.adapters import AdapterCache, LoRARequest, load_adapter
+from loragate.adapters import LoRARequest, load_adapter
 from loragate.adapters.slot_copies import SlotCopies
 from loragate.adapters.slots import DeviceSlots
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 MAX_RANK = 16
 SLOT = 1
@@ -148,19 +149,19 @@ def test_on_cuda_the_cpu_tier_stacks_in_the_slots_dtype_pinned(spec, make_adapte
     """A bf16 GPU's stacks are bf16 and pinned: the slot copy converts nothing, so it runs
     beside the step rather than through a pageable temporary."""
     path = make_adapter("all", rank=8, targets=list(spec.modules), seed=1)
-    cache = AdapterCache(
+    residency = AdapterResidency(
         spec, max_loras=2, max_lora_rank=MAX_RANK, device="cuda", dtype=torch.bfloat16
     )
     request = LoRARequest("all", 1, str(path))
-    in_cpu_tier = cache.preload(request)  # the CPU tier's own copy
-    slot = cache.acquire(request, set())
+    in_cpu_tier = residency.preload(request)  # the CPU tier's own copy
+    slot = residency.acquire_slot(request, set())
     stacked = list(in_cpu_tier.stacked.values())
     assert stacked and all(
         a.dtype == torch.bfloat16 and a.is_pinned() and bt.is_pinned() for _, a, bt in stacked
     )
-    cache.slot_tensors.wait_all()
+    residency.slot_tensors.wait_all()
     reference = load_adapter(path, spec, MAX_RANK, stack_dtype=torch.bfloat16)
     for module, (first, a, bt) in reference.stacked.items():
         rank = a.shape[1]
-        assert torch.equal(cache.slot_tensors.a[module][first:, slot, :rank].cpu(), a), module
-        assert torch.equal(cache.slot_tensors.bt[module][first:, slot, :rank].cpu(), bt), module
+        assert torch.equal(residency.slot_tensors.a[module][first:, slot, :rank].cpu(), a), module
+        assert torch.equal(residency.slot_tensors.bt[module][first:, slot, :rank].cpu(), bt), module

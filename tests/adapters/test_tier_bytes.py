@@ -10,8 +10,9 @@ import torch
 from test_adapter_cache import ALL, adds_nothing, slot_reads
 from tiers_testlib import in_slots, names_in_slots
 
-from loragate.adapters import AdapterCache, AdapterTooLargeError, LoRARequest, load_adapter
+from loragate.adapters import AdapterTooLargeError, LoRARequest, load_adapter
 from loragate.adapters.tier_budget import cpu_bytes, largest_bytes, slot_bytes, unit_bytes
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 RANK = 2  # max_lora_rank: a small unit, so whole matrices weigh several units
 
@@ -37,14 +38,14 @@ def made(make_adapter):
     return requests
 
 
-def cache_of(spec, **kwargs) -> AdapterCache:
+def residency_of(spec, **kwargs) -> AdapterResidency:
     kwargs.setdefault("max_loras", 3)
     kwargs.setdefault("max_cpu_loras", 3)
-    return AdapterCache(spec, max_lora_rank=RANK, **kwargs)
+    return AdapterResidency(spec, max_lora_rank=RANK, **kwargs)
 
 
-def cpu_names(cache) -> list[str]:
-    return [r.lora_name for r in cache.cpu_resident()]
+def cpu_names(residency) -> list[str]:
+    return [r.lora_name for r in residency.cpu_resident()]
 
 
 def test_sizes_are_the_tensors_held(spec, made):
@@ -66,80 +67,82 @@ def test_sizes_are_the_tensors_held(spec, made):
 
 def test_a_saved_modules_adapter_evicts_several_plain_ones_from_the_cpu_tier(spec, made):
     unit = unit_bytes(spec, RANK, torch.float32)
-    cache = cache_of(spec, max_cpu_lora_bytes=3 * unit)
+    residency = residency_of(spec, max_cpu_lora_bytes=3 * unit)
     for name in ("p1", "p2", "p3"):
-        cache.preload(made[name])
-    assert cpu_names(cache) == ["p1", "p2", "p3"], "three plain adapters fit, as before"
-    cache.preload(made["s1"])
-    assert cpu_names(cache) == ["s1"], "room for it took all three plain ones"
-    stats = cache.stats()
+        residency.preload(made[name])
+    assert cpu_names(residency) == ["p1", "p2", "p3"], "three plain adapters fit, as before"
+    residency.preload(made["s1"])
+    assert cpu_names(residency) == ["s1"], "room for it took all three plain ones"
+    stats = residency.counts()
     assert stats["cpu_evictions"] == 3
     assert stats["cpu_bytes"] == cpu_bytes(load_adapter(made["s1"].lora_path, spec, RANK))
     assert stats["cpu_bytes"] <= 3 * unit
-    cache.preload(made["p4"])  # the saved one leaves only once plain ones do not fit beside it
-    assert cpu_names(cache) == ["p4"]
+    residency.preload(made["p4"])  # the saved one leaves only once plain ones do not fit beside it
+    assert cpu_names(residency) == ["p4"]
 
 
 def test_default_budget_holds_one_saved_adapter_beside_plain_ones_not_two(spec, made):
     """By default a tier holds its count of plain adapters, one of which may be the largest
     kind: a second saved-modules adapter evicts plain ones until its bytes fit."""
-    cache = cache_of(spec)
+    residency = residency_of(spec)
     unit = unit_bytes(spec, RANK, torch.float32)
     largest = largest_bytes(spec, RANK, torch.float32, torch.float32)
-    assert cache.cpu_budget.limit == 2 * unit + largest
+    assert residency.cpu_budget.limit == 2 * unit + largest
     for name in ("p1", "p2", "s1"):
-        cache.preload(made[name])
-    assert cpu_names(cache) == ["p1", "p2", "s1"], "one saved beside plain ones fits"
-    cache.preload(made["s2"])
-    assert cpu_names(cache) == ["s1", "s2"], "a second saved one took two plain ones' room"
-    assert cache.stats()["cpu_evictions"] == 2
-    assert cache.stats()["cpu_bytes"] <= cache.cpu_budget.limit
+        residency.preload(made[name])
+    assert cpu_names(residency) == ["p1", "p2", "s1"], "one saved beside plain ones fits"
+    residency.preload(made["s2"])
+    assert cpu_names(residency) == ["s1", "s2"], "a second saved one took two plain ones' room"
+    assert residency.counts()["cpu_evictions"] == 2
+    assert residency.counts()["cpu_bytes"] <= residency.cpu_budget.limit
 
 
 def test_a_saved_modules_adapter_takes_several_slots_room(spec, made):
     unit = unit_bytes(spec, RANK, torch.float32)
-    cache = cache_of(spec, max_lora_bytes=3 * unit, max_cpu_loras=6)
-    slots = [cache.acquire(made[name]) for name in ("p1", "p2", "p3")]
+    residency = residency_of(spec, max_lora_bytes=3 * unit, max_cpu_loras=6)
+    slots = [residency.acquire_slot(made[name]) for name in ("p1", "p2", "p3")]
     assert sorted(slots) == [0, 1, 2]
     # A running sequence uses p1's slot: there is no room without it, so it waits and
     # nothing is evicted.
-    assert cache.acquire(made["s1"], busy_slots={slots[0]}) is None
-    assert len(in_slots(cache)) == 3 and cache.stats()["device_evictions"] == 0
-    slot = cache.acquire(made["s1"])
+    assert residency.acquire_slot(made["s1"], busy_slots={slots[0]}) is None
+    assert len(in_slots(residency)) == 3 and residency.counts()["device_evictions"] == 0
+    slot = residency.acquire_slot(made["s1"])
     assert slot is not None
-    assert names_in_slots(cache, made.values()) == {"s1"} and cache.slot_of(made["s1"]) == slot
-    stats = cache.stats()
+    assert (
+        names_in_slots(residency, made.values()) == {"s1"} and residency.slot_of(made["s1"]) == slot
+    )
+    stats = residency.counts()
     assert stats["device_evictions"] == 3
     saved = load_adapter(made["s1"].lora_path, spec, RANK)
     assert stats["resident_bytes"] == slot_bytes(saved, torch.float32)
     # Nothing of the evicted adapters is left in the slots they held.
     for other in set(range(3)) - {slot}:
-        assert cache.scales[other] == 0
-        assert other not in cache.slot_tensors.vocab_extras
+        assert residency.slot_tensors.scales[other] == 0
+        assert other not in residency.slot_tensors.vocab_extras
         for layer in range(spec.num_layers):
             for module in spec.modules:
-                assert adds_nothing(slot_reads(cache, layer, module, other))
-    assert set(cache.slot_tensors.vocab_extras) == {slot}
+                assert adds_nothing(slot_reads(residency, layer, module, other))
+    assert set(residency.slot_tensors.vocab_extras) == {slot}
     # A plain adapter after it goes beside it only once the bytes allow: here they do not.
-    assert cache.acquire(made["p4"], busy_slots={slot}) is None
-    assert cache.acquire(made["p4"]) is not None
-    assert names_in_slots(cache, made.values()) == {"p4"} and len(in_slots(cache)) == 1
-    assert cache.stats()["resident_bytes"] == slot_bytes(
+    assert residency.acquire_slot(made["p4"], busy_slots={slot}) is None
+    assert residency.acquire_slot(made["p4"]) is not None
+    assert names_in_slots(residency, made.values()) == {"p4"} and len(in_slots(residency)) == 1
+    assert residency.counts()["resident_bytes"] == slot_bytes(
         load_adapter(made["p4"].lora_path, spec, RANK), torch.float32
     )
-    assert cache.slot_tensors.vocab_extras == {}, "the saved matrices left with it"
+    assert residency.slot_tensors.vocab_extras == {}, "the saved matrices left with it"
 
 
 @pytest.mark.parametrize("tier", ["cpu", "slots"])
 def test_an_adapter_larger_than_a_whole_tier_is_refused_naming_the_sizes(spec, made, tier):
     unit = unit_bytes(spec, RANK, torch.float32)
     limit = {"max_cpu_lora_bytes" if tier == "cpu" else "max_lora_bytes": 2 * unit}
-    cache = cache_of(spec, **limit, max_cpu_loras=4)
-    cache.preload(made["p1"])
-    before = (cache.stats(), cpu_names(cache))
+    residency = residency_of(spec, **limit, max_cpu_loras=4)
+    residency.preload(made["p1"])
+    before = (residency.counts(), cpu_names(residency))
     size = cpu_bytes(load_adapter(made["s1"].lora_path, spec, RANK))
     with pytest.raises(AdapterTooLargeError) as refused:
-        cache.preload(made["s1"])
+        residency.preload(made["s1"])
     message = str(refused.value)
     assert refused.value.size == size and refused.value.limit == 2 * unit
     assert str(size) in message and str(2 * unit) in message
@@ -147,16 +150,16 @@ def test_an_adapter_larger_than_a_whole_tier_is_refused_naming_the_sizes(spec, m
     assert ("max_cpu_lora_bytes" if tier == "cpu" else "max_lora_bytes") in message
     assert refused.value.field == "size_bytes"
     with pytest.raises(AdapterTooLargeError):
-        cache.acquire(made["s1"])
+        residency.acquire_slot(made["s1"])
     stats, names = before
-    after = cache.stats()
-    assert names == cpu_names(cache) == ["p1"], "nothing stored, nothing evicted"
+    after = residency.counts()
+    assert names == cpu_names(residency) == ["p1"], "nothing stored, nothing evicted"
     for key in ("cpu_evictions", "device_evictions", "disk_loads", "cpu_bytes"):
         assert after[key] == stats[key], key
 
 
 def test_budgets_are_checked(spec):
     with pytest.raises(ValueError, match="max_lora_bytes"):
-        cache_of(spec, max_lora_bytes=0)
+        residency_of(spec, max_lora_bytes=0)
     with pytest.raises(ValueError, match="max_cpu_lora_bytes"):
-        cache_of(spec, max_cpu_lora_bytes=1.5)
+        residency_of(spec, max_cpu_lora_bytes=1.5)

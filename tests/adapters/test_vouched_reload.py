@@ -11,7 +11,7 @@ import pytest
 import torch
 from stamp_clock_testlib import AheadClock
 
-from loragate.adapters import AdapterCache, AdapterChangedError, LoRARequest
+from loragate.adapters import AdapterChangedError, LoRARequest
 from loragate.adapters import identity as identity_module
 from loragate.adapters import loader as loader_module
 from loragate.adapters.identity import CONFIG_FILE, WEIGHTS_FILE, IdentityBook
@@ -22,6 +22,7 @@ from loragate.adapters.store import (
     object_id,
     parse_object_id,
 )
+from loragate.engine.lora.adapter_residency import AdapterResidency
 
 RACY_NS = 50_000_000
 
@@ -57,24 +58,24 @@ def evicted(spec, make_adapter):
     paths = [make_adapter(name, rank=4, seed=i + 1) for i, name in enumerate("AB")]
     settle()
     a, b = (LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(zip("AB", paths, strict=True)))
-    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
-    first = cache.preload(a)
+    residency = AdapterResidency(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    first = residency.preload(a)
     weights = {key: (x.clone(), y.clone()) for key, (x, y) in first.weights.items()}
-    cache.preload(b)
-    assert not cache.in_memory(first.identity)
-    identity = cache.admission_identity(a)  # a stat vouches: no read
+    residency.preload(b)
+    assert not residency.in_memory(first.identity)
+    identity = residency.admission_identity(a)  # a stat vouches: no read
     assert identity == first.identity
-    return cache, a, paths[0], identity, weights
+    return residency, a, paths[0], identity, weights
 
 
 def test_weights_read_back_under_a_vouching_stat_are_not_hashed_again(evicted, hashes):
-    cache, request, _, identity, weights = evicted
-    reads = cache.stats()["file_reads"]
-    adapter = cache.load(request, identity)
+    residency, request, _, identity, weights = evicted
+    reads = residency.counts()["file_reads"]
+    adapter = residency.load(request, identity)
     assert hashes == [], "files a stat vouched for were hashed again"
-    assert adapter.identity == identity and cache.in_memory(identity)
-    assert cache.stats()["file_reads"] == reads + 1
-    assert cache.stats()["vouched_reads"] == 1
+    assert adapter.identity == identity and residency.in_memory(identity)
+    assert residency.counts()["file_reads"] == reads + 1
+    assert residency.counts()["vouched_reads"] == 1
     assert adapter.weights.keys() == weights.keys()
     for key, (a, b) in weights.items():
         assert torch.equal(adapter.weights[key][0], a) and torch.equal(adapter.weights[key][1], b)
@@ -83,16 +84,16 @@ def test_weights_read_back_under_a_vouching_stat_are_not_hashed_again(evicted, h
 def test_files_changed_after_admission_are_hashed_and_fail_the_request(
     evicted, hashes, make_adapter
 ):
-    cache, request, path, identity, _ = evicted
+    residency, request, path, identity, _ = evicted
     other = make_adapter("C", rank=4, seed=9)  # same sizes, other weights
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         (path / name).write_bytes((other / name).read_bytes())
     settle()
     with pytest.raises(AdapterChangedError):
-        cache.load(request, identity)
+        residency.load(request, identity)
     assert hashes == [CONFIG_FILE, WEIGHTS_FILE]
-    assert cache.stats()["vouched_reads"] == 0
-    assert not cache.in_memory(identity)
+    assert residency.counts()["vouched_reads"] == 0
+    assert not residency.in_memory(identity)
 
 
 def test_fresh_files_are_hashed_even_when_unchanged(spec, make_adapter, hashes):
@@ -100,14 +101,14 @@ def test_fresh_files_are_hashed_even_when_unchanged(spec, make_adapter, hashes):
     could hide behind it."""
     path = make_adapter("A", rank=4, seed=1)
     request = LoRARequest("A", 1, str(path))
-    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
-    identity = cache.preload(request).identity
-    cache.preload(LoRARequest("B", 2, str(make_adapter("B", rank=4, seed=2))))
+    residency = AdapterResidency(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1)
+    identity = residency.preload(request).identity
+    residency.preload(LoRARequest("B", 2, str(make_adapter("B", rank=4, seed=2))))
     hashes.clear()
     identity_module.RACY_NS = 10**18  # every stamp racy
-    cache.load(request, identity)
+    residency.load(request, identity)
     assert hashes == [CONFIG_FILE, WEIGHTS_FILE]
-    assert cache.stats()["vouched_reads"] == 0
+    assert residency.counts()["vouched_reads"] == 0
 
 
 def test_a_store_check_vouches_in_the_book_the_cache_reads_with(
@@ -126,13 +127,13 @@ def test_a_store_check_vouches_in_the_book_the_cache_reads_with(
     book = IdentityBook(clock)
     fetcher = AdapterFetcher(store, tmp_path / "cache", book)
     request = LoRARequest("A", 1, str(fetcher.ensure(oid)))
-    cache = AdapterCache(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1, book=book)
-    adapter = cache.preload(request)
+    residency = AdapterResidency(spec, max_loras=1, max_lora_rank=8, max_cpu_loras=1, book=book)
+    adapter = residency.preload(request)
     assert hashes == [], "files the store's check vouched for were hashed again"
     assert adapter.identity == parse_object_id(oid)
-    assert cache.stats()["file_reads"] == cache.stats()["vouched_reads"] == 1
+    assert residency.counts()["file_reads"] == residency.counts()["vouched_reads"] == 1
     assert book.known(request.lora_path) == adapter.identity  # the read, in the same book
     fetcher.forget(oid)
     assert book.entry(request.lora_path) is None
-    cache.preload(request)
+    residency.preload(request)
     assert hashes == [CONFIG_FILE, WEIGHTS_FILE]

@@ -34,5 +34,5 @@ def test_adapters_of_the_served_weights_load_silently_under_an_alias(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for i, path in enumerate((named, by_path)):
-            llm.engine.residency.cache.preload(LoRARequest(path.name, i + 1, str(path)))
+            llm.engine.residency.preload(LoRARequest(path.name, i + 1, str(path)))
     assert llm.engine.model_name == "alias"

@@ -109,7 +109,7 @@ def test_cold_adapters_load_off_the_step_while_streams_decode(
     assert any(record.decode_seq_ids and record.prefill_tokens for record in joins), (
         "a cold prompt's prefill shared a step with the running decodes"
     )
-    stats = llm.engine.residency.cache.stats()
+    stats = llm.engine.residency.counts()
     assert stats["disk_loads"] == 4 and stats["slot_loads"] == 4, stats
 
     peft_model = peft_model_with(model_dir, adapters)

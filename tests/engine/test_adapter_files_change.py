@@ -67,7 +67,7 @@ def test_files_overwritten_in_place_serve_the_new_weights(setup, make_llm, tmp_p
     assert out.outputs[0].token_ids == expected["B"]
     assert out.lora_sha256 == _weights_sha(paths, "B")
     # One int id, two weight sets: two entries in the CPU tier, never one overwritten.
-    assert llm.engine.residency.cache.stats()["cpu_adapters"] == 2
+    assert llm.engine.residency.counts()["cpu_adapters"] == 2
     put(paths, "A", x)
     assert run(llm, LoRARequest("x", 4, str(x))) == expected["A"]
     assert run(llm, LoRARequest("x", 3, str(x))) == expected["A"]
@@ -79,23 +79,23 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(setup, make_
     with B) is reused and still gives B, as with prefix caching off."""
     model_dir, paths, expected = setup
     llm = engine(make_llm, model_dir, max_loras=2, max_cpu_loras=2)
-    cache = llm.engine.residency.cache
+    residency = llm.engine.residency
     y = tmp_path / "y"
     put(paths, "A", y)
     lora_y = LoRARequest("y", 3, str(y))
     assert run(llm, lora_y) == expected["A"]
-    a_identity = cache.preload(lora_y).identity
+    a_identity = residency.preload(lora_y).identity
     # Registering two other adapters (the gateway preloads them) pushes A out of the CPU tier.
     for name in ("C", "D"):
-        cache.preload(LoRARequest(name, 10 + len(name), str(paths[name])))
-    assert a_identity.sha256 in in_slots(cache)
-    assert "y" not in [r.lora_name for r in cache.cpu_resident()]
+        residency.preload(LoRARequest(name, 10 + len(name), str(paths[name])))
+    assert a_identity.sha256 in in_slots(residency)
+    assert "y" not in [r.lora_name for r in residency.cpu_resident()]
     put(paths, "B", y)
     assert run(llm, lora_y) == expected["B"]
     # Case 4: y's weights leave the device; the prompt's cached KV is reused.
     for name in ("C", "D"):
         assert run(llm, LoRARequest(name, 10 + len(name), str(paths[name]))) == expected[name]
-    assert {a_identity.sha256, weights_sha256(y)}.isdisjoint(in_slots(cache))
+    assert {a_identity.sha256, weights_sha256(y)}.isdisjoint(in_slots(residency))
     hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
     assert run(llm, lora_y) == expected["B"]
     assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512, "KV not reused"
@@ -133,14 +133,14 @@ def test_a_waiting_request_runs_with_the_weights_it_was_admitted_under(setup, ma
     lora = LoRARequest("x", 3, str(x))
     request = llm.engine.add_request("early", {"prompt_token_ids": PROMPT}, PARAMS, lora)
     put(paths, "B", x)
-    llm.engine.residency.cache.preload(LoRARequest("c", 9, str(paths["C"])))  # would evict A
+    llm.engine.residency.preload(LoRARequest("c", 9, str(paths["C"])))  # would evict A
     outputs = []
     while llm.engine.has_unfinished_requests():
         outputs += [o for o in llm.engine.step() if o.finished]
     assert outputs[0].outputs[0].token_ids == expected["A"]
     assert request.adapter_identity.sha256 == _weights_sha(paths, "A")
     assert run(llm, lora) == expected["B"]
-    stats = llm.engine.residency.cache.stats()
+    stats = llm.engine.residency.counts()
     assert stats["cpu_adapters"] == 1 and stats["held_weights"] == 0  # A aged out once unneeded
 
 
@@ -162,7 +162,7 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     # clock tick could hide): the engine's stamp clock moves past it.
     clock.settle()
     assert run(llm, lora) == expected["A"]
-    before, reads = len(hashes), llm.engine.residency.cache.stats()["file_reads"]
+    before, reads = len(hashes), llm.engine.residency.counts()["file_reads"]
     short = SamplingParams(temperature=0, max_tokens=1)
     outs = llm.generate(
         [{"prompt_token_ids": [1, 5, 6, i]} for i in range(100)],
@@ -172,7 +172,7 @@ def test_unchanged_files_are_not_rehashed_over_100_requests(setup, make_llm, mon
     )
     assert len(outs) == 100
     assert len(hashes) == before, "unchanged files were hashed again"
-    assert llm.engine.residency.cache.stats()["file_reads"] == reads
+    assert llm.engine.residency.counts()["file_reads"] == reads
 
 
 def _weights_sha(paths, name) -> str:
@@ -185,13 +185,13 @@ def test_finished_and_aborted_requests_release_their_weights(setup, make_llm):
     lora = LoRARequest("a", 1, str(paths["A"]))
     for request_id in ("kept", "aborted"):
         llm.engine.add_request(request_id, {"prompt_token_ids": PROMPT}, PARAMS, lora)
-    assert llm.engine.residency.cache.stats()["held_weights"] == 1
+    assert llm.engine.residency.counts()["held_weights"] == 1
     llm.engine.step()
     assert llm.engine.abort_request("aborted")
-    assert llm.engine.residency.cache.stats()["held_weights"] == 1
+    assert llm.engine.residency.counts()["held_weights"] == 1
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
-    assert llm.engine.residency.cache.stats()["held_weights"] == 0
+    assert llm.engine.residency.counts()["held_weights"] == 0
 
 
 def _reads_by_thread(monkeypatch) -> list[str]:
@@ -228,7 +228,7 @@ def test_weights_that_left_memory_come_back_on_a_loader_thread(
     x = tmp_path / "x"
     put(paths, "A", x)
     clock.settle()  # a stat vouches for A's files from now on
-    llm.engine.residency.cache.preload(LoRARequest("x", 3, str(x)))
+    llm.engine.residency.preload(LoRARequest("x", 3, str(x)))
     c = LoRARequest("c", 9, str(paths["C"]))
     llm.engine.add_request("c", {"prompt_token_ids": PROMPT}, PARAMS, c)  # C evicts A
     threads = _reads_by_thread(monkeypatch)
@@ -253,7 +253,7 @@ def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, mon
     put(paths, "A", x)
     clock.settle()
     lora = LoRARequest("x", 3, str(x))
-    llm.engine.residency.cache.preload(lora)
+    llm.engine.residency.preload(lora)
     c = LoRARequest("c", 9, str(paths["C"]))
     llm.engine.add_request("c", {"prompt_token_ids": PROMPT}, PARAMS, c)  # C evicts A
     llm.engine.add_request("doomed", {"prompt_token_ids": PROMPT}, PARAMS, lora)
@@ -266,4 +266,4 @@ def test_a_load_that_fails_fails_only_its_request(setup, make_llm, tmp_path, mon
     assert outputs["c"].outputs[0].token_ids == expected["C"]
     assert outputs["base"].outputs[0].token_ids == expected[None]
     assert threads and all(t.startswith("loragate-adapter-load") for t in threads), threads
-    assert llm.engine.residency.cache.stats()["held_weights"] == 0
+    assert llm.engine.residency.counts()["held_weights"] == 0

@@ -53,7 +53,7 @@ def files(tiny_model_dir, tmp_path_factory):
 
 
 def counts(engine, client, loras) -> dict[str, int]:
-    stats = engine.residency.cache.stats()
+    stats = engine.residency.counts()
     return {
         "slots": int(stats["resident_adapters"]),
         "cpu": int(stats["cpu_adapters"]),
@@ -148,29 +148,29 @@ def test_an_adapter_from_registration_to_removal(files, make_llm):
         assert now() == {"slots": 0, "cpu": 1, "holds": 0, "in_flight": 0, "requests": 0}
 
         # First request: weights in CPU memory, its first token in the step that admits it.
-        loads = engine.residency.cache.stats()["slot_loads"]
+        loads = engine.residency.counts()["slot_loads"]
         tokens, admitted, first, in_flight = await run(client, steps, "a-1", a)
         assert tokens == expected["a"]
         assert (admitted, first) == (1, 1), f"prompt ran in step {admitted}, first token {first}"
         assert in_flight == {1}, in_flight
-        assert engine.residency.cache.stats()["slot_loads"] == loads + 1
+        assert engine.residency.counts()["slot_loads"] == loads + 1
         assert now() == {"slots": 1, "cpu": 1, "holds": 0, "in_flight": 0, "requests": 0}
 
         # Evicted from its slot: b takes the one slot; a stays in the CPU tier.
         tokens, admitted, first, in_flight = await run(client, steps, "b-1", b)
         assert tokens == expected["b"] and (admitted, first) == (1, 1)
         assert in_flight == {1}, in_flight
-        assert engine.residency.cache.stats()["device_evictions"] == 1
-        tiers = engine.residency.cache.tiers()
+        assert engine.residency.counts()["device_evictions"] == 1
+        tiers = engine.residency.tiers()
         assert sorted(tiers.values()) == ["cpu", "device"], tiers
         assert now() == {"slots": 1, "cpu": 2, "holds": 0, "in_flight": 0, "requests": 0}
 
         # Evicted from the CPU tier: c comes in, a (least recently used) leaves memory.
-        identity_a = engine.residency.cache.preload(a).identity
-        engine.residency.cache.preload(b)  # b used last, a is the oldest
+        identity_a = engine.residency.preload(a).identity
+        engine.residency.preload(b)  # b used last, a is the oldest
         engine.add_adapter(c)
-        assert not engine.residency.cache.in_memory(identity_a)
-        assert engine.residency.cache.stats()["cpu_evictions"] == 1
+        assert not engine.residency.in_memory(identity_a)
+        assert engine.residency.counts()["cpu_evictions"] == 1
         assert now() == {"slots": 1, "cpu": 2, "holds": 0, "in_flight": 0, "requests": 0}
 
         # Files changed: a's folder now holds other weights; a request gets the new ones.
@@ -209,5 +209,5 @@ def test_an_adapter_from_registration_to_removal(files, make_llm):
     for lora in (a, b, c):
         engine.remove_adapter(lora)
     assert now() == {"slots": 0, "cpu": 0, "holds": 0, "in_flight": 0, "requests": 0}
-    assert engine.residency.cache.tiers() == {}
+    assert engine.residency.tiers() == {}
     assert engine.get_memory_stats()["allocated_blocks"] == 0

@@ -1,10 +1,13 @@
-"""An adapter's life has one owner (issue 44): the engine's AdapterResidency is the only
-object that holds or calls the adapter cache (tiers, slots, loads); the scheduler, the
-runner, the CUDA graphs, the stats, the async engine and the gateway ask the residency.
+"""An adapter's life has one owner (issues 44 and 58): the engine's AdapterResidency builds
+and alone holds the adapter tiers (adapters/cpu_tier.py, adapters/device_tier.py) and is
+the only writer of their holds; the scheduler, the runner, the CUDA graphs, the stats, the
+async engine and the gateway ask the residency.
 
-Checked twice: no module but engine/lora/adapter_residency.py names the cache (imports
-`AdapterCache`, or reads a residency's `.cache`), and in a running engine with LoRA the cache
-cannot be reached from the AsyncLLMEngine without passing through the residency.
+Checked twice: no module but engine/lora/adapter_residency.py names a tier (imports
+`CpuTier` or `DeviceTier`, or reads a residency's `._cpu` / `._device`), and no module but it
+holds or releases weights on a tier or writes a tier's holds (only the CPU tier itself
+keeps them); and in a running engine with LoRA neither tier can be reached from the
+AsyncLLMEngine without passing through the residency.
 """
 
 from __future__ import annotations
@@ -17,52 +20,90 @@ from pathlib import Path
 import pytest
 import torch
 
-from loragate.adapters import AdapterCache
+from loragate.adapters.cpu_tier import CpuTier
+from loragate.adapters.device_tier import DeviceTier
 from loragate.engine import AsyncLLMEngine, EngineConfig, LLMEngine
 from loragate.engine.lora.adapter_residency import AdapterResidency
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "engine/lora/adapter_residency.py"
-FOLDERS = ("engine", "gateway", "plugins")
+FOLDERS = ("engine", "gateway", "plugins", "adapters")
+TIERS = {"CpuTier", "DeviceTier"}
+# The tiers' own modules, and the reports that read both (types only, under the owner's lock).
+TIER_MODULES = {"adapters/cpu_tier.py", "adapters/device_tier.py", "adapters/tier_reports.py"}
 
 
-def cache_users(paths) -> list[str]:
-    """'file:line: what' for each import of the cache and each `<...>residency.cache`."""
+def tier_users(paths) -> list[str]:
+    """'file:line: what' for each import of a tier, each `<...>residency._cpu` or `._device`,
+    each `.hold(...)` / `.release(...)` called on a tier (`<...>._cpu.hold(...)`,
+    `cpu.release(...)`), and each write to `_holds`."""
     bad = []
     for path, text in paths:
         for node in ast.walk(ast.parse(text)):
             names = []
             if isinstance(node, ast.ImportFrom):
-                names = [a.name for a in node.names if a.name == "AdapterCache"]
-            elif isinstance(node, ast.Attribute) and node.attr == "cache":
+                names = [a.name for a in node.names if a.name in TIERS]
+            elif isinstance(node, ast.Attribute) and node.attr in ("_cpu", "_device"):
                 owner = node.value
                 name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
                 if name.endswith("residency"):
-                    names = [f"{name}.cache"]
+                    names = [f"{name}.{node.attr}"]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                tier = node.func.value
+                tier = tier.attr if isinstance(tier, ast.Attribute) else getattr(tier, "id", "")
+                if node.func.attr in ("hold", "release") and tier.lstrip("_") in ("cpu", "tier"):
+                    names = [f"{tier}.{node.func.attr}"]
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if not isinstance(node, ast.AugAssign) else [node.target]
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Attribute) and sub.attr == "_holds":
+                            names.append("_holds")
             bad += [f"{path}:{node.lineno}: {name}" for name in names]
     return bad
 
 
-def modules() -> list[tuple[str, str]]:
+def modules(skip=()) -> list[tuple[str, str]]:
     found = []
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
-            if rel != OWNER:
+            if rel != OWNER and rel not in skip:
                 found.append((rel, path.read_text()))
     return found
 
 
-def test_no_module_but_the_residency_names_the_adapter_cache():
-    assert cache_users(modules()) == []
+def test_no_module_but_the_residency_names_the_tiers_or_writes_their_holds():
+    assert tier_users(modules(skip=TIER_MODULES)) == []
+    # Among the tiers' own modules: the reports name the tiers (types), and the CPU tier
+    # writes the holds it keeps; nothing else.
+    own = tier_users([(p, t) for p, t in modules() if p in TIER_MODULES])
+    allowed = [
+        u
+        for u in own
+        if (u.startswith("adapters/tier_reports.py") and u.endswith("Tier"))
+        or (u.startswith("adapters/cpu_tier.py") and u.endswith(": _holds"))
+    ]
+    assert own == allowed and allowed
 
 
-def test_the_check_catches_a_module_that_calls_the_cache():
-    calls = "def stats(engine):\n    return engine.residency.cache.stats()\n"
-    imports = "from loragate.adapters import AdapterCache\n"
-    assert cache_users([("engine/x.py", calls), ("engine/y.py", imports)]) == [
-        "engine/x.py:2: residency.cache",
-        "engine/y.py:1: AdapterCache",
+def test_the_check_catches_a_module_that_reaches_a_tier():
+    calls = "def stats(engine):\n    return engine.residency._cpu.counts()\n"
+    imports = "from loragate.adapters.device_tier import DeviceTier\n"
+    holds = "def keep(self, identity):\n    self._cpu.hold(identity)\n"
+    writes = "def keep(tier, identity):\n    tier._holds[identity] += 1\n"
+    assert tier_users(
+        [
+            ("engine/x.py", calls),
+            ("engine/y.py", imports),
+            ("engine/z.py", holds),
+            ("engine/w.py", writes),
+        ]
+    ) == [
+        "engine/x.py:2: residency._cpu",
+        "engine/y.py:1: DeviceTier",
+        "engine/z.py:2: _cpu.hold",
+        "engine/w.py:2: _holds",
     ]
 
 
@@ -120,15 +161,17 @@ def engine(tiny_model_dir):
     engine.shutdown()
 
 
-def test_only_the_residency_holds_the_cache(engine):
+def test_only_the_residency_holds_the_tiers(engine):
     residency = engine.engine.residency
     assert isinstance(residency, AdapterResidency)
-    assert isinstance(residency.cache, AdapterCache)
-    assert holders_of(residency.cache, engine, skip=residency) == []
-    # The walk does find the cache when something else holds it.
-    engine.engine.runner.leak = residency.cache
+    tiers = [t for t in vars(residency).values() if isinstance(t, (CpuTier, DeviceTier))]
+    assert sorted(type(t).__name__ for t in tiers) == ["CpuTier", "DeviceTier"]
+    for tier in tiers:
+        assert holders_of(tier, engine, skip=residency) == []
+    # The walk does find a tier when something else holds it.
+    engine.engine.runner.leak = tiers[0]
     try:
-        assert holders_of(residency.cache, engine, skip=residency) == ["engine.engine.runner.leak"]
+        assert holders_of(tiers[0], engine, skip=residency) == ["engine.engine.runner.leak"]
     finally:
         del engine.engine.runner.leak
 

@@ -56,13 +56,13 @@ def test_a_burst_over_more_adapters_than_the_tier_holds(
         max_lora_rank=8,
     )
     engine = llm.llm_engine
-    cache = engine.residency.cache
+    residency = engine.residency
     if settled:  # every adapter read once before, long enough ago for a stat to vouch
         for lora in loras:
-            cache.preload(lora)
+            residency.preload(lora)
         time.sleep(RACY_NS / 1e9 + 0.02)
         for lora in loras:
-            cache.known_identity(lora)  # the stat that trusts them from now on
+            residency.known_identity(lora)  # the stat that trusts them from now on
     reads = Counter()
     read = loader_module.load_adapter
 
@@ -85,7 +85,7 @@ def test_a_burst_over_more_adapters_than_the_tier_holds(
         for out in engine.step():
             if out.finished:
                 outputs[out.request_id] = list(out.outputs[0].token_ids)
-        most = max(most, cache.stats()["cpu_adapters"])
+        most = max(most, residency.counts()["cpu_adapters"])
 
     # A load that started with room may find every place held by requests admitted while
     # it read (their weights were in the tier already): it is kept, past the bound by at
@@ -95,7 +95,7 @@ def test_a_burst_over_more_adapters_than_the_tier_holds(
     assert set(reads) == {lora.lora_path for lora in loras} - (
         {lora.lora_path for lora in loras[-TIER:]} if settled else set()
     ), reads
-    stats = cache.stats()
+    stats = residency.counts()
     assert stats["held_weights"] == 0, stats
     peft_model = peft_model_with(model_dir, paths)
     for i, (lora, prompt) in enumerate(zip(loras, prompts, strict=True)):

@@ -90,22 +90,22 @@ def test_old_weights_left_in_a_slot_after_the_cpu_tier_dropped_them(
     prompt KV (computed with the new one) is reused and still gives the new answer."""
     model_dir, paths, expected = setup
     llm = engine(make_llm, model_dir, dtype="float32", max_loras=2, max_cpu_loras=2)
-    cache = llm.engine.residency.cache
+    residency = llm.engine.residency
     y = tmp_path / "y"
     put(paths, f"{kind}1", y)
     lora_y = LoRARequest("y", 3, str(y))
     assert run(llm, lora_y) == expected[f"{kind}1"]
-    old = cache.preload(lora_y).identity
+    old = residency.preload(lora_y).identity
     churn = [LoRARequest(n, 10 + i, str(paths[n])) for i, n in enumerate(("plain", "other"))]
     for lora in churn:  # registering two others pushes the old version out of the CPU tier
-        cache.preload(lora)
-    assert old.sha256 in in_slots(cache)
-    assert "y" not in [r.lora_name for r in cache.cpu_resident()]
+        residency.preload(lora)
+    assert old.sha256 in in_slots(residency)
+    assert "y" not in [r.lora_name for r in residency.cpu_resident()]
     put(paths, f"{kind}2", y)
     assert run(llm, lora_y) == expected[f"{kind}2"]
     for lora in churn:
         assert run(llm, lora) == expected[lora.lora_name]
-    assert {old.sha256, weights_sha256(y)}.isdisjoint(in_slots(cache))
+    assert {old.sha256, weights_sha256(y)}.isdisjoint(in_slots(residency))
     hits = llm.get_memory_stats()["prefix_cache_hit_tokens"]
     assert run(llm, lora_y) == expected[f"{kind}2"]
     assert llm.get_memory_stats()["prefix_cache_hit_tokens"] - hits >= 512, "KV not reused"
@@ -138,4 +138,4 @@ def test_churn_over_one_slot_with_both_kinds_rewritten_between_rounds(setup, mak
         )
         for out, (_, name) in zip(outs, order, strict=True):
             assert out.outputs[0].token_ids == expected[name], f"round {round_}: {name}"
-    assert llm.engine.residency.cache.stats()["held_weights"] == 0
+    assert llm.engine.residency.counts()["held_weights"] == 0

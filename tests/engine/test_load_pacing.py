@@ -86,12 +86,12 @@ def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_ll
     llm = make_llm(str(model_dir), max_model_len=256, enable_lora=True, max_loras=2)
     engine = llm.llm_engine
     pauses: list[float] = []
-    cache = engine.residency.cache
-    cache.load_pacing = dataclasses.replace(cache.load_pacing, sleep=pauses.append)
+    residency = engine.residency
+    residency.load_pacing = dataclasses.replace(residency.load_pacing, sleep=pauses.append)
     windows = engine.residency.windows
-    assert cache.load_pacing.windows is windows
+    assert residency.load_pacing.windows is windows
 
-    cache.preload(LoRARequest("first", 1, str(paths["first"])))  # nothing runs: no pause
+    residency.preload(LoRARequest("first", 1, str(paths["first"])))  # nothing runs: no pause
     assert pauses == [] and windows.lent == 0
 
     params = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
@@ -100,14 +100,14 @@ def test_the_engine_paces_loads_only_while_sequences_run(tiny_model_dir, make_ll
     assert engine.scheduler.running, "a sequence runs while the second adapter loads"
     # On another thread (a server's loader), beside the steps: in turns with them.
     loader = threading.Thread(
-        target=cache.preload, args=(LoRARequest("second", 2, str(paths["second"])),)
+        target=residency.preload, args=(LoRARequest("second", 2, str(paths["second"])),)
     )
     loader.start()
     while loader.is_alive():
         assert engine.scheduler.running, "the sequence ended before the load did"
         engine.step()
     loader.join()
-    assert cache.stats()["file_reads"] == 2
+    assert residency.counts()["file_reads"] == 2
     # a turn per chunk read and hashed, per stacked module: the load took its turns
     assert windows.lent >= 1
     lent_steps = [r for r in engine.step_records if r.load_window_ms > 0]
@@ -138,15 +138,15 @@ def test_a_load_on_the_stepping_thread_is_not_paced(tiny_model_dir, make_llm, tm
     llm = make_llm(str(model_dir), max_model_len=128, enable_lora=True, max_loras=2)
     engine = llm.llm_engine
     pauses: list[float] = []
-    cache = engine.residency.cache
-    cache.load_pacing = dataclasses.replace(cache.load_pacing, sleep=pauses.append)
+    residency = engine.residency
+    residency.load_pacing = dataclasses.replace(residency.load_pacing, sleep=pauses.append)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     engine.add_request("running", {"prompt_token_ids": [5, 6, 7, 8]}, params)
     engine.step()
     assert engine.scheduler.running
     lora = LoRARequest("second", 2, str(paths["second"]))
     engine.add_request("cold", {"prompt_token_ids": [5, 6]}, params, lora_request=lora)
-    assert cache.stats()["file_reads"] == 1, "the cold adapter was read in add_request"
+    assert residency.counts()["file_reads"] == 1, "the cold adapter was read in add_request"
     assert pauses == [], "a load on the stepping thread paused"
     engine.abort_request("running")
     engine.abort_request("cold")

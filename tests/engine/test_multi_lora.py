@@ -110,9 +110,9 @@ def test_two_slots_six_adapters_all_complete_with_evictions(tiny_model_dir, tmp_
     )
     for name, out in zip(names, outs, strict=True):
         assert out.outputs[0].token_ids == peft_greedy(peft_model, name, prompt, 12), name
-    stats = llm.engine.residency.cache.stats()
+    stats = llm.engine.residency.counts()
     assert stats["device_evictions"] >= 4
-    assert len(in_slots(llm.engine.residency.cache)) <= 2
+    assert len(in_slots(llm.engine.residency)) <= 2
 
 
 def test_same_name_new_path_is_a_new_adapter(tiny_model_dir, tmp_path, make_llm):

@@ -213,7 +213,7 @@ def test_adapter_eviction_policy_plugin_changes_the_victim(tiny_model_dir, tmp_p
             llm.generate(
                 PROMPT, SamplingParams(max_tokens=2), lora_request=loras[name], use_tqdm=False
             )
-        return names_in_slots(llm.engine.residency.cache, loras.values())
+        return names_in_slots(llm.engine.residency, loras.values())
 
     # "small" is least recently used; LRU evicts it, the plugin evicts the largest instead.
     assert resident_after_order(["small", "big", "mid"], []) == {"big", "mid"}

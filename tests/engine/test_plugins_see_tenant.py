@@ -87,7 +87,7 @@ def test_eviction_candidates_carry_tenant_and_pinned(tiny_model_dir, tmp_path, m
     cpu = [c for tier, cs in recorder.calls if tier == "cpu" for c in cs]
     assert cpu and all(c["pinned"] == (c["name"] == "sql") for c in cpu)
     # The built-in LRU evicts pinned adapters last: "tone" left the device, "sql" stayed.
-    assert names_in_slots(engine.residency.cache, loras.values()) == {"sql", "house"}
+    assert names_in_slots(engine.residency, loras.values()) == {"sql", "house"}
     engine.pin_adapter(loras["sql"], pinned=False)
     recorder.calls.clear()
     engine.add_request("3", PROMPT, params, loras["tone"], tenant="globex")

@@ -132,21 +132,21 @@ def test_an_adapter_that_cannot_take_a_slot_fails_only_its_request(
     )
     engine = llm.engine
     good, bad = LoRARequest("a", 1, str(tmp_path / "a")), LoRARequest("b", 2, str(tmp_path / "b"))
-    acquire = engine.residency.cache.acquire
+    acquire = engine.residency.acquire_slot
 
     def failing(request, busy_slots=frozenset(), identity=None, **kwargs):
         if request == bad:
             raise AdapterError("adapter_model.safetensors changed on disk")
         return acquire(request, busy_slots, identity, **kwargs)
 
-    engine.residency.cache.acquire = failing
+    engine.residency.acquire_slot = failing
     try:
         engine.add_request("doomed", PROMPT, SamplingParams(**GREEDY), lora_request=bad)
         engine.add_request("fine", PROMPT, SamplingParams(**GREEDY), lora_request=good)
         engine.add_request("base", PROMPT, SamplingParams(**GREEDY))
         outs = _run(engine, {"doomed", "fine", "base"})
     finally:
-        engine.residency.cache.acquire = acquire
+        engine.residency.acquire_slot = acquire
     assert outs["doomed"].error_type == "request_failed"
     assert outs["fine"].error is None and len(outs["fine"].outputs[0].token_ids) == 6
     assert outs["base"].error is None
@@ -162,8 +162,8 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
     llm = make_llm(
         model=tiny_dir, max_model_len=64, num_kv_blocks=64, enable_lora=True, max_lora_rank=8
     )
-    cache = llm.engine.residency.cache
-    preload = cache.preload
+    residency = llm.engine.residency
+    preload = residency.preload
     release, ended = threading.Event(), threading.Event()
 
     def slow_preload(request):
@@ -173,7 +173,7 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
         finally:
             ended.set()
 
-    cache.preload = slow_preload
+    residency.preload = slow_preload
     engine = AsyncLLMEngine(llm.engine, adapter_load_timeout=0.3)
     try:
         with pytest.raises(AdapterLoadTimeoutError, match="longer than 0.3 s"):
@@ -187,7 +187,7 @@ async def test_an_adapter_load_past_its_time_limit_is_refused_and_serving_goes_o
         release.set()
         # the abandoned load ends before the leak check (bounded: the load is tiny)
         assert await asyncio.to_thread(ended.wait, 120), "the abandoned load never ended"
-        cache.preload = preload
+        residency.preload = preload
         engine.shutdown()
 
 

@@ -61,7 +61,7 @@ def test_the_forward_reads_each_layer_after_its_copy_and_answers_as_peft(
         max_loras=2,
         max_lora_rank=8,
     )
-    slots = llm.llm_engine.residency.cache.slot_tensors
+    slots = llm.llm_engine.residency.slot_tensors
     streams = RecordedStreams()
     slots.copies = SlotCopies(slots.spec.num_layers, streams)
     add_lora = decoder_module._add_lora

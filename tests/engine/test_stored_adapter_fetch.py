@@ -113,7 +113,7 @@ def test_a_request_fetching_its_object_is_in_flight_and_runs_the_verified_copy(
 
     try:
         asyncio.run(scenario())
-        assert engine.engine.residency.cache.stats()["held_weights"] == 0
+        assert engine.engine.residency.counts()["held_weights"] == 0
     finally:
         engine.shutdown()
 

@@ -95,7 +95,7 @@ def test_a_fetched_object_is_read_without_hashing_it_again(aged, digests):
     fetcher = AdapterFetcher(LocalStore(root / "served"), root / "cache", IdentityBook(clock))
     with running(model_dir, fetcher) as engine:
         outs = ask(engine, LoRARequest("kept", 1, store_path(oid)))
-        stats = engine.engine.residency.cache.stats()
+        stats = engine.engine.residency.counts()
     assert outs[-1].finished and outs[-1].lora_sha256 == parse_object_id(oid).sha256
     stamp, identity = fetcher.book.entry(str(root / "served" / oid))
     assert stamp.trusted and identity == parse_object_id(oid)
@@ -115,7 +115,7 @@ def test_an_object_rewritten_after_its_fetch_is_hashed_and_refused(aged, digests
     with running(model_dir, fetcher) as engine:
         with pytest.raises(CorruptObjectError, match="changed after they were checked"):
             ask(engine, LoRARequest("kept", 1, store_path(oid)))
-        stats = engine.engine.residency.cache.stats()
+        stats = engine.engine.residency.counts()
     assert digests.count(identities["B"].sha256) == 1  # the read hashed them
     assert stats["file_reads"] == 1 and stats["vouched_reads"] == 0
     assert fetcher.book.entry(str(checked)) is None  # the cached copy was dropped with its word
@@ -167,7 +167,7 @@ def test_the_check_and_the_engine_read_write_one_book(aged, digests, tmp_path):
         for _ in range(2):  # the second is admitted by a stat
             outs = ask(engine, LoRARequest("one", 1, store_path(oid)))
             assert outs[-1].finished and outs[-1].lora_sha256 == identity.sha256
-        stats = engine.engine.residency.cache.stats()
+        stats = engine.engine.residency.counts()
     # the engine's load hashed nothing of them (the engine hashes other things of its own)
     assert digests.count(identity.sha256) == digests.count(identity.config_sha256) == 1
     assert stats["file_reads"] == stats["vouched_reads"] == 1

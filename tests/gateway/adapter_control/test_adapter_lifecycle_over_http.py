@@ -92,7 +92,7 @@ def test_an_adapter_from_upload_to_deletion_over_http(server, files, tiny_dir, t
     peft = peft_model_with(tiny_dir, files)
 
     def counts() -> dict:
-        stats = residency.cache.stats()
+        stats = residency.counts()
         return {
             "slots": int(stats["resident_adapters"]),
             "cpu": int(stats["cpu_adapters"]),
@@ -148,17 +148,17 @@ def test_an_adapter_from_upload_to_deletion_over_http(server, files, tiny_dir, t
     # Evicted from its slot: `b` takes the one slot; `a` stays in the CPU tier.
     assert upload(api, "b", parts_of(files["b"])).status_code == 201
     served("b", "b")
-    assert residency.cache.stats()["device_evictions"] == 1
+    assert residency.counts()["device_evictions"] == 1
     assert counts() == idle(slots=1, cpu=2)
 
     # Evicted from the CPU tier: `c` comes in and `a`, used least recently, leaves memory.
     assert upload(api, "c", parts_of(files["c"])).status_code == 201
-    assert residency.cache.stats()["cpu_evictions"] == 1
+    assert residency.counts()["cpu_evictions"] == 1
     assert counts() == idle(slots=1, cpu=2)
     # Asked for again: read back from its store object by hash.
-    reads = residency.cache.stats()["file_reads"]
+    reads = residency.counts()["file_reads"]
     served("a", "a")
-    assert residency.cache.stats()["file_reads"] == reads + 1
+    assert residency.counts()["file_reads"] == reads + 1
     assert counts() == idle(slots=1, cpu=2)
 
     # Files changed: `a` now names other bytes (a new object); the old object goes once
@@ -193,4 +193,4 @@ def test_an_adapter_from_upload_to_deletion_over_http(server, files, tiny_dir, t
         assert api.delete(f"/v1/adapters/{name}").status_code == 200
     wait_until(lambda: not objects(store), "the store emptied")
     assert counts() == idle(slots=0, cpu=0)
-    assert residency.cache.tiers() == {}
+    assert residency.tiers() == {}
