@@ -19,8 +19,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from multi_lora import TARGETS, power_law_choice
-from throughput import make_requests
+from harness import TARGETS
+from offline_workloads import power_law_choice, topic_requests
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
@@ -116,7 +116,7 @@ def main() -> None:
     rng = random.Random(0)
     requests = [
         (llm.apply_chat_template(messages), rng.randint(32, 96), power_law_choice(rng, COUNT, 0.3))
-        for messages, _ in make_requests(args.num_requests, 0)
+        for messages, _ in topic_requests(args.num_requests, 0)
     ]
     support = bf16_support()
     print(

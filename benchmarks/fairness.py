@@ -25,7 +25,6 @@ import numpy as np
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, LLMEngine, SamplingParams
-from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.loading.model_loader import load_config, resolve_model
 
 TENANTS = ("flood", "quiet-1", "quiet-2", "quiet-3")
@@ -60,10 +59,10 @@ def workload(args, vocab_size: int) -> list[Arrival]:
     return sorted(arrivals, key=lambda a: a.at)
 
 
-def adapters_for(hf_dir: Path) -> dict[str, LoRARequest]:
-    from multi_lora import make_adapters  # the benchmarks' shared random adapters
+def adapters_for(source) -> dict[str, LoRARequest]:
+    from harness import kept_adapters  # the benchmarks' shared random adapters
 
-    paths = make_adapters(hf_dir, len(TENANTS), DEFAULT_MODEL_NAME)
+    paths = kept_adapters(source, len(TENANTS))
     pairs = enumerate(zip(TENANTS, paths, strict=True))
     return {tenant: LoRARequest(tenant, i + 1, str(path)) for i, (tenant, path) in pairs}
 
@@ -246,7 +245,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# load average {__import__('os').getloadavg()[0]:.2f}", flush=True)
     source = resolve_model(args.model)
-    loras = adapters_for(Path(source.hf_dir))
+    loras = adapters_for(source)
     arrivals = workload(args, vocab_size=load_config(source.hf_dir).vocab_size)
     report = {}
     runs = [(p, arrivals) for p in args.policies.split(",")]

@@ -1,11 +1,11 @@
 """How a benchmark runs and reports: the parts the engine benchmarks share.
 
-Random adapters for a base model; an engine with adapters on the shapes these benchmarks
-use; base streams to decode beside the requests measured, and their token gaps; arms run in
-turns round by round, so a load change on the machine hits every arm alike; timed offline
-`generate` calls and static HF/PEFT batches as their peers; and the report: the machine
-line every figure names (the CPU, its vector flags, the threads, the load average) and a
-markdown table.
+Random adapters for a base model (in a run's own folder, or kept under results/ across
+runs); an engine with adapters on the shapes these benchmarks use; base streams to decode
+beside the requests measured, and their token gaps; arms run in turns round by round, so a
+load change on the machine hits every arm alike; timed offline `generate` calls and static
+HF/PEFT batches as their peers; and the report: the machine line every figure names (the
+CPU, its vector flags, the threads, the load average) and a markdown table.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TypeVar
 import torch
 
 from loragate.engine import LLM, SamplingParams
+from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
 from loragate.kernels.cpu_isa import this_cpu_flags
 from loragate.tools import make_random_adapter
 from loragate.tools.base_model import load_hf_model, resolve_base_model
@@ -29,6 +30,8 @@ T = TypeVar("T")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STREAMS = 8  # base streams decoding beside the requests measured
 SHOWN_FLAGS = ("avx", "amx", "fma", "f16c")
+RESULTS = Path(__file__).resolve().parent / "results"
+KEPT_ADAPTERS = RESULTS / "adapters"
 
 
 # --- the report ---
@@ -116,23 +119,41 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def random_adapters(
-    root: Path, count: int, rank: int = 64, targets: Sequence[str] = TARGETS, source=None
+    root: Path,
+    count: int,
+    rank: int | Sequence[int] = 64,
+    targets: Sequence[str] = TARGETS,
+    source=None,
+    prefix: str = "a",
 ) -> list[Path]:
-    """`count` random adapters of `rank` on `targets` (all seven projections) of the model
-    `source` (`resolve_base_model`'s; None: the default model), seeded by their index."""
+    """`count` random adapters `<root>/<prefix>NNN` on `targets` (all seven projections) of
+    the model `source` (`resolve_base_model`'s; None: the default model), seeded by their
+    index; adapter i of rank `rank`, or `rank[i % len(rank)]` for a list. Those already
+    under `root` (kept from an earlier run) are not made again."""
     source = source or resolve_base_model(None)
-    base = load_hf_model(source.hf_dir)
-    return [
+    ranks = [rank] if isinstance(rank, int) else list(rank)
+    paths = [root / f"{prefix}{i:03d}" for i in range(count)]
+    missing = [i for i, p in enumerate(paths) if not (p / "adapter_config.json").exists()]
+    base = load_hf_model(source.hf_dir) if missing else None
+    for i in missing:
         make_random_adapter(
             base,
-            root / f"a{i:03d}",
-            rank=rank,
+            paths[i],
+            rank=ranks[i % len(ranks)],
             targets=targets,
             seed=i,
             base_model_name=source.name,
         )
-        for i in range(count)
-    ]
+    return paths
+
+
+def kept_adapters(source, count: int, rank: int | Sequence[int] = 8, prefix: str = "r8-"):
+    """`random_adapters` kept under benchmarks/results/adapters (a folder a model, the
+    default model's at the top), made by the first run that needs them."""
+    folder = KEPT_ADAPTERS
+    if source.name != DEFAULT_MODEL_NAME:
+        folder = folder / "".join(c if c.isalnum() or c in "-_." else "_" for c in source.name)
+    return random_adapters(folder, count, rank, source=source, prefix=prefix)
 
 
 def lora_engine(dtype: str, rank: int, max_loras: int, max_cpu_loras: int, **options) -> LLM:

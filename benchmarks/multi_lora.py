@@ -18,63 +18,25 @@ import argparse
 import random
 from pathlib import Path
 
-import torch
 from harness import (
-    TARGETS,
+    RESULTS,
     add_engine_args,
     engine_options,
     generate_seconds,
+    kept_adapters,
     load_average,
     machine_line,
     print_table,
     static_batch_seconds,
 )
+from offline_workloads import power_law_choice, word_workload
 from peft import PeftModel
 from plots import plot_throughput_vs_adapters
 from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM
-from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
 from loragate.engine.loading.model_loader import resolve_model
-from loragate.tools import make_random_adapter
-
-ROOT = Path(__file__).resolve().parent / "results" / "adapters"
-
-
-def power_law_choice(rng: random.Random, n: int, alpha: float) -> int:
-    """numpy.random.power(alpha) is U ** (1 / alpha): most requests go to low indices."""
-    return min(n - 1, int(rng.random() ** (1 / alpha) * n))
-
-
-def make_adapters(hf_dir: Path, count: int, name: str) -> list[Path]:
-    """Rank-8 adapters for this model, made once and kept under results/ (one folder a model)."""
-    folder = ROOT if name == DEFAULT_MODEL_NAME else ROOT / _slug(name)
-    paths = [folder / f"r8-{i:03d}" for i in range(count)]
-    missing = [p for p in paths if not (p / "adapter_config.json").exists()]
-    if missing:
-        base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-        for p in missing:
-            seed = int(p.name.split("-")[1])
-            make_random_adapter(base, p, rank=8, targets=TARGETS, seed=seed, base_model_name=name)
-    return paths
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def workload(
-    llm: LLM, n: int, seed: int, max_output: int = 128
-) -> tuple[list[list[int]], list[int]]:
-    rng = random.Random(seed)
-    prompts, lengths = [], []
-    for _ in range(n):
-        words = " ".join(rng.choice(["tea", "sea", "rain", "code", "bread"]) for _ in range(8))
-        content = f"Write about {words}." + " More detail, please." * rng.randint(0, 10)
-        prompts.append(llm.apply_chat_template([{"role": "user", "content": content}]))
-        lengths.append(rng.randint(min(32, max_output), max_output))
-    return prompts, lengths
 
 
 def run_engine(llm, prompts, lengths, loras) -> float:
@@ -101,12 +63,12 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--sweep", default="1,16,64,256", help="distinct adapter counts to sweep")
     ap.add_argument("--skip-peft", action="store_true")
-    ap.add_argument("--plot", default=str(ROOT.parent / "multi_lora.png"), help="PNG path")
+    ap.add_argument("--plot", default=str(RESULTS / "multi_lora.png"), help="PNG path")
     args = ap.parse_args()
 
     source = resolve_model(args.model)
     sweep = [int(x) for x in args.sweep.split(",") if x]
-    paths = make_adapters(source.hf_dir, max([args.adapters, *sweep]), source.name)
+    paths = kept_adapters(source, max([args.adapters, *sweep]))
     rng = random.Random(args.seed)
 
     def engine_for(distinct: int) -> LLM:
@@ -120,7 +82,7 @@ def main() -> None:
 
     llm = engine_for(args.adapters)
     device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
-    prompts, lengths = workload(llm, args.num_requests, args.seed, args.max_output_len)
+    prompts, lengths = word_workload(llm, args.num_requests, args.seed, args.max_output_len)
     choice = [power_law_choice(rng, args.adapters, args.alpha) for _ in prompts]
     loras = [LoRARequest(f"r8-{i:03d}", i + 1, str(paths[i])) for i in range(len(paths))]
     print(machine_line(device))

@@ -5,7 +5,7 @@ RMSNorm, RoPE, and LoRA where the native path serves the batch), which is what t
 before them except that the norm and RoPE calls are the kernels' torch references. Reports
 process CPU time per generated token (steadier than wall clock on a loaded machine) and wall
 tok/s, median over the rounds. W1: base model only; W2: 16 rank-8 adapters on all seven
-projections, power-law popularity (benchmarks/multi_lora.py's workload and adapters).
+projections, power-law popularity (multi_lora.py's: benchmarks/offline_workloads.py).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/native_ab.py --dtype bfloat16 --rounds 3
 """
@@ -19,7 +19,8 @@ import statistics
 import time
 from unittest import mock
 
-from multi_lora import make_adapters, power_law_choice, workload
+from harness import kept_adapters
+from offline_workloads import power_law_choice, word_workload
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
@@ -64,8 +65,8 @@ def main() -> None:
         max_loras=16,
         max_lora_rank=8,
     )
-    prompts, lengths = workload(llm, args.num_requests, 0)
-    paths = make_adapters(resolved.hf_dir, 16, resolved.name)
+    prompts, lengths = word_workload(llm, args.num_requests, 0)
+    paths = kept_adapters(resolved, 16)
     rng = random.Random(0)
     adapters = [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(paths)]
     w2 = [adapters[power_law_choice(rng, 16, 0.3)] for _ in prompts]

@@ -10,7 +10,6 @@ which is how static batching spends compute; only the requested tokens count as 
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
@@ -22,34 +21,11 @@ from harness import (
     print_table,
     static_batch_seconds,
 )
+from offline_workloads import topic_requests
 from transformers import AutoModelForCausalLM
 
 from loragate.engine import LLM
 from loragate.engine.loading.model_loader import resolve_model
-
-TOPICS = [
-    "the history of tea",
-    "how volcanoes form",
-    "a day in the life of a lighthouse keeper",
-    "why bread rises",
-    "the rules of chess",
-    "how a bicycle gear works",
-    "the water cycle",
-    "a recipe for pancakes",
-    "the planets of the solar system",
-    "how to learn a language",
-]
-
-
-def make_requests(n: int, seed: int) -> list[tuple[list[dict], int]]:
-    rng = random.Random(seed)
-    requests = []
-    for _ in range(n):
-        topic = rng.choice(TOPICS)
-        detail = " ".join(rng.choice(TOPICS) for _ in range(rng.randint(0, 12)))
-        content = f"Tell me about {topic}." + (f" Also mention: {detail}." if detail else "")
-        requests.append(([{"role": "user", "content": content}], rng.randint(32, 160)))
-    return requests
 
 
 def matmul_gflops(device: torch.device, dtype: torch.dtype, reps: int = 5) -> float:
@@ -92,7 +68,7 @@ def main() -> None:
 
     llm = LLM(**engine_options(args))
     device, dtype = llm.engine.config.torch_device, llm.engine.config.torch_dtype
-    requests = make_requests(args.num_requests, args.seed)
+    requests = topic_requests(args.num_requests, args.seed)
     prompts = [llm.apply_chat_template(messages) for messages, _ in requests]
     lengths = [n for _, n in requests]
     total = sum(lengths)

@@ -42,8 +42,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-from multi_lora import TARGETS, make_adapters, power_law_choice
-from throughput import make_requests
+from harness import TARGETS, kept_adapters
+from offline_workloads import power_law_choice, topic_requests
 from w3_mixed_ranks import (
     W3_ADAPTERS,
     StepAdapters,
@@ -56,6 +56,7 @@ from w3_mixed_ranks import (
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.loading.cpu_features import bf16_support
+from loragate.tools.base_model import resolve_base_model
 
 NUM_ADAPTERS = 16
 POWER_LAW_ALPHA = 0.3
@@ -64,7 +65,7 @@ POWER_LAW_ALPHA = 0.3
 def workloads(llm: LLM, n: int, seed: int) -> dict[str, list[dict]]:
     rng = random.Random(seed)
     base = []
-    for messages, _ in make_requests(n, seed):
+    for messages, _ in topic_requests(n, seed):
         prompt = llm.apply_chat_template(messages)
         base.append({"prompt_token_ids": prompt, "max_tokens": rng.randint(32, 96)})
     spread = [{**r, "adapter": power_law_choice(rng, NUM_ADAPTERS, POWER_LAW_ALPHA)} for r in base]
@@ -164,7 +165,7 @@ def main() -> None:
         activation_quantization=args.activation_quantization,
         gguf_dequantize=args.gguf_dequantize,
     )
-    paths = make_adapters(Path(llm.llm_engine.hf_dir), NUM_ADAPTERS, llm.llm_engine.model_name)
+    paths = kept_adapters(resolve_base_model(args.model), NUM_ADAPTERS)
     loras = [LoRARequest(p.name, i + 1, str(p)) for i, p in enumerate(paths)]
     support = bf16_support()
     print(
@@ -206,7 +207,7 @@ def run_w3(args) -> None:
         max_lora_rank=128,
     )
     engine = llm.llm_engine
-    paths = make_w3_adapters(Path(engine.hf_dir), engine.model_name)
+    paths = make_w3_adapters(resolve_base_model(args.model))
     loras = [LoRARequest(p.name, i + 1, str(p)) for i, p in enumerate(paths)]
     sizes = {p.name: adapter_bytes(p, Path(engine.hf_dir), engine.model.dtype) for p in paths}
     base = workloads(llm, args.num_requests, args.seed)["W1 base"]

@@ -10,11 +10,8 @@ import time
 from pathlib import Path
 
 import torch
-from multi_lora import ROOT, TARGETS, _slug, power_law_choice
-from transformers import AutoModelForCausalLM
-
-from loragate.engine.loading.default_model import DEFAULT_MODEL_NAME
-from loragate.tools import make_random_adapter
+from harness import kept_adapters
+from offline_workloads import power_law_choice
 
 W3_ADAPTERS = 64
 W3_RANKS = (8, 16, 32, 64, 128)
@@ -22,18 +19,9 @@ W3_REQUESTS = 128
 POWER_LAW_ALPHA = 0.3
 
 
-def make_w3_adapters(hf_dir: Path, name: str) -> list[Path]:
+def make_w3_adapters(source) -> list[Path]:
     """Adapter i has rank W3_RANKS[i % 5]; made once and kept under results/."""
-    folder = ROOT if name == DEFAULT_MODEL_NAME else ROOT / _slug(name)
-    paths = [folder / f"w3-{i:03d}" for i in range(W3_ADAPTERS)]
-    missing = [p for p in paths if not (p / "adapter_config.json").exists()]
-    if missing:
-        base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-        for p in missing:
-            i = int(p.name.split("-")[1])
-            rank = W3_RANKS[i % len(W3_RANKS)]
-            make_random_adapter(base, p, rank=rank, targets=TARGETS, seed=i, base_model_name=name)
-    return paths
+    return kept_adapters(source, W3_ADAPTERS, rank=W3_RANKS, prefix="w3-")
 
 
 def w3_requests(base_requests: list[dict], seed: int) -> list[dict]:
