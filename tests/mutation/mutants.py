@@ -58,6 +58,10 @@ STAGGERED = "tests/engine/test_staggered_equality.py::"
 SLOT_COPIES = "loragate.adapters.slot_copies"
 COPY_ORDER = "tests/adapters/test_slot_copies.py::"
 COPY_ORDER += "test_a_write_goes_a_layer_at_a_time_and_ends_as_a_write_at_once"
+RELEASED = (
+    "tests/engine/test_adapter_files_change.py::"
+    "test_finished_and_aborted_requests_release_their_weights"
+)
 COPY_WAITS = "tests/engine/test_slot_copies_in_step.py::"
 COPY_WAITS += "test_the_forward_reads_each_layer_after_its_copy_and_answers_as_peft"
 PREEMPT_SWAP = STAGGERED + "test_preemption_under_tight_kv_matches_hf[swap]"
@@ -295,6 +299,45 @@ MUTANTS = [
             ),
         ),
         first="tests/adapters/test_held_weights_stay.py",
+    ),
+    Mutant(
+        "busy_slot_evicted",
+        "the device tier offers the eviction plugin slots running sequences use",
+        (
+            Patch(
+                "loragate.adapters.device_tier",
+                "DeviceTier.victims",
+                "if slot not in busy_slots and owner not in victims",
+                "if owner not in victims",
+            ),
+        ),
+        first="tests/adapters/test_adapter_cache.py::test_busy_slots_are_never_evicted",
+    ),
+    Mutant(
+        "one_release_drops_every_hold",
+        "one request that ends drops the holds of every request admitted under its weights",
+        (
+            Patch(
+                "loragate.adapters.cpu_tier",
+                "CpuTier.release",
+                "self._holds[identity] -= 1",
+                "self._holds[identity] = 0",
+            ),
+        ),
+        first=RELEASED,
+    ),
+    Mutant(
+        "ended_request_keeps_its_hold",
+        "the residency never releases the weights a request that ended was admitted under",
+        (
+            Patch(
+                "loragate.engine.lora.adapter_residency",
+                "AdapterResidency.release",
+                "self.release_weights(request.adapter_identity)",
+                "pass",
+            ),
+        ),
+        first=RELEASED,
     ),
     Mutant(
         "vouched_read_trusts_changed_files",
