@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_adapter_cache import ALL, adds_nothing, slot_reads
+from test_adapter_tiers import ALL, adds_nothing, slot_reads
 from tiers_testlib import in_slots, names_in_slots
 
 from loragate.adapters import AdapterTooLargeError, LoRARequest, load_adapter

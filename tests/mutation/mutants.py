@@ -311,7 +311,7 @@ MUTANTS = [
                 "if owner not in victims",
             ),
         ),
-        first="tests/adapters/test_adapter_cache.py::test_busy_slots_are_never_evicted",
+        first="tests/adapters/test_adapter_tiers.py::test_busy_slots_are_never_evicted",
     ),
     Mutant(
         "one_release_drops_every_hold",
