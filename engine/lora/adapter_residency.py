@@ -88,6 +88,7 @@ from loragate.adapters.loader import vouched_identity
 from loragate.adapters.pacing import ALWAYS_PACED
 from loragate.adapters.slots import DeviceSlots
 from loragate.adapters.store import AdapterFetcher
+from loragate.adapters.tier_budget import TierBudget
 from loragate.adapters.usage import UsageBook
 from loragate.engine.api.config import EngineConfig
 from loragate.engine.api.thread_bridge import drop_result
@@ -691,14 +692,9 @@ class AdapterResidency:
             return tier_reports.cpu_resident(self._cpu, self._usage)
 
     @property
-    def cpu_budget(self):
-        """The CPU tier's limits (adapters/tier_budget.py's TierBudget)."""
+    def cpu_budget(self) -> TierBudget:
+        """The CPU tier's limits (its count and bytes)."""
         return self._cpu.budget
-
-    @property
-    def slot_budget(self):
-        """The device slots' limits (adapters/tier_budget.py's TierBudget)."""
-        return self._device.budget
 
 
 def make_adapter_residency(
