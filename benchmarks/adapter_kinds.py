@@ -18,15 +18,14 @@ import time
 from datetime import date
 from pathlib import Path
 
-import torch
 from harness import TARGETS
 from offline_workloads import power_law_choice, topic_requests
-from transformers import AutoModelForCausalLM
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
 from loragate.engine.loading.cpu_features import bf16_support
 from loragate.tools import make_random_adapter
+from loragate.tools.base_model import load_hf_model, resolve_base_model
 
 COUNT = 16
 KINDS = {  # kind: (extra targets, LoraConfig fields)
@@ -110,8 +109,7 @@ def main() -> None:
         max_cpu_loras=3 * COUNT + 2 * args.cold_repeats,
         max_lora_rank=16,
     )
-    hf_dir = Path(llm.llm_engine.hf_dir)
-    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    base = load_hf_model(resolve_base_model(None).hf_dir)  # weights: not the engine's GGUF dir
     root = Path(tempfile.mkdtemp(prefix="adapter-kinds-"))
     rng = random.Random(0)
     requests = [
