@@ -73,11 +73,17 @@ def engine_config(args) -> EngineConfig:
 
 
 @contextlib.contextmanager
-def ray_cluster(nodes: int = 0):
+def ray_cluster(
+    nodes: int = 0, runtime_env: dict | None = None, worker_niceness: int | None = None
+):
     """Ray joined for the run: (the head's address, an S3 adapter store's URI). With
-    `nodes` 0, one local Ray of its own and no store; else a multi-node Ray cluster on this
-    machine (a head with no CPUs, `nodes` workers of one CPU each) and moto's S3 server."""
+    `nodes` 0, one local Ray of its own and no store, its workers started with `runtime_env`
+    and at `worker_niceness` (None: Ray's own, nice 15); else a multi-node Ray cluster on
+    this machine (a head with no CPUs, `nodes` workers of one CPU each, at nice 0) and moto's
+    S3 server."""
     if not nodes:
+        if worker_niceness is not None:
+            os.environ.setdefault("RAY_worker_niceness", str(worker_niceness))
         ray.init(
             address="local",  # a Ray of its own, never another session's running one
             num_cpus=2,
@@ -85,6 +91,7 @@ def ray_cluster(nodes: int = 0):
             log_to_driver=False,
             object_store_memory=128 * 1024 * 1024,
             namespace="loragate",
+            runtime_env=runtime_env,
         )
         try:
             yield None, None

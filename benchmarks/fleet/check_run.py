@@ -25,10 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray
 import torch
-from ray import serve
-from replicas import loads, make_adapters, run_workload
+from replicas import loads, make_adapters, ray_cluster, run_workload
 from replicas_round_robin import RoundRobinRouter
 from safetensors.torch import load_file, save_file
 
@@ -165,29 +163,23 @@ def main() -> None:
     source = resolve_base_model(args.model)
     load_before = os.getloadavg()
     traces = tempfile.mkdtemp(prefix="fleet-trace-")
+    runtime_env = {  # the replicas trace themselves (fleet/trace.py)
+        "worker_process_setup_hook": "fleet.trace.install",
+        "env_vars": {
+            TRACE_DIR_ENV: traces,
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        },
+    }
+    results = {}
     # Ray starts its workers at nice 15, so on a machine shared with other work at nice 0
     # the replicas get almost no CPU (steps of 2-7 s seen at load 10): run them at 0, as
     # the driver and the ingress run.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(
-        address="local",  # a Ray of its own, never another session's running one
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=128 * 1024 * 1024,
-        namespace="loragate",
-        runtime_env={  # the replicas trace themselves (fleet/trace.py)
-            "worker_process_setup_hook": "fleet.trace.install",
-            "env_vars": {
-                TRACE_DIR_ENV: traces,
-                "PYTHONPATH": os.pathsep.join(
-                    [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
-                ),
-            },
-        },
-    )
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        ray_cluster(runtime_env=runtime_env, worker_niceness=0),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         loras = make_many_adapters(source, Path(tmp), args.adapters)
         work = [
             (float(t), prompts[i], loras[a])
@@ -210,8 +202,6 @@ def main() -> None:
             )
             results[name] = deploy_and_run(settings, router, work, probe, workload.output_len)
             print(name, json.dumps(results[name] | {"requests": "..."}), flush=True)
-    serve.shutdown()
-    ray.shutdown()
     record = {
         "machine": machine().split(",")[0] + ", 2 cores; 2 replicas of 0.5 CPU on one local Ray",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
