@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+from server_process import free_port
 
 from loragate.tools import make_random_adapter
 from loragate.tools.base_model import load_hf_model, resolve_base_model
@@ -49,12 +49,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--store", choices=["s3", "local"], default="s3")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     return p.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:

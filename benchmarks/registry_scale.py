@@ -14,22 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import statistics
 import subprocess
 import time
 
 import redis
+from server_process import free_port
 
 from loragate.registry import AdapterMetadata
 from loragate.registry.redis_store import RedisRegistryStore
 from loragate.registry.snapshot import RegistrySnapshot
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_redis() -> tuple[subprocess.Popen, str]:

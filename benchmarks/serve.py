@@ -65,6 +65,7 @@ from serve_peer import VLLMServer, peer_python
 from serve_peer_llamacpp import LlamaCppServer, gguf_lora
 from serve_report import overhead, summarize, sweep_table, table
 from serve_workloads import Request, Result, make_long_mix, make_workload
+from server_process import stop_process
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
@@ -265,10 +266,7 @@ class ServerProcess:
                 raise RuntimeError(f"the server did not start; see {log_path}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(120)
-        self.log.close()
+        stop_process(self.proc, self.log, 120)
 
 
 def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:

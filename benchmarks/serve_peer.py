@@ -9,14 +9,12 @@ The peer venv is built by ../shared/peers/setup_vllm.sh under $LORAGATE_PEERS (d
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from server_process import free_port, stop_process, wait_until_serving
 
 PEERS = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
 
@@ -25,28 +23,6 @@ def peer_python() -> Path | None:
     """The peer venv's python, or None when setup_vllm.sh has not been run."""
     python = PEERS / "vllm" / "bin" / "python"
     return python if python.is_file() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_serving(server, ready_url: str, name: str, log_path: Path, timeout_s: float):
-    """Poll ``ready_url`` until it answers 200; stop ``server`` (a peer with ``proc`` and
-    ``stop``) and raise if its process exits or ``timeout_s`` passes first."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if server.proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"{name} did not start; see {log_path}")
-        try:
-            if httpx.get(ready_url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
 
 
 class VLLMServer:
@@ -65,7 +41,7 @@ class VLLMServer:
         model: Path | None = None,
         dtype: str = "float32",
     ):
-        port = _free_port()
+        port = free_port()
         ncpu = os.cpu_count() or 1
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -110,13 +86,7 @@ class VLLMServer:
         wait_until_serving(self, f"{self.url}/v1/models", "vLLM's api_server", log_path, 900)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+        stop_process(self.proc, self.log, 120)
 
 
 if __name__ == "__main__":  # a smoke check: is the peer there?

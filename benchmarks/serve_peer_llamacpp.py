@@ -14,13 +14,12 @@ Requests with different adapters are never batched together by llama-server (its
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
-from serve_peer import wait_until_serving
+from server_process import free_port, stop_process, wait_until_serving
 
 PEERS = Path(os.environ.get("LORAGATE_PEERS", Path.home() / ".cache" / "loragate-peers"))
 LLAMACPP = PEERS / "llamacpp"
@@ -56,12 +55,6 @@ def gguf_lora(adapter_dir: Path, base_hf_dir: Path, out_dir: Path) -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LlamaCppServer:
     """`llama-server` in a subprocess on ``model`` (a .gguf file), continuous batching on,
     ``slots`` parallel sequences of ``slot_len`` tokens each, on ``threads`` threads."""
@@ -76,7 +69,7 @@ class LlamaCppServer:
         threads: int,
         log_path: Path,
     ):
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ, OMP_WAIT_POLICY="passive")
         args = [
             str(LLAMACPP / "bin" / "llama-server"),
@@ -114,10 +107,4 @@ class LlamaCppServer:
                 raise RuntimeError(f"llama-server kept a global adapter scale: {scales}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+        stop_process(self.proc, self.log, 60)
