@@ -147,8 +147,7 @@ def main(argv=None) -> dict:
     opts = ap.parse_args(argv)
     print(f"# {json.dumps(cpu_info())}", flush=True)
     hf_dir = resolve_model(None).hf_dir
-    adapter_args = serve_parse_args(["--num-adapters", str(len(TENANTS)), "--adapter-rank", "8"])
-    adapter_dir, adapters = make_adapters(adapter_args, hf_dir)
+    adapter_dir, adapters = make_adapters(hf_dir, len(TENANTS))
     result = {"options": {k: str(v) for k, v in vars(opts).items()}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = opts.work or Path(tmp)

@@ -312,10 +312,7 @@ def options(argv=None):
 def main(argv=None) -> dict:
     opts = options(argv)
     hf_dir = resolve_model(None).hf_dir
-    adapter_args = argparse.Namespace(
-        num_adapters=opts.num_adapters, adapter_rank=8, adapter_dir=opts.adapter_dir
-    )
-    adapter_dir, adapters = make_adapters(adapter_args, hf_dir)
+    adapter_dir, adapters = make_adapters(hf_dir, opts.num_adapters, adapter_dir=opts.adapter_dir)
     started = datetime.now(UTC)
     load_before = os.getloadavg()
     runs = {name: bench_server(name, opts, adapter_dir, adapters, hf_dir) for name in opts.servers}

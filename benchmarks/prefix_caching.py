@@ -36,7 +36,8 @@ import httpx
 import numpy as np
 
 # benchmarks/ is not a package: running this file puts its folder first on sys.path.
-from serve import Request, ServerProcess, _arrival_times, http_sender, make_adapters, run_workload
+from serve import ServerProcess, http_sender, make_adapters, run_workload
+from serve_workloads import Request, arrival_times
 
 from loragate.engine import EngineConfig
 from loragate.engine.loading.model_loader import resolve_model
@@ -53,7 +54,7 @@ def make_workload(args, vocab_size: int, adapters: list[str]) -> list[Request]:
         return [rng.randrange(1000, vocab_size - 1000) for _ in range(n)]
 
     system = {name: tokens(args.system_len) for name in adapters}
-    arrivals = _arrival_times(args.num_requests, args.request_rate, 1.0, rng)
+    arrivals = arrival_times(args.num_requests, args.request_rate, 1.0, rng)
     requests = []
     for i, arrival in enumerate(arrivals):
         adapter = adapters[i % len(adapters)]
@@ -234,7 +235,9 @@ def main(argv=None) -> dict:
     result_dir = Path(args.result_dir)
     result_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = resolve_model(args.model).hf_dir
-    adapter_dir, names = make_adapters(args, hf_dir)
+    adapter_dir, names = make_adapters(
+        hf_dir, args.num_adapters, args.adapter_rank, adapter_dir=args.adapter_dir
+    )
     config = EngineConfig(
         model=args.model,
         max_model_len=args.max_model_len,

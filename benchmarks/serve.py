@@ -269,12 +269,21 @@ class ServerProcess:
         stop_process(self.proc, self.log, 120)
 
 
-def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
-    """Random rank-R adapters for the model, made once and kept under --adapter-dir."""
-    names = [f"bench-{i}" for i in range(args.num_adapters)]
-    root = Path(args.adapter_dir or Path(tempfile.gettempdir()) / "loragate-bench-adapters")
-    targets = ALL_TARGETS if args.adapter_targets == "all" else ADAPTER_TARGETS
-    root = root / f"{hf_dir.name}-r{args.adapter_rank}" / ("all" if targets is ALL_TARGETS else "")
+def make_adapters(
+    hf_dir: Path,
+    count: int,
+    rank: int = 8,
+    targets: str = "attention",
+    adapter_dir: str | Path | None = None,
+) -> tuple[Path, list[str]]:
+    """`count` random adapters bench-0, bench-1, ... of `rank` on `targets` ("attention":
+    q/k/v/o, or "all" seven projections), made once and kept under `adapter_dir` (None: the
+    temporary folder's loragate-bench-adapters); their folder and names."""
+    names = [f"bench-{i}" for i in range(count)]
+    root = Path(adapter_dir or Path(tempfile.gettempdir()) / "loragate-bench-adapters")
+    every = targets == "all"
+    root = root / f"{hf_dir.name}-r{rank}" / ("all" if every else "")
+    targets = ALL_TARGETS if every else ADAPTER_TARGETS
     missing = [n for n in names if not (root / n / "adapter_model.safetensors").is_file()]
     if missing:
         import torch
@@ -285,7 +294,7 @@ def make_adapters(args, hf_dir: Path) -> tuple[Path, list[str]]:
             make_random_adapter(
                 model,
                 root / name,
-                rank=args.adapter_rank,
+                rank=rank,
                 targets=targets,
                 seed=names.index(name),
             )
@@ -413,7 +422,9 @@ def main(argv=None) -> dict:
     result_dir = Path(args.result_dir)
     result_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = resolve_model(args.model).hf_dir
-    adapter_dir, names = make_adapters(args, hf_dir)
+    adapter_dir, names = make_adapters(
+        hf_dir, args.num_adapters, args.adapter_rank, args.adapter_targets, args.adapter_dir
+    )
     vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
     if args.workload == "long-mix":
         requests = make_long_mix(args, vocab, names)

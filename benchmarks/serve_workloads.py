@@ -21,7 +21,7 @@ def make_workload(args, vocab_size: int, adapters: list[str]) -> list[Request]:
     """Seeded prompts, output lengths, adapters (power law) and arrival times (gamma)."""
     rng = random.Random(args.seed)
     weights = [1.0 / (rank + 1) ** args.popularity_exponent for rank in range(len(adapters))]
-    arrivals = _arrival_times(args.num_prompts, args.request_rate, args.burstiness, rng)
+    arrivals = arrival_times(args.num_prompts, args.request_rate, args.burstiness, rng)
     requests = []
     for arrival in arrivals:
         input_len = _around(args.input_len, args.range_ratio, rng)
@@ -68,7 +68,7 @@ def _around(mean: int, ratio: float, rng: random.Random) -> int:
     return max(1, rng.randint(int(mean * (1 - ratio)), int(mean * (1 + ratio))))
 
 
-def _arrival_times(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
+def arrival_times(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
     """Gamma inter-arrival times with mean 1/rate; burstiness 1 is a Poisson process."""
     if math.isinf(rate):
         return [0.0] * n
