@@ -185,17 +185,7 @@ def main() -> None:
             (float(t), prompts[i], loras[a])
             for i, (t, a) in enumerate(zip(times, picks, strict=True))
         ]
-        engine = EngineConfig(
-            model=args.model,
-            enable_lora=True,
-            max_loras=cap.slots,
-            max_cpu_loras=cap.cpu_tier,
-            max_lora_rank=8,
-            max_num_seqs=cap.max_num_seqs,
-            max_num_batched_tokens=cap.token_budget,
-            num_kv_blocks=1024,
-            max_model_len=512,
-        )
+        engine = EngineConfig(**cap.engine_options(args.model))
         for name, router, spill_at in CONFIGS:
             settings = GatewaySettings(
                 engine=engine, replicas=2, replica_cpus=0.5, spill_at=spill_at

@@ -77,6 +77,22 @@ class Capacity:
     max_num_seqs: int = 64  # also the deployment's max_ongoing_requests
     token_budget: int = 512  # max_num_batched_tokens per step
 
+    def engine_options(self, model: str | None) -> dict:
+        """The engine of these figures, `LLM`'s or `EngineConfig`'s keywords: measured so by
+        fleet/measure.py and deployed so by fleet/check_run.py (rank-8 adapters, 1024 KV
+        blocks, 512 tokens a sequence)."""
+        return dict(
+            model=model,
+            enable_lora=True,
+            max_loras=self.slots,
+            max_cpu_loras=self.cpu_tier,
+            max_lora_rank=8,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.token_budget,
+            num_kv_blocks=1024,
+            max_model_len=512,
+        )
+
 
 @dataclass(frozen=True)
 class Figures:

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import random_adapters
 
 from loragate.adapters import LoRARequest
 from loragate.engine import LLM, SamplingParams
-from loragate.tools import make_random_adapter
-from loragate.tools.base_model import load_hf_model, resolve_base_model
+from loragate.tools.base_model import resolve_base_model
 
 from .figures import FIGURES_JSON, Capacity, Figures, LoadTimes, StepTime
 
@@ -173,36 +173,11 @@ def main() -> None:
     cap = Capacity(slots=4, cpu_tier=8, max_num_seqs=64, token_budget=512)
     source = resolve_base_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        base = load_hf_model(source.hf_dir)
-        loras = [
-            LoRARequest(
-                f"a{i}",
-                i + 1,
-                str(
-                    make_random_adapter(
-                        base,
-                        Path(tmp) / f"a{i}",
-                        rank=8,
-                        targets=TARGETS,
-                        seed=i,
-                        base_model_name=source.name,
-                    )
-                ),
-            )
-            for i in range(12 + 2 * args.paced_loads)
-        ]
-        del base
-        llm = LLM(
-            args.model,
-            enable_lora=True,
-            max_loras=cap.slots,
-            max_cpu_loras=cap.cpu_tier,
-            max_lora_rank=8,
-            max_num_seqs=cap.max_num_seqs,
-            max_num_batched_tokens=cap.token_budget,
-            num_kv_blocks=1024,
-            max_model_len=512,
+        paths = random_adapters(
+            Path(tmp), 12 + 2 * args.paced_loads, rank=8, targets=TARGETS, source=source
         )
+        loras = [LoRARequest(f"a{i}", i + 1, str(path)) for i, path in enumerate(paths)]
+        llm = LLM(**cap.engine_options(args.model))
         engine = llm.llm_engine
         disk = []
         for lora in loras[4:12]:  # fresh adapters, read from disk into the CPU tier
