@@ -22,14 +22,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
 import torch
+from offline_peer import run_peer_vllm
 from random_llama import make_random_llama
 
 from loragate.engine import LLM, SamplingParams
@@ -105,30 +104,11 @@ def timed_output_processing(engine) -> list[float]:
 
 
 def run_vllm(args, model_dir: Path, reqs: list[dict]) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(reqs, file)
     empty = Path(tempfile.mkdtemp(prefix="no-adapters-"))
-    command = [
-        args.vllm_python,
-        str(Path(args.peer_script).resolve()),
-        "--requests",
-        file.name,
-        "--adapters",
-        str(empty),
-        "--model",
-        str(model_dir),
-        "--dtype",
-        args.dtype,
-    ]
+    options = ["--adapters", str(empty), "--model", str(model_dir), "--dtype", args.dtype]
     best = None
     for _ in range(args.repeats):
-        # Outside benchmarks/: vLLM imports a module named `kernels`, and this folder has one.
-        done = subprocess.run(
-            command, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir()
-        )
-        if done.returncode != 0:
-            sys.exit(f"vLLM peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+        seconds = run_peer_vllm(args.vllm_python, args.peer_script, reqs, options)["seconds"]
         best = seconds if best is None else min(best, seconds)
     return {"seconds": best, "ms_per_step": best * 1e3 / OUTPUT_TOKENS}
 

@@ -32,17 +32,14 @@ formats against.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
 from harness import TARGETS, kept_adapters
+from offline_peer import run_peer_vllm
 from offline_workloads import power_law_choice, topic_requests
 from w3_mixed_ranks import (
     W3_ADAPTERS,
@@ -104,13 +101,7 @@ def run_vllm(
     max_loras: int = NUM_ADAPTERS,
     max_rank: int = 8,
 ) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(requests, file)
-    command = [
-        args.vllm_python,
-        str(Path(args.peer_script).resolve()),
-        "--requests",
-        file.name,
+    options = [
         "--adapters",
         str(adapter_dir),
         "--glob",
@@ -123,14 +114,8 @@ def run_vllm(
         args.dtype,
     ]
     if args.model:
-        command += ["--model", str(Path(args.model).resolve())]
-    # Run outside benchmarks/: vLLM imports a module named `kernels`, and this folder has one.
-    done = subprocess.run(
-        command, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir()
-    )
-    if done.returncode != 0:
-        sys.exit(f"vLLM peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["tok_s"]
+        options += ["--model", str(Path(args.model).resolve())]
+    return run_peer_vllm(args.vllm_python, args.peer_script, requests, options)["tok_s"]
 
 
 def main() -> None:
