@@ -1,7 +1,8 @@
 """Multi-LoRA throughput: the engine against PEFT mixed-adapter batches, in one run.
 
-The throughput workload spread over rank-8 adapters on all 7 projections with power-law
-popularity (S-LoRA's trace: adapter = floor(power(alpha) * n), alpha 0.3). Compared:
+Short chat requests (offline_workloads.py's word_workload) spread over rank-8 adapters on
+all 7 projections with power-law popularity (S-LoRA's trace: adapter = floor(power(alpha) *
+n), alpha 0.3), the adapters kept under benchmarks/results/adapters. Compared:
 PEFT static batches of 16 with `generate(..., adapter_names=...)`, the engine serving the
 base model only, and the engine with 1, 16, 64 and 256 distinct adapters.
 
