@@ -162,7 +162,11 @@ class RayReplicas:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
             return
         log.info("starting a local Ray cluster (%d CPUs)", self.local_cpus)
+        # "local": a cluster of its own, as ray_address's help says, never one that another
+        # process on the machine started (ray.init alone joins the newest such cluster, and
+        # refuses num_cpus there).
         ray.init(
+            address="local",
             num_cpus=self.local_cpus,
             include_dashboard=False,
             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
