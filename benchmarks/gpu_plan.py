@@ -2,7 +2,9 @@
 under one budget: the call's 10 minutes, less a rerun's worth of the session's 15.
 
 On CUDA: the two random Llamas (the default model's shapes, and a 1B-class one), the
-gpu-marked tests, benchmarks/kernels.py, then throughput.py and multi_lora.py on both models.
+gpu-marked tests, benchmarks/kernels.py, benchmarks/gpu_step.py (the decode step with and
+without CUDA graphs, its profile and a slot copy's cost), then throughput.py and
+multi_lora.py on both models.
 With `default_model=True` (its GGUF joined from two calls' parts) the default model itself
 takes the 135M stand-in's place: in the tests (no stand-in tokenizer, so the tests of the
 default model run) and, on CUDA, in the benchmarks (steps named `-default`). With
@@ -104,6 +106,18 @@ def plan(
     load = ["--num-requests", str(4 if cpu else 64), "--max-num-seqs", str(4 if cpu else 64)]
     model = {size: [] if path is None else ["--model", str(path)] for size, path in models.items()}
     needs = {size: () if path is None else (f"model-{size}",) for size, path in models.items()}
+    # The decode step with and without graphs, a profile of it, and a slot copy's cost.
+    step_load = ["--num-seqs", "4", "--tokens", "8"] if cpu else []
+    for size in models:
+        steps.append(
+            Step(
+                f"step-{size}",
+                [py, str(bench / "gpu_step.py"), *model[size], *device, *dtype, *step_load],
+                cap_s=90,
+                log="throughput.log",
+                needs=needs[size],
+            )
+        )
     for size in models:
         for eager in ([], ["--enforce-eager"]):
             steps.append(

@@ -142,8 +142,14 @@ def test_seeded_requests_give_the_same_tokens_with_and_without_speculation(
     ]
     runs = {}
     for spec in (None, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}):
+        # A fixed budget: no step-time model timed on the wall clock, so every proposal
+        # that fits runs, however loaded the machine (a measured one may propose nothing).
         llm = make_llm(
-            model=str(small_vocab_dir), dtype="float32", max_model_len=64, speculative_config=spec
+            model=str(small_vocab_dir),
+            dtype="float32",
+            max_model_len=64,
+            max_num_batched_tokens=128,
+            speculative_config=spec,
         )
         outs = llm.generate(prompts, params, use_tqdm=False)
         runs[spec is not None] = [o.outputs[0].token_ids for o in outs]
