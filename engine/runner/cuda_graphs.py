@@ -62,6 +62,10 @@ def decode_graphs_for(config, runner, max_model_len: int) -> DecodeGraphs | None
 class _Captured:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [bucket, vocab], written by every replay
+    # The batch it was captured over: the graph reads its tensors at their addresses, and
+    # some are its own (the static LoRA index's row order), not views of the static inputs.
+    # Dropped, their memory would go back to the allocator and a replay read what came next.
+    batch: ForwardBatch
 
 
 class DecodeGraphs:
@@ -226,4 +230,4 @@ class DecodeGraphs:
             logits = self._forward(batch)
         if self._pool is None:
             self._pool = graph.pool()
-        return _Captured(graph, logits)
+        return _Captured(graph, logits, batch)

@@ -150,7 +150,12 @@ def test_on_cuda_the_cpu_tier_stacks_in_the_slots_dtype_pinned(spec, make_adapte
     beside the step rather than through a pageable temporary."""
     path = make_adapter("all", rank=8, targets=list(spec.modules), seed=1)
     residency = AdapterResidency(
-        spec, max_loras=2, max_lora_rank=MAX_RANK, device="cuda", dtype=torch.bfloat16
+        spec,
+        max_loras=2,
+        max_lora_rank=MAX_RANK,
+        max_cpu_loras=2,
+        device="cuda",
+        dtype=torch.bfloat16,
     )
     request = LoRARequest("all", 1, str(path))
     in_cpu_tier = residency.preload(request)  # the CPU tier's own copy
