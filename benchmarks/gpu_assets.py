@@ -24,8 +24,10 @@ from loragate.engine.loading.default_model import default_model_path
 from loragate.engine.loading.model_loader import resolve_model
 from loragate.tools.base_model import TOKENIZER_FILES
 
-# What a device call carries at most (tree and carried folders together).
-CALL_LIMIT = 64 * MIB
+# What a device call carries at most (tree and carried folders together), less a margin:
+# on 2026-11-29 the tool refused a call counted here at 63.8 MiB (it counts more than the
+# files listed below), so a call counted over 60 MiB is not attempted.
+CALL_LIMIT = 60 * MIB
 # The wheels' size where `make gpu-wheels` has not run yet (about 20 MB).
 WHEELS_GUESS = 20 * MIB
 
@@ -68,7 +70,9 @@ def first_part_bytes(model: int, beside_part2: int) -> int:
 
 def split_default_model(root: Path, assets: Path) -> list[str]:
     """Split the default model's GGUF into root/.gpu_part1 and .gpu_part2; return a line
-    for each call: what it carries and its size. SystemExit when one is over 64 MiB."""
+    for each call: what it carries and its size. Where a call would pass CALL_LIMIT, the
+    parts are removed again and the lines say so: the one-call path (the 135M stand-in)
+    is what travels then."""
     gguf = default_model_path()
     wheels = root / ".whl"
     note = ""
@@ -87,7 +91,12 @@ def split_default_model(root: Path, assets: Path) -> list[str]:
         + note,
     ]
     if max(calls) > CALL_LIMIT:
-        raise SystemExit("\n".join(lines) + "\na call would carry over 64 MiB")
+        for part in (".gpu_part1", ".gpu_part2"):
+            shutil.rmtree(root / part, ignore_errors=True)
+        lines.append(
+            f"a call would carry over {CALL_LIMIT / MIB:.0f} MiB: the parts are removed, and "
+            "the one-call path runs the 135M stand-in (TESTING.md)"
+        )
     return lines
 
 
