@@ -1,8 +1,10 @@
 """Third-party plugins for the gateway tests: samplers that pick the runner-up token, that
-fail, and that are slow; a beam search that fails on one request."""
+fail, that are slow, and that step only when the test allows; a beam search that fails on
+one request."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -70,6 +72,28 @@ class SleepyPlugin:
     @hookimpl
     def loragate_samplers(self):
         return {"sleepy_greedy": sleepy_greedy}
+
+
+class GatedPlugin:
+    """Greedy, but each sampling step waits for a permit the test gives (`allow`): a
+    stream that cannot end before the test lets it, however fast or loaded the machine.
+    A step given no permit within `wait_s` fails its request rather than hang the test."""
+
+    def __init__(self, wait_s: float = 60.0):
+        self._permits = threading.Semaphore(0)
+        self._wait_s = wait_s
+
+    def allow(self, steps: int) -> None:
+        self._permits.release(steps)
+
+    def gated_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+        if not self._permits.acquire(timeout=self._wait_s):
+            raise RuntimeError("gated_greedy: the test gave this step no permit")
+        return torch.argmax(logits, dim=-1)
+
+    @hookimpl
+    def loragate_samplers(self):
+        return {"gated_greedy": self.gated_greedy}
 
 
 OVERFLOWING_LENGTH_PENALTY = 2.5  # a beam request with this length_penalty fails mid-search

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 import pytest
+from gateway_test_plugin import GatedPlugin
 from gateway_testlib import metrics, wait_until
 from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api, requests_naming_an_adapter
 
@@ -371,35 +373,51 @@ def test_a_lease_is_given_back_whichever_way_a_request_ends(pair):
     wait_until(lambda: solo.complete(base).status_code == 200, "place given back", 10)
 
 
-# The lease a long stream must keep alive. Its keeper refreshes it every third of that, so
-# an event loop held up for two thirds of it loses the lease: 0.6 s failed the full suite
-# on a 2-core Xeon VM (2026-11-28) whose compute loops stall 0.4-0.65 s at times
-# (BENCHMARKS.md, issue 47 on an Intel Xeon), and 1.5 s failed it once on a 2-core EPYC
-# (2026-11-29, one refusal of 25 came back 200). Served leases are 300 s.
 def test_a_stream_holds_its_tenants_concurrency_place_until_it_ends(replicas):
     """Over HTTP: while a tenant's one allowed stream runs, its other requests get 429; once
     it ends, its place is given back. That a lease outlives its TTL while its request runs
-    is shown on a fake clock (test_tenancy_parts.py: ten lease lifetimes), not here."""
-    (server,) = replicas(1)
+    is shown on a fake clock (test_tenancy_parts.py: ten lease lifetimes), not here.
+
+    The stream's steps are the test's to give (a sampler that waits for a permit each
+    step), and it gets fewer than it needs until every refusal is in, so it is running at
+    each one however fast the server or slow the client: with a sampler merely slow, a
+    loaded client once probed after the server had finished (one of eight came back 200).
+    A request is answered between two engine steps, so while a probe is out the stream
+    is given one step at a time until the probe is answered."""
+    gate = GatedPlugin()
+    (server,) = replicas(1, engine={"plugins": (gate,)})
     admin = Api(server.url, ADMIN_KEY)
     solo = admin.as_key(admin.create_tenant("solo", max_concurrent_requests=1))
     base = admin.base_model()
+    needs = 200
     body = {
         "model": base,
         "prompt": "Go",
-        "max_tokens": 64,
+        "max_tokens": needs,
         "ignore_eos": True,
         "stream": True,
-        "sampler": "slow_greedy",
+        "sampler": "gated_greedy",
     }
-    refusals, lines = [], []
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=solo.headers) as r:
-        for line in r.iter_lines():
-            lines.append(line)
-            if len(lines) % 16 == 8:
-                refusals.append(solo.complete(base).status_code)
-    assert "data: [DONE]" in lines
-    assert len(refusals) >= 3 and set(refusals) == {429}, refusals
+    refusals, given = [], 8
+    gate.allow(given)  # the response starts with the first token
+    url = f"{server.url}/v1/completions"
+    with (
+        httpx.stream("POST", url, json=body, headers=solo.headers) as r,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        for _ in range(3):
+            probe = pool.submit(lambda: solo.complete(base).status_code)
+            while not wait([probe], timeout=0.05).done:
+                assert given < needs - 1, "a probe was not answered while the stream ran"
+                gate.allow(1)
+                given += 1
+            refusals.append(probe.result())
+        gate.allow(needs)
+        rest = list(lines)
+    assert "data: [DONE]" in rest
+    assert refusals == [429, 429, 429], refusals
     wait_until(lambda: solo.complete(base).status_code == 200, "place given back", 10)
 
 
