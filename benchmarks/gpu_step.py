@@ -42,7 +42,8 @@ def prompts(num: int, seed: int) -> list[dict]:
     ]
 
 
-def engine(args, eager: bool, max_loras: int = 16, max_cpu_loras: int = 32) -> LLM:
+def engine(args, eager: bool) -> LLM:
+    """16 slots over the 32 adapters kept in the CPU tier (the slot copies' run swaps them)."""
     return LLM(
         model=args.model,
         device=args.device,
@@ -52,8 +53,8 @@ def engine(args, eager: bool, max_loras: int = 16, max_cpu_loras: int = 32) -> L
         max_num_seqs=args.num_seqs,
         max_model_len=256,
         enable_lora=True,
-        max_loras=max_loras,
-        max_cpu_loras=max_cpu_loras,
+        max_loras=16,
+        max_cpu_loras=32,
         max_lora_rank=16,
     )
 
