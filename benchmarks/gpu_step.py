@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from harness import machine_line, print_table, random_adapters
+from harness import machine_line, print_table, random_adapters, spread_token_ids
 from torch.profiler import ProfilerActivity, profile
 
 from loragate.adapters import LoRARequest
@@ -36,10 +36,7 @@ PROFILED_STEPS = 16
 
 
 def prompts(num: int, seed: int) -> list[dict]:
-    return [
-        {"prompt_token_ids": [(seed + 7919 * i + 104729 * j) % 40000 + 100 for j in range(32)]}
-        for i in range(num)
-    ]
+    return [{"prompt_token_ids": spread_token_ids(i, PROMPT_TOKENS, seed)} for i in range(num)]
 
 
 def engine(args, eager: bool) -> LLM:
@@ -95,7 +92,7 @@ def profiled(llm: LLM, batch: list[dict], loras, label: str) -> None:
     while engine.step_records[-1].prefill_tokens:
         engine.step()
     engine.step()  # every row decoding from here
-    cuda = llm.llm_engine.config.torch_device.type == "cuda"
+    cuda = engine.config.torch_device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     first = len(engine.step_records)
     with profile(activities=activities) as prof:
@@ -155,9 +152,8 @@ def main() -> None:
 
     llm = engine(args, eager=False)
     first, second = loras[:16], loras[16:]
-    decode_records(llm, batch, [first[i % 16] for i in range(args.num_seqs)], 4)
     picks = [first[i % 16] for i in range(args.num_seqs)]
-    resident = decode_records(llm, batch, picks, args.tokens)
+    decode_records(llm, batch, picks, 4)  # the first 16 in the slots
     decode_records(llm, batch, [second[i % 16] for i in range(args.num_seqs)], 4)
     core = llm.llm_engine
     start = len(core.step_records)
@@ -184,6 +180,7 @@ def main() -> None:
             ],
         ],
     )
+    resident = [r for r in warm if not r.prefill_tokens]
     print(f"# resident decode step median {statistics.median(r.ms for r in resident):.2f} ms")
 
 

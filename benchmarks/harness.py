@@ -171,6 +171,12 @@ def lora_engine(dtype: str, rank: int, max_loras: int, max_cpu_loras: int, **opt
     )
 
 
+def spread_token_ids(i: int, length: int, seed: int = 0) -> list[int]:
+    """Prompt ``i`` of a synthetic batch: ``length`` token ids spread over ids 100-40,099
+    (past the special tokens), different for every ``i`` and ``seed``, the same every run."""
+    return [(seed + 7919 * i + 104729 * j) % 40000 + 100 for j in range(length)]
+
+
 # --- streams beside the requests measured ---
 
 

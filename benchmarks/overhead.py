@@ -28,6 +28,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from harness import spread_token_ids
 from offline_peer import run_peer_vllm
 from random_llama import make_random_llama
 
@@ -44,9 +45,7 @@ def requests(seed: int = 0) -> list[dict]:
     """The same token ids for both engines."""
     return [
         {
-            "prompt_token_ids": [
-                (seed + 7919 * i + 104729 * j) % 40000 + 100 for j in range(PROMPT_TOKENS)
-            ],
+            "prompt_token_ids": spread_token_ids(i, PROMPT_TOKENS, seed),
             "max_tokens": OUTPUT_TOKENS,
             "adapter": None,
         }

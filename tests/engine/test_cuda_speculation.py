@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cuda_engine import cuda_greedy, cuda_peft_model
-from test_cuda_graphs import generate, graphs_of, shrinking_batch, tiny_llm
-from test_multi_lora import ADAPTERS, requests_for
+from test_cuda_engine import cuda_greedy
+from test_cuda_graphs import generate, graphs_of, shrinking_batch, tiny_cuda, tiny_llm
+from test_multi_lora import requests_for
 from test_speculative_exact import OracleProposer
-from tiny_llama import make_adapters
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,11 +22,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_cuda(tiny_model_dir, tmp_path_factory):
-    model_dir = tiny_model_dir("llama")
-    paths = make_adapters(model_dir, tmp_path_factory.mktemp("adapters"), ADAPTERS)
-    return model_dir, paths, cuda_peft_model(model_dir, paths)
+__all__ = ["tiny_cuda"]  # the fixture, shared with the graph tests
 
 
 def test_verified_mixed_batch_equals_peft_and_the_graphed_engine(tiny_cuda, make_llm):
