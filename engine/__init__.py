@@ -22,6 +22,7 @@ from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.llm import LLM
 from loragate.engine.api.model_info import ModelInfo
+from loragate.engine.api.prompt_thread import PromptThread
 from loragate.engine.core.llm_engine import LLMEngine, PromptInput
 from loragate.engine.loading.quantization import (
     ACTIVATION_QUANTIZATION_CHOICES,
@@ -71,6 +72,7 @@ __all__ = [
     "LoRARequest",
     "ModelInfo",
     "PromptInput",
+    "PromptThread",
     "ACTIVATION_QUANTIZATION_CHOICES",
     "QUANTIZATION_CHOICES",
     "RequestOutput",

@@ -38,6 +38,7 @@ from loragate.engine.api.engine_request import EngineRequest
 from loragate.engine.api.engine_stats import EngineStats
 from loragate.engine.api.input_processor import InputProcessor
 from loragate.engine.api.model_info import ModelInfo, runtime_info
+from loragate.engine.api.prompt_thread import PromptThread
 from loragate.engine.api.thread_bridge import deliver, resolve
 from loragate.engine.core import gil_handoff, startup_heap
 from loragate.engine.core.llm_engine import LLMEngine, PromptInput
@@ -106,6 +107,9 @@ class AsyncLLMEngine:
         self._streams: dict[Hashable, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Any]] = {}
         self._stop = threading.Event()
         self.dead_error: BaseException | None = None
+        # Prompts are tokenized on a thread of their own, with a tokenizer of their own: a
+        # request never waits for the step in progress to learn its length (its quota's cost).
+        self._prompts = PromptThread.copy_of(engine.inputs)
         self._thread = threading.Thread(target=self._loop, name="loragate-engine", daemon=True)
         self._output_thread = threading.Thread(
             target=self._output_loop, name="loragate-output", daemon=True
@@ -313,12 +317,12 @@ class AsyncLLMEngine:
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
-        engine thread, which is the tokenizer's only user."""
-        return await self._on_engine_thread(lambda engine: engine.encode(text, add_special_tokens))
+        prompt thread (engine/api/prompt_thread.py): never behind an engine step."""
+        return await self._prompts.encode(text, add_special_tokens)
 
-    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
-        """The chat's prompt token ids, by its chat template."""
-        return self.engine.apply_chat_template(chat)
+    async def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+        """The chat's prompt token ids, by its chat template, on the prompt thread."""
+        return await self._prompts.apply_chat_template(chat)
 
     async def stats(self) -> EngineStats:
         """One snapshot of queues, KV blocks and adapter residency, copied between steps."""
@@ -343,6 +347,7 @@ class AsyncLLMEngine:
         self._thread.join(timeout)
         self._steps.put(None)
         self._output_thread.join(timeout)
+        self._prompts.close()
         if self._heap_frozen:
             self._heap_frozen = False
             startup_heap.engine_stopped()

@@ -117,7 +117,7 @@ class EngineClient(Protocol):
         """A text prompt's token ids, with the model's special-token rule."""
         ...
 
-    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+    async def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
         """A conversation's prompt token ids, by the model's chat template (or the one
         `chat` names), with its tools laid out where the template knows them."""
         ...

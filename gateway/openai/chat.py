@@ -60,7 +60,7 @@ class ChatController(Controller):
             request,
             caller,
             model=data.model,
-            prompts=lambda: [{"prompt_token_ids": _prompt_ids(served_model, data, plan)}],
+            prompts=lambda: _prompts(served_model, data, plan),
             params=chat_params(data, served_model.max_num_seqs, plan.schema if plan else None),
             field_names=chat_fields(data),
             id_prefix="chatcmpl",
@@ -102,17 +102,19 @@ class ChatController(Controller):
         )
 
 
-def _prompt_ids(
+async def _prompts(
     served_model: ServedModel, data: ChatCompletionRequest, plan: ToolPlan | None
-) -> list[int]:
-    """The conversation's prompt token ids, by the chat template, with the tools laid out."""
-    return served_model.apply_chat_template(
+) -> list[dict]:
+    """The conversation as the route's one prompt: its token ids, by the chat template,
+    with the tools laid out."""
+    ids = await served_model.apply_chat_template(
         chat_messages(data.messages),
         data.add_generation_prompt,
         data.add_special_tokens,
         tools=plan.tools if plan is not None else None,
         chat_template_kwargs=data.chat_template_kwargs,
     )
+    return [{"prompt_token_ids": ids}]
 
 
 def _reasoning_splitter(

@@ -2,7 +2,7 @@
 
 Clients moving from vLLM count tokens and check versions this way. Tokenizing follows the
 engine's rules (the model's BOS rule for text, the chat template for messages), on the
-engine thread like every other use of the tokenizer.
+engine's prompt thread, as a generation's prompt is (engine/api/prompt_thread.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class TokenizeController(Controller):
         if (data.prompt is None) == (data.messages is None):
             raise InvalidRequestError("give exactly one of prompt or messages", param="prompt")
         if data.messages is not None:
-            ids = served_model.apply_chat_template(
+            ids = await served_model.apply_chat_template(
                 chat_messages(data.messages),
                 data.add_generation_prompt,
                 bool(data.add_special_tokens),

@@ -42,6 +42,7 @@ from loragate.engine import (
     InFlightRequests,
     ModelInfo,
     PromptInput,
+    PromptThread,
     RequestOutput,
     SamplingParams,
     WeightsListener,
@@ -64,7 +65,9 @@ class ReplicatedEngine:
         self._handle = handle
         self._board = board
         self.model_info = model_info
-        self._prompts = prompts  # a replica's own, so the ingress tokenizes exactly as it
+        # A replica's own prompt processor, so the ingress tokenizes exactly as it, on a
+        # thread of its own: never on the event loop.
+        self._prompts = PromptThread(prompts)
         self.dead_error: BaseException | None = None
         self._stopped = False
         self._streams: dict[Hashable, object] = {}  # request id -> its open replica stream
@@ -179,11 +182,11 @@ class ReplicatedEngine:
         return []
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
-        return self._prompts.encode(text, add_special_tokens)
+        return await self._prompts.encode(text, add_special_tokens)
 
-    def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
+    async def apply_chat_template(self, chat: ChatPrompt) -> list[int]:
         """By a replica's own prompt processor, so the ingress templates exactly as it."""
-        return self._prompts.apply_chat_template(chat)
+        return await self._prompts.apply_chat_template(chat)
 
     async def stats(self) -> EngineStats:
         """The whole deployment as one engine: every live replica's counts added up."""
@@ -195,6 +198,7 @@ class ReplicatedEngine:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopped = True
+        self._prompts.close()
 
     # ---- inside -------------------------------------------------------------------------
     async def _send(self, request: EngineRequest, options: dict):

@@ -70,7 +70,7 @@ class ServedModel:
         """The template chats go through: --chat-template's, or the model's own."""
         return self.chat_template or getattr(self.tokenizer, "chat_template", None)
 
-    def apply_chat_template(
+    async def apply_chat_template(
         self,
         messages: list[dict],
         add_generation_prompt: bool,
@@ -90,13 +90,13 @@ class ServedModel:
                 chat_template=self.chat_template,
                 chat_template_kwargs=chat_template_kwargs,
             )
-            return self.engine.apply_chat_template(chat)
+            return await self.engine.apply_chat_template(chat)
         except Exception as exc:  # jinja errors are not ValueErrors; all are the client's input
             raise InvalidRequestError(f"messages: {exc}", param="messages") from exc
 
     async def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """A text prompt's token ids as the engine makes them (the model's BOS rule), on the
-        engine thread, which is the tokenizer's only user."""
+        engine's prompt thread (never behind an engine step)."""
         return await self.engine.encode(text, add_special_tokens)
 
     async def measure(

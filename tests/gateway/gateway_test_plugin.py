@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TypeVar
 
 import torch
 
 from loragate.plugins.builtin.beam_search import BeamSearch
 from loragate.plugins.markers import hookimpl
+
+T = TypeVar("T")
 
 
 def runner_up(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
@@ -77,18 +82,54 @@ class SleepyPlugin:
 class GatedPlugin:
     """Greedy, but each sampling step waits for a permit the test gives (`allow`): a
     stream that cannot end before the test lets it, however fast or loaded the machine.
-    A step given no permit within `wait_s` fails its request rather than hang the test."""
+    A step given no permit within `wait_s` fails its request rather than hang the test.
+
+    A request reaches the engine thread only between two steps, so a probe that needs it
+    (a completion, /metrics) is run by `answer`, which gives the gated requests one step at
+    a time until the probe is answered, never as many as a stream needs to end. `open`
+    lets every later step through (the test is done holding them)."""
 
     def __init__(self, wait_s: float = 60.0):
-        self._permits = threading.Semaphore(0)
+        self._ready = threading.Condition()
+        self._permits = 0
+        self._open = False
         self._wait_s = wait_s
+        self.given = 0  # permits given so far: no gated request has taken more steps
 
     def allow(self, steps: int) -> None:
-        self._permits.release(steps)
+        with self._ready:
+            self._permits += steps
+            self.given += steps
+            self._ready.notify_all()
+
+    def open(self) -> None:
+        with self._ready:
+            self._open = True
+            self._ready.notify_all()
+
+    def answer(self, probe: Callable[[], T], short_of: int) -> T:
+        """`probe()`, run on a thread while the gated requests are given one step at a time
+        until it returns, never `short_of` permits in all: a stream that needs `short_of`
+        steps is still running when the probe is answered. Where the probe needs more, the
+        gate opens (so the probe's thread can end) and the test fails."""
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(probe)
+            while not wait([pending], timeout=0.05).done:
+                if self.given >= short_of - 1:
+                    self.open()
+                    raise AssertionError(
+                        f"the probe was not answered within {self.given} steps, while a "
+                        f"stream of {short_of} steps ran"
+                    )
+                self.allow(1)
+            return pending.result()
 
     def gated_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
-        if not self._permits.acquire(timeout=self._wait_s):
-            raise RuntimeError("gated_greedy: the test gave this step no permit")
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._open or self._permits, self._wait_s):
+                raise RuntimeError("gated_greedy: the test gave this step no permit")
+            if not self._open:
+                self._permits -= 1
         return torch.argmax(logits, dim=-1)
 
     @hookimpl
