@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from gateway_test_plugin import GatedPlugin
 from gateway_testlib import sse_payloads, wait_until
 from tenancy_testlib import ADMIN_KEY, VISIBILITY_S, Api, requests_naming_an_adapter
 
@@ -131,8 +132,14 @@ def test_a_prompt_list_and_n_count_as_the_sequences_they_are(pair):
     assert per_minute.complete(base, "a").status_code == 200  # the fifth
 
 
-def test_what_a_request_did_not_use_is_given_back_however_it_ends(pair):
-    a, b = pair
+def test_what_a_request_did_not_use_is_given_back_however_it_ends(replicas):
+    """Refused by the engine after admission, or hung up on mid-stream: the reservation
+    comes back. The hung-up stream's steps are the test's to give (a sampler that waits
+    for a permit each step), and it is given fewer than it needs: it is running when b
+    refuses, and its reservation can come back only because the client hung up (not
+    because the stream ended)."""
+    gate = GatedPlugin()
+    a, b = (Api(s.url, ADMIN_KEY) for s in replicas(2, engine={"plugins": (gate,)}))
     base = a.base_model()
     # Refused by the engine after admission (a token id outside the vocabulary).
     failing = a.as_key(a.create_tenant("failing", tokens_per_minute=QUOTA))
@@ -150,18 +157,21 @@ def test_what_a_request_did_not_use_is_given_back_however_it_ends(pair):
         "max_tokens": 90,
         "ignore_eos": True,
         "stream": True,
-        "sampler": "slow_greedy",
+        "sampler": "gated_greedy",
     }
+    gate.allow(1)  # the response starts with the first token
     with httpx.stream("POST", f"{a.url}/v1/completions", json=body, headers=hasty.headers) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data:"))
         held = b.as_key(hasty_key).complete(base, max_tokens=40)
         assert held.status_code == 429, "while it streams, its worst case is held"
+    # Its next step is still held on a: the hang-up alone gives the reservation back.
     wait_until(
         lambda: b.as_key(hasty_key).complete(base, max_tokens=40).status_code == 200,
         "the abandoned stream's reservation given back",
         10,
     )
+    gate.open()
     usage = hasty.usage()["hasty"]["total"]
     assert usage["requests"] == 2, "both requests reached the engine and are metered"
 
