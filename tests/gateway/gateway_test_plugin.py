@@ -111,17 +111,21 @@ class GatedPlugin:
         """`probe()`, run on a thread while the gated requests are given one step at a time
         until it returns, never `short_of` permits in all: a stream that needs `short_of`
         steps is still running when the probe is answered. Where the probe needs more, the
-        gate opens (so the probe's thread can end) and the test fails."""
+        gate opens (so the probe's thread can end) and the test fails. The polls between
+        steps lengthen (50 ms for the first ten, up to 0.5 s), so a stream of 60 steps
+        waits about 10 s for a probe on a loaded machine; most are answered within a step."""
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(probe)
-            while not wait([pending], timeout=0.05).done:
+            steps = 0
+            while not wait([pending], timeout=min(0.5, 0.05 * (1 + steps // 10))).done:
                 if self.given >= short_of - 1:
                     self.open()
                     raise AssertionError(
-                        f"the probe was not answered within {self.given} steps, while a "
-                        f"stream of {short_of} steps ran"
+                        f"the probe was not answered within {steps} steps, while a stream "
+                        f"of {short_of} steps ran"
                     )
                 self.allow(1)
+                steps += 1
             return pending.result()
 
     def gated_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:

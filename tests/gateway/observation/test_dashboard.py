@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway_test_plugin import GatedPlugin
 from gateway_testlib import ADAPTER_NAMES
 from services_testlib import PrivateRedis
 from tenancy_testlib import ADMIN_KEY, Api
@@ -20,14 +21,14 @@ from loragate.gateway.observation.minute_window import MinuteWindow
 ARTIFACTS = Path(os.environ.get("LORAGATE_TEST_ARTIFACTS", "test-artifacts"))
 
 
-SLOW = {"sampler": "slow_greedy", "ignore_eos": True}  # 50 ms a step: stays in flight
+# A stream whose steps the test gives (a permit each): in flight until the test lets it go.
+GATE = GatedPlugin()
+GATED = {"sampler": "gated_greedy", "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def tenanted(start_server):
-    return start_server(
-        gateway={"admin_key": ADMIN_KEY}, plugins=("gateway_test_plugin:SlowPlugin",)
-    )
+    return start_server(gateway={"admin_key": ADMIN_KEY}, plugins=(GATE,))
 
 
 def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(tenanted):
@@ -79,15 +80,19 @@ def test_each_tenants_usage_stands_against_its_quota(tenanted):
     assert row["requests"] == 2 and row["generation_tokens"] == 5
     assert (row["requests_last_minute"], row["tokens_last_minute"]) == (2, used)
     assert row["in_flight"] == 0
-    body = {"model": base, "prompt": "Hi", "max_tokens": 60, "stream": True, **SLOW}
+    needs = 60
+    body = {"model": base, "prompt": "Hi", "max_tokens": needs, "stream": True, **GATED}
+    GATE.allow(1)  # the response starts with the first token
     with httpx.stream(
         "POST", f"{tenanted.url}/v1/completions", json=body, headers=tenant.headers, timeout=60
     ) as stream:
         assert stream.status_code == 200
         lines = stream.iter_lines()  # kept: a dropped iterator closes the stream (an abort)
         next(line for line in lines if line.startswith("data:"))
-        rows = {t["name"]: t for t in admin.get("/dashboard/data").json()["tenants"]}
+        data = GATE.answer(lambda: admin.get("/dashboard/data").json(), short_of=needs)
+        rows = {t["name"]: t for t in data["tenants"]}
         assert rows["dash-quota"]["in_flight"] == 1
+    GATE.open()  # the stream was left mid-way: its next step ends it
     idle = rows["dash-idle"]
     assert (idle["requests"], idle["requests_last_minute"], idle["in_flight"]) == (0, 0, 0)
     assert idle["requests_per_minute"] is None and idle["tokens_per_minute"] is None
