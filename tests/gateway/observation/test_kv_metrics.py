@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from gateway_test_plugin import GatedPlugin
 from gateway_testlib import ENGINE, kv_idle, metrics, wait_until
 
-SLOW = "gateway_test_plugin:SlowPlugin"
+GATE = GatedPlugin()  # kv_url's: a request's steps are the test's to give, a permit each
 BLOCK = ENGINE["block_size"]
 KV_SERIES = (
     "loragate_kv_cache_cached_blocks",
@@ -21,8 +22,8 @@ KV_SERIES = (
 
 @pytest.fixture(scope="module")
 def kv_url(start_server):
-    """A server of its own (its counters start at zero), with the slow_greedy sampler."""
-    return start_server(plugins=(SLOW,)).url
+    """A server of its own (its counters start at zero), with GATE's gated_greedy sampler."""
+    return start_server(plugins=(GATE,)).url
 
 
 def complete(url: str, prompt: list[int], max_tokens: int, **extra) -> httpx.Response:
@@ -74,41 +75,43 @@ def test_a_repeated_long_prompt_fills_the_prefix_cache_and_hits_it(kv_url):
 
 def test_internal_fragmentation_is_the_unused_tail_of_the_last_block(kv_url):
     """One running sequence wastes 0..BLOCK-1 slots of its last block: the gauge times the
-    allocated slots is such a whole number, some of the time above zero. The request could
-    run to the end of the context (about 24 s of slow steps); the test reads 20 samples at
-    its own pace and then hangs up, so a slow scrape only spreads the samples out."""
+    allocated slots is such a whole number, some of the time above zero. The request's steps
+    are the test's to give (a permit each) and it never gets its last: it takes a step, then
+    /metrics is read while it runs (a scrape is answered between two steps, so it is given
+    one step at a time until the scrape is answered), 20 times, and then the test hangs up."""
     wait_until(lambda: kv_idle(kv_url), "idle")
     prompt = [1] + list(range(7000, 7039))  # 40 tokens
     model = httpx.get(f"{kv_url}/v1/models").json()["data"][0]["id"]
+    needs = ENGINE["max_model_len"] - 40
     body = {
         "model": model,
         "prompt": prompt,
-        "max_tokens": ENGINE["max_model_len"] - 40,
+        "max_tokens": needs,
         "temperature": 0,
         "ignore_eos": True,
-        "sampler": "slow_greedy",
+        "sampler": "gated_greedy",
         "stream": True,
     }
     wasted_slots = []
+    GATE.allow(1)  # the response starts with the first token
     with (
         httpx.Client(timeout=120) as client,
         client.stream("POST", f"{kv_url}/v1/completions", json=body) as response,
     ):
         assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            m = metrics(kv_url)
+        lines = response.iter_lines()  # kept: a dropped iterator closes the stream (an abort)
+        next(line for line in lines if line.startswith("data:"))
+        for _ in range(20):
+            GATE.allow(1)  # a step between two samples: the sequence grows
+            m = GATE.answer(lambda: metrics(kv_url), short_of=needs)
             allocated = m["loragate_kv_cache_allocated_blocks"]
-            if m["loragate_num_requests_running"] != 1 or allocated == 0:
-                continue  # between the last token and the request's end
+            assert m["loragate_num_requests_running"] == 1 and allocated > 0
             fragmentation = m["loragate_kv_cache_internal_fragmentation"]
             assert 0 <= fragmentation < 1
             slots = fragmentation * allocated * BLOCK
             assert slots == pytest.approx(round(slots), abs=1e-6)
             wasted_slots.append(round(slots))
-            if len(wasted_slots) == 20:
-                break  # leaving the stream aborts the request
+    GATE.open()  # the stream was left mid-way (an abort): its next step ends it
     assert len(wasted_slots) == 20
     assert all(0 <= w < BLOCK for w in wasted_slots)
     assert max(wasted_slots) > 0
@@ -118,9 +121,14 @@ def test_internal_fragmentation_is_the_unused_tail_of_the_last_block(kv_url):
 
 def test_swapped_blocks_are_reported_while_a_preempted_request_waits(start_server):
     """Few KV blocks and preemption by swap: a victim's blocks show up as swapped, then all
-    requests finish in full and nothing stays swapped."""
+    requests finish in full and nothing stays swapped. The requests' steps are the test's to
+    give (a permit each): /metrics is read after each step until it shows a swapped block,
+    so the swap is seen at the first step's end at which a victim waits, however fast the
+    steps or slow the scrapes (a scrape is answered between two steps: while it is out the
+    requests are given one step at a time)."""
+    gate = GatedPlugin()
     url = start_server(
-        plugins=(SLOW,),
+        plugins=(gate,),
         max_model_len=128,
         num_kv_blocks=20,
         max_num_seqs=8,
@@ -128,11 +136,16 @@ def test_swapped_blocks_are_reported_while_a_preempted_request_waits(start_serve
         swap_space=0.01,
     ).url
     prompts = [[1] + list(range(200 + 7 * i, 200 + 7 * i + 20 + 9 * i)) for i in range(8)]
+    steps = len(prompts) * 40  # more than all of them need, finishing one after another
+
+    def swapped_after_a_step() -> float:
+        gate.allow(1)
+        return gate.answer(lambda: metrics(url)["loragate_kv_cache_swapped_blocks"], steps)
+
     with ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(complete, url, p, 40, sampler="slow_greedy") for p in prompts]
-        swapped = wait_until(
-            lambda: metrics(url)["loragate_kv_cache_swapped_blocks"], "a swapped block"
-        )
+        futures = [pool.submit(complete, url, p, 40, sampler="gated_greedy") for p in prompts]
+        swapped = wait_until(swapped_after_a_step, "a swapped block")
+        gate.open()
         answers = [f.result() for f in futures]
     assert swapped > 0
     assert [a.status_code for a in answers] == [200] * len(prompts)
