@@ -4,9 +4,11 @@ llama.cpp's CPU dot products quantize each activation row to int8 per 32 values 
 in integers; loragate's default keeps activations in float32 (exact up to summation order
 against the dequantized weight). This mode (``EngineConfig.activation_quantization="int8"``,
 ``loragate serve --activation-quantization int8``) does what llama.cpp does for the 32-weight
-formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in decode-sized products, and in products of any
-size where the CPU has AMX-INT8 tiles; other formats, and elsewhere prefill-sized products,
-keep the float32 path. Its outputs differ from the float32 ones by the activations'
+formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the K-quants (Q4_K, Q5_K, Q6_K: each 32-weight
+sub-block against the rows' int8 block, as llama.cpp's q8_K products do) in decode-sized
+products, and for the 32-weight formats in products of any size where the CPU has AMX-INT8
+tiles; loragate's own integer formats, and elsewhere prefill-sized products, keep the
+float32 path. Its outputs differ from the float32 ones by the activations'
 rounding: held to top-5-closeness, never the default.
 (quant_int8_cpu.c; built per machine like the other kernels. Four paths: AMX-INT8's tdpbssd
 on tiles of 16 rows by 16 outputs (int8_tiles.h) for products of ``AMX_ROWS`` rows or more,
@@ -29,7 +31,9 @@ from .lora_cpu import TILES_NATIVE  # the tiles' states, as lora_tiles_ready giv
 from .quant_blocks import QuantizedWeight, block_format
 
 ACTIVATION_QUANTIZATIONS = ("int8",)
-FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
+TILE_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})  # the tiles take these
+K_FORMATS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+FORMATS = TILE_FORMATS | K_FORMATS
 BLOCK = 32
 
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
@@ -97,7 +101,7 @@ class NativeInt8:
             bias.data_ptr() if bias is not None else None,
             out.data_ptr(),
             out.stride(0),
-            int8_path(m) if path is None else path,
+            int8_path(m, weight.format in TILE_FORMATS) if path is None else path,
             torch.get_num_threads(),
         )
         if status:
@@ -138,21 +142,23 @@ def _paths_here() -> tuple[int, ...]:
     return tuple(int8_paths())  # read once: every product in the mode asks
 
 
-def int8_path(rows: int = 1) -> int:
+def int8_path(rows: int = 1, tiles: bool = True) -> int:
     """The best path here for a product of ``rows`` rows: the tiles from AMX_ROWS rows on
-    (fewer rows would fill a tile's rows with zeros), the best other path below."""
+    (fewer rows would fill a tile's rows with zeros) for a format they take (``tiles``), the
+    best other path below."""
     paths = _paths_here()
-    if paths[-1] == AMX_INT8 and rows < AMX_ROWS:
+    if paths[-1] == AMX_INT8 and (rows < AMX_ROWS or not tiles):
         return paths[-2]
     return paths[-1]
 
 
-def takes_all_rows() -> bool:
+def takes_all_rows(weight: QuantizedWeight | None = None) -> bool:
     """Whether the mode takes products of any number of rows here (where the AMX tiles
-    run), not only decode-sized ones."""
-    return int8_path(AMX_ROWS) == AMX_INT8
+    run), not only decode-sized ones: of ``weight`` (default: a format the tiles take)."""
+    tiles = weight is None or weight.format in TILE_FORMATS
+    return tiles and int8_path(AMX_ROWS) == AMX_INT8
 
 
 def takes_int8(weight: QuantizedWeight) -> bool:
-    """Whether the int8 mode covers this weight (a 32-weight format, in its own order)."""
+    """Whether the int8 mode covers this weight (a GGUF block format, in its own order)."""
     return weight.format in FORMATS and weight.input_order is None

@@ -4,7 +4,11 @@
  * weight block of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) meets it in integer
  * multiply-adds: sum_i wq_i * xq_i in int32, then one float scale per block pair. Exact
  * integer sums; the float rounding is a block's scale product and the sum over blocks (a
- * float64 reference over the same integers checks them). Built -O3 -march=native: the
+ * float64 reference over the same integers checks them). The K-quants (Q4_K, Q5_K, Q6_K: 256
+ * weights a super-block) meet the same int8 rows sub-block by sub-block: a 32-weight
+ * sub-block's integers (Q6_K's less its offset of 32, so signed) times the rows' int8 block,
+ * scaled by the sub-block's own scale (Q6_K: one for each half of 16) with Q4_K/Q5_K's min
+ * term as the five formats' is. Built -O3 -march=native: the
  * integer loops compile to the CPU's dot-product instructions (AVX512-VNNI's vpdpbusd,
  * AVX2's vpmaddubsw/vpmaddwd) where it has them, and where it has AMX-INT8 whole tiles of
  * 16 rows by 16 outputs go through tdpbssd (int8_tiles.h; emulated elsewhere, for tests).
@@ -18,10 +22,15 @@
 #include "half_float.h"
 #include "int8_tiles.h"
 
-enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 }; /* kernels/quant_blocks.py's codes for these five */
+/* kernels/quant_blocks.py's codes for these eight */
+enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K };
 #define QK 32
-static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34};
+static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34, 144, 176, 210};
 #define ROWS 4 /* activation rows sharing one unpacked weight block */
+#define QK_K 256
+#define SUBS (QK_K / QK) /* a K-quant super-block's sub-blocks of 32 weights */
+
+static inline int is_k_quant(int fmt) { return fmt >= Q4_K && fmt <= Q6_K; }
 
 
 /* xq [m, k] int8, xd [m, k / 32] scales, xs [m, k / 32] sums of each block's int8 values,
@@ -70,10 +79,65 @@ static inline void unpack(int fmt, const uint8_t *b, int16_t q[QK], float *d, fl
     *mn = has_min ? half_to_float(b + 2) : -(float)(five ? 16 : 8) * *d;
 }
 
-static inline int32_t idot(const int16_t *q, const int8_t *xq) {
+static inline int32_t idot_n(const int16_t *q, const int8_t *xq, int n) {
     int32_t s = 0;
-    for (int i = 0; i < QK; ++i) s += (int32_t)q[i] * (int32_t)xq[i];
+    for (int i = 0; i < n; ++i) s += (int32_t)q[i] * (int32_t)xq[i];
     return s;
+}
+
+static inline int32_t idot(const int16_t *q, const int8_t *xq) { return idot_n(q, xq, QK); }
+
+/* Q4_K/Q5_K's sub-block j: its 6-bit scale and 6-bit min, from the 12 packed bytes s (the
+ * first four of each in the low six bits of bytes 0-7, the last four split between the
+ * low and high nibbles of bytes 8-11 and the top two bits of bytes 0-7). */
+static inline void k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Sub-block j's scales (its first 16 weights' and its last 16's: one value but for Q6_K)
+ * and its min term: w_i = scale * q_i + mn. */
+static inline void k_sub_scales(int fmt, const uint8_t *b, int j, float *lo, float *hi,
+                                float *mn) {
+    if (fmt == Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = half_to_float(b + 208);
+        const int at = 8 * (j / 4) + 2 * (j % 4); /* 16-weight scales of weights 32 j .. */
+        *lo = d * (float)sc[at];
+        *hi = d * (float)sc[at + 1];
+        *mn = 0.0f;
+        return;
+    }
+    int sc, m;
+    k_scale_min(j, b + 4, &sc, &m);
+    *lo = *hi = half_to_float(b) * (float)sc;
+    *mn = -half_to_float(b + 2) * (float)m;
+}
+
+/* Sub-block j's 32 integers: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31. In a 64-weight chunk
+ * of Q4_K/Q5_K the low nibbles are the first 32 weights and the high ones the next; Q6_K's
+ * 128-weight halves take four sub-blocks from 64 bytes of nibbles and 32 of two-bit highs. */
+static inline void k_sub_ints(int fmt, const uint8_t *b, int j, int16_t q[QK]) {
+    if (fmt == Q6_K) {
+        const int half = j / 4, part = j % 4;
+        const uint8_t *ql = b + 64 * half + (part & 1) * 32, *qh = b + 128 + 32 * half;
+        for (int l = 0; l < QK; ++l) {
+            const int low = part < 2 ? ql[l] & 0x0F : ql[l] >> 4;
+            q[l] = (int16_t)((low | ((qh[l] >> (2 * part)) & 3) << 4) - 32);
+        }
+        return;
+    }
+    const uint8_t *qh = b + 16, *qs = b + (fmt == Q5_K ? 48 : 16) + 32 * (j / 2);
+    for (int l = 0; l < QK; ++l) {
+        int v = j & 1 ? qs[l] >> 4 : qs[l] & 0x0F;
+        if (fmt == Q5_K) v |= ((qh[l] >> j) & 1) << 4;
+        q[l] = (int16_t)v;
+    }
 }
 
 /* ---- AVX2 and AVX512-VNNI (256-bit lanes): a 32-weight block is one register -------------
@@ -201,6 +265,136 @@ VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
     }
 DEFINE_LINEAR_SIMD(linear_avx2, AVX2_FN, dot_avx2)
 DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN, dot_vnni)
+
+/* A K-quant's sub-block j as unsigned bytes, and in *xs the activations x as they must meet
+ * them: Q4_K/Q5_K's integers are unsigned already; Q6_K's (less 32) go in as |w| with x's
+ * signs flipped where w < 0, as Q8_0's do. */
+AVX2_FN static inline __m256i k_sub_u8(int fmt, const uint8_t *b, int j, const __m256i x,
+                                       __m256i *xs) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    if (fmt == Q6_K) {
+        const int half = j / 4, part = j % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * half + (part & 1) * 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+        const __m256i low = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3));
+        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                                          _mm256_set1_epi8(32));
+        *xs = _mm256_sign_epi8(x, w);
+        return _mm256_sign_epi8(w, w);
+    }
+    const __m256i q = _mm256_loadu_si256(
+        (const __m256i *)(b + (fmt == Q5_K ? 48 : 16) + 32 * (j / 2)));
+    __m256i u = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(q, 4) : q, nibble);
+    if (fmt == Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+        u = _mm256_or_si256(u, _mm256_slli_epi16(bit, 4));
+    }
+    *xs = x;
+    return u;
+}
+
+/* A super-block's scales, read once for all its sub-blocks and rows: each sub-block's two
+ * halves' scales and its min term (k_sub_scales' values) as vectors of the eight. Q4_K and
+ * Q5_K's twelve bytes as three little-endian words: the first four scales are the low six
+ * bits of word 0 and the first four mins those of word 1; the last four scales are word 2's
+ * low nibbles with word 0's top two bits above them, the last four mins word 2's high
+ * nibbles with word 1's. Q6_K's sixteen scales: the even ones the halves' first. */
+AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, __m256 *hi,
+                                         __m256 *mn) {
+    if (fmt == Q6_K) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+        const __m128i split =
+            _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+        const __m256 d = _mm256_set1_ps(half_f16c(b + 208));
+        *lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(split)));
+        *hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(split, 8))));
+        *mn = _mm256_setzero_ps();
+        return;
+    }
+    uint32_t word[3];
+    memcpy(word, b + 4, 12);
+    const uint32_t six = 0x3f3f3f3fu, nibbles = 0x0f0f0f0fu, twos = 0x03030303u;
+    const uint32_t scales[2] = {word[0] & six, (word[2] & nibbles) | ((word[0] >> 6) & twos) << 4};
+    const uint32_t mins[2] = {word[1] & six, ((word[2] >> 4) & nibbles) | ((word[1] >> 6) & twos) << 4};
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scales));
+    const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mins));
+    *lo = *hi = _mm256_mul_ps(_mm256_set1_ps(half_f16c(b)), _mm256_cvtepi32_ps(sc));
+    *mn = _mm256_mul_ps(_mm256_set1_ps(-half_f16c(b + 2)), _mm256_cvtepi32_ps(m));
+}
+
+/* The K-quants' loops: each output's super-blocks in order, their scales read once for up
+ * to ROWS rows; a dot product's int32 lanes 0-3 hold its first 16 weights and lanes 4-7 its
+ * last 16, so one vector of the two halves' scales (times the rows' block scale) scales
+ * both. The min terms of a super-block's eight sub-blocks go in one vector product. NAME
+ * runs one body per format (FMT a constant in each, so each is compiled for its own). */
+#define DEFINE_LINEAR_K_SIMD(NAME, FN, DOT)                                                    \
+    FN static inline __attribute__((always_inline)) void NAME##_body(                          \
+        const int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,        \
+        int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,         \
+        float *y, int64_t ldy, int threads) {                                                  \
+        const int64_t nb = k / QK, supers = k / QK_K;                                          \
+        const int bytes = BLOCK_BYTES[fmt];                                                    \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j) {                                                      \
+            const uint8_t *row = w + j * row_stride;                                           \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
+                __m256 acc[ROWS][2], extra[ROWS];                                              \
+                for (int r = 0; r < ROWS; ++r)                                                 \
+                    acc[r][0] = acc[r][1] = extra[r] = _mm256_setzero_ps();                    \
+                for (int64_t sb = 0; sb < supers; ++sb) {                                      \
+                    const uint8_t *blk = row + sb * bytes;                                     \
+                    __m256 lo, hi, mn;                                                         \
+                    k_scales_simd(fmt, blk, &lo, &hi, &mn);                                    \
+                    for (int r = 0; r < rows; ++r) {                                           \
+                        const int64_t at = (r0 + r) * nb + sb * SUBS;                          \
+                        const __m256 xdv = _mm256_loadu_ps(xd + at);                           \
+                        _Alignas(32) float slo[SUBS], shi[SUBS];                               \
+                        _mm256_store_ps(slo, _mm256_mul_ps(lo, xdv));                          \
+                        if (fmt == Q6_K) _mm256_store_ps(shi, _mm256_mul_ps(hi, xdv));         \
+                        else {                                                                 \
+                            const __m256 sums = _mm256_cvtepi32_ps(                            \
+                                _mm256_loadu_si256((const __m256i *)(xs + at)));               \
+                            extra[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, extra[r]); \
+                        }                                                                      \
+                        const int8_t *x0 = xq + (r0 + r) * k + sb * QK_K;                      \
+                        for (int sub = 0; sub < SUBS; ++sub) {                                 \
+                            const __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + sub * QK)); \
+                            __m256i xsig;                                                      \
+                            const __m256i u = k_sub_u8(fmt, blk, sub, x, &xsig);               \
+                            const __m256 scale =                                               \
+                                fmt == Q6_K                                                    \
+                                    ? _mm256_insertf128_ps(                                    \
+                                          _mm256_castps128_ps256(_mm_broadcast_ss(slo + sub)), \
+                                          _mm_broadcast_ss(shi + sub), 1)                      \
+                                    : _mm256_broadcast_ss(slo + sub);                          \
+                            acc[r][sub & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)), \
+                                                              scale, acc[r][sub & 1]);         \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+                for (int r = 0; r < rows; ++r) {                                               \
+                    const float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), \
+                                                          extra[r]));                          \
+                    y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;                        \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
+                        int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
+                        const float *bias, float *y, int64_t ldy, int threads) {               \
+        if (fmt == Q4_K)                                                                       \
+            NAME##_body(Q4_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
+        else if (fmt == Q5_K)                                                                  \
+            NAME##_body(Q5_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
+        else                                                                                   \
+            NAME##_body(Q6_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
+    }
+DEFINE_LINEAR_K_SIMD(linear_k_avx2, AVX2_FN, dot_avx2)
+DEFINE_LINEAR_K_SIMD(linear_k_vnni, VNNI_FN, dot_vnni)
 #else
 #define HAVE_SIMD_PATHS 0
 #endif
@@ -368,15 +562,67 @@ static int linear_tiles(int fmt, const int8_t *xq, const float *xd, const int32_
     return 0;
 }
 
+/* q8_linear for the K-quants: path 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (no tiles:
+ * -1 for path 3, as for k not whole super-blocks). */
+static int linear_k(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
+                    int64_t k, const uint8_t *w, int64_t row_stride, int64_t n,
+                    const float *bias, float *y, int64_t ldy, int path, int threads) {
+    if (k % QK_K || path == 3) return -1;
+#if HAVE_SIMD_PATHS
+    if (path == 1) {
+        linear_k_vnni(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
+        return 0;
+    }
+    if (path == 2) {
+        linear_k_avx2(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
+        return 0;
+    }
+#else
+    if (path) return -1;
+#endif
+    const int64_t nb = k / QK, supers = k / QK_K;
+    const int bytes = BLOCK_BYTES[fmt];
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t *row = w + j * row_stride;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+            float sums[ROWS] = {0};
+            for (int64_t sb = 0; sb < supers; ++sb) {
+                const uint8_t *blk = row + sb * bytes;
+                for (int sub = 0; sub < SUBS; ++sub) {
+                    const int64_t b = sb * SUBS + sub;
+                    int16_t q[QK];
+                    float lo, hi, mn;
+                    k_sub_ints(fmt, blk, sub, q);
+                    k_sub_scales(fmt, blk, sub, &lo, &hi, &mn);
+                    for (int r = 0; r < rows; ++r) {
+                        const int64_t at = (r0 + r) * nb + b;
+                        const int8_t *x = xq + (r0 + r) * k + b * QK;
+                        const float dot = lo * (float)idot_n(q, x, QK / 2) +
+                                          hi * (float)idot_n(q + QK / 2, x + QK / 2, QK / 2);
+                        sums[r] += xd[at] * (dot + mn * (float)xs[at]);
+                    }
+                }
+            }
+            for (int r = 0; r < rows; ++r)
+                y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];
+        }
+    }
+    return 0;
+}
+
 /* y [m, n] (row stride ldy) = dequant(w) [n, k] times the int8 rows; bias [n] or NULL.
  * path: 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (these two where the build has them),
- * 3 the AMX-INT8 tiles (AMX or their emulation: after q8_tiles_ready); the caller asks only
- * for what the CPU runs. Returns 0, or -1 for a format outside the five, k not whole
- * blocks, an unknown path, tiles not granted or memory short for them. */
+ * 3 the AMX-INT8 tiles (AMX or their emulation: after q8_tiles_ready; not the K-quants);
+ * the caller asks only for what the CPU runs. Returns 0, or -1 for a format outside the
+ * eight, k not whole blocks, an unknown path, tiles not granted or memory short for them. */
 int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
               int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
               float *y, int64_t ldy, int path, int threads) {
-    if (fmt < Q4_0 || fmt > Q8_0 || k % QK || path < 0 || path > 3) return -1;
+    if (fmt < Q4_0 || fmt > Q6_K || k % QK || path < 0 || path > 3) return -1;
+    if (is_k_quant(fmt))
+        return linear_k(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, path, threads);
     if (path == 3)
         return linear_tiles(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
 #if HAVE_SIMD_PATHS

@@ -71,7 +71,11 @@ def quantized_linear(
     if m == 0:
         return out.to(x.dtype)
     vector = vector_path()
-    if weight.activations == "int8" and takes_int8(weight) and (m < PANEL_ROWS or takes_all_rows()):
+    if (
+        weight.activations == "int8"
+        and takes_int8(weight)
+        and (m < PANEL_ROWS or takes_all_rows(weight))
+    ):
         int8 = native_int8()
         if int8 is not None:
             int8.linear(int8.quantize_rows(x32), weight, b32, out)

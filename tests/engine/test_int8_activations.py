@@ -1,5 +1,6 @@
 """The int8-activation mode (issue 59: the optional faster mode, never the default): a tiny
-GGUF base in Q8_0 and in Q4_1, base and adapter rows in one batch, greedy with top-5
+GGUF base in Q8_0, in Q4_1 and in a Q4_K_M-like mix (Q4_K, with Q6_K values, down
+projections and output), base and adapter rows in one batch, greedy with top-5
 logprobs, run once with float32 activations (the default) and once with
 `activation_quantization="int8"`. Held to top-5-closeness: at every step up to and including
 the first where the two choose differently, the int8 run's token is among the default run's
@@ -8,12 +9,13 @@ five most likely. The mode really ran: its logprobs differ from the default's.""
 from __future__ import annotations
 
 import pytest
-from gguf_testlib import write_quantized_gguf
+from gguf_testlib import MIXED, write_quantized_gguf
 from tiny_llama import ALL_MODULES
 
 from loragate.adapters import LoRARequest
 from loragate.engine import EngineConfig, SamplingParams
 from loragate.engine.loading.model_loader import resolve_model
+from loragate.kernels.quant_int8 import takes_int8
 from loragate.tools import make_random_adapter
 
 PROMPTS = [[5, 70, 71, 72, 90, 33], list(range(40, 70)), [120] * 9 + [7, 8]]
@@ -42,9 +44,11 @@ def run(make_llm, gguf, cache, lora, activation_quantization):
     return [o.outputs[0] for o in outs], llm
 
 
-@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_1"])
-def test_int8_activations_stay_top5_close_to_float32(make_llm, tmp_path, weight_type):
-    gguf = write_quantized_gguf(tmp_path / f"tiny.{weight_type}.gguf", weight_type, seed=7)
+@pytest.mark.parametrize("weight_type,types", [("Q8_0", None), ("Q4_1", None), ("Q4_K", MIXED)])
+def test_int8_activations_stay_top5_close_to_float32(make_llm, tmp_path, weight_type, types):
+    gguf = write_quantized_gguf(
+        tmp_path / f"tiny.{weight_type}.gguf", weight_type, seed=7, types=types
+    )
     cache = tmp_path / "cache"
     hf_dir = resolve_model(str(gguf), cache_dir=str(cache)).hf_dir
     import torch
@@ -57,7 +61,9 @@ def test_int8_activations_stay_top5_close_to_float32(make_llm, tmp_path, weight_
     lora = LoRARequest("a", 1, str(path))
     exact, _ = run(make_llm, gguf, cache, lora, None)
     fast, llm = run(make_llm, gguf, cache, lora, "int8")
-    assert llm.llm_engine.model.layers[0]["down"].activations == "int8"
+    down = llm.llm_engine.model.layers[0]["down"]
+    assert down.activations == "int8" and takes_int8(down)
+    assert down.format == (types or {}).get("ffn_down", weight_type)
     moved = 0
     for want, got in zip(exact, fast, strict=True):
         for step, (token, top) in enumerate(zip(got.token_ids, want.logprobs, strict=False)):

@@ -4,8 +4,9 @@ specified (scale max|x| / 127, values rounded to nearest, ties to even, in float
 product of those int8 rows with the weight's float32 values. Odd shapes: one row, rows not a
 multiple of the kernel's four or of a tile's 16, outputs not a multiple of anything. Every
 path this CPU runs, and the AMX-INT8 tiles' emulation on any CPU (the same packing, tiling
-and scaling code as on AMX). And against the default float32 path: they differ by no more
-than the activations' rounding allows."""
+and scaling code as on AMX; the K-quants, which the tiles do not take, are refused there).
+And against the default float32 path: they differ by no more than the activations'
+rounding allows."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from loragate.kernels.quant_int8 import (
     AMX_ROWS,
     AVX2,
     FORMATS,
+    K_FORMATS,
     PORTABLE,
+    TILE_FORMATS,
     VNNI,
     NativeInt8,
     int8_path,
@@ -80,6 +83,8 @@ def reference_rows(x: np.ndarray):
 def test_int8_rows_times_blocks_equal_the_float64_reference(
     kernels, emulated, name, m, n, k, path, with_bias
 ):
+    if name in K_FORMATS:
+        k = 256 * max(1, k // 64)  # whole super-blocks: one to four
     weight = random_weight(name, n, k, seed=m + n)
     assert takes_int8(weight)
     gen = torch.Generator().manual_seed(k + m)
@@ -92,6 +97,10 @@ def test_int8_rows_times_blocks_equal_the_float64_reference(
     assert np.array_equal(rows.d.numpy(), d)
     assert np.array_equal(rows.s.numpy(), s)
     out = torch.full((m, n), float("nan"))  # an output left unwritten shows
+    if path == EMULATED_TILES and name in K_FORMATS:
+        with pytest.raises(ValueError, match="refused"):
+            emulated.linear(rows, weight, bias, out, AMX_INT8)
+        return
     if path == EMULATED_TILES:
         emulated.linear(rows, weight, bias, out, AMX_INT8)
     else:
@@ -211,5 +220,16 @@ def test_an_unknown_path_is_refused(kernels):
 
 
 def test_other_formats_are_not_taken():
-    assert not takes_int8(random_weight("Q4_K", 4, 256))
+    assert takes_int8(random_weight("Q4_K", 4, 256))
     assert not takes_int8(random_weight("I8_CH", 4, 64))
+    assert not takes_int8(random_weight("I4_G32", 4, 64))
+
+
+def test_the_tiles_take_no_k_quant(monkeypatch):
+    """Where the tiles run, a K-quant's decode-sized products take the best other path and
+    its prefill-sized ones keep float32: the tiles pack only 32-weight blocks."""
+    weight = replace(random_weight("Q6_K", 9, 512, seed=3), activations="int8")
+    monkeypatch.setattr(quant_int8, "_paths_here", lambda: (PORTABLE, AVX2, VNNI, AMX_INT8))
+    assert takes_all_rows() and not takes_all_rows(weight)
+    assert int8_path(AMX_ROWS, tiles=False) == VNNI
+    assert TILE_FORMATS.isdisjoint(K_FORMATS) and FORMATS == TILE_FORMATS | K_FORMATS
