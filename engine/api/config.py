@@ -146,8 +146,9 @@ class EngineConfig:
         metadata={
             "help": "The optional fast mode of quantized weights: 'int8' quantizes the "
             "activations of decode-sized products to int8 per 32 values, as llama.cpp's dot "
-            "products do, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights (others, "
-            "and prefill, keep float32 activations). Outputs are close to, not equal to, the default's."
+            "products do, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights "
+            "(others, and prefill, keep float32 activations). Outputs are close to, not equal "
+            "to, the default's."
         },
     )
     speculative_config: SpeculativeConfig | None = field(
