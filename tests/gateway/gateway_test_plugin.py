@@ -114,7 +114,8 @@ class GatedPlugin:
         gate opens (so the probe's thread can end) and the test fails. The polls between
         steps lengthen (50 ms for the first ten, up to 0.5 s), so a stream of 60 steps
         waits about 10 s for a probe on a loaded machine; most are answered within a step."""
-        with ThreadPoolExecutor(1) as pool:
+        pool = ThreadPoolExecutor(1)
+        try:
             pending = pool.submit(probe)
             steps = 0
             while not wait([pending], timeout=min(0.5, 0.05 * (1 + steps // 10))).done:
@@ -127,6 +128,8 @@ class GatedPlugin:
                 self.allow(1)
                 steps += 1
             return pending.result()
+        finally:
+            pool.shutdown(wait=False)  # a failed probe's thread ends on its own
 
     def gated_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
         with self._ready:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway_test_plugin import GatedPlugin
 from gateway_testlib import ADAPTER_NAMES, kv_idle, metrics, wait_until
-
-SLOW = "gateway_test_plugin:SlowPlugin"
 
 
 def series(m: dict[str, float], name: str) -> dict[str, float]:
@@ -129,12 +128,18 @@ def test_vllm_gauges_carry_the_model_name(mixed):
 
 
 def test_lora_requests_info_names_running_and_waiting_adapters_mid_run(start_server):
-    """One sequence at a time and a slow sampler: one adapter runs while the others wait."""
-    url = start_server(plugins=(SLOW,), max_num_seqs=1).url
+    """One sequence at a time: one adapter runs while the others wait. The requests' steps
+    are the test's to give (a permit each), and until the info names a running and a
+    waiting adapter they are given fewer than one request needs, one at a time (a request
+    or a scrape reaches the engine between two steps): none has ended when it is read."""
+    gate = GatedPlugin()
+    url = start_server(plugins=(gate,), max_num_seqs=1).url
+    needs = 100
     results = []
 
     def call(name: str) -> None:
-        results.append(complete(url, name, max_tokens=30, sampler="slow_greedy").status_code)
+        got = complete(url, name, max_tokens=needs, sampler="gated_greedy")
+        results.append(got.status_code)
 
     threads = [threading.Thread(target=call, args=(n,)) for n in ADAPTER_NAMES[:3]]
     for t in threads:
@@ -148,7 +153,10 @@ def test_lora_requests_info_names_running_and_waiting_adapters_mid_run(start_ser
                 return labels, running, waiting.split(",")
         return None
 
-    labels, running, waiting = wait_until(info_mid_run, "running and waiting adapters")
+    labels, running, waiting = gate.answer(
+        lambda: wait_until(info_mid_run, "running and waiting adapters"), short_of=needs
+    )
+    gate.open()
     for t in threads:
         t.join()
     assert results == [200, 200, 200]
