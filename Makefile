@@ -39,7 +39,7 @@ format: $(STAMP)
 
 # Issue 18 on a lent GPU machine (TESTING.md): the Python 3.12 wheels its image lacks or
 # holds in other versions than .venv (the HF reference the CUDA tests compare with included),
-# pinned to .venv's versions, into the git-ignored .whl/ that the device call carries.
+# pinned to .venv's versions, into the git-ignored .whl/ (`make gpu-assets` packs them).
 GPU_WHEELS := google-re2|llguidance|gguf|transformers|tokenizers|huggingface[-_]hub|peft
 MANYLINUX := $(foreach n,31 28 27 17,--platform manylinux_2_$(n)_x86_64) \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
@@ -51,9 +51,10 @@ gpu-wheels: $(STAMP)
 		$$($(PY) -m pip freeze | grep -iE '^($(GPU_WHEELS))==')
 	du -sh .whl
 
-# The default model's tokenizer and config, into the git-ignored .gpu_assets/ that the
-# device call carries; its 98 MB GGUF (more than a call's 64 MiB) into two git-ignored parts,
-# .gpu_part1/ and .gpu_part2/ with their manifest, for two calls in a row on one machine.
+# The wheels and the default model's tokenizer as xz archives in the git-ignored .gpu_assets/
+# that the device call carries; its 98 MB GGUF (more than a call's 64 MiB) into as few
+# git-ignored parts as fit, .gpu_part1/, .gpu_part2/, ... with their manifest, for a few
+# calls in a row on one machine (it prints each call's command, carry and size).
 gpu-assets: $(STAMP)
 	$(PY) benchmarks/gpu_assets.py --out .gpu_assets
 

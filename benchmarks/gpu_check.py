@@ -1,31 +1,35 @@
-"""Issue 18 on a lent GPU machine in one call: install the carried wheels, make `loragate`
-importable from the checkout, check CUDA, then run benchmarks/gpu_plan.py's steps, each
-under its own timeout and all under one budget, with their logs and a summary in --out.
+"""Issue 18 on a lent GPU machine in one call: unpack and install the carried wheels, make
+`loragate` importable from the checkout, check CUDA, then run benchmarks/gpu_plan.py's steps,
+each under its own timeout and all under one budget, with their logs and a summary in --out.
 
     python3 benchmarks/gpu_check.py --out "$OUT"                  # on the GPU machine
     GPU_CHECK_ALLOW_CPU=1 .venv/bin/python benchmarks/gpu_check.py --out /tmp/gpu-check
 
 The second line checks the wiring here: without CUDA every step runs at tiny sizes on the
-CPU, where the gpu-marked tests skip. Where the default model's GGUF arrived in two parts
-(`.gpu_part1`, `.gpu_part2`: two calls in a row, benchmarks/model_parts.py), it is joined
-and checked against its manifest first, and the steps use it in place of the 135M stand-in;
-a part missing or not as its manifest says is reported, and the stand-in runs instead.
-TESTING.md ("Issue 18 on a GPU machine") gives the device calls; at most 8 files come back
-from $OUT, and this writes at most 8.
+CPU, where the gpu-marked tests skip. `.gpu_assets/` holds the wheels and the tokenizer as
+xz archives (benchmarks/gpu_archives.py), unpacked under --work first. Where the default
+model's GGUF arrived in parts (`.gpu_part1`, `.gpu_part2`, ...: a few calls in a row,
+benchmarks/model_parts.py), it is joined and checked against its manifest, and the steps use
+it in place of the 135M stand-in; a part missing or not as its manifest says is reported, and
+the stand-in runs instead. TESTING.md ("Issue 18 on a GPU machine") gives the device calls;
+at most 8 files come back from $OUT, and this writes at most 8.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
+from gpu_archives import TOKENIZER_ARCHIVE, WHEELS_ARCHIVE, unpack
 from gpu_plan import ROOT, Step, plan, step_timeout
 from import_shim import build_shim
 from model_parts import PartsError, join, present, read_manifest
@@ -97,11 +101,26 @@ def place_default_model(parts: Path, work: Path, log: Path) -> tuple[Path | None
     return folder, what
 
 
+def unpack_assets(assets: Path, work: Path) -> tuple[list[Path], Path | None]:
+    """The carried archives unpacked under `work`: the wheels, and the tokenizer's folder
+    (None where its archive is not here)."""
+    folders: dict[str, Path | None] = {}
+    for archive, folder in ((WHEELS_ARCHIVE, "wheels"), (TOKENIZER_ARCHIVE, "tokenizer")):
+        folders[folder] = None
+        if (assets / archive).is_file():
+            try:
+                folders[folder] = unpack(assets / archive, work / folder)
+            except (tarfile.TarError, lzma.LZMAError, OSError) as exc:
+                raise RuntimeError(f"unpacking {assets / archive} failed: {exc}") from exc
+    wheels = sorted(folders["wheels"].glob("*.whl")) if folders["wheels"] else []
+    return wheels, folders["tokenizer"]
+
+
 def setup(args, env: dict[str, str], log: Path) -> dict:
     """Wheels into --work/site, the import shim, the default model where its parts came,
     then a probe of what the steps will see."""
     site = args.work / "site"
-    wheels = sorted(args.wheels.glob("*.whl")) if args.wheels.is_dir() else []
+    wheels, args.tokenizer = unpack_assets(args.assets, args.work)
     if wheels and sys.version_info[:2] == (3, 12):
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
         pip += ["--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site)]
@@ -110,7 +129,7 @@ def setup(args, env: dict[str, str], log: Path) -> dict:
             raise RuntimeError(f"installing the wheels failed (exit {status}): see {log.name}")
     else:
         with log.open("a") as sink:
-            sink.write(f"[gpu_check] wheels not installed: {len(wheels)} in {args.wheels}, ")
+            sink.write(f"[gpu_check] wheels not installed: {len(wheels)} from {args.assets}, ")
             sink.write(f"Python {sys.version.split()[0]} (they are built for 3.12)\n")
     shim = build_shim(args.work / "shim")
     model, joined = place_default_model(args.parts, args.work, log)
@@ -196,9 +215,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check-out")))
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"))
-    ap.add_argument("--wheels", type=Path, default=ROOT / ".whl")
-    ap.add_argument("--tokenizer", type=Path, default=ROOT / ".gpu_assets" / "tokenizer")
-    ap.add_argument("--parts", type=Path, default=ROOT, help="where .gpu_part1/2 are")
+    ap.add_argument("--assets", type=Path, default=ROOT / ".gpu_assets", help="the archives")
+    ap.add_argument("--parts", type=Path, default=ROOT, help="where .gpu_part1, ... are")
     ap.add_argument("--budget", type=float, default=450, help="seconds for the whole call")
     ap.add_argument("--steps", default="", help="comma-separated step names (default: all)")
     args = ap.parse_args()
@@ -222,8 +240,8 @@ def main() -> int:
         write_summary(args.out, probe, [], "no CUDA device")
         print("[gpu_check] no CUDA device (GPU_CHECK_ALLOW_CPU=1 runs the wiring on CPU)")
         return 1
-    if not args.tokenizer.joinpath("tokenizer.json").is_file():
-        print(f"[gpu_check] no tokenizer in {args.tokenizer}: run `make gpu-assets` first")
+    if args.tokenizer is None or not args.tokenizer.joinpath("tokenizer.json").is_file():
+        print(f"[gpu_check] no {TOKENIZER_ARCHIVE} in {args.assets}: run `make gpu-assets` first")
         return 1
     default_model = probe["default_model"] is not None
     steps = plan(args.work, args.out, args.tokenizer.resolve(), not probe["cuda"], default_model)

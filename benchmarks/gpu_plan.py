@@ -5,7 +5,7 @@ On CUDA: the two random Llamas (the default model's shapes, and a 1B-class one),
 gpu-marked tests, benchmarks/kernels.py, benchmarks/gpu_step.py (the decode step with and
 without CUDA graphs, its profile and a slot copy's cost), then throughput.py and
 multi_lora.py on both models.
-With `default_model=True` (its GGUF joined from two calls' parts) the default model itself
+With `default_model=True` (its GGUF joined from a few calls' parts) the default model itself
 takes the 135M stand-in's place: in the tests (no stand-in tokenizer, so the tests of the
 default model run) and, on CUDA, in the benchmarks (steps named `-default`). With
 `cpu=True` the same steps run at tiny sizes on the CPU, to check the wiring here (the

