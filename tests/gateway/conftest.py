@@ -118,12 +118,12 @@ def redis_namespace(redis_url):
 @pytest.fixture
 def replicas(tiny_dir, tenant_root, redis_url, redis_namespace):
     """replicas(n, engine=dict(...), **gateway) -> n servers with the admin key, on one Redis
-    namespace (this test's own). Each has its own app, engine and registry store, and the
-    slow_greedy sampler, for requests that must stay in flight a while."""
+    namespace (this test's own). Each has its own app, engine and registry store. A request
+    that must stay in flight takes its steps from a GatedPlugin the test passes in
+    `engine={"plugins": (gate,)}`."""
     started: list[BackgroundServer] = []
 
     def start(n: int = 2, engine: dict | None = None, **gateway) -> list[BackgroundServer]:
-        engine = {"plugins": ("gateway_test_plugin:SlowPlugin",), **(engine or {})}
         options = {
             "adapter_root": tenant_root,
             "redis_url": redis_url,
