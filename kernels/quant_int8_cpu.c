@@ -221,45 +221,58 @@ VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xs);
 }
 
-/* One function per path, the same loops around its DOT. */
+/* One function per path, the same loops around its DOT. Each output runs its format's own
+ * copy of the loops (the format a constant in each: OpenMP outlines the parallel loop
+ * once, so the choice is made inside it, per output). */
 #define DEFINE_LINEAR_SIMD(NAME, FN, DOT)                                                      \
+    FN static inline __attribute__((always_inline)) void NAME##_output(                        \
+        const int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,        \
+        int64_t k, const uint8_t *row, float bias, float *y, int64_t ldy) {                    \
+        const int64_t nb = k / QK;                                                             \
+        const int bytes = BLOCK_BYTES[fmt];                                                    \
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                             \
+            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                             \
+            __m256 acc[ROWS][2]; /* two per row: even and odd blocks add independently */     \
+            float extra[ROWS][2];                                                              \
+            for (int r = 0; r < ROWS; ++r) {                                                   \
+                acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                   \
+                extra[r][0] = extra[r][1] = 0.0f;                                              \
+            }                                                                                  \
+            for (int64_t b = 0; b < nb; ++b) {                                                 \
+                const uint8_t *blk = row + b * bytes;                                          \
+                const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                    \
+                for (int r = 0; r < rows; ++r) {                                               \
+                    const int64_t at = (r0 + r) * nb + b;                                      \
+                    const __m256i x =                                                          \
+                        _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * k + b * QK));     \
+                    __m256i xsig;                                                              \
+                    const __m256i u = block_u8(fmt, blk, x, &xsig);                            \
+                    const __m256i dot = DOT(u, xsig);                                          \
+                    acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                   \
+                                                    _mm256_set1_ps(d * xd[at]), acc[r][b & 1]); \
+                    extra[r][b & 1] += mn * xd[at] * (float)xs[at];                            \
+                }                                                                              \
+            }                                                                                  \
+            for (int r = 0; r < rows; ++r) {                                                   \
+                const float sum =                                                              \
+                    hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + (extra[r][0] + extra[r][1]);  \
+                y[(r0 + r) * ldy] = sum + bias;                                                \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
     FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
                         int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
                         const float *bias, float *y, int64_t ldy, int threads) {               \
-        const int64_t nb = k / QK;                                                             \
-        const int bytes = BLOCK_BYTES[fmt];                                                    \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
         for (int64_t j = 0; j < n; ++j) {                                                      \
             const uint8_t *row = w + j * row_stride;                                           \
-            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
-                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
-                __m256 acc[ROWS][2]; /* two per row: even and odd blocks add independently */ \
-                float extra[ROWS][2];                                                          \
-                for (int r = 0; r < ROWS; ++r) {                                               \
-                    acc[r][0] = acc[r][1] = _mm256_setzero_ps();                               \
-                    extra[r][0] = extra[r][1] = 0.0f;                                          \
-                }                                                                              \
-                for (int64_t b = 0; b < nb; ++b) {                                             \
-                    const uint8_t *blk = row + b * bytes;                                      \
-                    const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                \
-                    for (int r = 0; r < rows; ++r) {                                           \
-                        const int64_t at = (r0 + r) * nb + b;                                  \
-                        const __m256i x =                                                      \
-                            _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * k + b * QK)); \
-                        __m256i xsig;                                                          \
-                        const __m256i u = block_u8(fmt, blk, x, &xsig);                        \
-                        const __m256i dot = DOT(u, xsig);                                      \
-                        acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),               \
-                                                        _mm256_set1_ps(d * xd[at]),            \
-                                                        acc[r][b & 1]);                        \
-                        extra[r][b & 1] += mn * xd[at] * (float)xs[at];                        \
-                    }                                                                          \
-                }                                                                              \
-                for (int r = 0; r < rows; ++r) {                                               \
-                    const float sum = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) +             \
-                                      (extra[r][0] + extra[r][1]);                             \
-                    y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;                        \
-                }                                                                              \
+            const float b = bias ? bias[j] : 0.0f;                                             \
+            switch (fmt) {                                                                     \
+            case Q4_0: NAME##_output(Q4_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
+            case Q4_1: NAME##_output(Q4_1, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
+            case Q5_0: NAME##_output(Q5_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
+            case Q5_1: NAME##_output(Q5_1, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
+            default: NAME##_output(Q8_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;         \
             }                                                                                  \
         }                                                                                      \
     }
@@ -327,71 +340,81 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
 /* The K-quants' loops: each output's super-blocks in order, their scales read once for up
  * to ROWS rows; a dot product's int32 lanes 0-3 hold its first 16 weights and lanes 4-7 its
  * last 16, so one vector of the two halves' scales (times the rows' block scale) scales
- * both. The min terms of a super-block's eight sub-blocks go in one vector product. NAME
- * runs one body per format (FMT a constant in each, so each is compiled for its own). */
+ * both. The min terms of a super-block's eight sub-blocks go in one vector product. Each
+ * output's chunk of rows runs a copy of the loops for its format and row count (both
+ * constants in each, so the accumulators stay in registers: OpenMP outlines the parallel
+ * loop once, so the choice is made inside it). K_ROWS_CASES picks the copy. */
+#define K_ROWS_CASES(NAME, F)                                                                  \
+    switch (rows) {                                                                            \
+    case 1: NAME##_rows(F, 1, x, d, s, k, row, b, out, ldy); break;                            \
+    case 2: NAME##_rows(F, 2, x, d, s, k, row, b, out, ldy); break;                            \
+    case 3: NAME##_rows(F, 3, x, d, s, k, row, b, out, ldy); break;                            \
+    default: NAME##_rows(F, 4, x, d, s, k, row, b, out, ldy); break;                           \
+    }
+
 #define DEFINE_LINEAR_K_SIMD(NAME, FN, DOT)                                                    \
-    FN static inline __attribute__((always_inline)) void NAME##_body(                          \
-        const int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,        \
-        int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,         \
-        float *y, int64_t ldy, int threads) {                                                  \
+    FN static inline __attribute__((always_inline)) void NAME##_rows(                          \
+        const int fmt, const int rows, const int8_t *xq, const float *xd, const int32_t *xs,   \
+        int64_t k, const uint8_t *row, float bias, float *y, int64_t ldy) {                    \
         const int64_t nb = k / QK, supers = k / QK_K;                                          \
         const int bytes = BLOCK_BYTES[fmt];                                                    \
-        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
-        for (int64_t j = 0; j < n; ++j) {                                                      \
-            const uint8_t *row = w + j * row_stride;                                           \
-            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
-                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
-                __m256 acc[ROWS][2], extra[ROWS];                                              \
-                for (int r = 0; r < ROWS; ++r)                                                 \
-                    acc[r][0] = acc[r][1] = extra[r] = _mm256_setzero_ps();                    \
-                for (int64_t sb = 0; sb < supers; ++sb) {                                      \
-                    const uint8_t *blk = row + sb * bytes;                                     \
-                    __m256 lo, hi, mn;                                                         \
-                    k_scales_simd(fmt, blk, &lo, &hi, &mn);                                    \
-                    for (int r = 0; r < rows; ++r) {                                           \
-                        const int64_t at = (r0 + r) * nb + sb * SUBS;                          \
-                        const __m256 xdv = _mm256_loadu_ps(xd + at);                           \
-                        _Alignas(32) float slo[SUBS], shi[SUBS];                               \
-                        _mm256_store_ps(slo, _mm256_mul_ps(lo, xdv));                          \
-                        if (fmt == Q6_K) _mm256_store_ps(shi, _mm256_mul_ps(hi, xdv));         \
-                        else {                                                                 \
-                            const __m256 sums = _mm256_cvtepi32_ps(                            \
-                                _mm256_loadu_si256((const __m256i *)(xs + at)));               \
-                            extra[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, extra[r]); \
-                        }                                                                      \
-                        const int8_t *x0 = xq + (r0 + r) * k + sb * QK_K;                      \
-                        for (int sub = 0; sub < SUBS; ++sub) {                                 \
-                            const __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + sub * QK)); \
-                            __m256i xsig;                                                      \
-                            const __m256i u = k_sub_u8(fmt, blk, sub, x, &xsig);               \
-                            const __m256 scale =                                               \
-                                fmt == Q6_K                                                    \
-                                    ? _mm256_insertf128_ps(                                    \
-                                          _mm256_castps128_ps256(_mm_broadcast_ss(slo + sub)), \
-                                          _mm_broadcast_ss(shi + sub), 1)                      \
-                                    : _mm256_broadcast_ss(slo + sub);                          \
-                            acc[r][sub & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)), \
-                                                              scale, acc[r][sub & 1]);         \
-                        }                                                                      \
-                    }                                                                          \
+        __m256 acc[ROWS][2], extra[ROWS];                                                      \
+        for (int r = 0; r < ROWS; ++r)                                                         \
+            acc[r][0] = acc[r][1] = extra[r] = _mm256_setzero_ps();                            \
+        for (int64_t sb = 0; sb < supers; ++sb) {                                              \
+            const uint8_t *blk = row + sb * bytes;                                             \
+            __m256 lo, hi, mn;                                                                 \
+            k_scales_simd(fmt, blk, &lo, &hi, &mn);                                            \
+            for (int r = 0; r < rows; ++r) {                                                   \
+                const int64_t at = r * nb + sb * SUBS;                                         \
+                const __m256 xdv = _mm256_loadu_ps(xd + at);                                   \
+                _Alignas(32) float slo[SUBS], shi[SUBS];                                       \
+                _mm256_store_ps(slo, _mm256_mul_ps(lo, xdv));                                  \
+                if (fmt == Q6_K) _mm256_store_ps(shi, _mm256_mul_ps(hi, xdv));                 \
+                else {                                                                         \
+                    const __m256 sums =                                                        \
+                        _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(xs + at)));    \
+                    extra[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, extra[r]);        \
                 }                                                                              \
-                for (int r = 0; r < rows; ++r) {                                               \
-                    const float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), \
-                                                          extra[r]));                          \
-                    y[(r0 + r) * ldy + j] = bias ? sum + bias[j] : sum;                        \
+                const int8_t *x0 = xq + r * k + sb * QK_K;                                     \
+                for (int sub = 0; sub < SUBS; ++sub) {                                         \
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + sub * QK));    \
+                    __m256i xsig;                                                              \
+                    const __m256i u = k_sub_u8(fmt, blk, sub, x, &xsig);                       \
+                    const __m256 scale =                                                       \
+                        fmt == Q6_K                                                            \
+                            ? _mm256_insertf128_ps(                                            \
+                                  _mm256_castps128_ps256(_mm_broadcast_ss(slo + sub)),         \
+                                  _mm_broadcast_ss(shi + sub), 1)                              \
+                            : _mm256_broadcast_ss(slo + sub);                                  \
+                    acc[r][sub & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),        \
+                                                      scale, acc[r][sub & 1]);                 \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
+        for (int r = 0; r < rows; ++r)                                                         \
+            y[r * ldy] =                                                                       \
+                hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), extra[r])) + bias;    \
     }                                                                                          \
     FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
                         int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
                         const float *bias, float *y, int64_t ldy, int threads) {               \
-        if (fmt == Q4_K)                                                                       \
-            NAME##_body(Q4_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
-        else if (fmt == Q5_K)                                                                  \
-            NAME##_body(Q5_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
-        else                                                                                   \
-            NAME##_body(Q6_K, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);      \
+        const int64_t nb = k / QK;                                                             \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
+        for (int64_t j = 0; j < n; ++j) {                                                      \
+            const uint8_t *row = w + j * row_stride;                                           \
+            const float b = bias ? bias[j] : 0.0f;                                             \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
+                const int8_t *x = xq + r0 * k;                                                 \
+                const float *d = xd + r0 * nb;                                                 \
+                const int32_t *s = xs + r0 * nb;                                               \
+                float *out = y + r0 * ldy + j;                                                 \
+                if (fmt == Q4_K) K_ROWS_CASES(NAME, Q4_K)                                      \
+                else if (fmt == Q5_K) K_ROWS_CASES(NAME, Q5_K)                                 \
+                else K_ROWS_CASES(NAME, Q6_K)                                                  \
+            }                                                                                  \
+        }                                                                                      \
     }
 DEFINE_LINEAR_K_SIMD(linear_k_avx2, AVX2_FN, dot_avx2)
 DEFINE_LINEAR_K_SIMD(linear_k_vnni, VNNI_FN, dot_vnni)
