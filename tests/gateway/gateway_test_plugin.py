@@ -87,7 +87,9 @@ class GatedPlugin:
     A request reaches the engine thread only between two steps, so a probe that needs it
     (a completion, /metrics) is run by `answer`, which gives the gated requests one step at
     a time until the probe is answered, never as many as a stream needs to end. `open`
-    lets every later step through (the test is done holding them)."""
+    lets every later step through (the test is done holding them). `passed` counts the
+    steps let through, `waiting` the steps held now, and `wait_for_a_held_step` returns
+    once one is held (the engine thread inside a step)."""
 
     def __init__(self, wait_s: float = 60.0):
         self._ready = threading.Condition()
@@ -95,6 +97,8 @@ class GatedPlugin:
         self._open = False
         self._wait_s = wait_s
         self.given = 0  # permits given so far: no gated request has taken more steps
+        self.passed = 0  # steps let through
+        self.waiting = 0  # steps held at the gate now
 
     def allow(self, steps: int) -> None:
         with self._ready:
@@ -106,6 +110,11 @@ class GatedPlugin:
         with self._ready:
             self._open = True
             self._ready.notify_all()
+
+    def wait_for_a_held_step(self) -> None:
+        with self._ready:
+            if not self._ready.wait_for(lambda: self.waiting, self._wait_s):
+                raise AssertionError(f"no gated step was held within {self._wait_s} s")
 
     def answer(self, probe: Callable[[], T], short_of: int) -> T:
         """`probe()`, run on a thread while the gated requests are given one step at a time
@@ -133,10 +142,19 @@ class GatedPlugin:
 
     def gated_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
         with self._ready:
-            if not self._ready.wait_for(lambda: self._open or self._permits, self._wait_s):
+            self.waiting += 1
+            self._ready.notify_all()
+            try:
+                let_through = self._ready.wait_for(
+                    lambda: self._open or self._permits, self._wait_s
+                )
+            finally:
+                self.waiting -= 1
+            if not let_through:
                 raise RuntimeError("gated_greedy: the test gave this step no permit")
             if not self._open:
                 self._permits -= 1
+            self.passed += 1
         return torch.argmax(logits, dim=-1)
 
     @hookimpl
