@@ -221,58 +221,131 @@ VNNI_FN static inline __m256i dot_vnni(__m256i u, __m256i xs) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xs);
 }
 
-/* One function per path, the same loops around its DOT. Each output runs its format's own
- * copy of the loops (the format a constant in each: OpenMP outlines the parallel loop
- * once, so the choice is made inside it, per output). */
+/* NAME##_rows for the format F and the chunk's row count, each a constant in the copy it
+ * runs, so the accumulators stay in registers (OpenMP outlines a parallel loop once, so
+ * the choice is made inside it, per output and chunk of rows). */
+#define ROWS_CASES(NAME, F)                                                                    \
+    switch (rows) {                                                                            \
+    case 1: NAME##_rows(F, 1, x, d, s, k, row, b, out, ldy); break;                            \
+    case 2: NAME##_rows(F, 2, x, d, s, k, row, b, out, ldy); break;                            \
+    case 3: NAME##_rows(F, 3, x, d, s, k, row, b, out, ldy); break;                            \
+    default: NAME##_rows(F, 4, x, d, s, k, row, b, out, ldy); break;                           \
+    }
+
+/* A float16 at p, as its bits. */
+static inline short half_bits(const uint8_t *p) {
+    short h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+/* Eight blocks' scales and min-or-offset terms (block_mn's) as vectors, from the float16s
+ * of the blocks at b, b + bytes, ... */
+AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __m256 *d,
+                                        __m256 *mn) {
+#define EIGHT_HALVES(at)                                                                       \
+    _mm256_cvtph_ps(_mm_setr_epi16(half_bits(b + (at)), half_bits(b + bytes + (at)),          \
+                                   half_bits(b + 2 * bytes + (at)), half_bits(b + 3 * bytes + (at)), \
+                                   half_bits(b + 4 * bytes + (at)), half_bits(b + 5 * bytes + (at)), \
+                                   half_bits(b + 6 * bytes + (at)), half_bits(b + 7 * bytes + (at))))
+    *d = EIGHT_HALVES(0);
+    switch (fmt) {
+    case Q4_1:
+    case Q5_1:
+        *mn = EIGHT_HALVES(2);
+        break;
+    case Q4_0:
+        *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+        break;
+    case Q5_0:
+        *mn = _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
+        break;
+    default:
+        *mn = _mm256_setzero_ps();
+    }
+#undef EIGHT_HALVES
+}
+
+/* One function per path, the same loops around its DOT: eight blocks at a time, their
+ * scales and min-or-offset terms read once into vectors (the terms of all eight in one
+ * vector product per row), then each block's dot product scaled into one of two
+ * accumulators per row (even and odd blocks add independently); blocks past the last
+ * eight one at a time. */
 #define DEFINE_LINEAR_SIMD(NAME, FN, DOT)                                                      \
-    FN static inline __attribute__((always_inline)) void NAME##_output(                        \
-        const int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,        \
+    FN static inline __attribute__((always_inline)) void NAME##_rows(                          \
+        const int fmt, const int rows, const int8_t *xq, const float *xd, const int32_t *xs,   \
         int64_t k, const uint8_t *row, float bias, float *y, int64_t ldy) {                    \
         const int64_t nb = k / QK;                                                             \
         const int bytes = BLOCK_BYTES[fmt];                                                    \
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                             \
-            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                             \
-            __m256 acc[ROWS][2]; /* two per row: even and odd blocks add independently */     \
-            float extra[ROWS][2];                                                              \
-            for (int r = 0; r < ROWS; ++r) {                                                   \
-                acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                   \
-                extra[r][0] = extra[r][1] = 0.0f;                                              \
-            }                                                                                  \
-            for (int64_t b = 0; b < nb; ++b) {                                                 \
-                const uint8_t *blk = row + b * bytes;                                          \
-                const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                    \
-                for (int r = 0; r < rows; ++r) {                                               \
-                    const int64_t at = (r0 + r) * nb + b;                                      \
+        __m256 acc[ROWS][2], terms[ROWS];                                                      \
+        float extra[ROWS];                                                                     \
+        for (int r = 0; r < ROWS; ++r) {                                                       \
+            acc[r][0] = acc[r][1] = terms[r] = _mm256_setzero_ps();                            \
+            extra[r] = 0.0f;                                                                   \
+        }                                                                                      \
+        int64_t b = 0;                                                                         \
+        for (; b + 8 <= nb; b += 8) {                                                          \
+            const uint8_t *blk = row + b * bytes;                                              \
+            __m256 d, mn;                                                                      \
+            eight_scales(fmt, blk, bytes, &d, &mn);                                            \
+            for (int r = 0; r < rows; ++r) {                                                   \
+                const __m256 xdv = _mm256_loadu_ps(xd + r * nb + b);                           \
+                _Alignas(32) float scale[8];                                                   \
+                _mm256_store_ps(scale, _mm256_mul_ps(d, xdv));                                 \
+                if (fmt != Q8_0) {                                                             \
+                    const __m256 sums = _mm256_cvtepi32_ps(                                    \
+                        _mm256_loadu_si256((const __m256i *)(xs + r * nb + b)));               \
+                    terms[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, terms[r]);        \
+                }                                                                              \
+                for (int i = 0; i < 8; ++i) {                                                  \
                     const __m256i x =                                                          \
-                        _mm256_loadu_si256((const __m256i *)(xq + (r0 + r) * k + b * QK));     \
+                        _mm256_loadu_si256((const __m256i *)(xq + r * k + (b + i) * QK));      \
                     __m256i xsig;                                                              \
-                    const __m256i u = block_u8(fmt, blk, x, &xsig);                            \
-                    const __m256i dot = DOT(u, xsig);                                          \
-                    acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),                   \
-                                                    _mm256_set1_ps(d * xd[at]), acc[r][b & 1]); \
-                    extra[r][b & 1] += mn * xd[at] * (float)xs[at];                            \
+                    const __m256i u = block_u8(fmt, blk + i * bytes, x, &xsig);                \
+                    acc[r][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),          \
+                                                    _mm256_broadcast_ss(scale + i), acc[r][i & 1]); \
                 }                                                                              \
             }                                                                                  \
+        }                                                                                      \
+        for (; b < nb; ++b) {                                                                  \
+            const uint8_t *blk = row + b * bytes;                                              \
+            const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                        \
             for (int r = 0; r < rows; ++r) {                                                   \
-                const float sum =                                                              \
-                    hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + (extra[r][0] + extra[r][1]);  \
-                y[(r0 + r) * ldy] = sum + bias;                                                \
+                const int64_t at = r * nb + b;                                                 \
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * QK));  \
+                __m256i xsig;                                                                  \
+                const __m256i u = block_u8(fmt, blk, x, &xsig);                                \
+                acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),              \
+                                                _mm256_set1_ps(d * xd[at]), acc[r][b & 1]);    \
+                extra[r] += mn * xd[at] * (float)xs[at];                                       \
             }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < rows; ++r) {                                                       \
+            const __m256 all = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), terms[r]);   \
+            y[r * ldy] = hsum8(all) + extra[r] + bias;                                         \
         }                                                                                      \
     }                                                                                          \
     FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
                         int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
                         const float *bias, float *y, int64_t ldy, int threads) {               \
+        const int64_t nb = k / QK;                                                             \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
         for (int64_t j = 0; j < n; ++j) {                                                      \
             const uint8_t *row = w + j * row_stride;                                           \
             const float b = bias ? bias[j] : 0.0f;                                             \
-            switch (fmt) {                                                                     \
-            case Q4_0: NAME##_output(Q4_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
-            case Q4_1: NAME##_output(Q4_1, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
-            case Q5_0: NAME##_output(Q5_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
-            case Q5_1: NAME##_output(Q5_1, xq, xd, xs, m, k, row, b, y + j, ldy); break;       \
-            default: NAME##_output(Q8_0, xq, xd, xs, m, k, row, b, y + j, ldy); break;         \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
+                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
+                const int8_t *x = xq + r0 * k;                                                 \
+                const float *d = xd + r0 * nb;                                                 \
+                const int32_t *s = xs + r0 * nb;                                               \
+                float *out = y + r0 * ldy + j;                                                 \
+                switch (fmt) {                                                                 \
+                case Q4_0: ROWS_CASES(NAME, Q4_0) break;                                       \
+                case Q4_1: ROWS_CASES(NAME, Q4_1) break;                                       \
+                case Q5_0: ROWS_CASES(NAME, Q5_0) break;                                       \
+                case Q5_1: ROWS_CASES(NAME, Q5_1) break;                                       \
+                default: ROWS_CASES(NAME, Q8_0) break;                                         \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
     }
@@ -343,15 +416,7 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
  * both. The min terms of a super-block's eight sub-blocks go in one vector product. Each
  * output's chunk of rows runs a copy of the loops for its format and row count (both
  * constants in each, so the accumulators stay in registers: OpenMP outlines the parallel
- * loop once, so the choice is made inside it). K_ROWS_CASES picks the copy. */
-#define K_ROWS_CASES(NAME, F)                                                                  \
-    switch (rows) {                                                                            \
-    case 1: NAME##_rows(F, 1, x, d, s, k, row, b, out, ldy); break;                            \
-    case 2: NAME##_rows(F, 2, x, d, s, k, row, b, out, ldy); break;                            \
-    case 3: NAME##_rows(F, 3, x, d, s, k, row, b, out, ldy); break;                            \
-    default: NAME##_rows(F, 4, x, d, s, k, row, b, out, ldy); break;                           \
-    }
-
+ * loop once, so the choice is made inside it). ROWS_CASES picks the copy. */
 #define DEFINE_LINEAR_K_SIMD(NAME, FN, DOT)                                                    \
     FN static inline __attribute__((always_inline)) void NAME##_rows(                          \
         const int fmt, const int rows, const int8_t *xq, const float *xd, const int32_t *xs,   \
@@ -410,9 +475,9 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
                 const float *d = xd + r0 * nb;                                                 \
                 const int32_t *s = xs + r0 * nb;                                               \
                 float *out = y + r0 * ldy + j;                                                 \
-                if (fmt == Q4_K) K_ROWS_CASES(NAME, Q4_K)                                      \
-                else if (fmt == Q5_K) K_ROWS_CASES(NAME, Q5_K)                                 \
-                else K_ROWS_CASES(NAME, Q6_K)                                                  \
+                if (fmt == Q4_K) ROWS_CASES(NAME, Q4_K)                                      \
+                else if (fmt == Q5_K) ROWS_CASES(NAME, Q5_K)                                 \
+                else ROWS_CASES(NAME, Q6_K)                                                  \
             }                                                                                  \
         }                                                                                      \
     }
