@@ -52,19 +52,6 @@ class ExplodingPlugin:
         return [explode_logits] if params.get("seed") == EXPLODING_SEED else []
 
 
-def slow_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
-    time.sleep(0.05)
-    return torch.argmax(logits, dim=-1)
-
-
-class SlowPlugin:
-    """Greedy, but each step takes at least 50 ms: a request that stays in flight a while."""
-
-    @hookimpl
-    def loragate_samplers(self):
-        return {"slow_greedy": slow_greedy}
-
-
 def sleepy_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
     time.sleep(0.4)
     return torch.argmax(logits, dim=-1)

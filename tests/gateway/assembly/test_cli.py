@@ -301,22 +301,24 @@ def test_train_demo_writes_adapters_the_server_accepts(tiny_dir, adapter_root, u
         assert httpx.delete(f"{url}/v1/adapters/demo-{name}", timeout=60).status_code == 200
 
 
-SLOW = "gateway_test_plugin:SlowPlugin"
+RUNNER_UP = "gateway_test_plugin:RunnerUpPlugin"
 
 
 def test_plugins_lists_what_serve_would_load():
-    result = CliRunner().invoke(main, ["plugins", "--plugin", SLOW])
+    result = CliRunner().invoke(main, ["plugins", "--plugin", RUNNER_UP])
     assert result.exit_code == 0, result.output
     assert "builtin.samplers  (builtin)" in result.output
-    assert "gateway_test_plugin:SlowPlugin  (--plugin gateway_test_plugin:SlowPlugin)" in (
+    assert "gateway_test_plugin:RunnerUpPlugin  (--plugin gateway_test_plugin:RunnerUpPlugin)" in (
         result.output
     )
-    described = json.loads(CliRunner().invoke(main, ["plugins", "--json", "--plugin", SLOW]).output)
-    mine = [p for p in described if p["name"] == "gateway_test_plugin:SlowPlugin"]
+    described = json.loads(
+        CliRunner().invoke(main, ["plugins", "--json", "--plugin", RUNNER_UP]).output
+    )
+    mine = [p for p in described if p["name"] == "gateway_test_plugin:RunnerUpPlugin"]
     assert mine == [
         {
-            "name": "gateway_test_plugin:SlowPlugin",
-            "source": "--plugin gateway_test_plugin:SlowPlugin",
+            "name": "gateway_test_plugin:RunnerUpPlugin",
+            "source": "--plugin gateway_test_plugin:RunnerUpPlugin",
             "hooks": ["loragate_samplers"],
         }
     ]

@@ -92,7 +92,7 @@ enable-prefix-caching: false
 preemption-mode: swap
 swap_space: 0.5
 enable-lora: true
-plugin: [gateway_test_plugin:SlowPlugin]
+plugin: [gateway_test_plugin:RunnerUpPlugin]
 port: 8123
 max-queue: 11
 lora-modules:
@@ -110,7 +110,7 @@ lora-modules:
         "swap",
         0.5,
     )
-    assert engine.plugins == ("gateway_test_plugin:SlowPlugin",)
+    assert engine.plugins == ("gateway_test_plugin:RunnerUpPlugin",)
     assert (settings.port, settings.max_queue) == (8123, 11)
     assert settings.model_aliases == ("tiny-b",)
     assert settings.lora_modules == (f"first={tmp_path}",)
