@@ -341,6 +341,7 @@ def _add_lora(
         lora.slot_ids,
         lora.weights.scales,
         out,
+        backend=lora.backend,
         index=lora.index,
     )
     if extras is None:

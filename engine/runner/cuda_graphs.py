@@ -72,7 +72,11 @@ class DecodeGraphs:
     """Static input tensors, the graphs captured over them, and the step that fills them.
 
     capture=False runs the same padded static batch eagerly: the CPU tests check the padding
-    that way, since graphs need CUDA.
+    that way, since graphs need CUDA. Then keep=True goes one step further towards what a
+    graph replays: each (bucket, rank)'s batch is built once, over the static LoRA index, and
+    kept; every later step rewrites its inputs in place and runs that same batch again. The
+    static index drives the Triton LoRA kernels only, so off CUDA the kept batch names
+    backend "triton" (the interpreter, TRITON_INTERPRET=1, as the CPU tests set).
     """
 
     def __init__(
@@ -85,12 +89,16 @@ class DecodeGraphs:
         max_batch: int,
         max_model_len: int,
         capture: bool = True,
+        keep: bool = False,
     ):
         self.model = model
         self.kv_cache = kv_cache
         self.adapter_slots = adapter_slots  # the AdapterResidency, or None without LoRA
         self.rank_of = rank_of  # () -> the LoRA rank the eager path would run now
         self.capture = capture
+        self.keep = keep and not capture  # a captured graph keeps its batch anyway
+        # Built once per (bucket, rank) and run again every step, as a graph replays it.
+        self.kept: dict[tuple[int, int], ForwardBatch] = {}
         self.buckets = batch_buckets(max_batch)
         self.block_size = kv_cache.block_size
         self.max_blocks = -(-max_model_len // self.block_size)
@@ -139,6 +147,11 @@ class DecodeGraphs:
             # A slot copy still pending (adapters/slot_copies.py) is waited for here: a
             # captured graph cannot wait on an event recorded outside it.
             self.adapter_slots.slot_tensors.wait_all()
+        if self.keep:
+            batch = self.kept.get((bucket, rank))
+            if batch is None:
+                batch = self.kept[(bucket, rank)] = self._batch(bucket, rank)
+            return self._forward(batch)[:n]
         if not self.capture:
             return self._forward(self._batch(bucket, rank))[:n]
         captured = self.graphs.get((bucket, rank))
@@ -189,13 +202,19 @@ class DecodeGraphs:
         if rank:
             slot_ids = self.rows[3, :bucket]
             num_slots = self.adapter_slots.max_loras
+            static = self.capture or self.keep
             index = (
                 kernels.static_lora_index(slot_ids, self.group_ends, num_slots)
-                if self.capture
+                if static
                 else kernels.lora_index(slot_ids, num_slots)
             )
             weights = self.adapter_slots.slot_tensors
-            lora = LoRABatch(weights=weights, slot_ids=slot_ids, index=index, rank=rank)
+            # Off CUDA only the kept batch names a backend: the Triton interpreter, the one
+            # CPU path that takes the static index.
+            backend = "triton" if self.keep and self.model.device.type != "cuda" else None
+            lora = LoRABatch(
+                weights=weights, slot_ids=slot_ids, index=index, rank=rank, backend=backend
+            )
         return ForwardBatch(
             input_ids=self.rows[0, :bucket],
             positions=self.rows[1, :bucket],

@@ -48,6 +48,9 @@ class LoRABatch:
     slot_ids: torch.Tensor  # [T] int64
     index: Any  # kernels.lora_index(...) result, computed once per step
     rank: int  # largest resident rank: the padding beyond it is skipped
+    # The LoRA kernels' backend (None: Triton on CUDA, torch and the native loops on a CPU);
+    # "triton" on a CPU only for DecodeGraphs' kept static batch (the CPU tests).
+    backend: str | None = None
 
 
 @dataclass
