@@ -33,26 +33,15 @@ static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34, 144, 176, 210};
 static inline int is_k_quant(int fmt) { return fmt >= Q4_K && fmt <= Q6_K; }
 
 
-/* xq [m, k] int8, xd [m, k / 32] scales, xs [m, k / 32] sums of each block's int8 values,
- * from x [m, k] (row stride ldx). */
-void q8_quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *xq, float *xd,
-                      int32_t *xs) {
-    const int64_t nb = k / QK;
-    for (int64_t r = 0; r < m; ++r) {
-        for (int64_t b = 0; b < nb; ++b) {
-            const float *v = x + r * ldx + b * QK;
-            float amax = 0.0f;
-            for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(v[i]));
-            const float d = amax / 127.0f;
-            int8_t *q = xq + r * k + b * QK;
-            int32_t sum = 0;
-            for (int i = 0; i < QK; ++i) {
-                q[i] = d == 0.0f ? 0 : (int8_t)lrintf(v[i] / d);
-                sum += q[i];
-            }
-            xd[r * nb + b] = d;
-            xs[r * nb + b] = sum;
-        }
+/* One block of 32 activations v as int8 values q, its scale *d and the sum of its values. */
+static inline void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    *d = amax / 127.0f;
+    *sum = 0;
+    for (int i = 0; i < QK; ++i) {
+        q[i] = *d == 0.0f ? 0 : (int8_t)lrintf(v[i] / *d);
+        *sum += q[i];
     }
 }
 
@@ -489,6 +478,69 @@ DEFINE_LINEAR_K_SIMD(linear_k_vnni, VNNI_FN, dot_vnni)
 
 /* Whether this build has the AVX2 and AVX512-VNNI paths (x86 with GCC's target attributes). */
 int q8_has_simd_paths(void) { return HAVE_SIMD_PATHS; }
+
+#if HAVE_SIMD_PATHS
+/* quantize_block in 8-lane vectors, the same values: the same division (not a multiply by
+ * its inverse, which rounds differently), and the conversion rounds to nearest, ties to
+ * even, as lrintf does in the default rounding mode. */
+AVX2_FN static inline void quantize_block_avx2(const float *v, int8_t *q, float *d,
+                                               int32_t *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        x[i] = _mm256_loadu_ps(v + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[i]));
+    }
+    __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+    top = _mm_max_ss(top, _mm_movehdup_ps(top));
+    *d = _mm_cvtss_f32(top) / 127.0f;
+    if (*d == 0.0f) {
+        memset(q, 0, QK);
+        *sum = 0;
+        return;
+    }
+    const __m256 dv = _mm256_set1_ps(*d);
+    __m256i n[4];
+    for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_div_ps(x[i], dv));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    *sum = _mm_cvtsi128_si32(s4);
+    /* int32 -> int16 -> int8 packs interleave the 128-bit lanes: put them back in order. */
+    const __m256i words = _mm256_packs_epi32(n[0], n[1]), words2 = _mm256_packs_epi32(n[2], n[3]);
+    const __m256i bytes = _mm256_packs_epi16(words, words2);
+    _mm256_storeu_si256((__m256i *)q,
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+AVX2_FN static void quantize_rows_avx2(const float *x, int64_t ldx, int64_t m, int64_t k,
+                                       int8_t *xq, float *xd, int32_t *xs) {
+    const int64_t nb = k / QK;
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t b = 0; b < nb; ++b)
+            quantize_block_avx2(x + r * ldx + b * QK, xq + r * k + b * QK, xd + r * nb + b,
+                                xs + r * nb + b);
+}
+#endif
+
+/* xq [m, k] int8, xd [m, k / 32] scales, xs [m, k / 32] sums of each block's int8 values,
+ * from x [m, k] (row stride ldx): in vectors where the CPU has AVX2 (the same values). */
+void q8_quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *xq, float *xd,
+                      int32_t *xs) {
+#if HAVE_SIMD_PATHS
+    if (__builtin_cpu_supports("avx2")) {
+        quantize_rows_avx2(x, ldx, m, k, xq, xd, xs);
+        return;
+    }
+#endif
+    const int64_t nb = k / QK;
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t b = 0; b < nb; ++b)
+            quantize_block(x + r * ldx + b * QK, xq + r * k + b * QK, xd + r * nb + b,
+                           xs + r * nb + b);
+}
 
 /* ---- AMX-INT8: tiles of 16 rows by 16 outputs (int8_tiles.h) ------------------------------
  * Each thread takes 16 outputs at a time: it unpacks their weight blocks once into its
