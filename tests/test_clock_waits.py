@@ -4,7 +4,7 @@ no test that retries itself, except where ALLOWED says why a wait remains.
 A sleep to synchronise is replaced by an event, or by bounded polling on a condition (short
 sleeps between polls are fine); a property about time is proved from the engine's step
 records or an injected clock. What is left below is either the work a test stands for (a
-sampler made slow on purpose) or a window in which something must NOT happen, which no
+proxy made slow on purpose) or a window in which something must NOT happen, which no
 event can announce.
 """
 
@@ -27,9 +27,6 @@ ALLOWED = {
     ("slow_proxy_testlib.py", "_pump"): (
         "a proxy made slow on purpose: a chunk's size over its rate, the slowness of a loaded "
         "Redis that the import must survive, not a wait"
-    ),
-    ("gateway/gateway_test_plugin.py", "sleepy_greedy"): (
-        "a sampler plugin made slow on purpose: the work a long request does, not a wait"
     ),
     ("gateway/tenancy/test_hardening.py", "test_connections_past_the_cap_are_closed_at_once"): (
         "a window inside the header timeout in which connections under the cap must stay open"

@@ -1,15 +1,17 @@
 """Third-party plugins for the gateway tests: samplers that pick the runner-up token, that
-fail, that are slow, and that step only when the test allows; a beam search that fails on
-one request."""
+fail, and that step only when the test allows (in the test's process, or through Redis in a
+gateway of its own); a beam search that fails on one request."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
+import redis
 import torch
 
 from loragate.plugins.builtin.beam_search import BeamSearch
@@ -52,18 +54,55 @@ class ExplodingPlugin:
         return [explode_logits] if params.get("seed") == EXPLODING_SEED else []
 
 
-def sleepy_greedy(logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
-    time.sleep(0.4)
-    return torch.argmax(logits, dim=-1)
+GATE_URL_ENV = "LORAGATE_TEST_GATE_REDIS_URL"
+GATE_KEY_ENV = "LORAGATE_TEST_GATE_KEY"
 
 
-class SleepyPlugin:
-    """Greedy, each step at least 400 ms: a stream whose events come in bursts with long
-    quiet gaps between them (a test can act between two steps)."""
+class RelayedGatePlugin:
+    """GatedPlugin's gate for a gateway in another process, its permits given through Redis
+    (`RelayedGate`, at the Redis and key that `GATE_URL_ENV` and `GATE_KEY_ENV` name). Each
+    sampling step pushes what it holds to `<key>:held` (each row's `stream`, from its
+    sampler_args, and `step`, the tokens it has produced so far), then waits for a permit on
+    `<key>:permits`. A step given none within `wait_s` fails its requests rather than hang
+    the gateway."""
+
+    def __init__(self, wait_s: float = 60.0):
+        self._redis = redis.Redis.from_url(os.environ[GATE_URL_ENV])
+        self._key = os.environ[GATE_KEY_ENV]
+        self._wait_s = wait_s
+
+    def relayed_greedy(self, logits: torch.Tensor, args: list[dict]) -> torch.Tensor:
+        held = [(row.get("stream"), row["step"]) for row in args]
+        self._redis.rpush(f"{self._key}:held", json.dumps(held))
+        if self._redis.blpop([f"{self._key}:permits"], timeout=self._wait_s) is None:
+            raise RuntimeError("relayed_greedy: the test gave this step no permit")
+        return torch.argmax(logits, dim=-1)
 
     @hookimpl
     def loragate_samplers(self):
-        return {"sleepy_greedy": sleepy_greedy}
+        return {"relayed_greedy": self.relayed_greedy}
+
+
+class RelayedGate:
+    """The test's end of RelayedGatePlugin: `env` for the gateway's process, `held` for the
+    next step held there (stream -> tokens it has produced so far), `allow` to let it run."""
+
+    def __init__(self, redis_url: str, key: str, wait_s: float = 60.0):
+        self._redis = redis.Redis.from_url(redis_url)
+        self._key = key
+        self._wait_s = wait_s
+        self.env = {GATE_URL_ENV: redis_url, GATE_KEY_ENV: key}
+        self.given = 0  # permits given so far
+
+    def held(self) -> dict[int, int]:
+        popped = self._redis.blpop([f"{self._key}:held"], timeout=self._wait_s)
+        if popped is None:
+            raise AssertionError(f"no relayed step was held within {self._wait_s} s")
+        return dict(json.loads(popped[1]))
+
+    def allow(self, steps: int) -> None:
+        self._redis.rpush(f"{self._key}:permits", *[1] * steps)
+        self.given += steps
 
 
 class GatedPlugin:

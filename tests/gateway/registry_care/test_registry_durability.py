@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 import redis
 from click.testing import CliRunner
+from gateway_test_plugin import RelayedGate
 from gateway_testlib import metrics, wait_until
 from servers_testlib import CLI_MODULE, ServeProcess, start_tiny_server
 from services_testlib import PrivateRedis
@@ -316,14 +317,16 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
             "--model": tiny_dir,
             "--redis-url": redis_url,
             "--redis-namespace": redis_namespace,
-            "--plugin": "gateway_test_plugin:SleepyPlugin",
+            "--plugin": "gateway_test_plugin:RelayedGatePlugin",
             "--quota-lease-seconds": LEASE_S,
             "--max-model-len": 512,
             "--num-kv-blocks": 256,
         }
+        # Each engine step of the doomed gateway waits for a permit the test gives.
+        gate = RelayedGate(redis_url, f"{redis_namespace}:gate")
         doomed = ServeProcess(
             *(str(x) for pair in options.items() for x in pair),
-            env={"LORAGATE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": pythonpath},
+            env={"LORAGATE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": pythonpath, **gate.env},
         )
         on_doomed = Api(doomed.url, acme.key)
         body = {
@@ -331,21 +334,30 @@ def test_a_gateway_killed_mid_stream_has_counted_exactly_what_its_clients_receiv
             "prompt": PROMPT,
             "max_tokens": MAX_TOKENS,
             "ignore_eos": True,
-            "sampler": "sleepy_greedy",
+            "sampler": "relayed_greedy",
         }
         received = [Received() for _ in range(16)]
         threads = [
-            threading.Thread(target=stream, args=(on_doomed, body, got), daemon=True)
-            for got in received
+            threading.Thread(
+                target=stream,
+                args=(on_doomed, {**body, "sampler_args": {"stream": i}}, got),
+                daemon=True,
+            )
+            for i, got in enumerate(received)
         ]
         for thread in threads:
             thread.start()
-        wait_until(lambda: all(got.tokens >= 3 for got in received), "every stream to run")
-
-        def between_two_steps() -> bool:  # a step takes 400 ms; its events come in a burst
-            return time.monotonic() - max(got.times[-1] for got in received) > 0.05
-
-        wait_until(between_two_steps, "a quiet moment between two steps", every=0.005)
+        # One step at a time until a held step runs every stream, each with 3 tokens or
+        # more: the engine waits there, before the step's tokens exist, until the kill.
+        while not (len(held := gate.held()) == 16 and min(held.values()) >= 3):
+            assert gate.given < MAX_TOKENS // 2, ("the 16 streams never ran together", held)
+            gate.allow(1)
+        # Every token the engine produced reaches its client (each event is counted before
+        # it is sent, so every count is written too); no other can come.
+        wait_until(
+            lambda: [got.tokens for got in received] == [held[i] for i in range(16)],
+            "every token produced to reach its client",
+        )
         doomed.proc.kill()  # SIGKILL
         # The dead gateway's leases end within the lease time: each one's expiry (the score
         # of its entry in the tenant's lease set, on the gateways' clock) is at most the lease
