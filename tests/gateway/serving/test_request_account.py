@@ -46,7 +46,8 @@ WAIT_S = 10
 class ScriptedEngine:
     """Each request yields TOKENS outputs, one new token each (deltas, as the gateway asks the
     engine for them); `release(n)` lets n more out.
-    Records the requests it was handed and those that ended unfinished (aborted)."""
+    Records the requests it was handed (`was_handed` is set at the first) and those that
+    ended unfinished (aborted)."""
 
     is_running = True
     dead_error = None
@@ -54,6 +55,7 @@ class ScriptedEngine:
     def __init__(self):
         self.allowed = asyncio.Semaphore(0)
         self.handed: list[str] = []
+        self.was_handed = asyncio.Event()
         self.aborted: list[str] = []
         self.requests: list[EngineRequest] = []  # each generate_request's, as it came
 
@@ -70,6 +72,7 @@ class ScriptedEngine:
 
     async def generate(self, prompt, params, request_id, lora_request=None, **options):
         self.handed.append(request_id)
+        self.was_handed.set()
         finished = False
         try:
             for n in range(1, TOKENS + 1):
@@ -220,7 +223,7 @@ def test_cancelled_while_queued():
         accounting, engine, quotas, usage, metrics = parts()
         client = Client()
         run = asyncio.create_task(start(accounting, client))
-        await asyncio.sleep(0.05)  # handed to the engine, no output yet: queued
+        await asyncio.wait_for(engine.was_handed.wait(), WAIT_S)  # no output yet: queued
         (account,) = accounting.accounts
         assert engine.handed == ["r-0"] and account.records.admitted_seqs == 1
         assert accounting.admission.in_flight == 1
