@@ -296,9 +296,25 @@ def test_paced_loads_draw_from_the_measured_spread():
     assert figures.load.paced_ms() == 300.0  # no draw: the median
 
 
-def test_loads_beside_steps_times_only_loads_paced_throughout():
+class LoadClock:
+    """fleet.measure's `time` in a test: `perf_counter` moves only when a load says it took
+    a while; `sleep` (its polls) is the real one."""
+
+    sleep = staticmethod(time.sleep)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_loads_beside_steps_times_only_loads_paced_throughout(monkeypatch):
     """fleet.measure's paced loads: each starts while sequences run on the stepping thread,
-    one that ends beside none is not kept, and the steps are stopped at the end."""
+    one that ends beside none is not kept, and the steps are stopped at the end. Each load
+    takes 20 ms on a clock of the test's (no wall-clock margin): each kept one says 20 ms."""
+    clock = LoadClock()
+    monkeypatch.setattr("fleet.measure.time", clock)
     state = {"running": False, "steps_ran": False}
 
     def steps(stop):
@@ -312,7 +328,7 @@ def test_loads_beside_steps_times_only_loads_paced_throughout():
 
     def load(i):
         tried.append(i)
-        time.sleep(0.02)
+        clock.now += 0.02
         if i == 1:  # the sequences ended during this load
             state["running"] = False
 
@@ -323,7 +339,7 @@ def test_loads_beside_steps_times_only_loads_paced_throughout():
         return state["running"]
 
     got = loads_beside_steps(load, steps, running, count=3, settle_s=0.0)
-    assert len(got) == 3 and all(15 < ms < 200 for ms in got)
+    assert got == pytest.approx([20.0] * 3)
     assert tried == [0, 1, 2, 3]  # the load that ended beside no sequence, tried again
     assert state["steps_ran"] and not state["running"]
 
