@@ -24,6 +24,9 @@ ALLOWED = {
     ("gateway/gateway_testlib.py", "wait_until"): (
         "the interval of bounded polling on a condition (callers pass at most 0.5 s)"
     ),
+    ("async_waits_testlib.py", "wait_until"): (
+        "the interval of bounded polling on a condition (callers pass at most 0.02 s)"
+    ),
     ("slow_proxy_testlib.py", "_pump"): (
         "a proxy made slow on purpose: a chunk's size over its rate, the slowness of a loaded "
         "Redis that the import must survive, not a wait"
