@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from async_waits_testlib import wait_until
 
 from loragate.engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine, EngineDeadError
@@ -36,12 +37,13 @@ async def test_leaving_the_stream_early_aborts_and_frees_blocks(async_engine):
         if len(out.outputs[0].token_ids) == 3:
             break
     await stream.aclose()
+
+    async def blocks_freed():
+        return (await async_engine.stats()).memory["allocated_blocks"] == 0
+
+    # The engine thread frees them after the abort: a bound on a hang, not a timing.
+    await wait_until(blocks_freed, "the leaver's KV blocks to be freed")
     stats = (await async_engine.stats()).memory
-    for _ in range(50):
-        if stats["allocated_blocks"] == 0:
-            break
-        await asyncio.sleep(0.02)
-        stats = (await async_engine.stats()).memory
     assert stats["allocated_blocks"] == 0
     assert (await async_engine.stats()).unfinished_requests == 0
 
@@ -87,10 +89,11 @@ def test_a_caller_whose_event_loop_closed_ends_only_its_own_request(tiny_model_d
                 return stream  # left open: its loop closes under it
 
     async def settled():
-        for _ in range(100):
-            if (await engine.stats()).unfinished_requests == 0:
-                break
-            await asyncio.sleep(0.02)
+        async def none_unfinished():
+            return (await engine.stats()).unfinished_requests == 0
+
+        # The abort of "gone" runs on the engine thread: a bound on a hang, not a timing.
+        await wait_until(none_unfinished, "the abandoned request to be aborted")
         return await engine.stats()
 
     gone = asyncio.new_event_loop()
