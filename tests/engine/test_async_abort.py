@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+from async_waits_testlib import wait_until
+
 from loragate.engine import SamplingParams
 
 LONG = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
@@ -26,8 +28,13 @@ async def test_an_aborted_request_ends_its_waiting_stream(async_engine):
 
     doomed = asyncio.create_task(follow("doomed", LONG))
     other = asyncio.create_task(follow("other", SHORT))
-    while not any(rid == "doomed" and len(o.outputs[0].token_ids) >= 3 for rid, o in seen):
-        await asyncio.sleep(0.005)
+    # Bounded, so a stream that never gets there fails instead of hanging: a guard, not a
+    # timing (the time to three tokens is not what this test is about).
+    await wait_until(
+        lambda: any(rid == "doomed" and len(o.outputs[0].token_ids) >= 3 for rid, o in seen),
+        "three tokens streamed to the doomed request",
+        every=0.005,  # unchanged: the abort must land well before its 100 tokens end
+    )
     await async_engine.abort("doomed")
 
     last = await asyncio.wait_for(doomed, timeout=30)
@@ -39,10 +46,12 @@ async def test_an_aborted_request_ends_its_waiting_stream(async_engine):
 
     done = await asyncio.wait_for(other, timeout=30)
     assert done.outputs[0].finish_reason == "length" and len(done.outputs[0].token_ids) == 12
-    for _ in range(100):
-        if (await async_engine.stats()).unfinished_requests == 0:
-            break
-        await asyncio.sleep(0.02)
+
+    async def none_unfinished():
+        return (await async_engine.stats()).unfinished_requests == 0
+
+    # The engine thread ends the aborted request: a bound on a hang, not a timing.
+    await wait_until(none_unfinished, "no unfinished request in the engine")
     assert async_engine.num_requests == 0, "no stream is left behind"
 
 
