@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 import pytest
+from async_waits_testlib import wait_until
 
 from loragate.engine import EngineConfig, LLMEngine, RequestOutputKind, SamplingParams
 from loragate.engine.api.async_engine import AsyncLLMEngine
@@ -210,11 +211,14 @@ async def test_streamed_text_and_stops_equal_the_step_threads(scripted, monkeypa
             return [out async for out in served.generate(prompt, case.params, case.name)]
 
         streams = await asyncio.gather(*(stream(c) for c in all_cases))
-        for _ in range(100):  # stop strings' samples are freed by the engine thread
+
+        async def settled():
             stats = await served.stats()
-            if stats.memory["allocated_blocks"] == 0 and stats.unfinished_requests == 0:
-                break
-            await asyncio.sleep(0.02)
+            return stats.memory["allocated_blocks"] == 0 and stats.unfinished_requests == 0
+
+        # Stop strings' samples are freed by the engine thread: a bound on a hang, not a timing.
+        await wait_until(settled, "every block freed and no request unfinished")
+        stats = await served.stats()
         assert stats.memory["allocated_blocks"] == 0 and stats.unfinished_requests == 0
     finally:
         served.shutdown()
