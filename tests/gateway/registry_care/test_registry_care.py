@@ -10,6 +10,7 @@ import logging
 import time
 
 import pytest
+from async_waits_testlib import wait_until
 from click.testing import CliRunner
 
 from loragate.gateway.assembly.cli import main
@@ -122,10 +123,10 @@ async def test_a_starting_replica_backs_up_at_once_only_if_the_newest_backup_is_
     care = care_of(store, tmp_path)  # every hour
     care.start()
     try:
-        for _ in range(200):
-            if list(tmp_path.glob("registry-*.jsonl")):
-                break
-            await asyncio.sleep(0.01)
+        # "At once" against the hour's period: the bound only guards against a hang.
+        await wait_until(
+            lambda: list(tmp_path.glob("registry-*.jsonl")), "the first backup", every=0.01
+        )
         assert len(list(tmp_path.glob("registry-*.jsonl"))) == 1  # none was there: at once
     finally:
         await care.stop()
