@@ -139,7 +139,9 @@ def test_waiting_for_idle_returns_after_the_last_request_ends(engine, weights):
     other = LoRARequest("b", 2, str(weights[1]["B"]))
 
     async def scenario():
-        await asyncio.wait_for(engine.wait_adapter_idle(lora), 1)  # none: at once
+        # None in flight: it returns at once or never (no request will end), so the bound
+        # only turns a hang into a failure.
+        await asyncio.wait_for(engine.wait_adapter_idle(lora), 60)
         first = engine.generate(PROMPT, params(60), "one", lora)
         second = engine.generate(PROMPT, params(60), "two", lora)
         busy_other = engine.generate(PROMPT, params(60), "three", other)
