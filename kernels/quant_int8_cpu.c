@@ -162,22 +162,32 @@ AVX2_FN static inline __m256i fifth_bits(const uint8_t *qh) {
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-/* The block's weights as unsigned bytes (weight i in byte i), and in *xs the activations
- * x as they must meet them (signs flipped where a Q8_0 weight is negative). */
-AVX2_FN static inline __m256i block_u8(int fmt, const uint8_t *b, const __m256i x, __m256i *xs) {
-    if (fmt == Q8_0) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
-        *xs = _mm256_sign_epi8(x, w);
-        return _mm256_sign_epi8(w, w);
-    }
+/* The block's weights as bytes, weight i in byte i: unsigned for Q4/Q5, Q8_0's signed ones
+ * as they are (signed_bytes: they meet the activations by the sign trick, `meet`). */
+AVX2_FN static inline __m256i block_bytes(int fmt, const uint8_t *b) {
+    if (fmt == Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
     const int has_min = fmt == Q4_1 || fmt == Q5_1, five = fmt == Q5_0 || fmt == Q5_1;
     const uint8_t *qh = b + (has_min ? 4 : 2);
     const __m128i q = _mm_loadu_si128((const __m128i *)(qh + (five ? 4 : 0)));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
     __m256i u = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
     if (five) u = _mm256_or_si256(u, fifth_bits(qh));
-    *xs = x;
     return u;
+}
+
+/* Whether a format's weight bytes (block_bytes, k_sub_bytes) are signed. */
+static inline int signed_bytes(int fmt) { return fmt == Q8_0 || fmt == Q6_K; }
+
+/* Weight bytes w meeting activations x as the dot products take them: *u unsigned and *xs
+ * signed, so that u_i * xs_i = w_i * x_i (signed weights: |w| and x with w's signs; an
+ * activation is zeroed where its weight is 0, whose product is 0 anyway). The part of the
+ * sign trick that needs only w (|w|) is `magnitude`, computed once for all rows. */
+AVX2_FN static inline __m256i magnitude(int fmt, __m256i w) {
+    return signed_bytes(fmt) ? _mm256_sign_epi8(w, w) : w;
+}
+
+AVX2_FN static inline __m256i meet(int fmt, __m256i w, __m256i x) {
+    return signed_bytes(fmt) ? _mm256_sign_epi8(x, w) : x;
 }
 
 /* The block's min-or-offset term as unpack gives it. */
@@ -277,34 +287,34 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
             const uint8_t *blk = row + b * bytes;                                              \
             __m256 d, mn;                                                                      \
             eight_scales(fmt, blk, bytes, &d, &mn);                                            \
+            _Alignas(32) float scale[ROWS][8];                                                 \
             for (int r = 0; r < rows; ++r) {                                                   \
                 const __m256 xdv = _mm256_loadu_ps(xd + r * nb + b);                           \
-                _Alignas(32) float scale[8];                                                   \
-                _mm256_store_ps(scale, _mm256_mul_ps(d, xdv));                                 \
+                _mm256_store_ps(scale[r], _mm256_mul_ps(d, xdv));                              \
                 if (fmt != Q8_0) {                                                             \
                     const __m256 sums = _mm256_cvtepi32_ps(                                    \
                         _mm256_loadu_si256((const __m256i *)(xs + r * nb + b)));               \
                     terms[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, terms[r]);        \
                 }                                                                              \
-                for (int i = 0; i < 8; ++i) {                                                  \
+            }                                                                                  \
+            for (int i = 0; i < 8; ++i) {                                                      \
+                const __m256i w = block_bytes(fmt, blk + i * bytes), u = magnitude(fmt, w);    \
+                for (int r = 0; r < rows; ++r) {                                               \
                     const __m256i x =                                                          \
                         _mm256_loadu_si256((const __m256i *)(xq + r * k + (b + i) * QK));      \
-                    __m256i xsig;                                                              \
-                    const __m256i u = block_u8(fmt, blk + i * bytes, x, &xsig);                \
-                    acc[r][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),          \
-                                                    _mm256_broadcast_ss(scale + i), acc[r][i & 1]); \
+                    acc[r][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, meet(fmt, w, x))), \
+                                                    _mm256_broadcast_ss(scale[r] + i), acc[r][i & 1]); \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
         for (; b < nb; ++b) {                                                                  \
             const uint8_t *blk = row + b * bytes;                                              \
             const float d = half_f16c(blk), mn = block_mn(fmt, blk, d);                        \
+            const __m256i w = block_bytes(fmt, blk), u = magnitude(fmt, w);                    \
             for (int r = 0; r < rows; ++r) {                                                   \
                 const int64_t at = r * nb + b;                                                 \
                 const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * k + b * QK));  \
-                __m256i xsig;                                                                  \
-                const __m256i u = block_u8(fmt, blk, x, &xsig);                                \
-                acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),              \
+                acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, meet(fmt, w, x))),   \
                                                 _mm256_set1_ps(d * xd[at]), acc[r][b & 1]);    \
                 extra[r] += mn * xd[at] * (float)xs[at];                                       \
             }                                                                                  \
@@ -341,11 +351,9 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
 DEFINE_LINEAR_SIMD(linear_avx2, AVX2_FN, dot_avx2)
 DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN, dot_vnni)
 
-/* A K-quant's sub-block j as unsigned bytes, and in *xs the activations x as they must meet
- * them: Q4_K/Q5_K's integers are unsigned already; Q6_K's (less 32) go in as |w| with x's
- * signs flipped where w < 0, as Q8_0's do. */
-AVX2_FN static inline __m256i k_sub_u8(int fmt, const uint8_t *b, int j, const __m256i x,
-                                       __m256i *xs) {
+/* A K-quant's sub-block j as bytes: Q4_K/Q5_K's unsigned integers, Q6_K's less 32 (signed:
+ * they meet the activations by the sign trick, as Q8_0's do). */
+AVX2_FN static inline __m256i k_sub_bytes(int fmt, const uint8_t *b, int j) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     if (fmt == Q6_K) {
         const int half = j / 4, part = j % 4;
@@ -353,10 +361,8 @@ AVX2_FN static inline __m256i k_sub_u8(int fmt, const uint8_t *b, int j, const _
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
         const __m256i low = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), nibble);
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3));
-        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                                          _mm256_set1_epi8(32));
-        *xs = _mm256_sign_epi8(x, w);
-        return _mm256_sign_epi8(w, w);
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                               _mm256_set1_epi8(32));
     }
     const __m256i q = _mm256_loadu_si256(
         (const __m256i *)(b + (fmt == Q5_K ? 48 : 16) + 32 * (j / 2)));
@@ -366,7 +372,6 @@ AVX2_FN static inline __m256i k_sub_u8(int fmt, const uint8_t *b, int j, const _
         const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
         u = _mm256_or_si256(u, _mm256_slli_epi16(bit, 4));
     }
-    *xs = x;
     return u;
 }
 
@@ -419,30 +424,31 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
             const uint8_t *blk = row + sb * bytes;                                             \
             __m256 lo, hi, mn;                                                                 \
             k_scales_simd(fmt, blk, &lo, &hi, &mn);                                            \
+            _Alignas(32) float slo[ROWS][SUBS], shi[ROWS][SUBS];                               \
             for (int r = 0; r < rows; ++r) {                                                   \
                 const int64_t at = r * nb + sb * SUBS;                                         \
                 const __m256 xdv = _mm256_loadu_ps(xd + at);                                   \
-                _Alignas(32) float slo[SUBS], shi[SUBS];                                       \
-                _mm256_store_ps(slo, _mm256_mul_ps(lo, xdv));                                  \
-                if (fmt == Q6_K) _mm256_store_ps(shi, _mm256_mul_ps(hi, xdv));                 \
+                _mm256_store_ps(slo[r], _mm256_mul_ps(lo, xdv));                               \
+                if (fmt == Q6_K) _mm256_store_ps(shi[r], _mm256_mul_ps(hi, xdv));              \
                 else {                                                                         \
                     const __m256 sums =                                                        \
                         _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(xs + at)));    \
                     extra[r] = _mm256_fmadd_ps(_mm256_mul_ps(mn, xdv), sums, extra[r]);        \
                 }                                                                              \
-                const int8_t *x0 = xq + r * k + sb * QK_K;                                     \
-                for (int sub = 0; sub < SUBS; ++sub) {                                         \
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + sub * QK));    \
-                    __m256i xsig;                                                              \
-                    const __m256i u = k_sub_u8(fmt, blk, sub, x, &xsig);                       \
+            }                                                                                  \
+            for (int sub = 0; sub < SUBS; ++sub) {                                             \
+                const __m256i w = k_sub_bytes(fmt, blk, sub), u = magnitude(fmt, w);           \
+                for (int r = 0; r < rows; ++r) {                                               \
+                    const __m256i x = _mm256_loadu_si256(                                      \
+                        (const __m256i *)(xq + r * k + sb * QK_K + sub * QK));                 \
                     const __m256 scale =                                                       \
                         fmt == Q6_K                                                            \
                             ? _mm256_insertf128_ps(                                            \
-                                  _mm256_castps128_ps256(_mm_broadcast_ss(slo + sub)),         \
-                                  _mm_broadcast_ss(shi + sub), 1)                              \
-                            : _mm256_broadcast_ss(slo + sub);                                  \
-                    acc[r][sub & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, xsig)),        \
-                                                      scale, acc[r][sub & 1]);                 \
+                                  _mm256_castps128_ps256(_mm_broadcast_ss(slo[r] + sub)),      \
+                                  _mm_broadcast_ss(shi[r] + sub), 1)                           \
+                            : _mm256_broadcast_ss(slo[r] + sub);                               \
+                    acc[r][sub & 1] = _mm256_fmadd_ps(                                         \
+                        _mm256_cvtepi32_ps(DOT(u, meet(fmt, w, x))), scale, acc[r][sub & 1]);  \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
@@ -565,8 +571,7 @@ static inline void block_i8(int fmt, const uint8_t *b, int8_t q[QK], float *d, f
         memcpy(q, b + 2, QK);
         return;
     }
-    __m256i unused;
-    _mm256_storeu_si256((__m256i *)q, block_u8(fmt, b, _mm256_setzero_si256(), &unused));
+    _mm256_storeu_si256((__m256i *)q, block_bytes(fmt, b));
 #else
     int16_t wide[QK];
     unpack(fmt, b, wide, d, mn);
