@@ -12,6 +12,7 @@ says why).
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 from pathlib import Path
 
@@ -34,7 +35,12 @@ def vector_path(flags: frozenset[str] | None = None) -> int:
     """The path that runs here: AVX512 on x86 with AVX-512 F, BW and VL (and AVX2/FMA);
     VECTOR on x86 with AVX2 and FMA, or a 64-bit Arm (NEON is always there); SCALAR
     elsewhere. (Truthy for both vector paths.)"""
-    return cpu_paths(flags)[-1]
+    return _path_here() if flags is None else cpu_paths(flags)[-1]
+
+
+@functools.cache
+def _path_here() -> int:
+    return cpu_paths()[-1]  # read once: every product asks
 
 
 def cpu_paths(flags: frozenset[str] | None = None) -> list[int]:
