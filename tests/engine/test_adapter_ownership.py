@@ -22,7 +22,8 @@ import torch
 
 from loragate.adapters.cpu_tier import CpuTier
 from loragate.adapters.device_tier import DeviceTier
-from loragate.engine import AsyncLLMEngine, EngineConfig, LLMEngine
+from loragate.engine import AsyncLLMEngine, EngineConfig, LLMEngine, PromptThread
+from loragate.engine.api.input_processor import InputProcessor
 from loragate.engine.lora.adapter_residency import AdapterResidency
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +180,13 @@ def test_only_the_residency_holds_the_tiers(engine):
 def test_the_engine_reads_adapters_on_one_loader_pool(engine):
     """The residency's loader threads are the only pool that reads and validates adapters
     into memory: the async engine keeps none of its own (it had one before issue 44). A
-    download from the adapter store runs on a thread of its own, never holding up a load."""
+    download from the adapter store runs on a thread of its own, never holding up a load.
+    The one other pool tokenizes a server's prompts (engine/api/prompt_thread.py) and holds
+    nothing but its own copy of the engine's InputProcessor."""
     pools = reachable(lambda obj: isinstance(obj, ThreadPoolExecutor), engine)
-    assert [pool for _, pool in pools] == [engine.engine.residency._pool], pools
+    prompts = engine._prompts
+    loaders = [pool for _, pool in pools if pool is not prompts._pool]
+    assert loaders == [engine.engine.residency._pool], pools
+    assert [path for path, pool in pools if pool is prompts._pool] == ["engine._prompts._pool"]
+    assert isinstance(prompts, PromptThread) and set(vars(prompts)) == {"inputs", "_pool"}
+    assert isinstance(prompts.inputs, InputProcessor) and prompts.inputs is not engine.engine.inputs
