@@ -74,8 +74,6 @@ static inline int32_t idot_n(const int16_t *q, const int8_t *xq, int n) {
     return s;
 }
 
-static inline int32_t idot(const int16_t *q, const int8_t *xq) { return idot_n(q, xq, QK); }
-
 /* Q4_K/Q5_K's sub-block j: its 6-bit scale and 6-bit min, from the 12 packed bytes s (the
  * first four of each in the low six bits of bytes 0-7, the last four split between the
  * low and high nibbles of bytes 8-11 and the top two bits of bytes 0-7). */
@@ -270,8 +268,8 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
  * vector product per row), then each block's dot product scaled into one of two
  * accumulators per row (even and odd blocks add independently); blocks past the last
  * eight one at a time. */
-#define DEFINE_LINEAR_SIMD(NAME, FN, DOT)                                                      \
-    FN static inline __attribute__((always_inline)) void NAME##_rows(                          \
+#define DEFINE_BLOCK_ROWS(NAME, FN, DOT)                                                      \
+    FN static inline __attribute__((always_inline)) void NAME##_blocks_rows(                          \
         const int fmt, const int rows, const int8_t *xq, const float *xd, const int32_t *xs,   \
         int64_t k, const uint8_t *row, float bias, float *y, int64_t ldy) {                    \
         const int64_t nb = k / QK;                                                             \
@@ -323,33 +321,9 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
             const __m256 all = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), terms[r]);   \
             y[r * ldy] = hsum8(all) + extra[r] + bias;                                         \
         }                                                                                      \
-    }                                                                                          \
-    FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
-                        int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
-                        const float *bias, float *y, int64_t ldy, int threads) {               \
-        const int64_t nb = k / QK;                                                             \
-        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)") \
-        for (int64_t j = 0; j < n; ++j) {                                                      \
-            const uint8_t *row = w + j * row_stride;                                           \
-            const float b = bias ? bias[j] : 0.0f;                                             \
-            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                         \
-                const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;                         \
-                const int8_t *x = xq + r0 * k;                                                 \
-                const float *d = xd + r0 * nb;                                                 \
-                const int32_t *s = xs + r0 * nb;                                               \
-                float *out = y + r0 * ldy + j;                                                 \
-                switch (fmt) {                                                                 \
-                case Q4_0: ROWS_CASES(NAME, Q4_0) break;                                       \
-                case Q4_1: ROWS_CASES(NAME, Q4_1) break;                                       \
-                case Q5_0: ROWS_CASES(NAME, Q5_0) break;                                       \
-                case Q5_1: ROWS_CASES(NAME, Q5_1) break;                                       \
-                default: ROWS_CASES(NAME, Q8_0) break;                                         \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
     }
-DEFINE_LINEAR_SIMD(linear_avx2, AVX2_FN, dot_avx2)
-DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN, dot_vnni)
+DEFINE_BLOCK_ROWS(linear_avx2, AVX2_FN, dot_avx2)
+DEFINE_BLOCK_ROWS(linear_vnni, VNNI_FN, dot_vnni)
 
 /* A K-quant's sub-block j as bytes: Q4_K/Q5_K's unsigned integers, Q6_K's less 32 (signed:
  * they meet the activations by the sign trick, as Q8_0's do). */
@@ -411,8 +385,8 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
  * output's chunk of rows runs a copy of the loops for its format and row count (both
  * constants in each, so the accumulators stay in registers: OpenMP outlines the parallel
  * loop once, so the choice is made inside it). ROWS_CASES picks the copy. */
-#define DEFINE_LINEAR_K_SIMD(NAME, FN, DOT)                                                    \
-    FN static inline __attribute__((always_inline)) void NAME##_rows(                          \
+#define DEFINE_K_ROWS(NAME, FN, DOT)                                                    \
+    FN static inline __attribute__((always_inline)) void NAME##_k_rows(                          \
         const int fmt, const int rows, const int8_t *xq, const float *xd, const int32_t *xs,   \
         int64_t k, const uint8_t *row, float bias, float *y, int64_t ldy) {                    \
         const int64_t nb = k / QK, supers = k / QK_K;                                          \
@@ -455,7 +429,13 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
         for (int r = 0; r < rows; ++r)                                                         \
             y[r * ldy] =                                                                       \
                 hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), extra[r])) + bias;    \
-    }                                                                                          \
+    }
+DEFINE_K_ROWS(linear_avx2, AVX2_FN, dot_avx2)
+DEFINE_K_ROWS(linear_vnni, VNNI_FN, dot_vnni)
+
+/* A path's product for any of the eight formats: each output's chunks of rows, each run by
+ * the copy of the loops for its format and row count (ROWS_CASES). */
+#define DEFINE_LINEAR_SIMD(NAME, FN)                                                           \
     FN static void NAME(int fmt, const int8_t *xq, const float *xd, const int32_t *xs,        \
                         int64_t m, int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, \
                         const float *bias, float *y, int64_t ldy, int threads) {               \
@@ -470,14 +450,21 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
                 const float *d = xd + r0 * nb;                                                 \
                 const int32_t *s = xs + r0 * nb;                                               \
                 float *out = y + r0 * ldy + j;                                                 \
-                if (fmt == Q4_K) ROWS_CASES(NAME, Q4_K)                                      \
-                else if (fmt == Q5_K) ROWS_CASES(NAME, Q5_K)                                 \
-                else ROWS_CASES(NAME, Q6_K)                                                  \
+                switch (fmt) {                                                                 \
+                case Q4_0: ROWS_CASES(NAME##_blocks, Q4_0) break;                              \
+                case Q4_1: ROWS_CASES(NAME##_blocks, Q4_1) break;                              \
+                case Q5_0: ROWS_CASES(NAME##_blocks, Q5_0) break;                              \
+                case Q5_1: ROWS_CASES(NAME##_blocks, Q5_1) break;                              \
+                case Q8_0: ROWS_CASES(NAME##_blocks, Q8_0) break;                              \
+                case Q4_K: ROWS_CASES(NAME##_k, Q4_K) break;                                   \
+                case Q5_K: ROWS_CASES(NAME##_k, Q5_K) break;                                   \
+                default: ROWS_CASES(NAME##_k, Q6_K) break;                                     \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
     }
-DEFINE_LINEAR_K_SIMD(linear_k_avx2, AVX2_FN, dot_avx2)
-DEFINE_LINEAR_K_SIMD(linear_k_vnni, VNNI_FN, dot_vnni)
+DEFINE_LINEAR_SIMD(linear_avx2, AVX2_FN)
+DEFINE_LINEAR_SIMD(linear_vnni, VNNI_FN)
 #else
 #define HAVE_SIMD_PATHS 0
 #endif
@@ -707,55 +694,6 @@ static int linear_tiles(int fmt, const int8_t *xq, const float *xd, const int32_
     return 0;
 }
 
-/* q8_linear for the K-quants: path 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (no tiles:
- * -1 for path 3, as for k not whole super-blocks). */
-static int linear_k(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int64_t m,
-                    int64_t k, const uint8_t *w, int64_t row_stride, int64_t n,
-                    const float *bias, float *y, int64_t ldy, int path, int threads) {
-    if (k % QK_K || path == 3) return -1;
-#if HAVE_SIMD_PATHS
-    if (path == 1) {
-        linear_k_vnni(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
-        return 0;
-    }
-    if (path == 2) {
-        linear_k_avx2(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
-        return 0;
-    }
-#else
-    if (path) return -1;
-#endif
-    const int64_t nb = k / QK, supers = k / QK_K;
-    const int bytes = BLOCK_BYTES[fmt];
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t *row = w + j * row_stride;
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
-            const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
-            float sums[ROWS] = {0};
-            for (int64_t sb = 0; sb < supers; ++sb) {
-                const uint8_t *blk = row + sb * bytes;
-                for (int sub = 0; sub < SUBS; ++sub) {
-                    const int64_t b = sb * SUBS + sub;
-                    int16_t q[QK];
-                    float lo, hi, mn;
-                    k_sub_ints(fmt, blk, sub, q);
-                    k_sub_scales(fmt, blk, sub, &lo, &hi, &mn);
-                    for (int r = 0; r < rows; ++r) {
-                        const int64_t at = (r0 + r) * nb + b;
-                        const int8_t *x = xq + (r0 + r) * k + b * QK;
-                        const float dot = lo * (float)idot_n(q, x, QK / 2) +
-                                          hi * (float)idot_n(q + QK / 2, x + QK / 2, QK / 2);
-                        sums[r] += xd[at] * (dot + mn * (float)xs[at]);
-                    }
-                }
-            }
-            for (int r = 0; r < rows; ++r)
-                y[(r0 + r) * ldy + j] = bias ? sums[r] + bias[j] : sums[r];
-        }
-    }
-    return 0;
-}
 
 /* y [m, n] (row stride ldy) = dequant(w) [n, k] times the int8 rows; bias [n] or NULL.
  * path: 0 the portable loops, 1 AVX512-VNNI, 2 AVX2 (these two where the build has them),
@@ -766,8 +704,7 @@ int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int
               int64_t k, const uint8_t *w, int64_t row_stride, int64_t n, const float *bias,
               float *y, int64_t ldy, int path, int threads) {
     if (fmt < Q4_0 || fmt > Q6_K || k % QK || path < 0 || path > 3) return -1;
-    if (is_k_quant(fmt))
-        return linear_k(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, path, threads);
+    if (is_k_quant(fmt) && (k % QK_K || path == 3)) return -1;
     if (path == 3)
         return linear_tiles(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, threads);
 #if HAVE_SIMD_PATHS
@@ -782,7 +719,11 @@ int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int
 #else
     if (path) return -1;
 #endif
+    /* The portable loops, a 32-weight block (a K-quant's sub-block) at a time: its
+     * integers, the scales of its two halves of 16 (one value but for Q6_K) and its
+     * min-or-offset term. */
     const int64_t nb = k / QK;
+    const int k_quant = is_k_quant(fmt), bytes = BLOCK_BYTES[fmt];
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m * n * k > 65536)
     for (int64_t j = 0; j < n; ++j) {
         const uint8_t *row = w + j * row_stride;
@@ -791,12 +732,21 @@ int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int
             float sums[ROWS] = {0};
             for (int64_t b = 0; b < nb; ++b) {
                 int16_t q[QK];
-                float d, mn;
-                unpack(fmt, row + b * BLOCK_BYTES[fmt], q, &d, &mn);
+                float lo, hi, mn;
+                if (k_quant) {
+                    const uint8_t *super = row + b / SUBS * bytes;
+                    k_sub_ints(fmt, super, (int)(b % SUBS), q);
+                    k_sub_scales(fmt, super, (int)(b % SUBS), &lo, &hi, &mn);
+                } else {
+                    unpack(fmt, row + b * bytes, q, &lo, &mn);
+                    hi = lo;
+                }
                 for (int r = 0; r < rows; ++r) {
                     const int64_t at = (r0 + r) * nb + b;
-                    const int32_t dot = idot(q, xq + (r0 + r) * k + b * QK);
-                    sums[r] += xd[at] * (d * (float)dot + mn * (float)xs[at]);
+                    const int8_t *x = xq + (r0 + r) * k + b * QK;
+                    const float dot = lo * (float)idot_n(q, x, QK / 2) +
+                                      hi * (float)idot_n(q + QK / 2, x + QK / 2, QK / 2);
+                    sums[r] += xd[at] * (dot + mn * (float)xs[at]);
                 }
             }
             for (int r = 0; r < rows; ++r)
