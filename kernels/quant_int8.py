@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ BLOCK = 32
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QUANTIZE = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
 _LINEAR = [_I32, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
+_LINEAR_ROWS = [_I32, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I32, _I32]
 # the paths, as the library's ``path`` argument takes them
 PORTABLE, VNNI, AVX2, AMX_INT8 = 0, 1, 2, 3
 AMX_ROWS = 16  # from one tile of rows on, products go to the tiles (where the CPU has them)
@@ -64,6 +66,11 @@ class NativeInt8:
         self._quantize.argtypes, self._quantize.restype = _QUANTIZE, None
         self._linear = library.q8_linear
         self._linear.argtypes, self._linear.restype = _LINEAR, ctypes.c_int
+        self._linear_rows = library.q8_linear_rows
+        self._linear_rows.argtypes, self._linear_rows.restype = _LINEAR_ROWS, ctypes.c_int
+        self._scratch_bytes = library.q8_rows_scratch_bytes
+        self._scratch_bytes.argtypes, self._scratch_bytes.restype = [_I64, _I64], _I64
+        self._scratch = threading.local()
         self.has_simd_paths = bool(library.q8_has_simd_paths())
         library.q8_tiles_ready.restype = ctypes.c_int
         self.tiles = library.q8_tiles_ready()
@@ -106,6 +113,46 @@ class NativeInt8:
         )
         if status:
             raise ValueError(f"q8_linear refused a {weight.format} weight {weight.shape}")
+
+    def linear_rows(
+        self,
+        x: torch.Tensor,
+        weight: QuantizedWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        path: int | None = None,
+    ) -> None:
+        """``linear(quantize_rows(x), ...)`` in one native call, the int8 rows in a buffer
+        the calling thread reuses (the decode step's products: one call each, no tensors
+        made). x [m, k] float32, rows contiguous."""
+        m, k = x.shape
+        status = self._linear_rows(
+            block_format(weight.format).code,
+            x.data_ptr(),
+            x.stride(0),
+            m,
+            k,
+            self._scratch_for(m, k).data_ptr(),
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            bias.data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            out.stride(0),
+            int8_path(m, weight.format in TILE_FORMATS) if path is None else path,
+            torch.get_num_threads(),
+        )
+        if status:
+            raise ValueError(f"q8_linear refused a {weight.format} weight {weight.shape}")
+
+    def _scratch_for(self, m: int, k: int) -> torch.Tensor:
+        """The calling thread's buffer for m rows of k int8 activations (grown as needed;
+        64 bytes of slack so its start can be aligned)."""
+        size = self._scratch_bytes(m, k) + 64
+        held = getattr(self._scratch, "buffer", None)
+        if held is None or held.numel() < size:
+            held = self._scratch.buffer = torch.empty(size, dtype=torch.uint8)
+        return held[-held.data_ptr() % 64 :]
 
 
 _library = _native.Loaded(Path(__file__).with_name("quant_int8_cpu.c"), NativeInt8)

@@ -755,3 +755,23 @@ int q8_linear(int fmt, const int8_t *xq, const float *xd, const int32_t *xs, int
     }
     return 0;
 }
+
+/* Bytes of the scratch q8_linear_rows quantizes m rows of k activations into: the int8
+ * values, then their scales and sums (64-byte aligned parts). */
+int64_t q8_rows_scratch_bytes(int64_t m, int64_t k) {
+    return round_up(m * k, 64) + round_up(m * (k / QK) * 8, 64);
+}
+
+/* q8_linear of x [m, k] float32 (row stride ldx) itself: its rows quantized (as
+ * q8_quantize_rows does) into `scratch` (q8_rows_scratch_bytes, 64-byte aligned), then
+ * multiplied, in one call. */
+int q8_linear_rows(int fmt, const float *x, int64_t ldx, int64_t m, int64_t k, uint8_t *scratch,
+                   const uint8_t *w, int64_t row_stride, int64_t n, const float *bias, float *y,
+                   int64_t ldy, int path, int threads) {
+    if (k % QK) return -1;
+    int8_t *xq = (int8_t *)scratch;
+    float *xd = (float *)(scratch + round_up(m * k, 64));
+    int32_t *xs = (int32_t *)(xd + m * (k / QK));
+    q8_quantize_rows(x, ldx, m, k, xq, xd, xs);
+    return q8_linear(fmt, xq, xd, xs, m, k, w, row_stride, n, bias, y, ldy, path, threads);
+}

@@ -78,7 +78,7 @@ def quantized_linear(
     ):
         int8 = native_int8()
         if int8 is not None:
-            int8.linear(int8.quantize_rows(x32), weight, b32, out)
+            int8.linear_rows(x32, weight, b32, out)
             return out if x.dtype == torch.float32 else out.to(x.dtype)
     if m < PANEL_ROWS:
         kernels.linear(x32, weight, b32, out, vector)

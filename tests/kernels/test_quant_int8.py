@@ -234,3 +234,18 @@ def test_the_tiles_take_no_k_quant(monkeypatch):
     assert takes_all_rows() and not takes_all_rows(weight)
     assert int8_path(AMX_ROWS, tiles=False) == VNNI
     assert TILE_FORMATS.isdisjoint(K_FORMATS) and FORMATS == TILE_FORMATS | K_FORMATS
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_one_call_quantizes_and_multiplies_as_the_two_do(kernels, name):
+    """`linear_rows` (the engine's call: the rows quantized into the thread's reused buffer,
+    then multiplied, in one native call) gives what quantize_rows then linear give, bit for
+    bit, on every path; a strided x (a view of wider rows) included."""
+    weight = random_weight(name, 19, 512, seed=5)
+    wide = torch.randn(6, 600, generator=torch.Generator().manual_seed(4))
+    for x in (wide[:, :512].contiguous(), wide[:, 40:552]):
+        for path in int8_paths():
+            want, got = torch.empty(6, 19), torch.full((6, 19), float("nan"))
+            kernels.linear(kernels.quantize_rows(x.contiguous()), weight, None, want, path)
+            kernels.linear_rows(x, weight, None, got, path)
+            assert torch.equal(got, want), (name, path)
