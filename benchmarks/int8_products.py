@@ -63,7 +63,7 @@ def main() -> None:
 
     def call(arm: str, path: int, w: QuantizedWeight) -> None:
         if arm.startswith("int8"):
-            int8.linear(int8.quantize_rows(x), w, None, out, path)
+            int8.linear_rows(x, w, None, out, path)
         else:
             floats.linear(x, w, None, out, path)
 
