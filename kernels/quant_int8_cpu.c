@@ -285,10 +285,10 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
             const uint8_t *blk = row + b * bytes;                                              \
             __m256 d, mn;                                                                      \
             eight_scales(fmt, blk, bytes, &d, &mn);                                            \
-            _Alignas(32) float scale[ROWS][8];                                                 \
+            __m256 scale[ROWS];                                                                \
             for (int r = 0; r < rows; ++r) {                                                   \
                 const __m256 xdv = _mm256_loadu_ps(xd + r * nb + b);                           \
-                _mm256_store_ps(scale[r], _mm256_mul_ps(d, xdv));                              \
+                scale[r] = _mm256_mul_ps(d, xdv);                                              \
                 if (fmt != Q8_0) {                                                             \
                     const __m256 sums = _mm256_cvtepi32_ps(                                    \
                         _mm256_loadu_si256((const __m256i *)(xs + r * nb + b)));               \
@@ -301,7 +301,8 @@ AVX2_FN static inline void eight_scales(int fmt, const uint8_t *b, int bytes, __
                     const __m256i x =                                                          \
                         _mm256_loadu_si256((const __m256i *)(xq + r * k + (b + i) * QK));      \
                     acc[r][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(u, meet(fmt, w, x))), \
-                                                    _mm256_broadcast_ss(scale[r] + i), acc[r][i & 1]); \
+                                                    _mm256_permutevar8x32_ps(scale[r], _mm256_set1_epi32(i)), \
+                                                    acc[r][i & 1]);                            \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
@@ -398,12 +399,12 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
             const uint8_t *blk = row + sb * bytes;                                             \
             __m256 lo, hi, mn;                                                                 \
             k_scales_simd(fmt, blk, &lo, &hi, &mn);                                            \
-            _Alignas(32) float slo[ROWS][SUBS], shi[ROWS][SUBS];                               \
+            __m256 slo[ROWS], shi[ROWS];                                                       \
             for (int r = 0; r < rows; ++r) {                                                   \
                 const int64_t at = r * nb + sb * SUBS;                                         \
                 const __m256 xdv = _mm256_loadu_ps(xd + at);                                   \
-                _mm256_store_ps(slo[r], _mm256_mul_ps(lo, xdv));                               \
-                if (fmt == Q6_K) _mm256_store_ps(shi[r], _mm256_mul_ps(hi, xdv));              \
+                slo[r] = _mm256_mul_ps(lo, xdv);                                               \
+                if (fmt == Q6_K) shi[r] = _mm256_mul_ps(hi, xdv);                              \
                 else {                                                                         \
                     const __m256 sums =                                                        \
                         _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(xs + at)));    \
@@ -415,12 +416,12 @@ AVX2_FN static inline void k_scales_simd(int fmt, const uint8_t *b, __m256 *lo, 
                 for (int r = 0; r < rows; ++r) {                                               \
                     const __m256i x = _mm256_loadu_si256(                                      \
                         (const __m256i *)(xq + r * k + sb * QK_K + sub * QK));                 \
+                    const __m256i lane = _mm256_set1_epi32(sub);                               \
                     const __m256 scale =                                                       \
                         fmt == Q6_K                                                            \
-                            ? _mm256_insertf128_ps(                                            \
-                                  _mm256_castps128_ps256(_mm_broadcast_ss(slo[r] + sub)),      \
-                                  _mm_broadcast_ss(shi[r] + sub), 1)                           \
-                            : _mm256_broadcast_ss(slo[r] + sub);                               \
+                            ? _mm256_blend_ps(_mm256_permutevar8x32_ps(slo[r], lane),          \
+                                              _mm256_permutevar8x32_ps(shi[r], lane), 0xF0)    \
+                            : _mm256_permutevar8x32_ps(slo[r], lane);                          \
                     acc[r][sub & 1] = _mm256_fmadd_ps(                                         \
                         _mm256_cvtepi32_ps(DOT(u, meet(fmt, w, x))), scale, acc[r][sub & 1]);  \
                 }                                                                              \
