@@ -85,8 +85,7 @@ class RelayedGatePlugin:
 
 class RelayedGate:
     """The test's end of RelayedGatePlugin: `env` for the gateway's process, `held` for the
-    next step held there (stream -> tokens it has produced so far), `allow` to let it run,
-    `unused` for the permits given that no step has taken yet."""
+    next step held there (stream -> tokens it has produced so far), `allow` to let it run."""
 
     def __init__(self, redis_url: str, key: str, wait_s: float = 60.0):
         self._redis = redis.Redis.from_url(redis_url)
@@ -104,9 +103,6 @@ class RelayedGate:
     def allow(self, steps: int) -> None:
         self._redis.rpush(f"{self._key}:permits", *[1] * steps)
         self.given += steps
-
-    def unused(self) -> int:
-        return self._redis.llen(f"{self._key}:permits")
 
 
 class GatedPlugin:

@@ -5,26 +5,19 @@ One deployment serves the whole module (starting Ray and two replicas takes ~30 
 cores); the tests run in file order, the replica kill last. Each replica holds 2 adapters
 (2 device slots, 2 in its CPU tier, so Ray Serve's multiplexed LRU of 2 ids) and the root
 holds 4: affinity keeps each on one replica and loads nothing twice.
-
-The replicas load the test plugin's relayed gate (`RelayedGatePlugin`): a request that names
-the sampler `relayed_greedy` takes each step only when the test gives a permit, through
-Redis; no other request waits.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 import ray  # the `ray` extra, in `dev`: CI fails here rather than skip without it
-from gateway_test_plugin import RelayedGate
 from gateway_testlib import ADAPTER_NAMES, ENGINE, TARGETS, metrics, wait_until
 from route_matrix_testlib import merged_stream, route_matrix
 from servers_testlib import start_tiny_server
@@ -39,8 +32,6 @@ pytestmark = pytest.mark.ray
 
 PROMPTS = ("Hello world", "The quick brown fox")
 TENANT_ADAPTERS = {"acme/sql": 31, "globex/sql": 32}
-GATEWAY_TESTS = Path(__file__).parents[1]  # tests/gateway: the test plugin's folder
-STREAM_TOKENS = 160  # each stream of the replica kill
 
 
 @pytest.fixture(scope="module")
@@ -58,51 +49,27 @@ def ray_root(tmp_path_factory, adapter_root, tiny_hf):
 
 
 @pytest.fixture(scope="module")
-def namespace(redis_url):
-    namespace = f"test-ray-{uuid.uuid4().hex}"
-    yield namespace
-    flush_namespace(namespace, redis_url)
-
-
-@pytest.fixture(scope="module")
-def gate(redis_url, namespace):
-    """The test's end of the replicas' relayed gate (the sampler `relayed_greedy`)."""
-    return RelayedGate(redis_url, f"{namespace}:gate")
-
-
-@pytest.fixture(scope="module")
-def deployment(tiny_dir, ray_root, redis_url, namespace, gate):
+def deployment(tiny_dir, ray_root, redis_url):
     # The replicas speculate (issue 61), with the tiny model as its own draft (the plain
     # draft for adapter rows), and the single-process server they are compared with does
     # not: every equality of answers below also checks that speculation changes none.
     speculation = {"method": "draft_model", "model": str(tiny_dir), "num_speculative_tokens": 3}
-    engine = {
-        "max_loras": 2,
-        "max_cpu_loras": 2,
-        "speculative_config": speculation,
-        "plugins": ("gateway_test_plugin:RelayedGatePlugin",),
-    }
-    # The replicas load the plugin in Ray's worker processes, which inherit the environment
-    # of the local cluster's processes started here: the gate's Redis and key, and the
-    # plugin's folder on PYTHONPATH (replacement replicas too; the test's own is restored).
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in gate.env.items():
-            env.setenv(name, value)
-        env.setenv("PYTHONPATH", str(GATEWAY_TESTS), prepend=os.pathsep)
-        server = start_tiny_server(
-            tiny_dir,
-            engine,
-            adapter_root=ray_root,
-            redis_url=redis_url,
-            redis_namespace=namespace,
-            admin_key=ADMIN_KEY,
-            replicas=2,
-            replica_cpus=0.5,
-        )
+    namespace = f"test-ray-{uuid.uuid4().hex}"
+    server = start_tiny_server(
+        tiny_dir,
+        {"max_loras": 2, "max_cpu_loras": 2, "speculative_config": speculation},
+        adapter_root=ray_root,
+        redis_url=redis_url,
+        redis_namespace=namespace,
+        admin_key=ADMIN_KEY,
+        replicas=2,
+        replica_cpus=0.5,
+    )
     try:
         yield server
     finally:
         server.stop()  # drains the replicas and stops the local Ray cluster
+        flush_namespace(namespace, redis_url)
     assert not ray.is_initialized(), "the local Ray cluster outlived the server"
 
 
@@ -310,15 +277,13 @@ def test_a_quota_holds_across_replicas(admin):
 
 
 def _stream(api: Api, model: str, outcome: dict) -> None:
-    """One streamed completion, each step at the relayed gate: outcome gets its status,
-    tokens seen and how it ended."""
+    """One streamed completion: outcome gets its status, tokens seen and how it ended."""
     body = {
         "model": model,
         "prompt": "Once upon a time",
-        "max_tokens": STREAM_TOKENS,
+        "max_tokens": 160,
         "ignore_eos": True,
         "temperature": 0,
-        "sampler": "relayed_greedy",
         "stream": True,
         "logprobs": 0,
         "stream_options": {"include_usage": True},
@@ -348,7 +313,7 @@ def _stream(api: Api, model: str, outcome: dict) -> None:
     outcome["tokens"], outcome["ended"] = tokens, ended
 
 
-def test_a_killed_replica_ends_its_requests_with_503_and_is_replaced(admin, gate):
+def test_a_killed_replica_ends_its_requests_with_503_and_is_replaced(admin):
     caller = admin.as_key(admin.create_tenant("streamer"))
     public = [admin.patch(f"/v1/adapters/{n}", {"public": True}) for n in ADAPTER_NAMES]
     assert all(p.status_code == 200 for p in public)
@@ -361,31 +326,18 @@ def test_a_killed_replica_ends_its_requests_with_503_and_is_replaced(admin, gate
     ]
     for t in threads:
         t.start()
-    # Each step of the streams waits at the gate for a permit, and a replica reports only
-    # between two steps: until a replica's report shows streams running (that replica is the
-    # victim: the router may place them all on one), a poll gives one permit once the last
-    # is taken (a replica busy loading adapters takes none for a while). A permit runs one
-    # step of one replica, so no stream has more tokens than the permits given, never 3/4
-    # of what it needs: every stream runs until the kill.
+    # The victim is whichever replica first reports streams running: the router may place
+    # them all on one replica (with a replica fixed in advance, the streams once all went to
+    # the other one and ended without the kill finding any).
     seen: list[dict] = []
 
-    def victim_running() -> bool:
-        seen[:] = [r for r in replicas_of(admin) if r["running"]]
-        if seen:
-            return True
-        assert gate.given < STREAM_TOKENS * 3 // 4, "no report showed streams running"
-        if not gate.unused():
-            gate.allow(1)
-        return False
+    def some_replica_running() -> bool:
+        seen[:] = [r for r in replicas_of(admin) if r["running"] > 0]
+        return bool(seen)
 
-    wait_until(victim_running, "requests running on the replica to kill", 300, 0.25)
+    wait_until(some_replica_running, "requests running on a replica to kill", 60)
     victim = seen[0]
-    running_at_kill = victim["running"]
-    assert running_at_kill > 0 and gate.given < STREAM_TOKENS, (seen, gate.given)
-    print(f"\nthe victim's report: {running_at_kill} streams running, {gate.given} permits given")
     ray.kill(ray.get_actor(victim["actor"], namespace="serve"), no_restart=True)
-    # Enough permits for every stream to end on the surviving replica, one at a time.
-    gate.allow(len(threads) * STREAM_TOKENS)
     for t in threads:
         t.join(120)
         assert not t.is_alive(), "a request hung after its replica died"
@@ -393,7 +345,6 @@ def test_a_killed_replica_ends_its_requests_with_503_and_is_replaced(admin, gate
     completed = [o for o in outcomes if o["status"] == 200 and o["ended"] == "length"]
     failed = [o for o in outcomes if o not in completed]
     assert failed, "the kill ended no request: it came too late to test anything"
-    assert len(failed) >= running_at_kill, (running_at_kill, outcomes)
     for o in failed:
         error = o.get("error") if o["status"] != 200 else o["ended"]
         assert o["status"] in (200, 503), o
