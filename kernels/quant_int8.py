@@ -95,24 +95,8 @@ class NativeInt8:
         """out [m, n] = the int8 rows times weight^T (+ bias), float32; ``path``: AMX_INT8,
         VNNI, AVX2 or PORTABLE (default: the best this CPU runs for m rows)."""
         m = rows.q.shape[0]
-        status = self._linear(
-            block_format(weight.format).code,
-            rows.q.data_ptr(),
-            rows.d.data_ptr(),
-            rows.s.data_ptr(),
-            m,
-            weight.in_features,
-            weight.blocks.data_ptr(),
-            weight.blocks.stride(0),
-            weight.out_features,
-            bias.data_ptr() if bias is not None else None,
-            out.data_ptr(),
-            out.stride(0),
-            int8_path(m, weight.format in TILE_FORMATS) if path is None else path,
-            torch.get_num_threads(),
-        )
-        if status:
-            raise ValueError(f"q8_linear refused a {weight.format} weight {weight.shape}")
+        rows_args = (rows.q.data_ptr(), rows.d.data_ptr(), rows.s.data_ptr(), m, weight.in_features)
+        self._product(self._linear, rows_args, m, weight, bias, out, path)
 
     def linear_rows(
         self,
@@ -126,13 +110,15 @@ class NativeInt8:
         the calling thread reuses (the decode step's products: one call each, no tensors
         made). x [m, k] float32, rows contiguous."""
         m, k = x.shape
-        status = self._linear_rows(
+        rows_args = (x.data_ptr(), x.stride(0), m, k, self._scratch_for(m, k).data_ptr())
+        self._product(self._linear_rows, rows_args, m, weight, bias, out, path)
+
+    def _product(self, fn, rows_args: tuple, m: int, weight, bias, out, path) -> None:
+        """``fn`` (q8_linear or q8_linear_rows) on the rows its ``rows_args`` name and the
+        weight, bias and output these do; a ValueError where the library refuses."""
+        status = fn(
             block_format(weight.format).code,
-            x.data_ptr(),
-            x.stride(0),
-            m,
-            k,
-            self._scratch_for(m, k).data_ptr(),
+            *rows_args,
             weight.blocks.data_ptr(),
             weight.blocks.stride(0),
             weight.out_features,
